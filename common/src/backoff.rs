@@ -1,0 +1,112 @@
+//! Retry delays: `fixed:D` waits D before every retry, `exponential:D` waits D·2^(n-1) before
+//! retry n (capped at [`MAX_DELAY`]). Jitter is on: each delay is drawn from [delay/2, delay],
+//! so executors that failed together do not retry together.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::time::parse_duration;
+
+/// The longest delay any backoff produces.
+pub const MAX_DELAY: Duration = Duration::from_secs(3600);
+
+/// How long to wait before retrying a failed attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backoff {
+    /// The same delay before every retry.
+    Fixed(Duration),
+    /// The delay doubles with every failed attempt.
+    Exponential(Duration),
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff::Exponential(Duration::from_secs(1))
+    }
+}
+
+impl Backoff {
+    /// The delay before the retry that follows failure number `fails` (1 for the first failure),
+    /// with jitter from `rand01` in [0, 1): the result lies in [d/2, d] of the nominal delay d.
+    pub fn delay(&self, fails: u32, rand01: f64) -> Duration {
+        let nominal = match *self {
+            Backoff::Fixed(d) => d,
+            Backoff::Exponential(d) => {
+                let shift = fails.saturating_sub(1).min(40);
+                d.checked_mul(1u32 << shift.min(31)).unwrap_or(MAX_DELAY)
+            }
+        }
+        .min(MAX_DELAY);
+        let r = rand01.clamp(0.0, 1.0);
+        nominal.mul_f64(0.5 + 0.5 * r).min(nominal)
+    }
+}
+
+impl FromStr for Backoff {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (kind, d) = s
+            .split_once(':')
+            .ok_or_else(|| format!("invalid backoff '{s}': expected fixed:D or exponential:D (e.g. exponential:1s)"))?;
+        let d = parse_duration(d)?;
+        match kind {
+            "fixed" => Ok(Backoff::Fixed(d)),
+            "exponential" => Ok(Backoff::Exponential(d)),
+            _ => Err(format!("invalid backoff '{s}': kind must be fixed or exponential")),
+        }
+    }
+}
+
+impl fmt::Display for Backoff {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Backoff::Fixed(d) => write!(f, "fixed:{}ms", d.as_millis()),
+            Backoff::Exponential(d) => write!(f, "exponential:{}ms", d.as_millis()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_round_trips() {
+        let b: Backoff = "exponential:500ms".parse().unwrap();
+        assert_eq!(b, Backoff::Exponential(Duration::from_millis(500)));
+        assert_eq!(b.to_string().parse::<Backoff>().unwrap(), b);
+        assert_eq!("fixed:2s".parse::<Backoff>().unwrap(), Backoff::Fixed(Duration::from_secs(2)));
+        assert!("linear:1s".parse::<Backoff>().unwrap_err().contains("fixed or exponential"));
+        assert!("1s".parse::<Backoff>().is_err());
+        assert!("fixed:abc".parse::<Backoff>().is_err());
+    }
+
+    #[test]
+    fn delays_stay_within_jitter_bounds() {
+        let mut s = 0x2545_F491_4F6C_DD1Du64;
+        for _ in 0..10_000 {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let base = Duration::from_millis(s % 10_000 + 1);
+            let fails = (s >> 20) as u32 % 64 + 1;
+            let r = (s >> 11) as f64 / (1u64 << 53) as f64;
+            let fixed = Backoff::Fixed(base).delay(fails, r);
+            assert!(fixed >= base / 2 && fixed <= base, "{fixed:?} of {base:?}");
+            let nominal = base.checked_mul(1 << (fails - 1).min(31)).unwrap_or(MAX_DELAY).min(MAX_DELAY);
+            let exp = Backoff::Exponential(base).delay(fails, r);
+            assert!(exp >= nominal / 2 && exp <= nominal, "{exp:?} of {nominal:?} at {fails}");
+        }
+    }
+
+    #[test]
+    fn exponential_doubles() {
+        let b = Backoff::Exponential(Duration::from_millis(100));
+        // jitter at its top (rand close to 1) gives the nominal delay
+        assert_eq!(b.delay(1, 1.0), Duration::from_millis(100));
+        assert_eq!(b.delay(2, 1.0), Duration::from_millis(200));
+        assert_eq!(b.delay(4, 1.0), Duration::from_millis(800));
+        assert_eq!(b.delay(1000, 1.0), MAX_DELAY);
+    }
+}

@@ -1,0 +1,117 @@
+//! Errors of the library crates, and the codes the Lua scripts return.
+
+use std::fmt;
+
+/// Result with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What went wrong.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Redis could not be reached or answered with an error.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// Redis could not be reached at start.
+    #[error("{0}")]
+    Unreachable(String),
+    /// Bad input from a user: the message says what and why.
+    #[error("{0}")]
+    Invalid(String),
+    /// A script refused the operation.
+    #[error("{0}")]
+    Script(ScriptCode),
+    /// Redis held something this version cannot read.
+    #[error("unexpected data in redis: {0}")]
+    Protocol(String),
+    /// The task does not exist.
+    #[error("no task '{0}'")]
+    NoTask(String),
+    /// Waiting took longer than allowed.
+    #[error("timed out after {0:?}")]
+    Timeout(std::time::Duration),
+}
+
+impl Error {
+    /// A user-input error.
+    pub fn invalid(msg: impl Into<String>) -> Self {
+        Error::Invalid(msg.into())
+    }
+    /// True when trying again later may succeed (Redis unreachable, connection dropped).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::Redis(e) => {
+                e.is_io_error() || e.is_connection_dropped() || e.is_timeout() || e.is_connection_refusal()
+            }
+            _ => false,
+        }
+    }
+    /// True when the error says the caller no longer holds a shard's lock.
+    pub fn is_lock_lost(&self) -> bool {
+        matches!(self, Error::Script(c) if c.is_lock_lost())
+    }
+}
+
+/// The small negative integers the Lua scripts return (see `lua/include/lib.lua`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ScriptCode {
+    /// -1: the lock expired or was never taken.
+    LockMissing,
+    /// -2: another claim holds the lock.
+    LockMismatch,
+    /// -3: the task was removed.
+    TaskMissing,
+    /// -4: the task id is already in use.
+    TaskExists,
+    /// Any other negative code: a script and this binary disagree.
+    Unknown(i64),
+}
+
+impl ScriptCode {
+    /// Maps a negative code; `None` for codes ≥ 0 (success).
+    pub fn from_code(code: i64) -> Option<Self> {
+        match code {
+            c if c >= 0 => None,
+            -1 => Some(ScriptCode::LockMissing),
+            -2 => Some(ScriptCode::LockMismatch),
+            -3 => Some(ScriptCode::TaskMissing),
+            -4 => Some(ScriptCode::TaskExists),
+            c => Some(ScriptCode::Unknown(c)),
+        }
+    }
+    /// True for the stale-holder codes.
+    pub fn is_lock_lost(self) -> bool {
+        matches!(self, ScriptCode::LockMissing | ScriptCode::LockMismatch)
+    }
+}
+
+impl fmt::Display for ScriptCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ScriptCode::LockMissing => f.write_str("lock missing: the shard's lock expired"),
+            ScriptCode::LockMismatch => f.write_str("lock mismatch: another executor holds the shard"),
+            ScriptCode::TaskMissing => f.write_str("task missing: it was removed"),
+            ScriptCode::TaskExists => f.write_str("a task with this id already exists"),
+            ScriptCode::Unknown(c) => write!(f, "unknown script code {c}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_maps() {
+        assert_eq!(ScriptCode::from_code(1), None);
+        assert_eq!(ScriptCode::from_code(0), None);
+        assert_eq!(ScriptCode::from_code(-1), Some(ScriptCode::LockMissing));
+        assert_eq!(ScriptCode::from_code(-2), Some(ScriptCode::LockMismatch));
+        assert_eq!(ScriptCode::from_code(-3), Some(ScriptCode::TaskMissing));
+        assert_eq!(ScriptCode::from_code(-4), Some(ScriptCode::TaskExists));
+        assert_eq!(ScriptCode::from_code(-9), Some(ScriptCode::Unknown(-9)));
+        assert!(ScriptCode::LockMissing.is_lock_lost() && ScriptCode::LockMismatch.is_lock_lost());
+        assert!(!ScriptCode::TaskMissing.is_lock_lost());
+    }
+}

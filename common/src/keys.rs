@@ -1,0 +1,104 @@
+//! Every Redis key name of a queue, built in one place. All share the hash tag `{P:Q}`, so a
+//! queue lives in one Redis Cluster slot and every script is atomic there. Scripts derive
+//! per-shard and per-task keys from [`Keys::prefix`], which carries the tag too.
+
+/// The key names of one queue under one prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    /// Keys of queue `queue` under `prefix` (default `shardctl`).
+    pub fn new(prefix: &str, queue: &str) -> Self {
+        Keys { prefix: format!("{{{prefix}:{queue}}}:") }
+    }
+
+    /// `{P:Q}:`, the start of every key of the queue.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    fn key(&self, suffix: &str) -> String {
+        format!("{}{suffix}", self.prefix)
+    }
+
+    /// Hash: paused flag, submission sequence.
+    pub fn meta(&self) -> String {
+        self.key("meta")
+    }
+    /// Zset: runnable tasks (cursor not exhausted), by priority then submission.
+    pub fn tasks(&self) -> String {
+        self.key("tasks")
+    }
+    /// Zset: every task of the queue by creation time.
+    pub fn index(&self) -> String {
+        self.key("index")
+    }
+    /// Hash: one task.
+    pub fn task(&self, id: &str) -> String {
+        self.key(&format!("task:{id}"))
+    }
+    /// String (bitmap): bit i set when shard i is terminal.
+    pub fn terminal(&self, id: &str) -> String {
+        self.key(&format!("task:{id}:terminal"))
+    }
+    /// Hash: shard index → result JSON.
+    pub fn results(&self, id: &str) -> String {
+        self.key(&format!("task:{id}:results"))
+    }
+    /// Hash: shard index → last failure reason.
+    pub fn errors(&self, id: &str) -> String {
+        self.key(&format!("task:{id}:errors"))
+    }
+    /// List: explicit refs ready now.
+    pub fn wait(&self) -> String {
+        self.key("wait")
+    }
+    /// Zset: ref → due time.
+    pub fn delayed(&self) -> String {
+        self.key("delayed")
+    }
+    /// Zset: ref → claim time.
+    pub fn active(&self) -> String {
+        self.key("active")
+    }
+    /// Set: stall candidates of the last sweep.
+    pub fn stalled(&self) -> String {
+        self.key("stalled")
+    }
+    /// String PX: the sweep throttle.
+    pub fn stalled_check(&self) -> String {
+        self.key("stalled-check")
+    }
+    /// String PX: the claim token of one shard.
+    pub fn lock(&self, shard_ref: &str) -> String {
+        self.key(&format!("lock:{shard_ref}"))
+    }
+    /// Hash: attempt, fails, stalled of one shard (only while it needs them).
+    pub fn shard(&self, shard_ref: &str) -> String {
+        self.key(&format!("shard:{shard_ref}"))
+    }
+    /// Zset: wakes blocked executors.
+    pub fn marker(&self) -> String {
+        self.key("marker")
+    }
+
+    /// Every key a task owns (for removal).
+    pub fn task_keys(&self, id: &str) -> [String; 4] {
+        [self.task(id), self.terminal(id), self.results(id), self.errors(id)]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_share_the_hash_tag() {
+        let k = Keys::new("shardctl", "default");
+        assert_eq!(k.wait(), "{shardctl:default}:wait");
+        assert_eq!(k.lock("t1:3"), "{shardctl:default}:lock:t1:3");
+        assert_eq!(k.terminal("t1"), "{shardctl:default}:task:t1:terminal");
+    }
+}

@@ -1,0 +1,35 @@
+//! Everything the shardctl crates share: Redis key names, the typed wrappers of the Lua scripts,
+//! the task model, range splitting, retry backoff, errors and connection helpers. It holds no
+//! policy of its own: the coordinator and the executor decide *when* to call what is here.
+//!
+//! # Layout
+//! - [`keys`]: every Redis key name of a queue, built in one place under the queue's hash tag.
+//! - [`scripts`]: the registry of Lua scripts (one per atomic operation) and their typed calls.
+//! - [`model`]: task ids, shard refs, the task spec and its state.
+//! - [`split`]: balanced item ranges of shards.
+//! - [`backoff`]: retry delays (fixed or exponential, with jitter).
+//! - [`conn`]: connecting to Redis, a dedicated connection for blocking waits, redacted URLs.
+//! - [`error`]: the error enum and the script error codes.
+//! - [`time`]: wall-clock milliseconds and duration parsing.
+//!
+//! # Example
+//! ```
+//! use shardctl_common::split::shard_range;
+//! // 10 items over 3 shards: lengths differ by at most one and cover [0, 10)
+//! assert_eq!(shard_range(0, 3, 10), 0..4);
+//! assert_eq!(shard_range(1, 3, 10), 4..7);
+//! assert_eq!(shard_range(2, 3, 10), 7..10);
+//! ```
+#![warn(missing_docs)]
+
+pub mod backoff;
+pub mod conn;
+pub mod error;
+pub mod keys;
+pub mod model;
+pub mod scripts;
+pub mod split;
+pub mod time;
+
+pub use error::{Error, Result, ScriptCode};
+pub use keys::Keys;

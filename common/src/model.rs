@@ -1,0 +1,318 @@
+//! The task model: ids, shard refs, what a dispatch asks for, and what a task hash holds.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::Serialize;
+
+use crate::backoff::Backoff;
+use crate::error::Error;
+
+/// Longest task id, in bytes.
+pub const MAX_TASK_ID_LEN: usize = 64;
+/// Largest task payload, in bytes.
+pub const MAX_PAYLOAD_BYTES: usize = 1 << 20;
+/// Default number of attempts per shard.
+pub const DEFAULT_ATTEMPTS: u32 = 3;
+
+/// Checks a task id: 1 to 64 bytes of `[A-Za-z0-9._-]`.
+pub fn validate_task_id(id: &str) -> Result<(), Error> {
+    if id.is_empty() || id.len() > MAX_TASK_ID_LEN {
+        return Err(Error::invalid(format!("task id must be 1 to {MAX_TASK_ID_LEN} bytes, got {}", id.len())));
+    }
+    if let Some(c) = id.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
+        return Err(Error::invalid(format!("task id '{id}' has the character {c:?}; allowed are A-Z a-z 0-9 . _ -")));
+    }
+    Ok(())
+}
+
+/// Which shard of a task, or its aggregation job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Part {
+    /// Shard number i (0-based).
+    Shard(u64),
+    /// The aggregation job `<task>:agg`.
+    Aggregate,
+}
+
+/// A shard ref `<task>:<index>` or `<task>:agg`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ShardRef {
+    /// The task id.
+    pub task: String,
+    /// Which part of the task.
+    pub part: Part,
+}
+
+impl ShardRef {
+    /// The ref of shard `index` of `task`.
+    pub fn shard(task: &str, index: u64) -> Self {
+        ShardRef { task: task.to_owned(), part: Part::Shard(index) }
+    }
+    /// The aggregation job of `task`.
+    pub fn aggregate(task: &str) -> Self {
+        ShardRef { task: task.to_owned(), part: Part::Aggregate }
+    }
+    /// True for the aggregation job.
+    pub fn is_aggregate(&self) -> bool {
+        self.part == Part::Aggregate
+    }
+}
+
+impl fmt::Display for ShardRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.part {
+            Part::Shard(i) => write!(f, "{}:{i}", self.task),
+            Part::Aggregate => write!(f, "{}:agg", self.task),
+        }
+    }
+}
+
+impl FromStr for ShardRef {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        let (task, part) = s.rsplit_once(':').ok_or_else(|| Error::Protocol(format!("malformed shard ref '{s}'")))?;
+        let part = match part {
+            "agg" => Part::Aggregate,
+            n => Part::Shard(n.parse().map_err(|_| Error::Protocol(format!("malformed shard ref '{s}'")))?),
+        };
+        Ok(ShardRef { task: task.to_owned(), part })
+    }
+}
+
+/// The lifecycle state of a task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskState {
+    /// Shards are still running or waiting.
+    Running,
+    /// Every shard is terminal; the aggregation job is queued or running.
+    Aggregating,
+    /// Every shard completed and the aggregation succeeded.
+    Completed,
+    /// Some shard failed for good, or the aggregation did.
+    Failed,
+}
+
+impl TaskState {
+    /// True once the task has ended.
+    pub fn is_finished(self) -> bool {
+        matches!(self, TaskState::Completed | TaskState::Failed)
+    }
+    /// The name stored in Redis.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskState::Running => "running",
+            TaskState::Aggregating => "aggregating",
+            TaskState::Completed => "completed",
+            TaskState::Failed => "failed",
+        }
+    }
+}
+
+impl FromStr for TaskState {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        Ok(match s {
+            "running" => TaskState::Running,
+            "aggregating" => TaskState::Aggregating,
+            "completed" => TaskState::Completed,
+            "failed" => TaskState::Failed,
+            other => return Err(Error::Protocol(format!("unknown task state '{other}'"))),
+        })
+    }
+}
+
+/// What a dispatch asks for.
+#[derive(Debug, Clone)]
+pub struct TaskSpec {
+    /// Task id ([`validate_task_id`]).
+    pub id: String,
+    /// Which handler runs the shards.
+    pub kind: String,
+    /// Number of shards (≥ 1).
+    pub shards: u64,
+    /// Number of items split over the shards (≥ shards).
+    pub items: u64,
+    /// The task payload, JSON text.
+    pub payload: String,
+    /// Attempts per shard (≥ 1).
+    pub attempts: u32,
+    /// Delay between attempts.
+    pub backoff: Backoff,
+    /// Higher runs first.
+    pub priority: i64,
+}
+
+impl TaskSpec {
+    /// A spec with defaults for everything but id, kind and shard count.
+    pub fn new(id: impl Into<String>, kind: impl Into<String>, shards: u64) -> Self {
+        TaskSpec {
+            id: id.into(),
+            kind: kind.into(),
+            shards,
+            items: shards,
+            payload: "null".into(),
+            attempts: DEFAULT_ATTEMPTS,
+            backoff: Backoff::default(),
+            priority: 0,
+        }
+    }
+
+    /// Checks every field; the message says what is wrong and what is allowed.
+    pub fn validate(&self) -> Result<(), Error> {
+        validate_task_id(&self.id)?;
+        if self.kind.is_empty() || self.kind.len() > 64 || self.kind.contains(char::is_whitespace) {
+            return Err(Error::invalid(format!("kind '{}' must be 1 to 64 bytes without spaces", self.kind)));
+        }
+        if self.shards < 1 {
+            return Err(Error::invalid("shards must be at least 1"));
+        }
+        if self.items < self.shards {
+            return Err(Error::invalid(format!(
+                "items ({}) must be at least the number of shards ({})",
+                self.items, self.shards
+            )));
+        }
+        if self.attempts < 1 {
+            return Err(Error::invalid("attempts must be at least 1"));
+        }
+        if self.payload.len() > MAX_PAYLOAD_BYTES {
+            return Err(Error::invalid(format!(
+                "payload is {} bytes; the limit is {MAX_PAYLOAD_BYTES} (1 MiB)",
+                self.payload.len()
+            )));
+        }
+        serde_json::from_str::<serde_json::Value>(&self.payload)
+            .map_err(|e| Error::invalid(format!("payload is not valid JSON: {e}")))?;
+        Ok(())
+    }
+
+    /// The field/value pairs stored in the task hash at dispatch.
+    pub fn fields(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("kind", self.kind.clone()),
+            ("total", self.shards.to_string()),
+            ("items", self.items.to_string()),
+            ("payload", self.payload.clone()),
+            ("strategy", "pull".into()),
+            ("attempts", self.attempts.to_string()),
+            ("backoff", self.backoff.to_string()),
+            ("priority", self.priority.to_string()),
+        ]
+    }
+}
+
+/// A task as read back from its hash.
+#[derive(Debug, Clone, Serialize)]
+pub struct TaskInfo {
+    /// Task id.
+    pub task_id: String,
+    /// Handler kind.
+    pub kind: String,
+    /// Lifecycle state.
+    pub state: TaskState,
+    /// Number of shards.
+    pub total: u64,
+    /// Items over all shards.
+    pub items: u64,
+    /// Shards completed.
+    pub done: u64,
+    /// Shards failed for good.
+    pub failed: u64,
+    /// Shards handed out from the cursor so far.
+    pub cursor: u64,
+    /// Attempts per shard.
+    pub attempts: u32,
+    /// Retry backoff.
+    pub backoff: String,
+    /// Creation time, ms since the epoch.
+    pub created_ms: u64,
+    /// End time, when finished.
+    pub finished_ms: Option<u64>,
+    /// The aggregation's result.
+    pub result: Option<serde_json::Value>,
+    /// Why the aggregation failed, if it did.
+    pub aggregation_error: Option<String>,
+    /// The task payload.
+    #[serde(skip)]
+    pub payload: String,
+}
+
+impl TaskInfo {
+    /// Builds the info from a task hash (`HGETALL`); `None` when the hash is empty.
+    pub fn from_hash(task_id: &str, h: &HashMap<String, String>) -> Result<Option<Self>, Error> {
+        if h.is_empty() {
+            return Ok(None);
+        }
+        let num = |f: &str| -> Result<u64, Error> {
+            h.get(f)
+                .map(|v| v.parse::<u64>())
+                .transpose()
+                .map_err(|_| Error::Protocol(format!("task {task_id}: field {f} is not a number")))
+                .map(|v| v.unwrap_or(0))
+        };
+        let result = h.get("result").map(|r| serde_json::from_str(r).unwrap_or(serde_json::Value::String(r.clone())));
+        Ok(Some(TaskInfo {
+            task_id: task_id.to_owned(),
+            kind: h.get("kind").cloned().unwrap_or_default(),
+            state: h.get("state").map(|s| s.parse()).transpose()?.unwrap_or(TaskState::Running),
+            total: num("total")?,
+            items: num("items")?,
+            done: num("done")?,
+            failed: num("failed")?,
+            cursor: num("cursor")?,
+            attempts: num("attempts")? as u32,
+            backoff: h.get("backoff").cloned().unwrap_or_default(),
+            created_ms: num("created_ms")?,
+            finished_ms: h.get("finished_ms").and_then(|v| v.parse().ok()),
+            result,
+            aggregation_error: h.get("agg_error").cloned(),
+            payload: h.get("payload").cloned().unwrap_or_else(|| "null".into()),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn task_ids() {
+        assert!(validate_task_id("nightly-report_2026.11.30").is_ok());
+        assert!(validate_task_id("").is_err());
+        assert!(validate_task_id(&"a".repeat(65)).is_err());
+        assert!(validate_task_id(&"a".repeat(64)).is_ok());
+        let e = validate_task_id("a:b").unwrap_err().to_string();
+        assert!(e.contains("':'"), "{e}");
+        assert!(validate_task_id("a b").is_err());
+        assert!(validate_task_id("é").is_err());
+    }
+
+    #[test]
+    fn refs_round_trip() {
+        for r in [ShardRef::shard("t.1", 42), ShardRef::aggregate("x-y")] {
+            assert_eq!(r.to_string().parse::<ShardRef>().unwrap(), r);
+        }
+        assert!("nocolon".parse::<ShardRef>().is_err());
+        assert!("t:x".parse::<ShardRef>().is_err());
+    }
+
+    #[test]
+    fn spec_validation_messages() {
+        let mut s = TaskSpec::new("t", "primes", 10);
+        assert!(s.validate().is_ok());
+        s.items = 5;
+        assert!(s.validate().unwrap_err().to_string().contains("at least the number of shards"));
+        s.items = 10;
+        s.payload = "{nope".into();
+        assert!(s.validate().unwrap_err().to_string().contains("not valid JSON"));
+        s.payload = format!("\"{}\"", "x".repeat(MAX_PAYLOAD_BYTES));
+        assert!(s.validate().unwrap_err().to_string().contains("1 MiB"));
+        s.payload = "{}".into();
+        s.shards = 0;
+        s.items = 0;
+        assert!(s.validate().unwrap_err().to_string().contains("at least 1"));
+    }
+}

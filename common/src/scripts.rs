@@ -1,0 +1,344 @@
+//! The Lua scripts, one per atomic operation (`lua/`), held in one registry and called through
+//! typed wrappers that know each script's KEYS and ARGV order. Scripts are called by SHA;
+//! `redis::Script` loads one on the NOSCRIPT reply (after a restart or a `SCRIPT FLUSH`).
+
+use std::sync::LazyLock;
+
+use redis::aio::ConnectionLike;
+use redis::{Script, Value};
+
+use crate::error::{Error, Result, ScriptCode};
+use crate::keys::Keys;
+use crate::model::{ShardRef, TaskSpec};
+
+macro_rules! lua {
+    ($file:literal) => {
+        concat!(include_str!("../../lua/include/lib.lua"), "\n", include_str!(concat!("../../lua/", $file)))
+    };
+}
+
+/// Every script of the project.
+pub struct Scripts {
+    /// `dispatch.lua`
+    pub dispatch: Script,
+    /// `claim.lua`
+    pub claim: Script,
+    /// `extend.lua`
+    pub extend: Script,
+    /// `complete.lua`
+    pub complete: Script,
+    /// `fail.lua`
+    pub fail: Script,
+    /// `release.lua`
+    pub release: Script,
+    /// `sweep.lua`
+    pub sweep: Script,
+}
+
+static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+    dispatch: Script::new(lua!("dispatch.lua")),
+    claim: Script::new(lua!("claim.lua")),
+    extend: Script::new(lua!("extend.lua")),
+    complete: Script::new(lua!("complete.lua")),
+    fail: Script::new(lua!("fail.lua")),
+    release: Script::new(lua!("release.lua")),
+    sweep: Script::new(lua!("sweep.lua")),
+});
+
+/// The registry.
+pub fn scripts() -> &'static Scripts {
+    &SCRIPTS
+}
+
+impl Scripts {
+    /// Each script with its file name.
+    pub fn all(&self) -> [(&'static str, &Script); 7] {
+        [
+            ("dispatch.lua", &self.dispatch),
+            ("claim.lua", &self.claim),
+            ("extend.lua", &self.extend),
+            ("complete.lua", &self.complete),
+            ("fail.lua", &self.fail),
+            ("release.lua", &self.release),
+            ("sweep.lua", &self.sweep),
+        ]
+    }
+}
+
+/// One shard handed to an executor by [`claim`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claimed {
+    /// Which shard.
+    pub shard_ref: ShardRef,
+    /// The token that holds its lock.
+    pub token: String,
+    /// Claims of this shard so far, this one included (1 on the first).
+    pub attempt: u32,
+    /// Failed attempts so far.
+    pub fails: u32,
+}
+
+impl Claimed {
+    /// True when `shard:<ref>` may exist and must be removed with the shard.
+    pub fn has_state(&self) -> bool {
+        self.shard_ref.is_aggregate() || self.attempt > 1 || self.fails > 0
+    }
+}
+
+/// What one claim call returned.
+#[derive(Debug, Clone, Default)]
+pub struct ClaimOutcome {
+    /// The shards claimed (at most the count asked for).
+    pub shards: Vec<Claimed>,
+    /// The queue is paused.
+    pub paused: bool,
+    /// When nothing was claimed: the due time of the earliest delayed shard.
+    pub next_due_ms: Option<u64>,
+}
+
+/// A finished attempt, as reported by an executor.
+#[derive(Debug, Clone)]
+pub struct Finished<'a> {
+    /// The claim.
+    pub claim: &'a Claimed,
+    /// What to record.
+    pub outcome: FinishedAs<'a>,
+}
+
+/// How an attempt ended.
+#[derive(Debug, Clone)]
+pub enum FinishedAs<'a> {
+    /// Success with a result (JSON text; empty when there is nothing to keep).
+    Completed(&'a str),
+    /// Failure, with the backoff before the next attempt and the reason.
+    Failed {
+        /// Backoff before the next attempt (unused when none is left).
+        delay_ms: u64,
+        /// Why it failed.
+        reason: &'a str,
+    },
+}
+
+fn int(v: &Value) -> Result<i64> {
+    match v {
+        Value::Int(i) => Ok(*i),
+        other => Err(Error::Protocol(format!("expected an integer from a script, got {other:?}"))),
+    }
+}
+
+fn string(v: &Value) -> Result<String> {
+    match v {
+        Value::BulkString(b) => String::from_utf8(b.clone()).map_err(|e| Error::Protocol(e.to_string())),
+        Value::SimpleString(s) => Ok(s.clone()),
+        other => Err(Error::Protocol(format!("expected a string from a script, got {other:?}"))),
+    }
+}
+
+/// Creates a task. Fails with [`ScriptCode::TaskExists`] when the id is taken.
+pub async fn dispatch<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, spec: &TaskSpec, now_ms: u64) -> Result<()> {
+    let mut inv = scripts().dispatch.key(keys.task(&spec.id));
+    inv.key(keys.tasks())
+        .key(keys.index())
+        .key(keys.meta())
+        .arg(keys.prefix())
+        .arg(&spec.id)
+        .arg(now_ms)
+        .arg(spec.priority);
+    for (f, v) in spec.fields() {
+        inv.arg(f).arg(v);
+    }
+    let code: i64 = inv.invoke_async(con).await?;
+    match ScriptCode::from_code(code) {
+        None => Ok(()),
+        Some(c) => Err(Error::Script(c)),
+    }
+}
+
+/// What [`claim`] asks for.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest<'a> {
+    /// Shards wanted.
+    pub count: usize,
+    /// Lock time to live.
+    pub lock_ms: u64,
+    /// Executor uuid: tokens are `<token_base>:<seq>`.
+    pub token_base: &'a str,
+    /// Sequence number of the first claimed shard.
+    pub seq: u64,
+    /// The clock.
+    pub now_ms: u64,
+}
+
+/// Claims up to `req.count` shards, each under its own token.
+pub async fn claim<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, req: &ClaimRequest<'_>) -> Result<ClaimOutcome> {
+    let v: Vec<Value> = scripts()
+        .claim
+        .key(keys.wait())
+        .key(keys.tasks())
+        .key(keys.delayed())
+        .key(keys.active())
+        .key(keys.meta())
+        .arg(keys.prefix())
+        .arg(req.now_ms)
+        .arg(req.count)
+        .arg(req.lock_ms)
+        .arg(req.token_base)
+        .arg(req.seq)
+        .invoke_async(con)
+        .await?;
+    let head = int(v.first().ok_or_else(|| Error::Protocol("empty claim reply".into()))?)?;
+    let mut out =
+        ClaimOutcome { paused: head == -2, next_due_ms: (head > 0).then_some(head as u64), ..Default::default() };
+    for (j, triple) in v[1..].chunks(3).enumerate() {
+        let [r, a, f] = triple else {
+            return Err(Error::Protocol("claim reply is not ref/attempt/fails triples".into()));
+        };
+        out.shards.push(Claimed {
+            shard_ref: string(r)?.parse()?,
+            token: format!("{}:{}", req.token_base, req.seq + j as u64),
+            attempt: int(a)? as u32,
+            fails: int(f)? as u32,
+        });
+    }
+    Ok(out)
+}
+
+/// Extends the locks of `held` by `lock_ms`; returns the positions (0-based) of the lost ones.
+pub async fn extend<C: ConnectionLike + Send>(
+    con: &mut C,
+    keys: &Keys,
+    lock_ms: u64,
+    held: &[(String, String)],
+) -> Result<Vec<usize>> {
+    if held.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut inv = scripts().extend.arg(keys.prefix());
+    inv.arg(lock_ms);
+    for (r, t) in held {
+        inv.arg(r).arg(t);
+    }
+    let lost: Vec<i64> = inv.invoke_async(con).await?;
+    Ok(lost.into_iter().map(|p| p as usize - 1).collect())
+}
+
+/// Per-item result codes of the batch scripts: `Ok(n)` with n ≥ 0, or the refusal.
+pub type ItemCodes = Vec<std::result::Result<i64, ScriptCode>>;
+
+fn codes(v: Vec<i64>) -> ItemCodes {
+    v.into_iter()
+        .map(|c| match ScriptCode::from_code(c) {
+            None => Ok(c),
+            Some(e) => Err(e),
+        })
+        .collect()
+}
+
+/// Records completions (code 1 counted, 0 already terminal) and failures (2 retry scheduled,
+/// 1 failed for good, 0 already terminal), each checked against its token. One code per item,
+/// in the order given.
+pub async fn finish<C: ConnectionLike + Send>(
+    con: &mut C,
+    keys: &Keys,
+    items: &[Finished<'_>],
+    now_ms: u64,
+) -> Result<ItemCodes> {
+    let (mut complete, mut fail) = (Vec::new(), Vec::new());
+    for (i, it) in items.iter().enumerate() {
+        match it.outcome {
+            FinishedAs::Completed(_) => complete.push(i),
+            FinishedAs::Failed { .. } => fail.push(i),
+        }
+    }
+    let mut out: ItemCodes = vec![Ok(0); items.len()];
+    if !complete.is_empty() {
+        let mut inv = scripts().complete.key(keys.active());
+        inv.key(keys.stalled()).arg(keys.prefix()).arg(now_ms);
+        for &i in &complete {
+            let it = &items[i];
+            let FinishedAs::Completed(result) = it.outcome else { unreachable!() };
+            inv.arg(it.claim.shard_ref.to_string())
+                .arg(&it.claim.token)
+                .arg(u8::from(it.claim.has_state()))
+                .arg(result);
+        }
+        let c: Vec<i64> = inv.invoke_async(con).await?;
+        for (&i, c) in complete.iter().zip(codes(c)) {
+            out[i] = c;
+        }
+    }
+    if !fail.is_empty() {
+        let mut inv = scripts().fail.key(keys.active());
+        inv.key(keys.stalled()).key(keys.delayed()).arg(keys.prefix()).arg(now_ms);
+        for &i in &fail {
+            let it = &items[i];
+            let FinishedAs::Failed { delay_ms, reason } = it.outcome else { unreachable!() };
+            inv.arg(it.claim.shard_ref.to_string())
+                .arg(&it.claim.token)
+                .arg(it.claim.attempt)
+                .arg(delay_ms)
+                .arg(reason);
+        }
+        let c: Vec<i64> = inv.invoke_async(con).await?;
+        for (&i, c) in fail.iter().zip(codes(c)) {
+            out[i] = c;
+        }
+    }
+    Ok(out)
+}
+
+/// Gives claimed shards back to the front of `wait` (1 released), each checked against its token.
+pub async fn release<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, claims: &[&Claimed]) -> Result<ItemCodes> {
+    if claims.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut inv = scripts().release.key(keys.active());
+    inv.key(keys.stalled()).key(keys.wait()).arg(keys.prefix());
+    for c in claims {
+        inv.arg(c.shard_ref.to_string()).arg(&c.token);
+    }
+    let c: Vec<i64> = inv.invoke_async(con).await?;
+    Ok(codes(c))
+}
+
+/// What one stalled sweep did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    /// Stalled shards put back in `wait`.
+    pub recovered: u64,
+    /// Stalled shards failed for good (over the cap).
+    pub failed: u64,
+    /// Lockless active shards marked for the next sweep to confirm.
+    pub marked: u64,
+}
+
+/// The reason a shard fails with once it stalled more than allowed.
+pub const STALLED_REASON: &str = "shard stalled more than allowable limit";
+
+/// Runs the stalled sweep unless another ran within `interval_ms`; `None` when throttled.
+pub async fn sweep<C: ConnectionLike + Send>(
+    con: &mut C,
+    keys: &Keys,
+    now_ms: u64,
+    interval_ms: u64,
+    max_stalled: u32,
+) -> Result<Option<SweepReport>> {
+    let v: Vec<i64> = scripts()
+        .sweep
+        .key(keys.stalled_check())
+        .key(keys.stalled())
+        .key(keys.active())
+        .key(keys.wait())
+        .arg(keys.prefix())
+        .arg(now_ms)
+        .arg(interval_ms.max(1))
+        .arg(max_stalled)
+        .arg(STALLED_REASON)
+        .invoke_async(con)
+        .await?;
+    Ok(match v.as_slice() {
+        [-1] => None,
+        [r, f, m] => Some(SweepReport { recovered: *r as u64, failed: *f as u64, marked: *m as u64 }),
+        other => return Err(Error::Protocol(format!("sweep reply {other:?}"))),
+    })
+}

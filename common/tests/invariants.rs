@@ -1,0 +1,631 @@
+//! The invariants of DESIGN.md §6 that the Lua scripts carry, checked against a real
+//! redis-server through the typed wrappers of `shardctl_common::scripts`. Each test has its own
+//! server and queue; time goes in as `now_ms`, only lock expiry uses the server's clock.
+
+mod support;
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::time::Duration;
+
+use shardctl_common::model::{Part, ShardRef, TaskInfo, TaskSpec, TaskState};
+use shardctl_common::scripts::{self, scripts, ClaimRequest, Claimed, Finished, FinishedAs, STALLED_REASON};
+use shardctl_common::{Error, ScriptCode};
+use support::{key_slot, Env, T0};
+
+/// A lock long enough never to expire during a test.
+const LONG_LOCK: u64 = 60_000;
+
+fn index_of(c: &Claimed) -> u64 {
+    match c.shard_ref.part {
+        Part::Shard(i) => i,
+        Part::Aggregate => panic!("expected a shard, got the aggregation job {}", c.shard_ref),
+    }
+}
+
+async fn sleep_ms(ms: u64) {
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+}
+
+#[tokio::test]
+async fn dispatch_of_a_million_shards_is_constant_in_keys() {
+    let mut env = Env::start("dispatch_million").await;
+    let mut spec = TaskSpec::new("big", "noop", 1_000_000);
+    spec.items = 10_000_000;
+    spec.payload = r#"{"k":1}"#.into();
+    spec.attempts = 5;
+    spec.priority = 3;
+    env.dispatch(&spec, T0).await;
+
+    let keys = env.all_keys().await;
+    assert!(keys.len() < 10, "dispatching 1,000,000 shards created {} keys: {keys:?}", keys.len());
+    assert_eq!(env.dbsize().await, keys.len() as u64);
+    for key in &keys {
+        let bytes: u64 = env.cmd(redis::cmd("MEMORY").arg("USAGE").arg(key)).await;
+        assert!(bytes < 4096, "key {key} takes {bytes} bytes: per-shard data was stored at dispatch");
+    }
+
+    let t = env.task("big").await;
+    let expected = [
+        ("state", "running".to_owned()),
+        ("cursor", "0".into()),
+        ("done", "0".into()),
+        ("failed", "0".into()),
+        ("total", "1000000".into()),
+        ("items", "10000000".into()),
+        ("kind", "noop".into()),
+        ("payload", r#"{"k":1}"#.into()),
+        ("strategy", "pull".into()),
+        ("attempts", "5".into()),
+        ("priority", "3".into()),
+        ("backoff", spec.backoff.to_string()),
+        ("created_ms", T0.to_string()),
+    ];
+    for (f, v) in &expected {
+        assert_eq!(t.get(*f), Some(v), "task field {f} (whole hash: {t:?})");
+    }
+    let info = TaskInfo::from_hash("big", &t).expect("task hash parses").expect("task exists");
+    assert_eq!((info.state, info.total, info.cursor), (TaskState::Running, 1_000_000, 0));
+    let runnable: Vec<String> = env.cmd(redis::cmd("ZRANGE").arg(env.keys.tasks()).arg(0).arg(-1)).await;
+    assert_eq!(runnable, ["big"], "the task must be runnable");
+    let created: Option<u64> = env.cmd(redis::cmd("ZSCORE").arg(env.keys.index()).arg("big")).await;
+    assert_eq!(created, Some(T0), "the index must hold the task by creation time");
+
+    // lazy shards: claiming k shards adds k locks and the active set, nothing per shard else
+    let before = env.dbsize().await;
+    let out = env.claim("ex", 0, 7, LONG_LOCK, T0).await;
+    let idx: Vec<u64> = out.shards.iter().map(index_of).collect();
+    assert_eq!(idx, (0..7).collect::<Vec<_>>(), "fresh shards come from the cursor in order");
+    assert!(out.shards.iter().all(|c| c.attempt == 1 && c.fails == 0), "{:?}", out.shards);
+    let after = env.dbsize().await;
+    assert_eq!(after, before + 1 + 7, "claiming 7 shards must add 7 locks and `active`: {:?}", env.all_keys().await);
+    assert_eq!(env.count("big", "cursor").await, 7);
+}
+
+#[tokio::test]
+async fn dispatch_of_an_existing_id_is_refused() {
+    let mut env = Env::start("dispatch_exists").await;
+    env.dispatch(&TaskSpec::new("t", "noop", 10), T0).await;
+    env.claim("ex", 0, 3, LONG_LOCK, T0).await;
+
+    let again = scripts::dispatch(&mut env.con, &env.keys, &TaskSpec::new("t", "primes", 99), T0 + 5).await;
+    assert!(
+        matches!(again, Err(Error::Script(ScriptCode::TaskExists))),
+        "second dispatch of id t must fail with TaskExists, got {again:?}"
+    );
+    let t = env.task("t").await;
+    assert_eq!(t.get("kind").map(String::as_str), Some("noop"), "the first task must be untouched: {t:?}");
+    assert_eq!(t.get("total").map(String::as_str), Some("10"), "{t:?}");
+    assert_eq!(t.get("cursor").map(String::as_str), Some("3"), "the refused dispatch reset the cursor: {t:?}");
+    let seq: Option<u64> = env.cmd(redis::cmd("HGET").arg(env.keys.meta()).arg("seq")).await;
+    assert_eq!(seq, Some(1), "a refused dispatch must not take a submission number");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_claimers_take_each_shard_exactly_once() {
+    const SHARDS: usize = 2000;
+    const CLAIMERS: usize = 16;
+    const BATCH: usize = 7;
+    let mut env = Env::start("claim_exclusion").await;
+    env.dispatch(&TaskSpec::new("t", "noop", SHARDS as u64), T0).await;
+
+    let mut set = tokio::task::JoinSet::new();
+    for w in 0..CLAIMERS {
+        let mut con = env.manager().await;
+        let keys = env.keys.clone();
+        set.spawn(async move {
+            let base = format!("exec-{w}");
+            let (mut seq, mut got) = (0u64, Vec::new());
+            loop {
+                let req = ClaimRequest { count: BATCH, lock_ms: LONG_LOCK, token_base: &base, seq, now_ms: T0 };
+                let out = scripts::claim(&mut con, &keys, &req).await.expect("claim");
+                assert!(out.shards.len() <= BATCH, "claimer {w} got {} > {BATCH}", out.shards.len());
+                if out.shards.is_empty() {
+                    return got;
+                }
+                seq += out.shards.len() as u64;
+                got.extend(out.shards);
+            }
+        });
+    }
+    let mut claims = Vec::new();
+    while let Some(r) = set.join_next().await {
+        claims.extend(r.expect("claimer task panicked"));
+    }
+
+    let mut seen = vec![0u32; SHARDS];
+    for c in &claims {
+        assert_eq!(c.shard_ref.task, "t");
+        seen[index_of(c) as usize] += 1;
+    }
+    let wrong: Vec<(usize, u32)> = seen.iter().copied().enumerate().filter(|&(_, n)| n != 1).collect();
+    assert!(wrong.is_empty(), "shards not claimed exactly once (index, times): {wrong:?}");
+    let tokens: HashSet<&str> = claims.iter().map(|c| c.token.as_str()).collect();
+    assert_eq!(tokens.len(), claims.len(), "claim tokens must be unique");
+
+    // every lock holds the very token the wrapper handed out
+    for chunk in claims.chunks(500) {
+        let mut mget = redis::cmd("MGET");
+        for c in chunk {
+            mget.arg(env.keys.lock(&c.shard_ref.to_string()));
+        }
+        let held: Vec<Option<String>> = env.cmd(&mget).await;
+        for (c, h) in chunk.iter().zip(held) {
+            assert_eq!(h.as_deref(), Some(c.token.as_str()), "lock of {}", c.shard_ref);
+        }
+    }
+    let active: u64 = env.cmd(redis::cmd("ZCARD").arg(env.keys.active())).await;
+    assert_eq!(active, SHARDS as u64, "every claimed shard must be active");
+    assert_eq!(env.count("t", "cursor").await, SHARDS as u64);
+}
+
+#[tokio::test]
+async fn stale_holder_is_refused_after_its_lock_expired() {
+    let mut env = Env::start("stale_holder").await;
+    env.dispatch(&TaskSpec::new("t", "noop", 3), T0).await;
+    let old = env.claim("old", 1, 1, 300, T0).await.shards.remove(0);
+    let r = old.shard_ref.to_string();
+    assert_eq!((r.as_str(), old.attempt), ("t:0", 1));
+    assert!(env.extend(&[&old], 300).await.is_empty(), "a fresh lock must extend");
+
+    sleep_ms(450).await;
+    // lock expired, nobody holds it: the old holder sees LockMissing everywhere, nothing changes
+    assert_eq!(env.extend(&[&old], 300).await, [0], "extend must report the expired lock lost");
+    assert_eq!(env.lock(&r).await, None, "a lost extend must not recreate the lock");
+    assert_eq!(env.complete(&old, "1", T0 + 1).await, Err(ScriptCode::LockMissing));
+    assert_eq!(env.fail(&old, 0, "x", T0 + 1).await, Err(ScriptCode::LockMissing));
+    assert_eq!(env.release(&old).await, Err(ScriptCode::LockMissing));
+    assert_eq!(env.active().await, [r.as_str()], "a refused call must leave the shard active");
+
+    // sweep recovery: mark, then confirm
+    let marked = env.sweep(T0 + 2, 50, 5).await.expect("first sweep runs");
+    assert_eq!((marked.recovered, marked.marked), (0, 1), "first sweep only marks: {marked:?}");
+    let recovered = env.sweep_after(50, T0 + 3, 5).await;
+    assert_eq!(recovered.recovered, 1, "second sweep recovers: {recovered:?}");
+    let new = env.claim("new", 1, 1, LONG_LOCK, T0 + 4).await.shards.remove(0);
+    assert_eq!((new.shard_ref.to_string(), new.attempt), (r.clone(), 2), "re-claim of the stalled shard");
+
+    // now another token holds the lock: LockMismatch, and the new holder keeps it
+    assert_eq!(env.extend(&[&old, &new], LONG_LOCK).await, [0], "only the old token is lost");
+    assert_eq!(env.complete(&old, "stale", T0 + 5).await, Err(ScriptCode::LockMismatch));
+    assert_eq!(env.fail(&old, 0, "stale", T0 + 5).await, Err(ScriptCode::LockMismatch));
+    assert_eq!(env.release(&old).await, Err(ScriptCode::LockMismatch));
+    assert_eq!(env.lock(&r).await.as_deref(), Some(new.token.as_str()), "refusals must keep the new lock");
+    assert_eq!(env.count("t", "done").await, 0, "stale work must not be counted");
+    assert_eq!(env.count("t", "failed").await, 0, "stale failure must not be counted");
+
+    assert_eq!(env.complete(&new, r#""fresh""#, T0 + 6).await, Ok(1), "the holder's complete counts");
+    assert_eq!(env.count("t", "done").await, 1);
+    let kept: Option<String> = env.cmd(redis::cmd("HGET").arg(env.keys.results("t")).arg(0)).await;
+    assert_eq!(kept.as_deref(), Some(r#""fresh""#), "the result is the holder's, not the stale one");
+    let state: bool = env.cmd(redis::cmd("EXISTS").arg(env.keys.shard(&r))).await;
+    assert!(!state, "shard:{r} must be gone once the shard is terminal");
+
+    // token mismatch without expiry: someone else's token sits in the lock
+    let mine = env.claim("mine", 1, 1, LONG_LOCK, T0 + 7).await.shards.remove(0);
+    let r1 = mine.shard_ref.to_string();
+    env.cmd::<()>(redis::cmd("SET").arg(env.keys.lock(&r1)).arg("intruder:1").arg("PX").arg(LONG_LOCK)).await;
+    assert_eq!(env.extend(&[&mine], LONG_LOCK).await, [0]);
+    assert_eq!(env.complete(&mine, "1", T0 + 8).await, Err(ScriptCode::LockMismatch));
+    assert_eq!(env.fail(&mine, 0, "x", T0 + 8).await, Err(ScriptCode::LockMismatch));
+    assert_eq!(env.release(&mine).await, Err(ScriptCode::LockMismatch));
+    assert_eq!(env.lock(&r1).await.as_deref(), Some("intruder:1"), "a mismatch must not touch the lock");
+    assert_eq!(env.count("t", "done").await, 1);
+}
+
+#[tokio::test]
+async fn stalled_shard_is_reclaimed_after_lock_expiry() {
+    let mut env = Env::start("stalled_reclaimed").await;
+    env.dispatch(&TaskSpec::new("t", "noop", 2), T0).await;
+    let first = env.claim("dead", 0, 1, 100, T0).await.shards.remove(0);
+    let r = first.shard_ref.to_string();
+    let live = env.claim("live", 0, 1, LONG_LOCK, T0).await.shards.remove(0);
+    sleep_ms(250).await;
+
+    let s1 = env.sweep(T0 + 1000, 300, 1).await.expect("first sweep runs");
+    assert_eq!((s1.recovered, s1.failed, s1.marked), (0, 0, 1), "first sweep marks only: {s1:?}");
+    let marked: Vec<String> = env.cmd(redis::cmd("SMEMBERS").arg(env.keys.stalled())).await;
+    assert_eq!(marked, [r.as_str()], "only the lockless shard is a candidate");
+    assert_eq!(env.sweep(T0 + 1001, 300, 1).await, None, "a second sweep within the interval is throttled");
+    assert!(env.wait_list().await.is_empty(), "marking must not move the shard yet");
+
+    let s2 = env.sweep_after(300, T0 + 2000, 1).await;
+    assert_eq!((s2.recovered, s2.failed), (1, 0), "second sweep recovers: {s2:?}");
+    assert_eq!(env.wait_list().await, [r.as_str()], "the recovered shard waits");
+    assert_eq!(env.active().await, [live.shard_ref.to_string()], "the live shard stays active");
+
+    let again = env.claim("next", 0, 1, LONG_LOCK, T0 + 3000).await.shards;
+    assert_eq!(again.len(), 1);
+    assert_eq!((again[0].shard_ref.to_string(), again[0].attempt, again[0].fails), (r.clone(), 2, 0));
+    assert_eq!(env.complete(&again[0], "", T0 + 4000).await, Ok(1));
+    assert_eq!(env.complete(&live, "", T0 + 4000).await, Ok(1));
+    assert_eq!(env.count("t", "done").await, 2);
+    let state: bool = env.cmd(redis::cmd("EXISTS").arg(env.keys.shard(&r))).await;
+    assert!(!state, "shard:{r} must be gone once completed");
+}
+
+#[tokio::test]
+async fn shard_stalled_past_the_cap_fails_for_good() {
+    let mut env = Env::start("stalled_cap").await;
+    env.dispatch(&TaskSpec::new("t", "noop", 1), T0).await;
+    let c = env.claim("a", 0, 1, 100, T0).await.shards.remove(0);
+    let r = c.shard_ref.to_string();
+
+    // first stall: survived (max_stalled = 1)
+    sleep_ms(200).await;
+    assert_eq!(env.sweep(T0 + 1, 50, 1).await.map(|s| s.marked), Some(1));
+    assert_eq!(env.sweep_after(50, T0 + 2, 1).await.recovered, 1);
+    let c2 = env.claim("b", 0, 1, 100, T0 + 3).await.shards.remove(0);
+    assert_eq!((c2.shard_ref.to_string(), c2.attempt), (r.clone(), 2));
+
+    // second stall: over the cap, failed for good
+    sleep_ms(200).await;
+    let s3 = env.sweep_after(50, T0 + 4, 1).await;
+    assert_eq!(s3.marked, 1, "{s3:?}");
+    let s4 = env.sweep_after(50, T0 + 5, 1).await;
+    assert_eq!((s4.recovered, s4.failed), (0, 1), "the second stall must fail the shard: {s4:?}");
+
+    let reason: Option<String> = env.cmd(redis::cmd("HGET").arg(env.keys.errors("t")).arg(0)).await;
+    assert_eq!(reason.as_deref(), Some(STALLED_REASON), "the stall reason must be stored");
+    assert_eq!((env.count("t", "done").await, env.count("t", "failed").await), (0, 1));
+    assert_eq!(env.field("t", "state").await.as_deref(), Some("aggregating"), "the task still completes");
+    assert_eq!(env.wait_list().await, ["t:agg"], "the aggregation job is queued, the shard is not");
+    assert!(env.active().await.is_empty());
+    let state: bool = env.cmd(redis::cmd("EXISTS").arg(env.keys.shard(&r))).await;
+    assert!(!state, "shard:{r} must be gone once failed for good");
+    assert_eq!(env.complete(&c2, "", T0 + 6).await, Err(ScriptCode::LockMissing), "the stalled holder is stale");
+}
+
+#[tokio::test]
+async fn shard_finished_twice_is_counted_once() {
+    let mut env = Env::start("finished_twice").await;
+    let mut spec = TaskSpec::new("t", "noop", 2);
+    spec.attempts = 1;
+    env.dispatch(&spec, T0).await;
+    let c = env.claim("a", 0, 1, LONG_LOCK, T0).await.shards.remove(0);
+    let r = c.shard_ref.to_string();
+    assert_eq!(env.complete(&c, "1", T0 + 1).await, Ok(1));
+    assert_eq!(env.count("t", "done").await, 1);
+
+    // a second holder of the same ref, forced in behind the scripts' backs
+    let forge = |token: &str| Claimed { shard_ref: c.shard_ref.clone(), token: token.into(), attempt: 1, fails: 0 };
+    for (token, finish_as_fail) in [("forged:1", false), ("forged:2", true)] {
+        env.cmd::<()>(redis::cmd("SET").arg(env.keys.lock(&r)).arg(token).arg("PX").arg(LONG_LOCK)).await;
+        env.cmd::<()>(redis::cmd("ZADD").arg(env.keys.active()).arg(T0 + 2).arg(&r)).await;
+        let f = forge(token);
+        let code = if finish_as_fail {
+            env.fail(&f, 0, "late failure", T0 + 3).await
+        } else {
+            env.complete(&f, "2", T0 + 3).await
+        };
+        assert_eq!(code, Ok(0), "finishing {r} again (as fail: {finish_as_fail}) must report already terminal");
+        assert_eq!(env.count("t", "done").await, 1, "done must not move");
+        assert_eq!(env.count("t", "failed").await, 0, "failed must not move");
+    }
+    let result: Option<String> = env.cmd(redis::cmd("HGET").arg(env.keys.results("t")).arg(0)).await;
+    assert_eq!(result.as_deref(), Some("1"), "the first result stays");
+    let errors: HashMap<String, String> = env.cmd(redis::cmd("HGETALL").arg(env.keys.errors("t"))).await;
+    assert!(errors.is_empty(), "a late failure of a completed shard must leave no reason: {errors:?}");
+    assert_eq!(env.field("t", "state").await.as_deref(), Some("running"));
+
+    let last = env.claim("a", 1, 5, LONG_LOCK, T0 + 4).await.shards;
+    assert_eq!(last.len(), 1, "only shard 1 is left: {last:?}");
+    assert_eq!(env.complete(&last[0], "3", T0 + 5).await, Ok(1));
+    let (done, failed, total) =
+        (env.count("t", "done").await, env.count("t", "failed").await, env.count("t", "total").await);
+    assert_eq!(done + failed, total, "done {done} + failed {failed} must equal total {total}");
+    assert_eq!(env.wait_list().await, ["t:agg"], "one aggregation job");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn aggregation_is_enqueued_once_under_racing_completions() {
+    const N: u64 = 500;
+    let mut env = Env::start("agg_once").await;
+    env.dispatch(&TaskSpec::new("t", "noop", N), T0).await;
+
+    // claim everything over several connections
+    let mut claims = Vec::new();
+    let mut cons = Vec::new();
+    for _ in 0..4 {
+        cons.push(env.manager().await);
+    }
+    let mut round = 0u64;
+    loop {
+        let mut got = 0;
+        for (w, con) in cons.iter_mut().enumerate() {
+            let base = format!("exec-{w}");
+            let req = ClaimRequest { count: 25, lock_ms: LONG_LOCK, token_base: &base, seq: round * 25, now_ms: T0 };
+            let out = scripts::claim(con, &env.keys, &req).await.expect("claim");
+            got += out.shards.len();
+            claims.extend(out.shards);
+        }
+        round += 1;
+        if got == 0 {
+            break;
+        }
+    }
+    assert_eq!(claims.len() as u64, N, "every shard claimed");
+
+    // complete concurrently from 8 tasks, a few per call
+    let per = claims.len().div_ceil(8);
+    let mut set = tokio::task::JoinSet::new();
+    for part in claims.chunks(per).map(<[Claimed]>::to_vec) {
+        let mut con = env.manager().await;
+        let keys = env.keys.clone();
+        set.spawn(async move {
+            let mut codes = Vec::new();
+            for batch in part.chunks(3) {
+                let results: Vec<String> = batch.iter().map(|c| format!("{{\"i\":{}}}", index_of(c))).collect();
+                let items: Vec<Finished<'_>> = batch
+                    .iter()
+                    .zip(&results)
+                    .map(|(c, r)| Finished { claim: c, outcome: FinishedAs::Completed(r) })
+                    .collect();
+                codes.extend(scripts::finish(&mut con, &keys, &items, T0 + 10).await.expect("finish"));
+            }
+            codes
+        });
+    }
+    while let Some(codes) = set.join_next().await {
+        let codes = codes.expect("completer panicked");
+        assert!(codes.iter().all(|c| *c == Ok(1)), "every first completion counts: {codes:?}");
+    }
+
+    let wait = env.wait_list().await;
+    assert_eq!(wait.iter().filter(|r| *r == "t:agg").count(), 1, "exactly one aggregation job: {wait:?}");
+    assert_eq!(wait.len(), 1, "nothing else waits: {wait:?}");
+    assert_eq!(env.field("t", "state").await.as_deref(), Some("aggregating"));
+    assert_eq!(env.count("t", "done").await, N);
+    let results: u64 = env.cmd(redis::cmd("HLEN").arg(env.keys.results("t"))).await;
+    assert_eq!(results, N, "every shard's result is available to the aggregation");
+
+    let agg = env.claim("agg", 0, 5, LONG_LOCK, T0 + 20).await.shards;
+    assert_eq!(agg.len(), 1, "only the aggregation job is claimable: {agg:?}");
+    let agg = &agg[0];
+    assert_eq!(agg.shard_ref, ShardRef::aggregate("t"));
+    let total = r#"{"sum":124750}"#;
+    assert_eq!(env.complete(agg, total, T0 + 30).await, Ok(1), "aggregation completes");
+    let info = TaskInfo::from_hash("t", &env.task("t").await).unwrap().unwrap();
+    assert_eq!(info.state, TaskState::Completed);
+    assert_eq!(info.result, Some(serde_json::json!({"sum": 124750})));
+    assert_eq!(info.finished_ms, Some(T0 + 30));
+
+    assert_eq!(env.complete(agg, r#"{"sum":0}"#, T0 + 40).await, Err(ScriptCode::LockMissing), "second completion");
+    assert_eq!(env.field("t", "result").await.as_deref(), Some(total), "the result is recorded once");
+    assert_eq!(env.field("t", "finished_ms").await, Some((T0 + 30).to_string()));
+    assert!(env.claim("late", 0, 5, LONG_LOCK, T0 + 50).await.shards.is_empty(), "nothing is left");
+}
+
+#[tokio::test]
+async fn failed_shards_still_complete_the_task() {
+    const N: u64 = 6;
+    let mut env = Env::start("fail_cap").await;
+    let mut spec = TaskSpec::new("t", "fail", N);
+    spec.attempts = 2;
+    env.dispatch(&spec, T0).await;
+
+    let first = env.claim("a", 0, 10, LONG_LOCK, T0).await.shards;
+    assert_eq!(first.len() as u64, N);
+    for c in &first {
+        assert_eq!(env.fail(c, 1000, "boom-1", T0 + 1).await, Ok(2), "first failure of {} retries", c.shard_ref);
+    }
+    let delayed: u64 = env.cmd(redis::cmd("ZCARD").arg(env.keys.delayed())).await;
+    assert_eq!(delayed, N, "every retry waits for its backoff");
+    let early = env.claim("b", 0, 10, LONG_LOCK, T0 + 500).await;
+    assert!(early.shards.is_empty(), "retries are not due yet: {:?}", early.shards);
+    assert_eq!(early.next_due_ms, Some(T0 + 1001), "claim reports the earliest due time");
+
+    let second = env.claim("b", 0, 10, LONG_LOCK, T0 + 1001).await.shards;
+    assert_eq!(second.len() as u64, N, "every due retry is claimable");
+    for c in &second {
+        assert_eq!((c.attempt, c.fails), (2, 1), "retry of {}", c.shard_ref);
+        assert_eq!(env.fail(c, 1000, "boom-2", T0 + 1002).await, Ok(1), "second failure of {} is final", c.shard_ref);
+    }
+    assert_eq!((env.count("t", "done").await, env.count("t", "failed").await), (0, N));
+    let errors: HashMap<String, String> = env.cmd(redis::cmd("HGETALL").arg(env.keys.errors("t"))).await;
+    assert_eq!(errors.len() as u64, N, "one reason per failed shard: {errors:?}");
+    assert!(errors.values().all(|v| v == "boom-2"), "the last reason is kept: {errors:?}");
+    assert_eq!(env.field("t", "state").await.as_deref(), Some("aggregating"));
+    assert_eq!(env.wait_list().await, ["t:agg"]);
+    let leftovers: Vec<String> = env.cmd(redis::cmd("KEYS").arg(format!("{}shard:*", env.keys.prefix()))).await;
+    assert!(leftovers.is_empty(), "no per-shard state may outlive a terminal shard: {leftovers:?}");
+
+    let agg = env.claim("c", 0, 1, LONG_LOCK, T0 + 2000).await.shards.remove(0);
+    assert!(agg.shard_ref.is_aggregate());
+    assert_eq!(env.complete(&agg, r#"{"failed":6}"#, T0 + 2001).await, Ok(1));
+    assert_eq!(env.field("t", "state").await.as_deref(), Some("failed"), "failed shards fail the task");
+    assert_eq!(env.field("t", "result").await.as_deref(), Some(r#"{"failed":6}"#), "the result is kept");
+}
+
+#[tokio::test]
+async fn released_shards_go_first_and_are_claimable_at_once() {
+    let mut env = Env::start("release_front").await;
+    env.dispatch(&TaskSpec::new("t", "noop", 5), T0).await;
+    let held = env.claim("a", 0, 3, LONG_LOCK, T0).await.shards;
+    let refs: Vec<String> = held.iter().map(|c| c.shard_ref.to_string()).collect();
+    assert_eq!(refs, ["t:0", "t:1", "t:2"]);
+
+    assert_eq!(env.release(&held[2]).await, Ok(1));
+    assert_eq!(env.release(&held[0]).await, Ok(1));
+    assert_eq!(env.wait_list().await, ["t:0", "t:2"], "each release goes to the front of wait");
+    assert_eq!(env.lock("t:0").await, None, "release drops the lock");
+    assert_eq!(env.active().await, ["t:1"], "released shards leave active");
+    assert_eq!(env.release(&held[0]).await, Err(ScriptCode::LockMissing), "a second release is refused");
+
+    // same instant, fresh shards still in the cursor: the released ones come first
+    let next = env.claim("b", 0, 1, LONG_LOCK, T0).await.shards;
+    assert_eq!(next.len(), 1);
+    assert_eq!((next[0].shard_ref.to_string(), next[0].attempt, next[0].fails), ("t:0".into(), 2, 0));
+    let next = env.claim("b", 1, 1, LONG_LOCK, T0).await.shards;
+    assert_eq!((next[0].shard_ref.to_string(), next[0].attempt, next[0].fails), ("t:2".into(), 2, 0));
+    let next = env.claim("b", 2, 1, LONG_LOCK, T0).await.shards;
+    assert_eq!((next[0].shard_ref.to_string(), next[0].attempt), ("t:3".into(), 1), "then the cursor");
+    assert_eq!(env.count("t", "failed").await, 0, "a release is not a failure");
+}
+
+#[tokio::test]
+async fn every_wrapper_survives_script_flush() {
+    let mut env = Env::start("script_flush").await;
+    async fn flush(env: &mut Env) {
+        env.cmd::<()>(redis::cmd("SCRIPT").arg("FLUSH")).await;
+        let all: Vec<&str> = scripts().all().into_iter().map(|(_, s)| s.get_hash()).collect();
+        let loaded: Vec<bool> = env.cmd(redis::cmd("SCRIPT").arg("EXISTS").arg(&all)).await;
+        assert!(loaded.iter().all(|l| !l), "SCRIPT FLUSH left scripts loaded: {loaded:?}");
+    }
+    async fn loaded(env: &mut Env, name: &str) {
+        let (_, s) = scripts().all().into_iter().find(|(n, _)| *n == name).expect("script");
+        let l: Vec<bool> = env.cmd(redis::cmd("SCRIPT").arg("EXISTS").arg(s.get_hash())).await;
+        assert_eq!(l, [true], "{name} must have been loaded by the NOSCRIPT fallback");
+    }
+    let mut spec = TaskSpec::new("t", "noop", 4);
+    spec.attempts = 2;
+
+    flush(&mut env).await;
+    env.dispatch(&spec, T0).await;
+    loaded(&mut env, "dispatch.lua").await;
+
+    flush(&mut env).await;
+    let c = env.claim("a", 0, 4, LONG_LOCK, T0).await.shards;
+    assert_eq!(c.len(), 4, "claim after flush");
+    loaded(&mut env, "claim.lua").await;
+
+    flush(&mut env).await;
+    assert!(env.extend(&[&c[0], &c[1]], LONG_LOCK).await.is_empty(), "extend after flush");
+    loaded(&mut env, "extend.lua").await;
+
+    flush(&mut env).await;
+    assert_eq!(env.complete(&c[0], "1", T0 + 1).await, Ok(1), "complete after flush");
+    loaded(&mut env, "complete.lua").await;
+
+    flush(&mut env).await;
+    assert_eq!(env.fail(&c[1], 10, "x", T0 + 1).await, Ok(2), "fail after flush");
+    loaded(&mut env, "fail.lua").await;
+
+    flush(&mut env).await;
+    assert_eq!(env.release(&c[2]).await, Ok(1), "release after flush");
+    loaded(&mut env, "release.lua").await;
+
+    flush(&mut env).await;
+    let s = env.sweep(T0 + 2, 1000, 1).await.expect("sweep after flush runs");
+    assert_eq!(s, Default::default(), "every active shard holds its lock");
+    loaded(&mut env, "sweep.lua").await;
+}
+
+#[tokio::test]
+async fn paused_queue_hands_out_nothing() {
+    let mut env = Env::start("paused").await;
+    env.dispatch(&TaskSpec::new("t", "noop", 3), T0).await;
+    env.cmd::<()>(redis::cmd("HSET").arg(env.keys.meta()).arg("paused").arg(1)).await;
+
+    let out = env.claim("a", 0, 3, LONG_LOCK, T0).await;
+    assert!(out.paused, "claim must report the pause");
+    assert!(out.shards.is_empty(), "a paused queue hands out nothing: {:?}", out.shards);
+    assert_eq!(out.next_due_ms, None);
+    assert_eq!(env.count("t", "cursor").await, 0, "the cursor must not move while paused");
+    assert!(env.active().await.is_empty());
+
+    env.cmd::<()>(redis::cmd("HSET").arg(env.keys.meta()).arg("paused").arg(0)).await;
+    let out = env.claim("a", 0, 3, LONG_LOCK, T0).await;
+    assert!(!out.paused);
+    assert_eq!(out.shards.len(), 3, "resumed queue hands out work");
+}
+
+#[test]
+fn crc16_and_key_slot_match_redis_cluster() {
+    // reference values from the Redis Cluster specification and CLUSTER KEYSLOT
+    assert_eq!(support::crc16(b"123456789"), 0x31C3);
+    assert_eq!(key_slot("foo"), 12182);
+    assert_eq!(key_slot("bar"), 5061);
+    assert_eq!(key_slot("{user1000}.following"), key_slot("user1000"));
+    assert_eq!(key_slot("foo{}{bar}"), support::crc16(b"foo{}{bar}") % 16384, "empty tag hashes the whole key");
+    assert_eq!(key_slot("foo{{bar}}zap"), key_slot("{bar"), "the tag ends at the first '}}'");
+}
+
+#[tokio::test]
+async fn every_key_of_a_queue_shares_one_cluster_slot() {
+    let mut env = Env::start("one_slot").await;
+    let mut seen = BTreeSet::new();
+    let mut spec = TaskSpec::new("t", "noop", 6);
+    spec.attempts = 2;
+    env.dispatch(&spec, T0).await;
+    env.dispatch(&TaskSpec::new("u", "noop", 1), T0).await;
+    seen.extend(env.all_keys().await);
+
+    let c = env.claim("a", 0, 6, LONG_LOCK, T0).await.shards;
+    let stuck = env.claim("b", 0, 1, 100, T0).await.shards.remove(0);
+    assert_eq!(stuck.shard_ref, ShardRef::shard("u", 0), "the other task's shard, left to stall");
+    assert!(env.extend(&[&c[0], &c[1]], LONG_LOCK).await.is_empty());
+    assert_eq!(env.complete(&c[0], "1", T0 + 1).await, Ok(1));
+    assert_eq!(env.fail(&c[1], 60_000, "retry me", T0 + 1).await, Ok(2));
+    assert_eq!(env.release(&c[2]).await, Ok(1));
+    seen.extend(env.all_keys().await);
+
+    sleep_ms(200).await;
+    assert_eq!(env.sweep(T0 + 2, 300, 1).await.map(|s| s.marked), Some(1), "the stuck shard is marked");
+    seen.extend(env.all_keys().await);
+    assert_eq!(env.sweep_after(300, T0 + 3, 1).await.recovered, 1);
+    seen.extend(env.all_keys().await);
+    for held in &c[3..] {
+        assert_eq!(env.complete(held, "1", T0 + 4).await, Ok(1), "{}", held.shard_ref);
+    }
+
+    // drive task t to its end: retry, released and remaining shards, then the aggregation
+    let rest = env.claim("d", 0, 10, LONG_LOCK, T0 + 60_002).await.shards;
+    for r in &rest {
+        let code = if r.shard_ref.task == "t" && r.fails > 0 {
+            env.fail(r, 0, "final", T0 + 60_003).await
+        } else {
+            env.complete(r, "1", T0 + 60_003).await
+        };
+        assert_eq!(code, Ok(1), "{}", r.shard_ref);
+    }
+    seen.extend(env.all_keys().await);
+    let aggs = env.claim("e", 0, 10, LONG_LOCK, T0 + 60_004).await.shards;
+    assert_eq!(aggs.len(), 2, "both tasks aggregate: {aggs:?}");
+    seen.extend(env.all_keys().await);
+    for a in &aggs {
+        assert_eq!(env.complete(a, "{}", T0 + 60_005).await, Ok(1));
+    }
+    seen.extend(env.all_keys().await);
+
+    let p = env.keys.prefix().to_owned();
+    let kinds = [
+        "meta",
+        "tasks",
+        "index",
+        "task:t",
+        "task:t:terminal",
+        "task:t:results",
+        "task:t:errors",
+        "wait",
+        "delayed",
+        "active",
+        "stalled",
+        "stalled-check",
+        "lock:t:3",
+        "shard:t:1",
+        "marker",
+    ];
+    for k in kinds {
+        assert!(seen.contains(&format!("{p}{k}")), "the run never created {p}{k}; saw {seen:?}");
+    }
+    let slot = key_slot(&p);
+    let off: Vec<(&String, u16)> = seen.iter().map(|k| (k, key_slot(k))).filter(|&(_, s)| s != slot).collect();
+    assert!(off.is_empty(), "keys outside the queue's slot {slot}: {off:?}");
+}
+
+// BUG (claim.lua line 37, `token_base .. ':' .. (seq + n)`): Lua 5.1 turns numbers into strings
+// with "%.14g", so from seq = 10^14 the lock holds `b:1e+14` while the wrapper (scripts.rs
+// `claim`, `format!("{}:{}", token_base, seq + j)`) hands out `b:100000000000000`; the holder
+// is refused its own shard, and seqs that agree in 14 digits even share one token. Kept failing.
+#[tokio::test]
+async fn claim_tokens_match_the_lock_for_any_seq() {
+    let mut env = Env::start("token_seq").await;
+    env.dispatch(&TaskSpec::new("t", "noop", 2), T0).await;
+    let seq = 100_000_000_000_000u64;
+    let c = env.claim("b", seq, 2, LONG_LOCK, T0).await.shards;
+    for claim in &c {
+        let lock = env.lock(&claim.shard_ref.to_string()).await;
+        assert_eq!(lock.as_deref(), Some(claim.token.as_str()), "lock of {} vs the wrapper's token", claim.shard_ref);
+    }
+    assert_eq!(env.complete(&c[0], "", T0 + 1).await, Ok(1), "the holder must be able to complete");
+}

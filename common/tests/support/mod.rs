@@ -1,0 +1,179 @@
+//! Set-up shared by the script invariant tests: a private redis-server, a connection manager,
+//! the queue's keys, one-item shorthands of the typed script wrappers, readers of what the
+//! scripts left in Redis, and the Redis Cluster key-slot function.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use shardctl_common::conn::{client, manager};
+use shardctl_common::model::TaskSpec;
+use shardctl_common::scripts::{self, ClaimOutcome, ClaimRequest, Claimed, Finished, FinishedAs, SweepReport};
+use shardctl_common::{Keys, ScriptCode};
+use shardctl_testkit::TestRedis;
+
+/// The test clock's start (ms since the epoch); tests move it forward by hand.
+pub const T0: u64 = 1_700_000_000_000;
+
+/// One private server and one queue on it.
+pub struct Env {
+    /// Killed on drop.
+    pub redis: TestRedis,
+    /// For more managers (one per concurrent task).
+    pub client: redis::Client,
+    /// The connection of the test itself.
+    pub con: ConnectionManager,
+    /// The queue under test.
+    pub keys: Keys,
+}
+
+/// One item's code from a batch script: `Ok(n ≥ 0)` or the refusal.
+pub type Code = Result<i64, ScriptCode>;
+
+impl Env {
+    /// Starts a server and connects to it; `queue` names the queue (one per test).
+    pub async fn start(queue: &str) -> Self {
+        let redis = TestRedis::start();
+        let client = client(&redis.url()).expect("redis client");
+        let con = manager(&client).await.expect("connection manager");
+        Env { redis, client, con, keys: Keys::new("shardctl", queue) }
+    }
+
+    /// Another connection manager to the same server.
+    pub async fn manager(&self) -> ConnectionManager {
+        manager(&self.client).await.expect("connection manager")
+    }
+
+    /// Runs a raw command on the test's connection.
+    pub async fn cmd<T: redis::FromRedisValue>(&mut self, c: &redis::Cmd) -> T {
+        c.query_async(&mut self.con)
+            .await
+            .unwrap_or_else(|e| panic!("{c:?} failed: {e}\nredis log:\n{}", self.redis.log()))
+    }
+
+    /// Dispatches `spec` at `now_ms`, panicking on any error.
+    pub async fn dispatch(&mut self, spec: &TaskSpec, now_ms: u64) {
+        scripts::dispatch(&mut self.con, &self.keys, spec, now_ms)
+            .await
+            .unwrap_or_else(|e| panic!("dispatch of {}: {e}", spec.id));
+    }
+
+    /// Claims up to `count` shards under tokens `<base>:<seq + j>`.
+    pub async fn claim(&mut self, base: &str, seq: u64, count: usize, lock_ms: u64, now_ms: u64) -> ClaimOutcome {
+        let req = ClaimRequest { count, lock_ms, token_base: base, seq, now_ms };
+        scripts::claim(&mut self.con, &self.keys, &req).await.expect("claim")
+    }
+
+    /// Completes one claim with `result`.
+    pub async fn complete(&mut self, c: &Claimed, result: &str, now_ms: u64) -> Code {
+        let items = [Finished { claim: c, outcome: FinishedAs::Completed(result) }];
+        one(scripts::finish(&mut self.con, &self.keys, &items, now_ms).await.expect("finish (complete)"))
+    }
+
+    /// Fails one claim with `reason`, retrying after `delay_ms` if attempts are left.
+    pub async fn fail(&mut self, c: &Claimed, delay_ms: u64, reason: &str, now_ms: u64) -> Code {
+        let items = [Finished { claim: c, outcome: FinishedAs::Failed { delay_ms, reason } }];
+        one(scripts::finish(&mut self.con, &self.keys, &items, now_ms).await.expect("finish (fail)"))
+    }
+
+    /// Releases one claim.
+    pub async fn release(&mut self, c: &Claimed) -> Code {
+        one(scripts::release(&mut self.con, &self.keys, &[c]).await.expect("release"))
+    }
+
+    /// Extends the locks of `held`; the 0-based positions of the lost ones.
+    pub async fn extend(&mut self, held: &[&Claimed], lock_ms: u64) -> Vec<usize> {
+        let pairs: Vec<(String, String)> = held.iter().map(|c| (c.shard_ref.to_string(), c.token.clone())).collect();
+        scripts::extend(&mut self.con, &self.keys, lock_ms, &pairs).await.expect("extend")
+    }
+
+    /// One stalled sweep; `None` when throttled.
+    pub async fn sweep(&mut self, now_ms: u64, interval_ms: u64, max_stalled: u32) -> Option<SweepReport> {
+        scripts::sweep(&mut self.con, &self.keys, now_ms, interval_ms, max_stalled).await.expect("sweep")
+    }
+
+    /// Waits out the sweep throttle (`interval_ms` on the server clock) and sweeps.
+    pub async fn sweep_after(&mut self, interval_ms: u64, now_ms: u64, max_stalled: u32) -> SweepReport {
+        tokio::time::sleep(Duration::from_millis(interval_ms + 40)).await;
+        self.sweep(now_ms, interval_ms, max_stalled)
+            .await
+            .unwrap_or_else(|| panic!("sweep throttled although {interval_ms} ms passed"))
+    }
+
+    /// The task hash.
+    pub async fn task(&mut self, id: &str) -> HashMap<String, String> {
+        let key = self.keys.task(id);
+        self.cmd(redis::cmd("HGETALL").arg(key)).await
+    }
+
+    /// A numeric field of the task hash (0 when absent).
+    pub async fn count(&mut self, id: &str, field: &str) -> u64 {
+        let key = self.keys.task(id);
+        let v: Option<u64> = self.cmd(redis::cmd("HGET").arg(key).arg(field)).await;
+        v.unwrap_or(0)
+    }
+
+    /// A text field of the task hash.
+    pub async fn field(&mut self, id: &str, field: &str) -> Option<String> {
+        let key = self.keys.task(id);
+        self.cmd(redis::cmd("HGET").arg(key).arg(field)).await
+    }
+
+    /// The `wait` list, head first.
+    pub async fn wait_list(&mut self) -> Vec<String> {
+        let key = self.keys.wait();
+        self.cmd(redis::cmd("LRANGE").arg(key).arg(0).arg(-1)).await
+    }
+
+    /// The members of the `active` zset.
+    pub async fn active(&mut self) -> Vec<String> {
+        let key = self.keys.active();
+        self.cmd(redis::cmd("ZRANGE").arg(key).arg(0).arg(-1)).await
+    }
+
+    /// The token under `lock:<ref>`, if any.
+    pub async fn lock(&mut self, shard_ref: &str) -> Option<String> {
+        let key = self.keys.lock(shard_ref);
+        self.cmd(redis::cmd("GET").arg(key)).await
+    }
+
+    /// Every key of the server, sorted.
+    pub async fn all_keys(&mut self) -> Vec<String> {
+        let mut k: Vec<String> = self.cmd(redis::cmd("KEYS").arg("*")).await;
+        k.sort();
+        k
+    }
+
+    /// Number of keys of the server.
+    pub async fn dbsize(&mut self) -> u64 {
+        self.cmd(&redis::cmd("DBSIZE")).await
+    }
+}
+
+fn one(mut codes: Vec<Code>) -> Code {
+    assert_eq!(codes.len(), 1, "one code per item: {codes:?}");
+    codes.remove(0)
+}
+
+/// CRC16/XMODEM (polynomial 0x1021, initial value 0), as Redis Cluster computes it.
+pub fn crc16(data: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in data {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
+        }
+    }
+    crc
+}
+
+/// The cluster slot of `key`: only the part between the first `{` and the next `}` is hashed,
+/// when that part is not empty.
+pub fn key_slot(key: &str) -> u16 {
+    let b = key.as_bytes();
+    let tagged = b.iter().position(|&c| c == b'{').and_then(|open| {
+        let rest = &b[open + 1..];
+        rest.iter().position(|&c| c == b'}').filter(|&len| len > 0).map(|len| &rest[..len])
+    });
+    crc16(tagged.unwrap_or(b)) % 16384
+}

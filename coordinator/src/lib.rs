@@ -1,0 +1,22 @@
+//! The coordinating side of shardctl: creating tasks, the maintenance duties any process may
+//! run (the stalled sweep), and reading progress. It never depends on the executor crate; the
+//! `shardctl executor` command runs the sweep beside the executor runtime, so no single process
+//! is needed for correctness.
+//!
+//! # Layout
+//! - [`dispatch`]: validating and creating a pull task, fresh task ids.
+//! - [`sweep`]: the stalled-shard sweep loop (Bull's design, throttled in Redis).
+//! - [`progress`]: one task's state and counts, a queue's counts, failed shards.
+//! - [`wait`]: waiting for a task to end, with a progress callback.
+//!
+//! # Example
+//! ```
+//! let id = shardctl_coordinator::dispatch::new_task_id();
+//! assert!(shardctl_common::model::validate_task_id(&id).is_ok());
+//! ```
+#![warn(missing_docs)]
+
+pub mod dispatch;
+pub mod progress;
+pub mod sweep;
+pub mod wait;

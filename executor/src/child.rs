@@ -1,0 +1,261 @@
+//! The any-language handler protocol: `--exec CMD` runs CMD per shard (no shell) with the shard's
+//! facts in `SHARDCTL_*` variables and the task payload on stdin; its stdout is the result (JSON
+//! when it parses, else a string); a non-zero exit fails the attempt with the stderr tail as the
+//! reason. `--aggregate-exec CMD` reads `{"shard":i,"result":...}` / `{"shard":i,"error":"..."}`
+//! lines on stdin in shard order and prints the task result.
+
+use std::process::Stdio;
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::process::Command;
+use tokio_util::sync::CancellationToken;
+
+use crate::handler::{AggregateContext, Aggregator, BoxFuture, Handler, ShardContext, ShardError};
+
+/// Largest result a child may print, in bytes, unless configured otherwise.
+pub const DEFAULT_MAX_OUTPUT: usize = 1 << 20;
+/// How much of a failing child's stderr becomes the failure reason.
+const STDERR_TAIL: usize = 2048;
+
+/// Splits a command line into program and arguments, honouring single quotes, double quotes
+/// and backslash escapes. No shell is involved: no globbing, no variables, no pipes.
+pub fn split_command(line: &str) -> Result<Vec<String>, String> {
+    let mut words = Vec::new();
+    let mut cur = String::new();
+    let mut in_word = false;
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\'' => {
+                in_word = true;
+                loop {
+                    match chars.next() {
+                        Some('\'') => break,
+                        Some(c) => cur.push(c),
+                        None => return Err(format!("unclosed single quote in '{line}'")),
+                    }
+                }
+            }
+            '"' => {
+                in_word = true;
+                loop {
+                    match chars.next() {
+                        Some('"') => break,
+                        Some('\\') => match chars.next() {
+                            Some(c) => cur.push(c),
+                            None => return Err(format!("trailing backslash in '{line}'")),
+                        },
+                        Some(c) => cur.push(c),
+                        None => return Err(format!("unclosed double quote in '{line}'")),
+                    }
+                }
+            }
+            '\\' => {
+                in_word = true;
+                cur.push(chars.next().ok_or_else(|| format!("trailing backslash in '{line}'"))?);
+            }
+            c if c.is_whitespace() => {
+                if in_word {
+                    words.push(std::mem::take(&mut cur));
+                    in_word = false;
+                }
+            }
+            c => {
+                in_word = true;
+                cur.push(c);
+            }
+        }
+    }
+    if in_word {
+        words.push(cur);
+    }
+    if words.is_empty() {
+        return Err("empty command".into());
+    }
+    Ok(words)
+}
+
+/// A child-process command with its output limit.
+#[derive(Debug, Clone)]
+pub struct ExecCommand {
+    program: String,
+    args: Vec<String>,
+    max_output: usize,
+}
+
+impl ExecCommand {
+    /// Parses `line` (see [`split_command`]).
+    pub fn parse(line: &str, max_output: usize) -> Result<Self, String> {
+        let mut words = split_command(line)?;
+        let program = words.remove(0);
+        Ok(ExecCommand { program, args: words, max_output })
+    }
+
+    async fn run(
+        &self,
+        env: Vec<(&'static str, String)>,
+        stdin: Vec<u8>,
+        cancel: CancellationToken,
+    ) -> Result<Value, ShardError> {
+        let mut child = Command::new(&self.program)
+            .args(&self.args)
+            .envs(env)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| ShardError(format!("cannot start handler command '{}': {e}", self.program)))?;
+        let mut input = child.stdin.take().expect("piped stdin");
+        let writer = tokio::spawn(async move {
+            // a child that does not read its stdin closes the pipe: not an error
+            let _ = input.write_all(&stdin).await;
+        });
+        let out = read_limited(child.stdout.take().expect("piped stdout"), self.max_output);
+        let err = read_tail(child.stderr.take().expect("piped stderr"));
+        let status = async {
+            let (out, err) = tokio::join!(out, err);
+            (child.wait().await, out, err)
+        };
+        let (status, out, err) = tokio::select! {
+            r = status => r,
+            // dropping the child kills it (kill_on_drop)
+            _ = cancel.cancelled() => return Err(ShardError::new("cancelled: handler process killed")),
+        };
+        writer.abort();
+        let status = status.map_err(|e| ShardError(format!("handler command '{}' failed: {e}", self.program)))?;
+        let out = out.map_err(|e| ShardError(format!("reading handler output: {e}")))?;
+        if !status.success() {
+            let tail = String::from_utf8_lossy(&err).trim().to_owned();
+            let how = match status.code() {
+                Some(c) => format!("exited with status {c}"),
+                None => {
+                    use std::os::unix::process::ExitStatusExt;
+                    format!("was killed by signal {}", status.signal().unwrap_or(0))
+                }
+            };
+            return Err(ShardError(if tail.is_empty() {
+                format!("handler {how}")
+            } else {
+                format!("handler {how}: {tail}")
+            }));
+        }
+        let Some(out) = out else {
+            return Err(ShardError(format!("handler output exceeds the limit of {} bytes", self.max_output)));
+        };
+        let text = String::from_utf8(out).map_err(|_| ShardError::new("handler output is not valid UTF-8"))?;
+        let text = text.trim();
+        if text.is_empty() {
+            return Ok(Value::Null);
+        }
+        Ok(serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned())))
+    }
+}
+
+/// Reads all of `r`, or `None` once it passes `limit` bytes (the rest is drained).
+async fn read_limited(mut r: impl AsyncRead + Unpin, limit: usize) -> std::io::Result<Option<Vec<u8>>> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    let mut over = false;
+    loop {
+        let n = r.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok((!over).then_some(buf));
+        }
+        if !over && buf.len() + n > limit {
+            over = true;
+            buf = Vec::new();
+        }
+        if !over {
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+}
+
+/// Keeps the last [`STDERR_TAIL`] bytes of `r`.
+async fn read_tail(mut r: impl AsyncRead + Unpin) -> Vec<u8> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8 * 1024];
+    while let Ok(n) = r.read(&mut chunk).await {
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if buf.len() > 2 * STDERR_TAIL {
+            buf.drain(..buf.len() - STDERR_TAIL);
+        }
+    }
+    if buf.len() > STDERR_TAIL {
+        buf.drain(..buf.len() - STDERR_TAIL);
+    }
+    buf
+}
+
+/// `--exec`: runs a command per shard.
+pub struct ExecHandler(pub Arc<ExecCommand>);
+
+impl Handler for ExecHandler {
+    fn run(&self, ctx: ShardContext) -> BoxFuture<Result<Value, ShardError>> {
+        let cmd = self.0.clone();
+        Box::pin(async move {
+            let env = vec![
+                ("SHARDCTL_TASK_ID", ctx.task_id.clone()),
+                ("SHARDCTL_KIND", ctx.kind.clone()),
+                ("SHARDCTL_SHARD_INDEX", ctx.index.to_string()),
+                ("SHARDCTL_SHARD_TOTAL", ctx.total.to_string()),
+                ("SHARDCTL_RANGE_START", ctx.range.start.to_string()),
+                ("SHARDCTL_RANGE_END", ctx.range.end.to_string()),
+                ("SHARDCTL_SHARD_KEY", ctx.key.clone()),
+                ("SHARDCTL_ATTEMPT", ctx.attempt.to_string()),
+                ("SHARDCTL_NODE_ID", ctx.node_id.to_string()),
+            ];
+            cmd.run(env, ctx.payload.as_bytes().to_vec(), ctx.cancel.clone()).await
+        })
+    }
+}
+
+/// `--aggregate-exec`: runs a command once per task with the shards' outcomes on stdin.
+pub struct ExecAggregator(pub Arc<ExecCommand>);
+
+impl Aggregator for ExecAggregator {
+    fn aggregate(&self, ctx: AggregateContext) -> BoxFuture<Result<Value, ShardError>> {
+        let cmd = self.0.clone();
+        Box::pin(async move {
+            let mut stdin = Vec::new();
+            for o in ctx.results.iter() {
+                let line = match &o.result {
+                    Ok(v) => json!({ "shard": o.index, "result": v }),
+                    Err(e) => json!({ "shard": o.index, "error": e }),
+                };
+                serde_json::to_writer(&mut stdin, &line).expect("json to memory");
+                stdin.push(b'\n');
+            }
+            let env = vec![
+                ("SHARDCTL_TASK_ID", ctx.task_id.clone()),
+                ("SHARDCTL_KIND", ctx.kind.clone()),
+                ("SHARDCTL_SHARD_TOTAL", ctx.total.to_string()),
+                ("SHARDCTL_DONE", ctx.done.to_string()),
+                ("SHARDCTL_FAILED", ctx.failed.to_string()),
+                ("SHARDCTL_ATTEMPT", ctx.attempt.to_string()),
+                ("SHARDCTL_NODE_ID", ctx.node_id.to_string()),
+                ("SHARDCTL_PHASE", "aggregate".to_owned()),
+            ];
+            cmd.run(env, stdin, ctx.cancel.clone()).await
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_like_a_shell_without_one() {
+        assert_eq!(split_command("python3 -c 'print(1 + 1)'").unwrap(), ["python3", "-c", "print(1 + 1)"]);
+        assert_eq!(split_command(r#"a "b c" d\ e ''"#).unwrap(), ["a", "b c", "d e", ""]);
+        assert!(split_command("  ").is_err());
+        assert!(split_command("a 'b").unwrap_err().contains("unclosed"));
+    }
+}

@@ -1,0 +1,136 @@
+//! The claim loop: take a concurrency permit first (never claim what cannot start now: the lock
+//! clock is already running), then as many more as are free, claim that many shards in one
+//! script call, and start each. With nothing to claim, block on the queue's marker on a
+//! dedicated connection (no polling) until work arrives, a delayed shard falls due, or the
+//! block timeout passes.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use shardctl_common::conn;
+use shardctl_common::scripts::{self, ClaimRequest};
+use shardctl_common::time::now_ms;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::runtime::Shared;
+use crate::stats::Stats;
+
+/// Backoff after a failed Redis call: doubles from 100 ms up to 5 s.
+pub(crate) fn retry_delay(failures: u32) -> Duration {
+    Duration::from_millis(100u64 << failures.min(6)).min(Duration::from_secs(5))
+}
+
+pub(crate) async fn run(shared: Arc<Shared>, tracker: &TaskTracker, shutdown: CancellationToken) {
+    let permits = Arc::new(Semaphore::new(shared.cfg.concurrency));
+    let mut blocking: Option<MultiplexedConnection> = None;
+    let mut failures = 0u32;
+    let mut next_due: Option<u64> = None;
+    loop {
+        let first = tokio::select! {
+            p = permits.clone().acquire_owned() => p.expect("semaphore never closes"),
+            _ = shutdown.cancelled() => return,
+        };
+        let mut batch = vec![first];
+        while batch.len() < shared.cfg.max_claim_batch {
+            match permits.clone().try_acquire_owned() {
+                Ok(p) => batch.push(p),
+                Err(_) => break,
+            }
+        }
+        let seq = shared.seq.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        let req = ClaimRequest {
+            count: batch.len(),
+            lock_ms: shared.cfg.lock_duration.as_millis() as u64,
+            token_base: &shared.token_base,
+            seq,
+            now_ms: now_ms(),
+        };
+        let mut con = shared.con.clone();
+        let outcome = tokio::select! {
+            r = scripts::claim(&mut con, &shared.keys, &req) => r,
+            _ = shutdown.cancelled() => return,
+        };
+        match outcome {
+            Ok(o) if !o.shards.is_empty() => {
+                failures = 0;
+                Stats::add(&shared.stats.claimed, o.shards.len() as u64);
+                for (claim, permit) in o.shards.into_iter().zip(batch) {
+                    let cancel = CancellationToken::new();
+                    shared.held.lock().unwrap().insert(
+                        claim.shard_ref.to_string(),
+                        crate::runtime::Held { claim: claim.clone(), cancel: cancel.clone(), lost: false },
+                    );
+                    tracker.spawn(crate::run::shard(shared.clone(), claim, cancel, permit));
+                }
+            }
+            Ok(o) => {
+                failures = 0;
+                drop(batch);
+                next_due = o.next_due_ms.or(next_due.filter(|&d| d > now_ms()));
+                let wait = match next_due {
+                    Some(due) if !o.paused => {
+                        Duration::from_millis(due.saturating_sub(now_ms())).min(shared.cfg.block_timeout)
+                    }
+                    _ => shared.cfg.block_timeout,
+                };
+                match wait_for_work(&shared, &mut blocking, wait, &shutdown).await {
+                    Ok(Some(due)) => next_due = Some(due),
+                    Ok(None) => {}
+                    Err(e) => {
+                        blocking = None;
+                        Stats::add(&shared.stats.redis_errors, 1);
+                        tracing::warn!("waiting for work: {e}");
+                        failures += 1;
+                        pause(retry_delay(failures), &shutdown).await;
+                    }
+                }
+                if next_due.is_some_and(|d| d <= now_ms()) {
+                    next_due = None;
+                }
+            }
+            Err(e) => {
+                drop(batch);
+                Stats::add(&shared.stats.redis_errors, 1);
+                failures += 1;
+                tracing::warn!("claim failed (retry in {:?}): {e}", retry_delay(failures));
+                pause(retry_delay(failures), &shutdown).await;
+            }
+        }
+    }
+}
+
+async fn pause(d: Duration, shutdown: &CancellationToken) {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => {}
+        _ = shutdown.cancelled() => {}
+    }
+}
+
+/// Blocks on the marker for up to `wait`. Returns the due time a `delayed` marker announced.
+async fn wait_for_work(
+    shared: &Shared,
+    blocking: &mut Option<MultiplexedConnection>,
+    wait: Duration,
+    shutdown: &CancellationToken,
+) -> shardctl_common::Result<Option<u64>> {
+    if wait.is_zero() {
+        return Ok(None);
+    }
+    if blocking.is_none() {
+        *blocking = Some(conn::blocking(&shared.client, shared.cfg.block_timeout).await?);
+    }
+    let con = blocking.as_mut().expect("just set");
+    // BZPOPMIN takes seconds with decimals; 0 would block forever
+    let secs = wait.as_secs_f64().max(0.01);
+    let mut cmd = redis::cmd("BZPOPMIN");
+    cmd.arg(shared.keys.marker()).arg(secs);
+    let popped: Option<(String, String, f64)> = tokio::select! {
+        r = cmd.query_async(con) => r?,
+        _ = shutdown.cancelled() => return Ok(None),
+    };
+    Ok(popped.and_then(|(_, member, score)| (member == "delayed").then_some(score as u64)))
+}

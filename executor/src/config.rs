@@ -1,0 +1,105 @@
+//! Executor settings: plain data with `DEFAULT_*` values and one `validate()`.
+
+use std::time::Duration;
+
+/// Default shards run at once.
+pub const DEFAULT_CONCURRENCY: usize = 16;
+/// Default lock time to live.
+pub const DEFAULT_LOCK_DURATION: Duration = Duration::from_secs(30);
+/// Default heartbeat period.
+pub const DEFAULT_LOCK_RENEW: Duration = Duration::from_secs(15);
+/// Default longest blocking wait for work.
+pub const DEFAULT_BLOCK_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default time in-flight shards get to finish at shutdown.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
+/// Default most shards taken by one claim call.
+pub const DEFAULT_MAX_CLAIM_BATCH: usize = 256;
+
+/// How one executor runs.
+#[derive(Debug, Clone)]
+pub struct ExecutorConfig {
+    /// The node's identity (default: hostname-pid).
+    pub node_id: String,
+    /// Shards run at once.
+    pub concurrency: usize,
+    /// Lock time to live; a crashed executor's shards are recovered after it.
+    pub lock_duration: Duration,
+    /// Heartbeat period: every held lock is extended this often.
+    pub lock_renew: Duration,
+    /// Longest blocking wait for work before claiming again.
+    pub block_timeout: Duration,
+    /// At shutdown, time in-flight shards get to finish before they are released.
+    pub grace: Duration,
+    /// Most shards taken by one claim call.
+    pub max_claim_batch: usize,
+    /// Largest result a shard may return, in bytes of JSON.
+    pub max_result_bytes: usize,
+}
+
+impl Default for ExecutorConfig {
+    fn default() -> Self {
+        ExecutorConfig {
+            node_id: default_node_id(),
+            concurrency: DEFAULT_CONCURRENCY,
+            lock_duration: DEFAULT_LOCK_DURATION,
+            lock_renew: DEFAULT_LOCK_RENEW,
+            block_timeout: DEFAULT_BLOCK_TIMEOUT,
+            grace: DEFAULT_GRACE,
+            max_claim_batch: DEFAULT_MAX_CLAIM_BATCH,
+            max_result_bytes: crate::child::DEFAULT_MAX_OUTPUT,
+        }
+    }
+}
+
+/// `hostname-pid`.
+pub fn default_node_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into());
+    format!("{host}-{}", std::process::id())
+}
+
+impl ExecutorConfig {
+    /// Checks the settings against each other.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.node_id.is_empty() || self.node_id.len() > 128 || self.node_id.contains(char::is_whitespace) {
+            return Err(format!("node id '{}' must be 1 to 128 bytes without spaces", self.node_id));
+        }
+        if self.concurrency < 1 {
+            return Err("concurrency must be at least 1".into());
+        }
+        if self.lock_duration < Duration::from_millis(100) {
+            return Err(format!("lock duration {:?} is too short: at least 100ms", self.lock_duration));
+        }
+        if self.lock_renew.is_zero() || self.lock_renew >= self.lock_duration {
+            return Err(format!(
+                "lock renew ({:?}) must be above zero and below the lock duration ({:?})",
+                self.lock_renew, self.lock_duration
+            ));
+        }
+        if self.block_timeout < Duration::from_millis(10) {
+            return Err("block timeout must be at least 10ms".into());
+        }
+        if self.max_claim_batch < 1 {
+            return Err("max claim batch must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate_and_bad_pairs_do_not() {
+        assert!(ExecutorConfig::default().validate().is_ok());
+        let c = ExecutorConfig { lock_renew: DEFAULT_LOCK_DURATION, ..Default::default() };
+        assert!(c.validate().unwrap_err().contains("below the lock duration"));
+        let c = ExecutorConfig { concurrency: 0, ..Default::default() };
+        assert!(c.validate().is_err());
+    }
+}

@@ -1,0 +1,216 @@
+//! The handler and aggregator traits, the contexts they get, and the registry that maps a task
+//! kind to its handler.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::ops::Range;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+/// A boxed, sendable future: what the traits return, so that they stay object safe.
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// Why an attempt failed: the reason stored with the shard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardError(pub String);
+
+impl ShardError {
+    /// A failure with this reason.
+    pub fn new(reason: impl Into<String>) -> Self {
+        ShardError(reason.into())
+    }
+}
+
+impl std::fmt::Display for ShardError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl<E: std::error::Error> From<E> for ShardError {
+    fn from(e: E) -> Self {
+        ShardError(e.to_string())
+    }
+}
+
+/// What a handler learns about the shard it runs.
+#[derive(Debug, Clone)]
+pub struct ShardContext {
+    /// The task id.
+    pub task_id: String,
+    /// The task kind.
+    pub kind: String,
+    /// This shard's index, 0-based.
+    pub index: u64,
+    /// Number of shards of the task.
+    pub total: u64,
+    /// This shard's items: `[start, end)`.
+    pub range: Range<u64>,
+    /// The shard key (its index, for pull tasks).
+    pub key: String,
+    /// The task payload, JSON text.
+    pub payload: Arc<str>,
+    /// 1 on the first claim of this shard, raised on every claim.
+    pub attempt: u32,
+    /// The executor's node id.
+    pub node_id: Arc<str>,
+    /// Cancelled when the shard's lock is lost or shutdown gives up waiting: stop then.
+    pub cancel: CancellationToken,
+}
+
+impl ShardContext {
+    /// Parses the payload.
+    pub fn payload_as<T: DeserializeOwned>(&self) -> Result<T, ShardError> {
+        serde_json::from_str(&self.payload)
+            .map_err(|e| ShardError(format!("malformed payload for kind {}: {e}", self.kind)))
+    }
+
+    /// Runs CPU-heavy `f` on the rayon pool, never on the runtime threads that keep locks alive;
+    /// a panic in `f` becomes a failure.
+    pub async fn cpu<T, F>(&self, f: F) -> Result<T, ShardError>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> T + Send + 'static,
+    {
+        run_cpu(f).await
+    }
+}
+
+/// Runs `f` on rayon and awaits it; a panic becomes a [`ShardError`].
+pub async fn run_cpu<T, F>(f: F) -> Result<T, ShardError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    rayon::spawn(move || {
+        let r = std::panic::catch_unwind(AssertUnwindSafe(f));
+        let _ = tx.send(r.map_err(|p| ShardError(format!("handler panicked: {}", panic_message(&*p)))));
+    });
+    rx.await.map_err(|_| ShardError::new("cpu work was dropped"))?
+}
+
+/// The text of a panic payload.
+pub fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_owned()
+    }
+}
+
+/// Runs the shards of one or more kinds.
+pub trait Handler: Send + Sync + 'static {
+    /// Runs one shard; the value is its result (JSON).
+    fn run(&self, ctx: ShardContext) -> BoxFuture<Result<Value, ShardError>>;
+}
+
+/// One shard's end, as the aggregator sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShardOutcome {
+    /// Shard index.
+    pub index: u64,
+    /// Its result, or the reason it failed for good.
+    pub result: Result<Value, String>,
+}
+
+/// What an aggregator gets.
+#[derive(Debug, Clone)]
+pub struct AggregateContext {
+    /// The task id.
+    pub task_id: String,
+    /// The task kind.
+    pub kind: String,
+    /// Number of shards.
+    pub total: u64,
+    /// Items over all shards.
+    pub items: u64,
+    /// Shards completed.
+    pub done: u64,
+    /// Shards failed for good.
+    pub failed: u64,
+    /// The task payload, JSON text.
+    pub payload: Arc<str>,
+    /// 1 on the first claim of the aggregation job.
+    pub attempt: u32,
+    /// The executor's node id.
+    pub node_id: Arc<str>,
+    /// Every shard's outcome, in shard order.
+    pub results: Arc<Vec<ShardOutcome>>,
+    /// Cancelled when the job's lock is lost.
+    pub cancel: CancellationToken,
+}
+
+/// Turns the shards' results into the task's result; runs once all shards are terminal.
+pub trait Aggregator: Send + Sync + 'static {
+    /// Computes the task result.
+    fn aggregate(&self, ctx: AggregateContext) -> BoxFuture<Result<Value, ShardError>>;
+}
+
+/// Which handler and aggregator serve which kind.
+#[derive(Clone, Default)]
+pub struct Registry {
+    handlers: HashMap<String, Arc<dyn Handler>>,
+    fallback: Option<Arc<dyn Handler>>,
+    aggregators: HashMap<String, Arc<dyn Aggregator>>,
+    fallback_aggregator: Option<Arc<dyn Aggregator>>,
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A registry with the built-in kinds `primes`, `noop`, `sleep` and `fail`.
+    pub fn with_builtins() -> Self {
+        let mut r = Self::new();
+        crate::builtin::register(&mut r);
+        r
+    }
+
+    /// Serves `kind` with `h`.
+    pub fn handler(&mut self, kind: &str, h: impl Handler) -> &mut Self {
+        self.handlers.insert(kind.to_owned(), Arc::new(h));
+        self
+    }
+
+    /// Aggregates tasks of `kind` with `a`.
+    pub fn aggregator(&mut self, kind: &str, a: impl Aggregator) -> &mut Self {
+        self.aggregators.insert(kind.to_owned(), Arc::new(a));
+        self
+    }
+
+    /// Serves every kind that has no handler of its own (`--exec`).
+    pub fn fallback(&mut self, h: impl Handler) -> &mut Self {
+        self.fallback = Some(Arc::new(h));
+        self
+    }
+
+    /// Aggregates every kind that has no aggregator of its own (`--aggregate-exec`).
+    pub fn fallback_aggregator(&mut self, a: impl Aggregator) -> &mut Self {
+        self.fallback_aggregator = Some(Arc::new(a));
+        self
+    }
+
+    /// The handler of `kind`, if any serves it.
+    pub fn handler_for(&self, kind: &str) -> Option<Arc<dyn Handler>> {
+        self.handlers.get(kind).or(self.fallback.as_ref()).cloned()
+    }
+
+    /// The aggregator of `kind`: its own, the fallback, else the summary (counts only).
+    pub fn aggregator_for(&self, kind: &str) -> Arc<dyn Aggregator> {
+        self.aggregators
+            .get(kind)
+            .or(self.fallback_aggregator.as_ref())
+            .cloned()
+            .unwrap_or_else(|| Arc::new(crate::builtin::Summary))
+    }
+}

@@ -1,0 +1,60 @@
+//! The executor runtime of shardctl: claims shards in batches under token locks, keeps every
+//! held lock alive with one batched heartbeat, runs each shard's handler (Rust, rayon, or a
+//! child process of any language), records outcomes in batches, and shuts down gracefully.
+//! It holds no maintenance duties of its own: the binary runs the coordinator's stalled sweep
+//! beside it.
+//!
+//! # Layout
+//! - [`config`]: settings, defaults, validation.
+//! - [`handler`]: the [`Handler`] and [`Aggregator`] traits, their contexts, the [`Registry`].
+//! - [`builtin`]: the kinds `primes`, `noop`, `sleep`, `fail` and the summary aggregator.
+//! - [`child`]: `--exec` / `--aggregate-exec`, the any-language protocol.
+//! - `runtime`: the [`Executor`], its shared state and its shutdown order.
+//! - `claim`: permits, batched claims, blocking on the marker.
+//! - `run`: one shard: handler lookup, panics, cancellation, result limits.
+//! - `heartbeat`: the batched lock extension and lost-lock cancellation.
+//! - `report`: batched completion, failure (with backoff) and release.
+//! - `aggregate`: reading every shard's outcome for the aggregator.
+//! - `tasks`: the task metadata cache.
+//! - [`stats`]: live counters.
+//! - [`shutdown`]: SIGINT / SIGTERM.
+//!
+//! # Example
+//! A handler of your own, registered beside the built-ins (no Redis needed to build it):
+//! ```
+//! use serde_json::{json, Value};
+//! use shardctl_executor::{BoxFuture, Handler, Registry, ShardContext, ShardError};
+//!
+//! struct Squares;
+//! impl Handler for Squares {
+//!     fn run(&self, ctx: ShardContext) -> BoxFuture<Result<Value, ShardError>> {
+//!         Box::pin(async move { Ok(json!(ctx.range.map(|i| i * i).sum::<u64>())) })
+//!     }
+//! }
+//! let mut registry = Registry::with_builtins();
+//! registry.handler("squares", Squares);
+//! assert!(registry.handler_for("squares").is_some());
+//! assert!(registry.handler_for("unknown").is_none());
+//! ```
+#![warn(missing_docs)]
+
+mod aggregate;
+pub mod builtin;
+pub mod child;
+mod claim;
+pub mod config;
+pub mod handler;
+mod heartbeat;
+mod report;
+mod run;
+mod runtime;
+pub mod shutdown;
+pub mod stats;
+mod tasks;
+
+pub use config::ExecutorConfig;
+pub use handler::{
+    run_cpu, AggregateContext, Aggregator, BoxFuture, Handler, Registry, ShardContext, ShardError, ShardOutcome,
+};
+pub use runtime::Executor;
+pub use stats::{Stats, StatsSnapshot};

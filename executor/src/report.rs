@@ -1,0 +1,175 @@
+//! The reporter: shard tasks send their outcomes here; it records them in batches (one script
+//! call for all completions and one for all failures waiting at that moment), retries while
+//! Redis is away, and only then forgets the shards (their locks are kept alive until recorded).
+
+use std::sync::Arc;
+
+use shardctl_common::scripts::{self, Claimed, Finished, FinishedAs};
+use shardctl_common::time::now_ms;
+use shardctl_common::ScriptCode;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::handler::ShardError;
+use crate::runtime::Shared;
+use crate::stats::Stats;
+
+/// How one attempt ended.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    /// Success; the JSON text of the result (empty for none).
+    Completed(String),
+    /// Failure with its reason.
+    Failed(ShardError),
+    /// Shutdown: give the shard back, claimable at once.
+    Release,
+    /// The lock was lost: nothing to record.
+    Dropped,
+}
+
+#[derive(Debug)]
+pub(crate) struct Report {
+    pub(crate) claim: Claimed,
+    pub(crate) outcome: Outcome,
+}
+
+/// Most reports recorded by one call.
+const MAX_BATCH: usize = 512;
+
+/// Records reports until `closing` is cancelled (every shard task has ended by then) and the
+/// channel is empty.
+pub(crate) async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Report>, closing: CancellationToken) {
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    loop {
+        tokio::select! {
+            biased;
+            n = rx.recv_many(&mut batch, MAX_BATCH) => if n == 0 { return },
+            _ = closing.cancelled() => {
+                while batch.len() < MAX_BATCH {
+                    match rx.try_recv() {
+                        Ok(r) => batch.push(r),
+                        Err(_) => break,
+                    }
+                }
+                if batch.is_empty() {
+                    return;
+                }
+            }
+        }
+        record(&shared, &batch).await;
+        let mut held = shared.held.lock().unwrap();
+        for r in batch.drain(..) {
+            let key = r.claim.shard_ref.to_string();
+            if held.get(&key).is_some_and(|h| h.claim.token == r.claim.token) {
+                held.remove(&key);
+            }
+        }
+    }
+}
+
+async fn record(shared: &Shared, batch: &[Report]) {
+    let reasons: Vec<String> = batch
+        .iter()
+        .map(|r| match &r.outcome {
+            Outcome::Failed(e) => e.0.clone(),
+            _ => String::new(),
+        })
+        .collect();
+    let mut finished = Vec::new();
+    let mut releases: Vec<&Claimed> = Vec::new();
+    let mut delays = Vec::with_capacity(batch.len());
+    for (r, reason) in batch.iter().zip(&reasons) {
+        let delay_ms = match &r.outcome {
+            Outcome::Failed(_) => retry_delay_ms(shared, &r.claim),
+            _ => 0,
+        };
+        delays.push(delay_ms);
+        match &r.outcome {
+            Outcome::Completed(result) => {
+                finished.push(Finished { claim: &r.claim, outcome: FinishedAs::Completed(result) })
+            }
+            Outcome::Failed(_) => {
+                finished.push(Finished { claim: &r.claim, outcome: FinishedAs::Failed { delay_ms, reason } })
+            }
+            Outcome::Release => releases.push(&r.claim),
+            Outcome::Dropped => {}
+        }
+    }
+    let mut failures = 0;
+    loop {
+        let mut con = shared.con.clone();
+        let done = async {
+            let f = scripts::finish(&mut con, &shared.keys, &finished, now_ms()).await?;
+            let r = scripts::release(&mut con, &shared.keys, &releases).await?;
+            Ok::<_, shardctl_common::Error>((f, r))
+        }
+        .await;
+        match done {
+            Ok((f, r)) => {
+                count(shared, &finished, &f);
+                for c in r {
+                    match c {
+                        Ok(_) => Stats::add(&shared.stats.released, 1),
+                        Err(_) => Stats::add(&shared.stats.refused, 1),
+                    }
+                }
+                return;
+            }
+            Err(e) => {
+                // completions are idempotent: a retry after a lost reply is refused, not recounted
+                Stats::add(&shared.stats.redis_errors, 1);
+                failures += 1;
+                let d = crate::claim::retry_delay(failures);
+                tracing::warn!("recording {} outcomes failed (retry in {d:?}): {e}", batch.len());
+                tokio::time::sleep(d).await;
+            }
+        }
+    }
+}
+
+fn count(shared: &Shared, finished: &[Finished<'_>], codes: &scripts::ItemCodes) {
+    let s = &shared.stats;
+    for (f, c) in finished.iter().zip(codes) {
+        let agg = f.claim.shard_ref.is_aggregate();
+        match (&f.outcome, c) {
+            (FinishedAs::Completed(_), Ok(1)) if agg => {
+                Stats::add(&s.aggregated, 1);
+                shared.tasks.forget(&f.claim.shard_ref.task);
+            }
+            (FinishedAs::Completed(_), Ok(1)) => Stats::add(&s.completed, 1),
+            (FinishedAs::Failed { .. }, Ok(2)) => Stats::add(&s.retried, 1),
+            (FinishedAs::Failed { .. }, Ok(1)) => {
+                Stats::add(&s.failed, 1);
+                if agg {
+                    shared.tasks.forget(&f.claim.shard_ref.task);
+                }
+            }
+            (_, Ok(_)) => Stats::add(&s.duplicates, 1),
+            (_, Err(ScriptCode::TaskMissing)) => shared.tasks.forget(&f.claim.shard_ref.task),
+            (_, Err(code)) => {
+                Stats::add(&s.refused, 1);
+                tracing::warn!(shard = %f.claim.shard_ref, "outcome refused: {code}");
+            }
+        }
+    }
+}
+
+fn retry_delay_ms(shared: &Shared, claim: &Claimed) -> u64 {
+    let backoff = shared.tasks.cached(&claim.shard_ref.task).map(|m| m.backoff).unwrap_or_default();
+    backoff.delay(claim.fails + 1, rand01()).as_millis() as u64
+}
+
+/// A uniform number in [0, 1) for jitter; quality hardly matters, independence across
+/// executors does (hence the per-thread seed from a uuid).
+fn rand01() -> f64 {
+    use std::cell::Cell;
+    thread_local!(static STATE: Cell<u64> = Cell::new(uuid::Uuid::new_v4().as_u64_pair().0 | 1));
+    STATE.with(|s| {
+        let mut x = s.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        s.set(x);
+        (x >> 11) as f64 / (1u64 << 53) as f64
+    })
+}

@@ -1,0 +1,166 @@
+//! Runs one claimed shard: finds its handler, runs it (panics caught, cancellation honoured),
+//! checks the result, and hands the outcome to the reporter.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use serde_json::Value;
+use shardctl_common::model::{Part, ShardRef};
+use shardctl_common::scripts::Claimed;
+use shardctl_common::split::shard_range;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio_util::sync::CancellationToken;
+
+use crate::handler::{panic_message, AggregateContext, BoxFuture, ShardContext, ShardError};
+use crate::report::{Outcome, Report};
+use crate::runtime::Shared;
+use crate::tasks::TaskMeta;
+
+pub(crate) async fn shard(
+    shared: Arc<Shared>,
+    claim: Claimed,
+    cancel: CancellationToken,
+    permit: OwnedSemaphorePermit,
+) {
+    let outcome = run(&shared, &claim, &cancel).await;
+    let lost = shared.held.lock().unwrap().get(&claim.shard_ref.to_string()).is_some_and(|h| h.lost);
+    let outcome = if lost {
+        // another claim owns the shard now: our result would be refused anyway
+        Outcome::Dropped
+    } else if cancel.is_cancelled() && shared.aborting.load(Ordering::SeqCst) {
+        Outcome::Release
+    } else {
+        outcome
+    };
+    // the report channel closes only after every shard task ended
+    let _ = shared.reports.send(Report { claim, outcome });
+    drop(permit);
+}
+
+async fn run(shared: &Shared, claim: &Claimed, cancel: &CancellationToken) -> Outcome {
+    let r = &claim.shard_ref;
+    let mut con = shared.con.clone();
+    // the task may be cached; else one read, retried while Redis is away
+    let meta = loop {
+        match shared.tasks.get(&mut con, &shared.keys, &r.task).await {
+            Ok(m) => break m,
+            Err(e) => {
+                tracing::warn!(shard = %r, "reading the task: {e}");
+                tokio::select! {
+                    _ = tokio::time::sleep(std::time::Duration::from_millis(500)) => {}
+                    _ = cancel.cancelled() => return Outcome::Failed(ShardError::new("cancelled")),
+                }
+            }
+        }
+    };
+    let Some(meta) = meta else {
+        // the task was removed: the complete script cleans up and reports TaskMissing
+        return Outcome::Completed(String::new());
+    };
+    let result = match r.part {
+        Part::Shard(index) => run_handler(shared, claim, &meta, index, cancel).await,
+        Part::Aggregate => run_aggregator(shared, claim, r, cancel).await,
+    };
+    match result {
+        Ok(v) => match encode(&v, shared.cfg.max_result_bytes) {
+            Ok(s) => Outcome::Completed(s),
+            Err(e) => Outcome::Failed(e),
+        },
+        Err(e) => Outcome::Failed(e),
+    }
+}
+
+/// JSON text of a result; empty for `null` (nothing is stored for it).
+fn encode(v: &Value, limit: usize) -> Result<String, ShardError> {
+    if v.is_null() {
+        return Ok(String::new());
+    }
+    let s = v.to_string();
+    if s.len() > limit {
+        return Err(ShardError(format!("result is {} bytes; the limit is {limit}", s.len())));
+    }
+    Ok(s)
+}
+
+async fn run_handler(
+    shared: &Shared,
+    claim: &Claimed,
+    meta: &TaskMeta,
+    index: u64,
+    cancel: &CancellationToken,
+) -> Result<Value, ShardError> {
+    let info = &meta.info;
+    let Some(handler) = shared.registry.handler_for(&info.kind) else {
+        return Err(ShardError(format!("no handler for kind {} on node {}", info.kind, shared.node_id)));
+    };
+    if index >= info.total || info.items < info.total {
+        return Err(ShardError(format!(
+            "shard {index} is outside the task ({} shards, {} items)",
+            info.total, info.items
+        )));
+    }
+    let ctx = ShardContext {
+        task_id: info.task_id.clone(),
+        kind: info.kind.clone(),
+        index,
+        total: info.total,
+        range: shard_range(index, info.total, info.items),
+        key: index.to_string(),
+        payload: meta.payload.clone(),
+        attempt: claim.attempt,
+        node_id: shared.node_id.clone(),
+        cancel: cancel.clone(),
+    };
+    guarded(handler.run(ctx), cancel).await
+}
+
+async fn run_aggregator(
+    shared: &Shared,
+    claim: &Claimed,
+    r: &ShardRef,
+    cancel: &CancellationToken,
+) -> Result<Value, ShardError> {
+    let mut con = shared.con.clone();
+    // fresh counts, not the cached ones
+    shared.tasks.forget(&r.task);
+    let meta = crate::tasks::load(&mut con, &shared.keys, &r.task)
+        .await
+        .map_err(|e| ShardError(format!("reading the task: {e}")))?
+        .ok_or_else(|| ShardError::new("task missing"))?;
+    let results = crate::aggregate::outcomes(&mut con, &shared.keys, &meta.info)
+        .await
+        .map_err(|e| ShardError(format!("reading shard results: {e}")))?;
+    let info = meta.info;
+    let ctx = AggregateContext {
+        task_id: info.task_id.clone(),
+        kind: info.kind.clone(),
+        total: info.total,
+        items: info.items,
+        done: info.done,
+        failed: info.failed,
+        payload: meta.payload.clone(),
+        attempt: claim.attempt,
+        node_id: shared.node_id.clone(),
+        results: Arc::new(results),
+        cancel: cancel.clone(),
+    };
+    let aggregator = shared.registry.aggregator_for(&info.kind);
+    guarded(aggregator.aggregate(ctx), cancel).await
+}
+
+/// Runs a handler's future on its own task, so that a panic becomes a failure and
+/// cancellation stops it (dropping it kills a child process).
+async fn guarded(fut: BoxFuture<Result<Value, ShardError>>, cancel: &CancellationToken) -> Result<Value, ShardError> {
+    let mut task = tokio::spawn(fut);
+    tokio::select! {
+        r = &mut task => match r {
+            Ok(r) => r,
+            Err(e) if e.is_panic() => Err(ShardError(format!("handler panicked: {}", panic_message(&*e.into_panic())))),
+            Err(e) => Err(ShardError(format!("handler task ended: {e}"))),
+        },
+        _ = cancel.cancelled() => {
+            task.abort();
+            Err(ShardError::new("cancelled"))
+        }
+    }
+}

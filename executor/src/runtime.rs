@@ -1,0 +1,117 @@
+//! The executor runtime: wires the claim loop, the shard tasks, the heartbeat and the reporter
+//! together, and shuts them down in order (stop claiming, drain for the grace time, release the
+//! rest, flush every report).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use redis::aio::ConnectionManager;
+use redis::Client;
+use shardctl_common::scripts::Claimed;
+use shardctl_common::{conn, Keys, Result};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::ExecutorConfig;
+use crate::handler::Registry;
+use crate::report::Report;
+use crate::stats::{Stats, StatsSnapshot};
+use crate::tasks::TaskCache;
+
+/// A shard this executor holds, until its report is recorded.
+pub(crate) struct Held {
+    pub(crate) claim: Claimed,
+    pub(crate) cancel: CancellationToken,
+    pub(crate) lost: bool,
+}
+
+/// State every part of the runtime shares.
+pub(crate) struct Shared {
+    pub(crate) cfg: ExecutorConfig,
+    pub(crate) keys: Keys,
+    pub(crate) registry: Registry,
+    pub(crate) client: Client,
+    pub(crate) con: ConnectionManager,
+    /// ref → held shard. std Mutex: only short lookups, never held across an await.
+    pub(crate) held: Mutex<HashMap<String, Held>>,
+    pub(crate) tasks: TaskCache,
+    pub(crate) stats: Arc<Stats>,
+    pub(crate) reports: mpsc::UnboundedSender<Report>,
+    /// Set when shutdown stopped waiting: cancelled shards are released, not failed.
+    pub(crate) aborting: AtomicBool,
+    /// Tokens are `<token_base>:<seq>`.
+    pub(crate) token_base: String,
+    pub(crate) seq: AtomicU64,
+    pub(crate) node_id: Arc<str>,
+}
+
+/// One executor process's runtime.
+pub struct Executor {
+    shared: Arc<Shared>,
+    reports: mpsc::UnboundedReceiver<Report>,
+}
+
+impl Executor {
+    /// Connects to Redis; fails at once when it cannot be reached or the config is invalid.
+    pub async fn connect(client: Client, keys: Keys, cfg: ExecutorConfig, registry: Registry) -> Result<Self> {
+        cfg.validate().map_err(shardctl_common::Error::Invalid)?;
+        let con = conn::manager(&client).await?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let node_id: Arc<str> = Arc::from(cfg.node_id.as_str());
+        let shared = Arc::new(Shared {
+            cfg,
+            keys,
+            registry,
+            client,
+            con,
+            held: Mutex::new(HashMap::new()),
+            tasks: TaskCache::default(),
+            stats: Arc::new(Stats::default()),
+            reports: tx,
+            aborting: AtomicBool::new(false),
+            token_base: uuid::Uuid::new_v4().simple().to_string(),
+            seq: AtomicU64::new(0),
+            node_id,
+        });
+        Ok(Executor { shared, reports: rx })
+    }
+
+    /// Live counters of this executor.
+    pub fn stats(&self) -> Arc<Stats> {
+        self.shared.stats.clone()
+    }
+
+    /// Runs until `shutdown` is cancelled, then drains for the grace time, releases what is
+    /// still running so it is claimable at once, and flushes every report.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<StatsSnapshot> {
+        let Executor { shared, reports } = self;
+        let tracker = TaskTracker::new();
+        let closing = CancellationToken::new();
+        let reporter = tokio::spawn(crate::report::run(shared.clone(), reports, closing.clone()));
+        let beat_stop = CancellationToken::new();
+        let heartbeat = tokio::spawn(crate::heartbeat::run(shared.clone(), beat_stop.clone()));
+
+        crate::claim::run(shared.clone(), &tracker, shutdown).await;
+
+        tracker.close();
+        let drained = tokio::time::timeout(shared.cfg.grace, tracker.wait()).await.is_ok();
+        if !drained {
+            tracing::info!("grace time over: releasing shards still running");
+            shared.aborting.store(true, Ordering::SeqCst);
+            for h in shared.held.lock().unwrap().values() {
+                h.cancel.cancel();
+            }
+            tracker.wait().await;
+        }
+        // every shard task has sent its report: the reporter flushes them and ends
+        closing.cancel();
+        if reporter.await.is_err() {
+            tracing::error!("reporter task panicked");
+        }
+        beat_stop.cancel();
+        let _ = heartbeat.await;
+        Ok(shared.stats.snapshot())
+    }
+}

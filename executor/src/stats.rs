@@ -1,0 +1,66 @@
+//! Counters of what one executor did, readable while it runs (tests, demo, logs).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Live counters.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub(crate) claimed: AtomicU64,
+    pub(crate) completed: AtomicU64,
+    pub(crate) failed: AtomicU64,
+    pub(crate) retried: AtomicU64,
+    pub(crate) released: AtomicU64,
+    pub(crate) locks_lost: AtomicU64,
+    pub(crate) refused: AtomicU64,
+    pub(crate) duplicates: AtomicU64,
+    pub(crate) aggregated: AtomicU64,
+    pub(crate) redis_errors: AtomicU64,
+}
+
+/// A copy of the counters at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// Shards claimed.
+    pub claimed: u64,
+    /// Shards completed and counted by this executor.
+    pub completed: u64,
+    /// Shards failed for good by this executor.
+    pub failed: u64,
+    /// Failed attempts that were scheduled for a retry.
+    pub retried: u64,
+    /// Shards given back at shutdown.
+    pub released: u64,
+    /// Locks found lost by the heartbeat (handlers cancelled).
+    pub locks_lost: u64,
+    /// Reports refused because the lock was no longer ours.
+    pub refused: u64,
+    /// Completions of shards already terminal.
+    pub duplicates: u64,
+    /// Aggregation jobs completed.
+    pub aggregated: u64,
+    /// Redis calls that failed (and were retried).
+    pub redis_errors: u64,
+}
+
+impl Stats {
+    pub(crate) fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The counters now.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        StatsSnapshot {
+            claimed: g(&self.claimed),
+            completed: g(&self.completed),
+            failed: g(&self.failed),
+            retried: g(&self.retried),
+            released: g(&self.released),
+            locks_lost: g(&self.locks_lost),
+            refused: g(&self.refused),
+            duplicates: g(&self.duplicates),
+            aggregated: g(&self.aggregated),
+            redis_errors: g(&self.redis_errors),
+        }
+    }
+}

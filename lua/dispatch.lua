@@ -1,0 +1,27 @@
+--[[
+  Creates a task. Pull tasks store no per-shard data: executors take indexes from `cursor`.
+
+  KEYS[1] task:<id>   hash    the task (must not exist)
+  KEYS[2] tasks       zset    runnable tasks, by priority then submission
+  KEYS[3] index       zset    every task, by creation time (status, clean)
+  KEYS[4] meta        hash    queue metadata; `seq` orders submissions
+  ARGV[1] key prefix  `{P:Q}:`
+  ARGV[2] task id
+  ARGV[3] now_ms
+  ARGV[4] priority    integer, higher first
+  ARGV[5..] field, value pairs of the task hash
+
+  Returns 1, or -4 (task exists).
+]]
+if rcall('EXISTS', KEYS[1]) == 1 then return -4 end
+local prefix, tid, now, priority = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local fields = {}
+for i = 5, #ARGV do fields[#fields + 1] = ARGV[i] end
+rcall('HSET', KEYS[1], 'state', 'running', 'cursor', 0, 'done', 0, 'failed', 0, 'created_ms', now,
+  unpack(fields))
+local seq = rcall('HINCRBY', KEYS[4], 'seq', 1)
+-- higher priority first; among equals, first dispatched first
+rcall('ZADD', KEYS[2], -priority * 1e12 + seq, tid)
+rcall('ZADD', KEYS[3], now, tid)
+wake(prefix)
+return 1

@@ -1,0 +1,31 @@
+--[[
+  Gives claimed shards back without counting an attempt (graceful shutdown): each goes to the
+  front of `wait`, claimable at once, if its token still holds the lock.
+
+  KEYS[1] active      zset
+  KEYS[2] stalled     set
+  KEYS[3] wait        list
+  ARGV[1] key prefix  `{P:Q}:`
+  ARGV[2..] groups of 2: ref, token
+
+  Returns one code per group: 1 released, -1 lock missing, -2 lock mismatch.
+]]
+local prefix = ARGV[1]
+local codes = {}
+local released = 0
+for i = 2, #ARGV, 2 do
+  local ref, token = ARGV[i], ARGV[i + 1]
+  local code = take_lock(prefix .. 'lock:' .. ref, token)
+  if code == 0 then
+    rcall('ZREM', KEYS[1], ref)
+    rcall('SREM', KEYS[2], ref)
+    -- the next claim raises `attempt`: give it the count a lazily claimed shard implied
+    rcall('HSETNX', prefix .. 'shard:' .. ref, 'attempt', 1)
+    rcall('LPUSH', KEYS[3], ref)
+    released = released + 1
+    code = 1
+  end
+  codes[#codes + 1] = code
+end
+if released > 0 then wake(prefix) end
+return codes

@@ -1,0 +1,37 @@
+//! The progress bar on stderr; drawn only when stderr is a terminal.
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use shardctl_common::model::TaskInfo;
+
+pub struct Bar(ProgressBar);
+
+impl Bar {
+    pub fn new() -> Self {
+        let pb = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
+        pb.set_style(
+            ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:40.cyan/blue} {pos}/{len} shards {msg} ({per_sec}, eta {eta})",
+            )
+            .expect("valid template")
+            .progress_chars("=> "),
+        );
+        Bar(pb)
+    }
+
+    pub fn update(&self, t: &TaskInfo) {
+        self.0.set_length(t.total);
+        self.0.set_position(t.done + t.failed);
+        let mut msg = String::new();
+        if t.failed > 0 {
+            msg = format!("{} failed", t.failed);
+        }
+        if !t.state.is_finished() && t.done + t.failed == t.total {
+            msg.push_str(" aggregating");
+        }
+        self.0.set_message(msg);
+    }
+
+    pub fn finish(&self) {
+        self.0.finish_and_clear();
+    }
+}

@@ -1,0 +1,90 @@
+//! `shardctl demo`: a private redis-server, a primes task, K executors in this process, a
+//! progress bar, and the result checked against a direct count.
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::bail;
+use clap::Parser;
+use serde_json::json;
+use shardctl_common::model::TaskSpec;
+use shardctl_common::{conn, Keys};
+use shardctl_coordinator::dispatch::{dispatch, new_task_id};
+use shardctl_executor::builtin::count_primes;
+use shardctl_executor::{Executor, ExecutorConfig, Registry};
+use tokio_util::sync::CancellationToken;
+
+use super::{redis_server::RedisServer, Args};
+
+#[derive(Debug, Parser)]
+pub struct DemoArgs {
+    /// Number of shards.
+    #[arg(long, default_value_t = 1000)]
+    pub shards: u64,
+    /// Count the primes below this number.
+    #[arg(long, default_value_t = 10_000_000)]
+    pub items: u64,
+    /// Executors to run in this process.
+    #[arg(long, default_value_t = 2)]
+    pub executors: usize,
+}
+
+pub async fn run(args: &Args, a: &DemoArgs) -> anyhow::Result<ExitCode> {
+    if a.executors < 1 {
+        return Err(shardctl_common::Error::invalid("--executors must be at least 1").into());
+    }
+    let server;
+    let url = match &args.redis {
+        Some(u) => u.clone(),
+        None => {
+            server = RedisServer::start()?;
+            eprintln!("started a private redis-server at {}", server.url);
+            server.url.clone()
+        }
+    };
+    let keys = Keys::new(&args.prefix, &args.queue);
+    let client = conn::client(&url)?;
+    let mut con = conn::manager(&client).await?;
+    let spec = TaskSpec { items: a.items, ..TaskSpec::new(new_task_id(), "primes", a.shards) };
+    dispatch(&mut con, &keys, &spec).await?;
+    eprintln!(
+        "dispatched task {} : primes below {} in {} shards; {} executors",
+        spec.id, a.items, a.shards, a.executors
+    );
+
+    let stop = CancellationToken::new();
+    let mut runs = Vec::new();
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    for i in 0..a.executors {
+        let cfg = ExecutorConfig { node_id: format!("demo-{i}"), concurrency: cores, ..Default::default() };
+        let ex = Executor::connect(client.clone(), keys.clone(), cfg, Registry::with_builtins()).await?;
+        runs.push(tokio::spawn(ex.run(stop.clone())));
+    }
+    let sweeper = tokio::spawn(shardctl_coordinator::sweep::run(
+        con.clone(),
+        keys.clone(),
+        super::executor::demo_sweep(),
+        stop.clone(),
+        |_| {},
+    ));
+    let start = Instant::now();
+    let code = super::wait::wait_and_print(&mut con, args, &spec.id, None, false).await;
+    let elapsed = start.elapsed();
+    stop.cancel();
+    for r in runs {
+        r.await??;
+    }
+    let _ = sweeper.await;
+    let code = code?;
+
+    let t = shardctl_coordinator::progress::task(&mut con, &keys, &spec.id).await?;
+    let items = a.items;
+    let expected = tokio::task::spawn_blocking(move || count_primes(0, items)).await?;
+    let got = t.result.clone().unwrap_or_default();
+    eprintln!("{:.0} shards/s", a.shards as f64 / elapsed.as_secs_f64());
+    if got != json!({ "primes": expected }) {
+        bail!("wrong result: got {got}, a direct count gives {expected}");
+    }
+    println!("checked: {expected} primes below {items}, counted once each over {} shards", a.shards);
+    Ok(code)
+}

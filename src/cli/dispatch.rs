@@ -1,0 +1,71 @@
+//! `shardctl dispatch`.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use shardctl_common::backoff::Backoff;
+use shardctl_common::model::{TaskSpec, DEFAULT_ATTEMPTS};
+use shardctl_coordinator::dispatch::{dispatch, new_task_id};
+
+use super::{connect, duration, Args};
+
+#[derive(Debug, Parser)]
+pub struct DispatchArgs {
+    /// Number of shards.
+    #[arg(long)]
+    pub shards: u64,
+    /// Number of items split over the shards (default: the number of shards).
+    #[arg(long)]
+    pub items: Option<u64>,
+    /// Which handler runs the shards: primes, noop, sleep, fail, or one of yours (--exec).
+    #[arg(long, default_value = "primes")]
+    pub kind: String,
+    /// Task id (default: generated); 1-64 characters of A-Z a-z 0-9 . _ -
+    #[arg(long)]
+    pub task_id: Option<String>,
+    /// Task payload, JSON, at most 1 MiB; handlers get it on stdin.
+    #[arg(long, default_value = "null")]
+    pub payload: String,
+    /// Attempts per shard before it fails for good.
+    #[arg(long, default_value_t = DEFAULT_ATTEMPTS)]
+    pub attempts: u32,
+    /// Delay between attempts: fixed:D or exponential:D (jittered).
+    #[arg(long, default_value = "exponential:1s", value_parser = |s: &str| s.parse::<Backoff>())]
+    pub backoff: Backoff,
+    /// Wait for the task to end (progress bar on stderr), then print its result.
+    #[arg(long)]
+    pub wait: bool,
+    /// With --wait: give up after this long.
+    #[arg(long, value_parser = duration)]
+    pub timeout: Option<Duration>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub async fn run(args: &Args, a: &DispatchArgs) -> anyhow::Result<ExitCode> {
+    let spec = TaskSpec {
+        id: a.task_id.clone().unwrap_or_else(new_task_id),
+        kind: a.kind.clone(),
+        shards: a.shards,
+        items: a.items.unwrap_or(a.shards),
+        payload: a.payload.clone(),
+        attempts: a.attempts,
+        backoff: a.backoff,
+        priority: 0,
+    };
+    // check before connecting: bad input is reported as such even without Redis
+    spec.validate()?;
+    let (_, mut con) = connect(args).await?;
+    dispatch(&mut con, &args.keys(), &spec).await?;
+    if a.json && !a.wait {
+        println!("{}", serde_json::json!({ "task_id": spec.id }));
+    } else if !a.json {
+        println!("{}", spec.id);
+    }
+    if !a.wait {
+        return Ok(ExitCode::SUCCESS);
+    }
+    super::wait::wait_and_print(&mut con, args, &spec.id, a.timeout, a.json).await
+}

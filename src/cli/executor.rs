@@ -1,0 +1,103 @@
+//! `shardctl executor`: the executor runtime plus the stalled sweep beside it.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use shardctl_coordinator::sweep::{self, SweepConfig, DEFAULT_MAX_STALLED, DEFAULT_STALLED_INTERVAL};
+use shardctl_executor::child::{ExecAggregator, ExecCommand, ExecHandler, DEFAULT_MAX_OUTPUT};
+use shardctl_executor::config::{self as cfg, ExecutorConfig};
+use shardctl_executor::{Executor, Registry};
+use tokio_util::sync::CancellationToken;
+
+use super::{connect, duration, Args};
+
+#[derive(Debug, Parser)]
+pub struct ExecutorArgs {
+    /// This node's identity (default: hostname-pid).
+    #[arg(long)]
+    pub node_id: Option<String>,
+    /// Shards run at once.
+    #[arg(long, default_value_t = cfg::DEFAULT_CONCURRENCY)]
+    pub concurrency: usize,
+    /// Run every kind that is not built in with this command (no shell): shard facts in
+    /// SHARDCTL_* variables, payload on stdin, result on stdout.
+    #[arg(long)]
+    pub exec: Option<String>,
+    /// Aggregate every kind without a built-in aggregator with this command: shard outcomes as
+    /// JSON lines on stdin, the task result on stdout.
+    #[arg(long)]
+    pub aggregate_exec: Option<String>,
+    /// Lock time to live: a crashed executor's shards are recovered after it.
+    #[arg(long, default_value = "30s", value_parser = duration)]
+    pub lock_duration: Duration,
+    /// Heartbeat period (default: half the lock duration).
+    #[arg(long, value_parser = duration)]
+    pub lock_renew: Option<Duration>,
+    /// How often the stalled sweep runs (one sweep per interval across all executors).
+    #[arg(long, default_value = "30s", value_parser = duration)]
+    pub stalled_interval: Duration,
+    /// Stalls a shard survives; one more fails it.
+    #[arg(long, default_value_t = DEFAULT_MAX_STALLED)]
+    pub max_stalled_count: u32,
+    /// At shutdown, time running shards get to finish before they are released.
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    pub grace: Duration,
+    /// Longest blocking wait for work before claiming again.
+    #[arg(long, default_value = "5s", value_parser = duration)]
+    pub block_timeout: Duration,
+    /// Largest result a shard may return, in bytes.
+    #[arg(long, default_value_t = DEFAULT_MAX_OUTPUT)]
+    pub max_result_bytes: usize,
+}
+
+pub async fn run(args: &Args, a: &ExecutorArgs) -> anyhow::Result<ExitCode> {
+    let config = ExecutorConfig {
+        node_id: a.node_id.clone().unwrap_or_else(cfg::default_node_id),
+        concurrency: a.concurrency,
+        lock_duration: a.lock_duration,
+        lock_renew: a.lock_renew.unwrap_or(a.lock_duration / 2),
+        block_timeout: a.block_timeout,
+        grace: a.grace,
+        max_claim_batch: cfg::DEFAULT_MAX_CLAIM_BATCH,
+        max_result_bytes: a.max_result_bytes,
+    };
+    config.validate().map_err(shardctl_common::Error::Invalid)?;
+    let registry = registry(a.exec.as_deref(), a.aggregate_exec.as_deref(), a.max_result_bytes)?;
+    let (client, con) = connect(args).await?;
+    let shutdown = CancellationToken::new();
+    shardctl_executor::shutdown::cancel_on_signal(shutdown.clone());
+    let node = config.node_id.clone();
+    let executor = Executor::connect(client, args.keys(), config, registry).await?;
+    let stop_sweep = CancellationToken::new();
+    let sweep_cfg = SweepConfig { interval: a.stalled_interval, max_stalled: a.max_stalled_count };
+    let sweeper = tokio::spawn(sweep::run(con, args.keys(), sweep_cfg, stop_sweep.clone(), |_| {}));
+    tracing::info!(node = %node, queue = %args.queue, "executor started");
+    let stats = executor.run(shutdown).await?;
+    stop_sweep.cancel();
+    let _ = sweeper.await;
+    tracing::info!(?stats, "executor stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The built-in kinds, plus `--exec` and `--aggregate-exec` for everything else.
+pub fn registry(exec: Option<&str>, aggregate_exec: Option<&str>, max_output: usize) -> anyhow::Result<Registry> {
+    let mut r = Registry::with_builtins();
+    if let Some(line) = exec {
+        let cmd = ExecCommand::parse(line, max_output)
+            .map_err(|e| shardctl_common::Error::invalid(format!("--exec: {e}")))?;
+        r.fallback(ExecHandler(Arc::new(cmd)));
+    }
+    if let Some(line) = aggregate_exec {
+        let cmd = ExecCommand::parse(line, max_output)
+            .map_err(|e| shardctl_common::Error::invalid(format!("--aggregate-exec: {e}")))?;
+        r.fallback_aggregator(ExecAggregator(Arc::new(cmd)));
+    }
+    Ok(r)
+}
+
+/// Defaults the demo shares with the command.
+pub fn demo_sweep() -> SweepConfig {
+    SweepConfig { interval: DEFAULT_STALLED_INTERVAL, max_stalled: DEFAULT_MAX_STALLED }
+}

@@ -1,0 +1,112 @@
+//! The argument model and the dispatch to one file per command.
+
+mod bar;
+mod demo;
+mod dispatch;
+mod executor;
+mod redis_server;
+mod status;
+mod wait;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use shardctl_common::Keys;
+
+/// Exit code: the task ended with failed shards or a failed aggregation.
+pub const EXIT_TASK_FAILED: u8 = 3;
+
+/// Split one large batch task into shards and run them on many machines through Redis.
+#[derive(Debug, Parser)]
+#[command(name = "shardctl", version, about, propagate_version = true)]
+pub struct Args {
+    /// Redis URL.
+    #[arg(long, global = true, env = "SHARDCTL_REDIS")]
+    pub redis: Option<String>,
+    /// Queue name: executors serve one queue.
+    #[arg(long, global = true, env = "SHARDCTL_QUEUE", default_value = "default", value_parser = queue_name)]
+    pub queue: String,
+    /// Prefix of every Redis key.
+    #[arg(long, global = true, default_value = "shardctl", value_parser = queue_name)]
+    pub prefix: String,
+    /// Log filter (error, warn, info, debug, or per module); logs go to stderr.
+    #[arg(long, global = true, env = "SHARDCTL_LOG")]
+    pub log: Option<String>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The default Redis URL.
+pub const DEFAULT_REDIS: &str = "redis://127.0.0.1:6379";
+
+impl Args {
+    fn redis_url(&self) -> &str {
+        self.redis.as_deref().unwrap_or(DEFAULT_REDIS)
+    }
+    fn keys(&self) -> Keys {
+        Keys::new(&self.prefix, &self.queue)
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Split a task into shards and queue it; prints the task id.
+    Dispatch(dispatch::DispatchArgs),
+    /// Claim and run shards until SIGINT or SIGTERM.
+    Executor(executor::ExecutorArgs),
+    /// Show the queue's counts, or one task.
+    Status(status::StatusArgs),
+    /// Wait for a task to end; exit 0 when it completed, 3 when it failed.
+    Wait(wait::WaitArgs),
+    /// Run a primes task end to end on a private redis-server and check the result.
+    Demo(demo::DemoArgs),
+}
+
+fn queue_name(s: &str) -> Result<String, String> {
+    if s.is_empty() || s.len() > 64 || !s.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)) {
+        return Err(format!("'{s}' must be 1 to 64 characters of A-Z a-z 0-9 . _ -"));
+    }
+    Ok(s.to_owned())
+}
+
+/// Parses durations such as `500ms`, `5s`, `2m`.
+pub fn duration(s: &str) -> Result<Duration, String> {
+    shardctl_common::time::parse_duration(s)
+}
+
+pub fn init_logging(args: &Args) {
+    let default = match args.command {
+        Command::Executor(_) => "info",
+        _ => "warn",
+    };
+    let filter = args.log.clone().unwrap_or_else(|| default.to_owned());
+    let filter =
+        tracing_subscriber::EnvFilter::try_new(&filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
+}
+
+pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
+    match &args.command {
+        Command::Dispatch(a) => dispatch::run(&args, a).await,
+        Command::Executor(a) => executor::run(&args, a).await,
+        Command::Status(a) => status::run(&args, a).await,
+        Command::Wait(a) => wait::run(&args, a).await,
+        Command::Demo(a) => demo::run(&args, a).await,
+    }
+}
+
+/// Bad input exits 2, everything else 1.
+pub fn exit_code(e: &anyhow::Error) -> u8 {
+    match e.downcast_ref::<shardctl_common::Error>() {
+        Some(shardctl_common::Error::Invalid(_)) => 2,
+        _ => 1,
+    }
+}
+
+/// Connects a manager, with the URL (password hidden) in the error.
+pub async fn connect(args: &Args) -> anyhow::Result<(redis::Client, redis::aio::ConnectionManager)> {
+    let client = shardctl_common::conn::client(args.redis_url())?;
+    let con = shardctl_common::conn::manager(&client).await?;
+    Ok((client, con))
+}

@@ -1,0 +1,80 @@
+//! `shardctl status`.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use shardctl_common::model::TaskInfo;
+use shardctl_coordinator::progress;
+
+use super::{connect, Args};
+
+#[derive(Debug, Parser)]
+pub struct StatusArgs {
+    /// A task id; without it, the queue's counts.
+    pub task: Option<String>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// With a task: list its failed shards and their reasons.
+    #[arg(long)]
+    pub failed: bool,
+}
+
+pub async fn run(args: &Args, a: &StatusArgs) -> anyhow::Result<ExitCode> {
+    let (_, mut con) = connect(args).await?;
+    let keys = args.keys();
+    let Some(id) = &a.task else {
+        let q = progress::queue(&mut con, &keys, &args.queue, 10).await?;
+        if a.json {
+            println!("{}", serde_json::to_string(&q)?);
+        } else {
+            println!(
+                "queue {}{}: {} waiting, {} active, {} delayed",
+                q.queue,
+                if q.paused { " (paused)" } else { "" },
+                q.waiting,
+                q.active,
+                q.delayed
+            );
+            let mut states: Vec<_> = q.tasks.iter().collect();
+            states.sort();
+            let states: Vec<String> = states.iter().map(|(s, n)| format!("{n} {s}")).collect();
+            println!("tasks: {}", if states.is_empty() { "none".into() } else { states.join(", ") });
+            for t in &q.recent {
+                println!("  {}", line(t));
+            }
+        }
+        return Ok(ExitCode::SUCCESS);
+    };
+    let t = progress::task(&mut con, &keys, id).await?;
+    if a.failed {
+        let failed = progress::failed_shards(&mut con, &keys, id).await?;
+        if a.json {
+            let v: Vec<_> = failed.iter().map(|(i, r)| serde_json::json!({ "shard": i, "reason": r })).collect();
+            println!("{}", serde_json::Value::Array(v));
+        } else {
+            for (i, r) in failed {
+                println!("shard {i}: {r}");
+            }
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    if a.json {
+        println!("{}", serde_json::to_string(&t)?);
+    } else {
+        println!("{}", line(&t));
+        if let Some(r) = &t.result {
+            println!("result: {r}");
+        }
+        if let Some(e) = &t.aggregation_error {
+            println!("aggregation failed: {e}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn line(t: &TaskInfo) -> String {
+    let finished = t.done + t.failed;
+    let pct = if t.total == 0 { 100.0 } else { finished as f64 * 100.0 / t.total as f64 };
+    format!("{} {} [{}] {}/{} ({pct:.1}%), {} failed", t.task_id, t.kind, t.state.as_str(), finished, t.total, t.failed)
+}

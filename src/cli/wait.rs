@@ -1,0 +1,72 @@
+//! `shardctl wait` (and `dispatch --wait`).
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use redis::aio::ConnectionManager;
+use shardctl_common::model::{TaskInfo, TaskState};
+
+use super::{bar::Bar, connect, duration, Args, EXIT_TASK_FAILED};
+
+#[derive(Debug, Parser)]
+pub struct WaitArgs {
+    /// The task id.
+    pub task: String,
+    /// Give up after this long (exit 1).
+    #[arg(long, value_parser = duration)]
+    pub timeout: Option<Duration>,
+    /// Print the final status as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub async fn run(args: &Args, a: &WaitArgs) -> anyhow::Result<ExitCode> {
+    let (_, mut con) = connect(args).await?;
+    wait_and_print(&mut con, args, &a.task, a.timeout, a.json).await
+}
+
+pub async fn wait_and_print(
+    con: &mut ConnectionManager,
+    args: &Args,
+    id: &str,
+    timeout: Option<Duration>,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let bar = Bar::new();
+    let t = shardctl_coordinator::wait::wait(con, &args.keys(), id, timeout, |t| bar.update(t)).await;
+    bar.finish();
+    let t = t?;
+    print_final(&t, json);
+    Ok(final_code(&t))
+}
+
+pub fn final_code(t: &TaskInfo) -> ExitCode {
+    if t.state == TaskState::Completed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_TASK_FAILED)
+    }
+}
+
+pub fn print_final(t: &TaskInfo, json: bool) {
+    if json {
+        println!("{}", serde_json::to_string(t).expect("json"));
+        return;
+    }
+    let secs = t.finished_ms.unwrap_or(t.created_ms).saturating_sub(t.created_ms) as f64 / 1000.0;
+    println!(
+        "task {} {}: {} of {} shards done, {} failed, in {secs:.2}s",
+        t.task_id,
+        t.state.as_str(),
+        t.done,
+        t.total,
+        t.failed
+    );
+    if let Some(r) = &t.result {
+        println!("result: {r}");
+    }
+    if let Some(e) = &t.aggregation_error {
+        println!("aggregation failed: {e}");
+    }
+}

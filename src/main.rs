@@ -1,0 +1,37 @@
+//! `shardctl`: the command line. Splits a task into shards (`dispatch`), runs them (`executor`),
+//! shows progress (`status`, `wait`) and demonstrates it all on a private Redis (`demo`).
+//!
+//! # Layout
+//! - `cli/mod.rs`: the argument model (clap derive; its doc comments are the `--help` text).
+//! - `cli/dispatch.rs`, `cli/executor.rs`, `cli/status.rs`, `cli/wait.rs`, `cli/demo.rs`: one
+//!   file per command.
+//! - `cli/bar.rs`: the progress bar.
+//! - `cli/redis_server.rs`: a private redis-server for the demo.
+//!
+//! Exit codes: 0 success, 1 error, 2 bad usage, 3 the task ended with failed shards or a failed
+//! aggregation.
+
+mod cli;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let args = cli::Args::parse();
+    cli::init_logging(&args);
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match rt.block_on(cli::run(args)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(cli::exit_code(&e))
+        }
+    }
+}
