@@ -613,10 +613,8 @@ async fn every_key_of_a_queue_shares_one_cluster_slot() {
     assert!(off.is_empty(), "keys outside the queue's slot {slot}: {off:?}");
 }
 
-// BUG (claim.lua line 37, `token_base .. ':' .. (seq + n)`): Lua 5.1 turns numbers into strings
-// with "%.14g", so from seq = 10^14 the lock holds `b:1e+14` while the wrapper (scripts.rs
-// `claim`, `format!("{}:{}", token_base, seq + j)`) hands out `b:100000000000000`; the holder
-// is refused its own shard, and seqs that agree in 14 digits even share one token. Kept failing.
+// Regression: claim.lua once built tokens with `..`, which prints seq >= 10^14 as `1e+14`, so the
+// holder was refused its own shard and seqs equal in 14 digits shared a token.
 #[tokio::test]
 async fn claim_tokens_match_the_lock_for_any_seq() {
     let mut env = Env::start("token_seq").await;
