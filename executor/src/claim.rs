@@ -50,10 +50,8 @@ pub(crate) async fn run(shared: Arc<Shared>, tracker: &TaskTracker, shutdown: Ca
             now_ms: now_ms(),
         };
         let mut con = shared.con.clone();
-        let outcome = tokio::select! {
-            r = scripts::claim(&mut con, &shared.keys, &req) => r,
-            _ = shutdown.cancelled() => return,
-        };
+        // never dropped half-way: the script may have run, and its shards would wait for the sweep
+        let outcome = scripts::claim(&mut con, &shared.keys, &req).await;
         match outcome {
             Ok(o) if !o.shards.is_empty() => {
                 failures = 0;

@@ -56,7 +56,7 @@ pub(crate) async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Rep
                 }
             }
         }
-        record(&shared, &batch).await;
+        record(&shared, &batch, &closing).await;
         let mut held = shared.held.lock().unwrap();
         for r in batch.drain(..) {
             let key = r.claim.shard_ref.to_string();
@@ -67,7 +67,7 @@ pub(crate) async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Rep
     }
 }
 
-async fn record(shared: &Shared, batch: &[Report]) {
+async fn record(shared: &Shared, batch: &[Report], closing: &CancellationToken) {
     let reasons: Vec<String> = batch
         .iter()
         .map(|r| match &r.outcome {
@@ -96,6 +96,7 @@ async fn record(shared: &Shared, batch: &[Report]) {
         }
     }
     let mut failures = 0;
+    let mut closing_since: Option<std::time::Instant> = None;
     loop {
         let mut con = shared.con.clone();
         let done = async {
@@ -121,6 +122,15 @@ async fn record(shared: &Shared, batch: &[Report]) {
                 failures += 1;
                 let d = crate::claim::retry_delay(failures);
                 tracing::warn!("recording {} outcomes failed (retry in {d:?}): {e}", batch.len());
+                if closing.is_cancelled() {
+                    // at shutdown, give up once the locks are gone anyway: the sweep recovers
+                    // the shards and they run again (at-least-once), nothing is counted twice
+                    let since = *closing_since.get_or_insert_with(std::time::Instant::now);
+                    if since.elapsed() > shared.cfg.lock_duration {
+                        tracing::error!("giving up on {} outcomes: redis unreachable at shutdown", batch.len());
+                        return;
+                    }
+                }
                 tokio::time::sleep(d).await;
             }
         }

@@ -27,7 +27,8 @@ pub(crate) async fn shard(
     let outcome = if lost {
         // another claim owns the shard now: our result would be refused anyway
         Outcome::Dropped
-    } else if cancel.is_cancelled() && shared.aborting.load(Ordering::SeqCst) {
+    } else if matches!(outcome, Outcome::Failed(_)) && cancel.is_cancelled() && shared.aborting.load(Ordering::SeqCst) {
+        // shutdown stopped it: not the shard's fault, so no attempt is used up
         Outcome::Release
     } else {
         outcome
