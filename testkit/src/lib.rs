@@ -132,6 +132,12 @@ impl TestRedis {
 
 impl Drop for TestRedis {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log = self.log();
+            let tail: Vec<&str> = log.lines().rev().take(30).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            eprintln!("--- redis-server log (port {}), last lines ---\n{}", self.port, tail.join("\n"));
+        }
         self.stop();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
