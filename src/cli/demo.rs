@@ -33,6 +33,9 @@ pub async fn run(args: &Args, a: &DemoArgs) -> anyhow::Result<ExitCode> {
     if a.executors < 1 {
         return Err(shardctl_common::Error::invalid("--executors must be at least 1").into());
     }
+    // on SIGINT/SIGTERM stop waiting and shut everything down (the private server too)
+    let interrupted = CancellationToken::new();
+    shardctl_executor::shutdown::cancel_on_signal(interrupted.clone());
     let server;
     let url = match &args.redis {
         Some(u) => u.clone(),
@@ -68,7 +71,10 @@ pub async fn run(args: &Args, a: &DemoArgs) -> anyhow::Result<ExitCode> {
         |_| {},
     ));
     let start = Instant::now();
-    let code = super::wait::wait_and_print(&mut con, args, &spec.id, None, false).await;
+    let code = tokio::select! {
+        c = super::wait::wait_and_print(&mut con, args, &spec.id, None, false) => c,
+        _ = interrupted.cancelled() => Err(anyhow::anyhow!("interrupted")),
+    };
     let elapsed = start.elapsed();
     stop.cancel();
     for r in runs {

@@ -25,8 +25,11 @@ pub struct DispatchArgs {
     #[arg(long)]
     pub task_id: Option<String>,
     /// Task payload, JSON, at most 1 MiB; handlers get it on stdin.
-    #[arg(long, default_value = "null")]
+    #[arg(long, default_value = "null", conflicts_with = "payload_file")]
     pub payload: String,
+    /// Read the payload from this file (`-` for stdin) instead.
+    #[arg(long, value_name = "FILE")]
+    pub payload_file: Option<std::path::PathBuf>,
     /// Attempts per shard before it fails for good.
     #[arg(long, default_value_t = DEFAULT_ATTEMPTS)]
     pub attempts: u32,
@@ -37,7 +40,7 @@ pub struct DispatchArgs {
     #[arg(long)]
     pub wait: bool,
     /// With --wait: give up after this long.
-    #[arg(long, value_parser = duration)]
+    #[arg(long, value_parser = duration, requires = "wait")]
     pub timeout: Option<Duration>,
     /// Print JSON.
     #[arg(long)]
@@ -50,7 +53,7 @@ pub async fn run(args: &Args, a: &DispatchArgs) -> anyhow::Result<ExitCode> {
         kind: a.kind.clone(),
         shards: a.shards,
         items: a.items.unwrap_or(a.shards),
-        payload: a.payload.clone(),
+        payload: payload(a)?,
         attempts: a.attempts,
         backoff: a.backoff,
         priority: 0,
@@ -68,4 +71,19 @@ pub async fn run(args: &Args, a: &DispatchArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     super::wait::wait_and_print(&mut con, args, &spec.id, a.timeout, a.json).await
+}
+
+/// The payload from `--payload` or `--payload-file` (read up to one byte past the limit).
+fn payload(a: &DispatchArgs) -> anyhow::Result<String> {
+    use std::io::Read;
+    let Some(path) = &a.payload_file else { return Ok(a.payload.clone()) };
+    let limit = shardctl_common::model::MAX_PAYLOAD_BYTES as u64 + 1;
+    let mut buf = Vec::new();
+    let read = if path.as_os_str() == "-" {
+        std::io::stdin().take(limit).read_to_end(&mut buf)
+    } else {
+        std::fs::File::open(path).and_then(|f| f.take(limit).read_to_end(&mut buf))
+    };
+    read.map_err(|e| shardctl_common::Error::invalid(format!("cannot read payload file {}: {e}", path.display())))?;
+    String::from_utf8(buf).map_err(|_| shardctl_common::Error::invalid("payload file is not UTF-8").into())
 }

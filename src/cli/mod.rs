@@ -83,7 +83,13 @@ pub fn init_logging(args: &Args) {
     let filter = args.log.clone().unwrap_or_else(|| default.to_owned());
     let filter =
         tracing_subscriber::EnvFilter::try_new(&filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
+    use std::io::IsTerminal;
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(false)
+        .init();
 }
 
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -102,6 +108,12 @@ pub fn exit_code(e: &anyhow::Error) -> u8 {
         Some(shardctl_common::Error::Invalid(_)) => 2,
         _ => 1,
     }
+}
+
+/// Checks a task id given on the command line: one that cannot exist is bad usage.
+pub fn task_id(id: &str) -> anyhow::Result<&str> {
+    shardctl_common::model::validate_task_id(id)?;
+    Ok(id)
 }
 
 /// Connects a manager, with the URL (password hidden) in the error.

@@ -21,6 +21,9 @@ pub struct StatusArgs {
 }
 
 pub async fn run(args: &Args, a: &StatusArgs) -> anyhow::Result<ExitCode> {
+    if let Some(id) = &a.task {
+        super::task_id(id)?;
+    }
     let (_, mut con) = connect(args).await?;
     let keys = args.keys();
     let Some(id) = &a.task else {

@@ -22,6 +22,7 @@ pub struct WaitArgs {
 }
 
 pub async fn run(args: &Args, a: &WaitArgs) -> anyhow::Result<ExitCode> {
+    super::task_id(&a.task)?;
     let (_, mut con) = connect(args).await?;
     wait_and_print(&mut con, args, &a.task, a.timeout, a.json).await
 }

@@ -1,0 +1,477 @@
+//! End-to-end tests of the `shardctl` binary: the CLI contract of issue 2 (item 6) and its
+//! bad-input rules (item 2), driven through real processes against a private redis-server per
+//! test. Executors are real `shardctl executor` processes, stopped with SIGTERM or killed on drop.
+
+mod support;
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use shardctl_common::split::shard_range;
+use support::{shardctl, Cli};
+
+// ---------------------------------------------------------------------------------------------
+// 1. dispatch rejections: a clear message, exit 2, nothing written to Redis
+
+#[test]
+fn dispatch_rejects_zero_shards() {
+    let cli = Cli::start("zero-shards");
+    cli.rejects(&["dispatch", "--shards", "0"], 2, "shards must be at least 1");
+    cli.rejects(&["dispatch", "--shards", "0", "--items", "10"], 2, "shards must be at least 1");
+}
+
+#[test]
+fn dispatch_rejects_items_below_shards() {
+    let cli = Cli::start("few-items");
+    cli.rejects(
+        &["dispatch", "--shards", "10", "--items", "9"],
+        2,
+        "items (9) must be at least the number of shards (10)",
+    );
+    cli.rejects(&["dispatch", "--shards", "10", "--items", "0"], 2, "must be at least the number of shards");
+}
+
+#[test]
+fn dispatch_rejects_an_existing_task_id_and_keeps_the_first_task() {
+    let cli = Cli::start("dup-id");
+    assert_eq!(cli.ok(&["dispatch", "--shards", "4", "--items", "40", "--task-id", "dup"]).trim(), "dup");
+    let first: HashMap<String, String> = redis::cmd("HGETALL").arg(cli.key("task:dup")).query(&mut cli.con()).unwrap();
+    assert_eq!(first.get("total").map(String::as_str), Some("4"), "{first:?}");
+
+    cli.rejects(
+        &["dispatch", "--shards", "7", "--items", "70", "--kind", "noop", "--task-id", "dup"],
+        2,
+        "a task with id 'dup' already exists",
+    );
+    let after: HashMap<String, String> = redis::cmd("HGETALL").arg(cli.key("task:dup")).query(&mut cli.con()).unwrap();
+    assert_eq!(after, first, "the first task changed");
+    let t = cli.json(&["status", "dup", "--json"], 0);
+    assert_eq!((t["kind"].as_str(), t["total"].as_u64()), (Some("primes"), Some(4)), "{t}");
+}
+
+#[test]
+fn dispatch_rejects_bad_task_ids() {
+    let cli = Cli::start("bad-ids");
+    cli.rejects(&["dispatch", "--shards", "1", "--task-id", "a:b"], 2, "task id 'a:b' has the character ':'");
+    cli.rejects(&["dispatch", "--shards", "1", "--task-id", "a b"], 2, "task id 'a b' has the character ' '");
+    let long = "a".repeat(65);
+    cli.rejects(&["dispatch", "--shards", "1", "--task-id", &long], 2, "task id must be 1 to 64 bytes, got 65");
+    cli.rejects(&["dispatch", "--shards", "1", "--task-id", ""], 2, "task id must be 1 to 64 bytes, got 0");
+    // the longest id is accepted
+    let max = "b".repeat(64);
+    assert_eq!(cli.ok(&["dispatch", "--shards", "1", "--task-id", &max]).trim(), max);
+}
+
+#[test]
+fn dispatch_rejects_a_payload_that_is_not_json() {
+    let cli = Cli::start("bad-json");
+    cli.rejects(&["dispatch", "--shards", "1", "--payload", "{nope"], 2, "payload is not valid JSON");
+    cli.rejects(&["dispatch", "--shards", "1", "--payload", ""], 2, "payload is not valid JSON");
+    cli.rejects(&["dispatch", "--shards", "1", "--payload", "{\"a\":1} trailing"], 2, "payload is not valid JSON");
+}
+
+/// The 1 MiB rule cannot be reached through argv on Linux: one argument is limited to
+/// MAX_ARG_STRLEN (128 KiB), so the kernel refuses to start the process (E2BIG) before shardctl
+/// sees the payload, and the CLI has no other way to take a payload (no file, no stdin). Where the
+/// platform lets the argument through, the binary must reject it.
+#[test]
+fn dispatch_payload_over_1_mib() {
+    let cli = Cli::start("big-payload");
+    let payload = format!("\"{}\"", "x".repeat((1 << 20) - 1)); // 1 MiB + 1 byte of JSON
+    assert_eq!(payload.len(), (1 << 20) + 1);
+    let spawned = std::process::Command::new(support::BIN)
+        .args(["--redis", &cli.redis.url(), "--queue", &cli.queue, "dispatch", "--shards", "1", "--payload", &payload])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+    match spawned {
+        Err(e) => {
+            // E2BIG: "Argument list too long"
+            assert_eq!(e.raw_os_error(), Some(7), "unexpected spawn error: {e}");
+            assert_eq!(cli.dbsize(), 0);
+        }
+        Ok(mut child) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            cli.rejects(&["dispatch", "--shards", "1", "--payload", &payload], 2, "the limit is 1048576 (1 MiB)");
+        }
+    }
+    // through --payload-file the limit is reachable: 1 MiB + 1 is refused, 1 MiB is stored
+    let dir = std::env::temp_dir().join(format!("shardctl-payload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("big.json");
+    std::fs::write(&file, &payload).unwrap();
+    let f = file.to_str().unwrap();
+    cli.rejects(&["dispatch", "--shards", "1", "--payload-file", f], 2, "the limit is 1048576 (1 MiB)");
+    assert_eq!(cli.dbsize(), 0);
+    let exact = format!("\"{}\"", "z".repeat((1 << 20) - 2));
+    std::fs::write(&file, &exact).unwrap();
+    assert_eq!(cli.ok(&["dispatch", "--shards", "1", "--task-id", "exact", "--payload-file", f]).trim(), "exact");
+    let stored: String = redis::cmd("HGET").arg(cli.key("task:exact")).arg("payload").query(&mut cli.con()).unwrap();
+    assert_eq!(stored.len(), 1 << 20);
+    cli.rejects(&["dispatch", "--shards", "1", "--payload-file", "/nonexistent/p.json"], 2, "cannot read payload file");
+    std::fs::remove_dir_all(&dir).unwrap();
+    // the largest payload argv carries is accepted and stored as given
+    let payload = format!("\"{}\"", "y".repeat(100 * 1024));
+    assert_eq!(cli.ok(&["dispatch", "--shards", "1", "--task-id", "big", "--payload", &payload]).trim(), "big");
+    let stored: String = redis::cmd("HGET").arg(cli.key("task:big")).arg("payload").query(&mut cli.con()).unwrap();
+    assert_eq!(stored, payload);
+}
+
+#[test]
+fn dispatch_rejects_bad_backoff() {
+    let cli = Cli::start("bad-backoff");
+    cli.rejects(&["dispatch", "--shards", "1", "--backoff", "linear:1s"], 2, "kind must be fixed or exponential");
+    cli.rejects(&["dispatch", "--shards", "1", "--backoff", "fixed"], 2, "expected fixed:D or exponential:D");
+    let out = cli.rejects(&["dispatch", "--shards", "1", "--backoff", "fixed:soon"], 2, "--backoff");
+    assert!(out.stderr.contains("invalid value 'fixed:soon'"), "{out:?}");
+}
+
+#[test]
+fn dispatch_usage_errors_exit_2() {
+    let cli = Cli::start("usage");
+    cli.rejects(&["dispatch"], 2, "--shards");
+    cli.rejects(&["dispatch", "--items", "10"], 2, "--shards <SHARDS>");
+    cli.rejects(&["dispatch", "--shards", "-1"], 2, "'-1'");
+    cli.rejects(&["dispatch", "--shards", "ten"], 2, "invalid value 'ten'");
+    cli.rejects(&["dispatch", "--shards", "1", "--attempts", "0"], 2, "attempts must be at least 1");
+    cli.rejects(&["dispatch", "--shards", "1", "--kind", "two words"], 2, "kind 'two words'");
+    cli.rejects(&["dispatch", "--shards", "1", "--no-such-flag"], 2, "--no-such-flag");
+    cli.rejects(&["no-such-command"], 2, "no-such-command");
+    for queue in ["a:b", ""] {
+        let out = shardctl(&["--redis", &cli.redis.url(), "--queue", queue, "dispatch", "--shards", "1"]);
+        assert_eq!(out.code(), 2, "queue {queue:?}: {out:?}");
+        assert!(out.stderr.contains("must be 1 to 64 characters of A-Z a-z 0-9 . _ -"), "queue {queue:?}: {out:?}");
+    }
+    assert_eq!(cli.dbsize(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Redis unreachable or misnamed
+
+#[test]
+fn unreachable_redis_is_a_clear_error() {
+    for args in [&["dispatch", "--shards", "1"][..], &["status"], &["status", "t1"], &["wait", "t1"]] {
+        let mut all = vec!["--redis", "redis://127.0.0.1:1"];
+        all.extend_from_slice(args);
+        let out = shardctl(&all);
+        assert_eq!(out.code(), 1, "{all:?}: {out:?}");
+        assert!(out.stderr.contains("cannot connect to redis at 127.0.0.1:1"), "{all:?}: {out:?}");
+        assert!(out.stdout.trim().is_empty(), "{all:?}: {out:?}");
+    }
+}
+
+#[test]
+fn malformed_redis_url_is_a_clear_error() {
+    for url in ["not a url", "http://127.0.0.1:6379", "redis://127.0.0.1:port"] {
+        let out = shardctl(&["--redis", url, "status"]);
+        assert_eq!(out.code(), 2, "{url}: {out:?}");
+        assert!(out.stderr.contains("invalid redis URL"), "{url}: {out:?}");
+    }
+}
+
+#[test]
+fn redis_password_is_never_printed() {
+    let cases: [&[&str]; 6] = [
+        &["--redis", "redis://user:secret@127.0.0.1:1", "status"],
+        &["--redis", "redis://user:secret@127.0.0.1:1", "--log", "trace", "dispatch", "--shards", "1"],
+        &["--redis", "redis://:secret@127.0.0.1:1", "wait", "t1"],
+        &["--redis", "redis://user:secret@127.0.0.1:1", "executor", "--node-id", "n1"],
+        &["--redis", "redis://user:secret@127.0.0.1:port", "status"],
+        &["--redis", "http://user:secret@127.0.0.1:1", "status"],
+    ];
+    for args in cases {
+        let out = shardctl(args);
+        assert_ne!(out.code(), 0, "{args:?}: {out:?}");
+        assert!(out.stderr.contains("error:"), "{args:?}: {out:?}");
+        assert!(
+            !out.stderr.contains("secret") && !out.stdout.contains("secret"),
+            "password printed: {args:?}: {out:?}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. What dispatch and status print
+
+#[test]
+fn dispatch_prints_the_task_id() {
+    let cli = Cli::start("print-id");
+    let id = cli.ok(&["dispatch", "--shards", "3"]);
+    let id = id.trim();
+    assert!(!id.is_empty() && !id.contains(char::is_whitespace), "{id:?}");
+    let exists: i64 = redis::cmd("EXISTS").arg(cli.key(&format!("task:{id}"))).query(&mut cli.con()).unwrap();
+    assert_eq!(exists, 1, "no task hash for the printed id {id}");
+
+    assert_eq!(cli.ok(&["dispatch", "--shards", "3", "--task-id", "named"]), "named\n");
+    let v = cli.json(&["dispatch", "--shards", "3", "--task-id", "as-json", "--json"], 0);
+    assert_eq!(v, json!({ "task_id": "as-json" }));
+    let v = cli.json(&["dispatch", "--shards", "3", "--json"], 0);
+    let generated = v["task_id"].as_str().expect("task_id");
+    assert_ne!(generated, id, "two generated ids are the same");
+    let t = cli.json(&["status", generated, "--json"], 0);
+    assert_eq!(t["task_id"], json!(generated));
+}
+
+#[test]
+fn status_of_a_task() {
+    let cli = Cli::start("status-task");
+    cli.ok(&["dispatch", "--shards", "5", "--items", "50", "--kind", "noop", "--task-id", "s1"]);
+    let t = cli.json(&["status", "s1", "--json"], 0);
+    for field in ["task_id", "kind", "state", "total", "done", "failed", "result"] {
+        assert!(t.get(field).is_some(), "status --json lacks {field}: {t}");
+    }
+    assert_eq!(t["task_id"], json!("s1"));
+    assert_eq!(t["kind"], json!("noop"));
+    assert_eq!(t["state"], json!("running"));
+    assert_eq!((t["total"].as_u64(), t["done"].as_u64(), t["failed"].as_u64()), (Some(5), Some(0), Some(0)));
+    assert_eq!(t["result"], Value::Null);
+
+    let text = cli.ok(&["status", "s1"]);
+    assert!(text.contains("s1 noop [running] 0/5"), "{text}");
+
+    let out = cli.run(&["status", "nope"]);
+    assert_eq!(out.code(), 1, "{out:?}");
+    assert!(out.stderr.contains("no task 'nope'"), "{out:?}");
+}
+
+#[test]
+fn status_of_the_queue() {
+    let cli = Cli::start("status-queue");
+    let text = cli.ok(&["status"]);
+    assert!(text.contains("queue status-queue: 0 waiting, 0 active, 0 delayed"), "{text}");
+    assert!(text.contains("tasks: none"), "{text}");
+
+    cli.ok(&["dispatch", "--shards", "5", "--task-id", "q1"]);
+    cli.ok(&["dispatch", "--shards", "2", "--task-id", "q2"]);
+    let text = cli.ok(&["status"]);
+    assert!(text.contains("queue status-queue: 7 waiting, 0 active, 0 delayed"), "{text}");
+    assert!(text.contains("tasks: 2 running"), "{text}");
+    assert!(text.contains("q1 primes [running]") && text.contains("q2 primes [running]"), "{text}");
+
+    let q = cli.json(&["status", "--json"], 0);
+    assert_eq!(q["queue"], json!("status-queue"));
+    assert_eq!(q["waiting"], json!(7));
+    assert_eq!(q["active"], json!(0));
+    assert_eq!(q["delayed"], json!(0));
+    assert_eq!(q["tasks"], json!({ "running": 2 }));
+}
+
+/// `status` and `wait` read `task:<id>` without checking the id, so an id that names another key
+/// of the task (`<id>:results`, `<id>:errors`) is read as a task.
+#[test]
+fn status_and_wait_refuse_ids_that_cannot_be_tasks() {
+    let cli = Cli::start("id-aliasing");
+    let _e = cli.executor("alias-1", &[]);
+    let t = cli.json(&["dispatch", "--shards", "3", "--items", "30", "--task-id", "t1", "--wait", "--json"], 0);
+    assert_eq!(t["state"], json!("completed"));
+    // Regression: status and wait once read `task:<id>` unchecked, so `t1:results` (t1's results
+    // hash) showed as a phantom task; an id outside [A-Za-z0-9._-] is now bad usage.
+    let out = cli.run(&["status", "t1:results", "--json"]);
+    assert_eq!(out.code(), 2, "a phantom task: {out:?}");
+    let out = cli.run(&["wait", "t1:results", "--timeout", "1s"]);
+    assert_ne!(out.code(), 0, "{out:?}");
+    assert!(!out.stderr.contains("timed out"), "waited for a phantom task: {out:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. A full run through real executor processes
+
+#[test]
+fn full_run_through_executor_processes() {
+    let cli = Cli::start("full-run");
+    let mut e1 = cli.executor("full-1", &[]);
+    let mut e2 = cli.executor("full-2", &[]);
+    let args = ["dispatch", "--shards", "100", "--items", "100000", "--task-id", "p1", "--wait", "--json"];
+    let out = cli.run(&args);
+    assert_eq!(out.code(), 0, "{out:?}\nexecutor 1:\n{}\nexecutor 2:\n{}", e1.log(), e2.log());
+    let t: Value = serde_json::from_str(out.stdout.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {out:?}"));
+    assert_eq!(t["result"], json!({ "primes": 9592 }), "{t}");
+    assert_eq!(t["state"], json!("completed"));
+    assert_eq!((t["total"].as_u64(), t["done"].as_u64(), t["failed"].as_u64()), (Some(100), Some(100), Some(0)));
+
+    // `wait` on a finished task answers at once with the same result
+    let w = cli.json(&["wait", "p1", "--json"], 0);
+    assert_eq!(w["result"], json!({ "primes": 9592 }));
+    let text = cli.ok(&["wait", "p1"]);
+    assert!(text.contains("result: {\"primes\":9592}"), "{text}");
+
+    for (n, e) in [&mut e1, &mut e2].into_iter().enumerate() {
+        let st = e.terminate();
+        assert_eq!(st.code(), Some(0), "executor {} after SIGTERM: {st:?}\n{}", n + 1, e.log());
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. wait exit codes
+
+#[test]
+fn wait_exits_3_when_shards_fail_and_status_lists_them() {
+    let cli = Cli::start("wait-fail");
+    let _e = cli.executor("fail-1", &[]);
+    let id =
+        cli.ok(&["dispatch", "--shards", "4", "--kind", "fail", "--payload", r#"{"rate":1.0}"#, "--attempts", "1"]);
+    let id = id.trim();
+    let out = cli.run(&["wait", id]);
+    assert_eq!(out.code(), 3, "{out:?}");
+    assert!(out.stdout.contains(&format!("task {id} failed: 0 of 4 shards done, 4 failed")), "{out:?}");
+
+    let t = cli.json(&["wait", id, "--json"], 3);
+    assert_eq!(t["state"], json!("failed"));
+    assert_eq!((t["done"].as_u64(), t["failed"].as_u64()), (Some(0), Some(4)));
+
+    let text = cli.ok(&["status", id, "--failed"]);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 4, "{text}");
+    for (i, line) in lines.iter().enumerate() {
+        assert!(line.starts_with(&format!("shard {i}: injected failure")), "{text}");
+    }
+    let failed = cli.json(&["status", id, "--failed", "--json"], 0);
+    let failed = failed.as_array().expect("an array");
+    assert_eq!(failed.len(), 4, "{failed:?}");
+    for (i, f) in failed.iter().enumerate() {
+        assert_eq!(f["shard"], json!(i));
+        assert!(f["reason"].as_str().unwrap_or("").contains("injected failure (rate 1, attempt 1)"), "{f}");
+    }
+}
+
+#[test]
+fn wait_times_out_with_exit_1() {
+    let cli = Cli::start("wait-timeout");
+    cli.ok(&["dispatch", "--shards", "2", "--task-id", "idle"]);
+    let out = cli.run(&["wait", "idle", "--timeout", "300ms"]);
+    assert_eq!(out.code(), 1, "{out:?}");
+    assert!(out.stderr.contains("timed out"), "{out:?}");
+    let out = cli.run(&["dispatch", "--shards", "2", "--task-id", "idle2", "--wait", "--timeout", "300ms"]);
+    assert_eq!(out.code(), 1, "{out:?}");
+    assert!(out.stderr.contains("timed out"), "{out:?}");
+    // the task is still there, untouched
+    let t = cli.json(&["status", "idle", "--json"], 0);
+    assert_eq!((t["state"].as_str(), t["done"].as_u64()), (Some("running"), Some(0)));
+}
+
+#[test]
+fn wait_on_a_missing_task_exits_1() {
+    let cli = Cli::start("wait-missing");
+    let out = cli.run(&["wait", "nope"]);
+    assert_eq!(out.code(), 1, "{out:?}");
+    assert!(out.stderr.contains("no task 'nope'"), "{out:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. The --exec protocol through the binary
+
+#[test]
+fn exec_and_aggregate_exec_through_the_binary() {
+    let cli = Cli::start("exec");
+    // sh is the user's command here: shardctl itself runs it without a shell
+    let _e = cli.executor(
+        "exec-1",
+        &["--exec", "sh -c 'echo $((SHARDCTL_RANGE_END - SHARDCTL_RANGE_START))'", "--aggregate-exec", "sh -c 'wc -l'"],
+    );
+    let args = ["dispatch", "--kind", "mine", "--shards", "10", "--items", "95", "--task-id", "m1", "--wait", "--json"];
+    let t = cli.json(&args, 0);
+    assert_eq!(t["state"], json!("completed"), "{t}");
+    assert_eq!(t["result"], json!(10), "the aggregator counts one line per shard: {t}");
+
+    let results: HashMap<u64, String> =
+        redis::cmd("HGETALL").arg(cli.key("task:m1:results")).query(&mut cli.con()).unwrap();
+    assert_eq!(results.len(), 10, "{results:?}");
+    for i in 0..10 {
+        let r = shard_range(i, 10, 95);
+        assert_eq!(results.get(&i), Some(&(r.end - r.start).to_string()), "shard {i}: {results:?}");
+    }
+}
+
+#[test]
+fn a_kind_without_a_handler_fails_with_its_reason() {
+    let cli = Cli::start("no-handler");
+    let _e = cli.executor("lonely-node", &[]);
+    let args =
+        ["dispatch", "--kind", "nobody", "--shards", "3", "--attempts", "1", "--task-id", "n1", "--wait", "--json"];
+    let t = cli.json(&args, 3);
+    assert_eq!(t["state"], json!("failed"), "{t}");
+    assert_eq!((t["done"].as_u64(), t["failed"].as_u64()), (Some(0), Some(3)));
+    let failed = cli.json(&["status", "n1", "--failed", "--json"], 0);
+    let expected: Vec<Value> =
+        (0..3).map(|i| json!({ "shard": i, "reason": "no handler for kind nobody on node lonely-node" })).collect();
+    assert_eq!(failed, Value::Array(expected));
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. Executor bad arguments
+
+#[test]
+fn executor_rejects_bad_arguments() {
+    let cli = Cli::start("executor-args");
+    let cases: [(&[&str], &str); 8] = [
+        (&["--lock-duration", "2s", "--lock-renew", "2s"], "must be above zero and below the lock duration"),
+        (&["--lock-duration", "2s", "--lock-renew", "3s"], "must be above zero and below the lock duration"),
+        (&["--lock-renew", "0s"], "must be above zero"),
+        (&["--concurrency", "0"], "concurrency must be at least 1"),
+        (&["--exec", "'unclosed"], "--exec: unclosed single quote"),
+        (&["--aggregate-exec", "'unclosed"], "--aggregate-exec: unclosed single quote"),
+        (&["--exec", "  "], "--exec: empty command"),
+        (&["--lock-duration", "soon"], "--lock-duration"),
+    ];
+    for (extra, needle) in cases {
+        let mut args = vec!["executor", "--node-id", "bad-args"];
+        args.extend_from_slice(extra);
+        cli.rejects(&args, 2, needle);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8. demo
+
+#[test]
+fn demo_runs_end_to_end() {
+    let out = shardctl(&["demo", "--shards", "50", "--items", "100000", "--executors", "2"]);
+    assert_eq!(out.code(), 0, "{out:?}");
+    assert!(out.stdout.contains("9592"), "{out:?}");
+    assert!(out.stdout.contains("checked: 9592 primes below 100000"), "{out:?}");
+    let out = shardctl(&["demo", "--executors", "0"]);
+    assert_eq!(out.code(), 2, "{out:?}");
+    assert!(out.stderr.contains("--executors must be at least 1"), "{out:?}");
+}
+
+#[test]
+fn demo_stopped_by_sigterm_leaves_no_redis_server() {
+    let mut demo = support::spawn(&["demo", "--shards", "1000", "--items", "1000000000", "--executors", "1"]);
+    let stderr = demo.0.stderr.take().expect("piped stderr");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut url = None;
+    loop {
+        // a hang guard, not a time assertion
+        let line = rx.recv_timeout(Duration::from_secs(60)).expect("the demo never said it dispatched");
+        if let Some(u) = line.strip_prefix("started a private redis-server at ") {
+            url = Some(u.trim().to_owned());
+        }
+        if line.starts_with("dispatched task") {
+            break;
+        }
+    }
+    let url = url.expect("the demo did not say where its redis-server is");
+    let pid = demo.0.id();
+    support::sigterm(pid);
+    let _ = demo.0.wait();
+    // shut down a server the demo left behind, so that the test leaks nothing either way
+    let left_behind = redis::Client::open(url.as_str())
+        .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(500)))
+        .map(|mut con| {
+            let _: redis::RedisResult<()> = redis::cmd("SHUTDOWN").arg("NOSAVE").query(&mut con);
+        })
+        .is_ok();
+    let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!("shardctl-demo-{pid}")));
+    // Regression: the demo once had no signal handler, so SIGTERM orphaned its redis-server.
+    assert!(!left_behind, "the demo's redis-server at {url} outlived the demo stopped by SIGTERM");
+}
