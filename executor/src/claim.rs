@@ -60,7 +60,12 @@ pub(crate) async fn run(shared: Arc<Shared>, tracker: &TaskTracker, shutdown: Ca
                     let cancel = CancellationToken::new();
                     shared.held.lock().unwrap().insert(
                         claim.shard_ref.to_string(),
-                        crate::runtime::Held { claim: claim.clone(), cancel: cancel.clone(), lost: false },
+                        crate::runtime::Held {
+                            claim: claim.clone(),
+                            cancel: cancel.clone(),
+                            lost: false,
+                            reporting: false,
+                        },
                     );
                     tracker.spawn(crate::run::shard(shared.clone(), claim, cancel, permit));
                 }

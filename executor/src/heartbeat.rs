@@ -52,7 +52,8 @@ pub(crate) async fn beat(shared: &Shared) -> bool {
             let mut map = shared.held.lock().unwrap();
             for i in lost {
                 let (r, token) = &held[i];
-                if let Some(h) = map.get_mut(r).filter(|h| &h.claim.token == token) {
+                // a reported shard's lock may just have been deleted by its own completion
+                if let Some(h) = map.get_mut(r).filter(|h| &h.claim.token == token && !h.reporting) {
                     tracing::warn!(shard = %r, "lock lost: cancelling its handler");
                     h.lost = true;
                     h.cancel.cancel();

@@ -23,7 +23,13 @@ pub(crate) async fn shard(
     permit: OwnedSemaphorePermit,
 ) {
     let outcome = run(&shared, &claim, &cancel).await;
-    let lost = shared.held.lock().unwrap().get(&claim.shard_ref.to_string()).is_some_and(|h| h.lost);
+    let lost = match shared.held.lock().unwrap().get_mut(&claim.shard_ref.to_string()) {
+        Some(h) => {
+            h.reporting = true;
+            h.lost
+        }
+        None => false,
+    };
     let outcome = if lost {
         // another claim owns the shard now: our result would be refused anyway
         Outcome::Dropped

@@ -25,6 +25,9 @@ pub(crate) struct Held {
     pub(crate) claim: Claimed,
     pub(crate) cancel: CancellationToken,
     pub(crate) lost: bool,
+    /// The handler has ended and its outcome is on its way: the reporter's own call may delete
+    /// the lock before the heartbeat extends it, which is no loss.
+    pub(crate) reporting: bool,
 }
 
 /// State every part of the runtime shares.
