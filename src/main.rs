@@ -5,6 +5,7 @@
 //! - `cli/mod.rs`: the argument model (clap derive; its doc comments are the `--help` text).
 //! - `cli/dispatch.rs`, `cli/executor.rs`, `cli/status.rs`, `cli/wait.rs`, `cli/demo.rs`: one
 //!   file per command.
+//! - `cli/ring.rs`: `ring simulate`.
 //! - `cli/bar.rs`: the progress bar.
 //! - `cli/redis_server.rs`: a private redis-server for the demo.
 //!

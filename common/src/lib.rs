@@ -6,6 +6,7 @@
 //! - [`keys`]: every Redis key name of a queue, built in one place under the queue's hash tag.
 //! - [`scripts`]: the registry of Lua scripts (one per atomic operation) and their typed calls.
 //! - [`model`]: task ids, shard refs, the task spec and its state.
+//! - [`ring`]: consistent hashing with virtual nodes, the static strategies, `ring simulate`.
 //! - [`split`]: balanced item ranges of shards.
 //! - [`backoff`]: retry delays (fixed or exponential, with jitter).
 //! - [`conn`]: connecting to Redis, a dedicated connection for blocking waits, redacted URLs.
@@ -27,6 +28,7 @@ pub mod conn;
 pub mod error;
 pub mod keys;
 pub mod model;
+pub mod ring;
 pub mod scripts;
 pub mod split;
 pub mod time;

@@ -5,6 +5,7 @@ mod demo;
 mod dispatch;
 mod executor;
 mod redis_server;
+mod ring;
 mod status;
 mod wait;
 
@@ -61,6 +62,8 @@ pub enum Command {
     Wait(wait::WaitArgs),
     /// Run a primes task end to end on a private redis-server and check the result.
     Demo(demo::DemoArgs),
+    /// Placement strategies: `ring simulate` shows balance and movement.
+    Ring(ring::RingArgs),
 }
 
 fn queue_name(s: &str) -> Result<String, String> {
@@ -99,6 +102,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         Command::Status(a) => status::run(&args, a).await,
         Command::Wait(a) => wait::run(&args, a).await,
         Command::Demo(a) => demo::run(&args, a).await,
+        Command::Ring(a) => ring::run(a),
     }
 }
 
