@@ -10,6 +10,8 @@
   KEYS[3] delayed     zset    ref -> due time (ms)
   KEYS[4] active      zset    ref -> claim time (ms)
   KEYS[5] meta        hash    `paused`
+  KEYS[6] node:<n>:wait list  refs routed to this executor's node
+  KEYS[7] rebalancing string  while set, node lists are being re-placed: leave them alone
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] now_ms
   ARGV[3] count       shards wanted (> 0)
@@ -62,6 +64,26 @@ while n < count do
     local attempt = rcall('HINCRBY', skey, 'attempt', 1)
     local fails = tonumber(rcall('HGET', skey, 'fails') or '0')
     take(ref, attempt, fails)
+  end
+end
+
+if n < count and rcall('EXISTS', KEYS[7]) == 0 then
+  while n < count do
+    local ref = rcall('LPOP', KEYS[6])
+    if not ref then break end
+    local tid, idx = split_ref(ref)
+    local tkey = prefix .. 'task:' .. (tid or '')
+    local skey = prefix .. 'shard:' .. ref
+    if tid and rcall('EXISTS', tkey) == 1 and rcall('GETBIT', tkey .. ':terminal', idx) == 0 then
+      -- routed refs are lazy like cursor shards: state only once recovered or released
+      if rcall('EXISTS', skey) == 1 then
+        take(ref, rcall('HINCRBY', skey, 'attempt', 1), tonumber(rcall('HGET', skey, 'fails') or '0'))
+      else
+        take(ref, 1, 0)
+      end
+    else
+      rcall('DEL', skey)
+    end
   end
 end
 

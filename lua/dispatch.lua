@@ -1,10 +1,12 @@
 --[[
   Creates a task. Pull tasks store no per-shard data: executors take indexes from `cursor`.
+  Routed tasks (strategy other than pull) wait in `unrouted` until route.lua has placed them.
 
   KEYS[1] task:<id>   hash    the task (must not exist)
   KEYS[2] tasks       zset    runnable tasks, by priority then submission
   KEYS[3] index       zset    every task, by creation time (status, clean)
   KEYS[4] meta        hash    queue metadata; `seq` orders submissions
+  KEYS[5] unrouted    zset    routed tasks not yet fully placed
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] task id
   ARGV[3] now_ms
@@ -20,8 +22,14 @@ for i = 5, #ARGV do fields[#fields + 1] = ARGV[i] end
 rcall('HSET', KEYS[1], 'state', 'running', 'cursor', 0, 'done', 0, 'failed', 0, 'created_ms', now,
   unpack(fields))
 local seq = rcall('HINCRBY', KEYS[4], 'seq', 1)
--- higher priority first; among equals, first dispatched first
-rcall('ZADD', KEYS[2], -priority * 1e12 + seq, tid)
 rcall('ZADD', KEYS[3], now, tid)
-wake(prefix)
+if rcall('HGET', KEYS[1], 'strategy') == 'pull' then
+  -- higher priority first; among equals, first dispatched first
+  rcall('ZADD', KEYS[2], -priority * 1e12 + seq, tid)
+  wake(prefix)
+else
+  -- routed: placed chunk by chunk (route.lua) by the dispatcher or, if it dies, a rebalancer
+  rcall('HSET', KEYS[1], 'cursor', rcall('HGET', KEYS[1], 'total'), 'routed', 0)
+  rcall('ZADD', KEYS[5], now, tid)
+end
 return 1

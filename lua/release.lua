@@ -5,6 +5,7 @@
   KEYS[1] active      zset
   KEYS[2] stalled     set
   KEYS[3] wait        list
+  KEYS[4] reroute     list    where released refs of routed tasks go
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2..] groups of 2: ref, token
 
@@ -21,7 +22,13 @@ for i = 2, #ARGV, 2 do
     rcall('SREM', KEYS[2], ref)
     -- the next claim raises `attempt`: give it the count a lazily claimed shard implied
     rcall('HSETNX', prefix .. 'shard:' .. ref, 'attempt', 1)
-    rcall('LPUSH', KEYS[3], ref)
+    local tid, idx = split_ref(ref)
+    if idx ~= 'agg' and rcall('HGET', prefix .. 'task:' .. tid, 'strategy') ~= 'pull' then
+      -- a routed shard of a node that leaves: the current ring places it
+      rcall('RPUSH', KEYS[4], ref)
+    else
+      rcall('LPUSH', KEYS[3], ref)
+    end
     released = released + 1
     code = 1
   end

@@ -1,13 +1,14 @@
 --[[
   The stalled-shard sweep of Bull, at most once per interval across all executors:
   confirm the refs marked by the last sweep (still active, still no lock) as stalled, then mark
-  the active refs whose lock is gone now. A stalled ref goes back to `wait` with its stalled
-  count raised; past max_stalled it fails for good.
+  the active refs whose lock is gone now. A stalled ref goes back to `wait` (or, for a
+  routed task, to `reroute`) with its stalled count raised; past max_stalled it fails for good.
 
   KEYS[1] stalled-check  string PX   the throttle
   KEYS[2] stalled        set         candidates of the last sweep
   KEYS[3] active         zset
   KEYS[4] wait           list
+  KEYS[5] reroute        list        recovered refs of routed tasks (placed by the current ring)
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] now_ms
   ARGV[3] interval_ms
@@ -39,7 +40,11 @@ for _, ref in ipairs(candidates) do
       failed = failed + 1
     else
       rcall('HSETNX', skey, 'attempt', 1)
-      rcall('RPUSH', KEYS[4], ref)
+      if idx ~= 'agg' and rcall('HGET', prefix .. 'task:' .. tid, 'strategy') ~= 'pull' then
+        rcall('RPUSH', KEYS[5], ref)
+      else
+        rcall('RPUSH', KEYS[4], ref)
+      end
       recovered = recovered + 1
     end
   end

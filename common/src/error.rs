@@ -64,6 +64,12 @@ pub enum ScriptCode {
     TaskMissing,
     /// -4: the task id is already in use.
     TaskExists,
+    /// -5: another live executor holds this node id.
+    NodeAlive,
+    /// -6: the task's placement cursor moved.
+    RouteMoved,
+    /// -7: a list no longer starts with the refs read.
+    HeadChanged,
     /// Any other negative code: a script and this binary disagree.
     Unknown(i64),
 }
@@ -77,6 +83,9 @@ impl ScriptCode {
             -2 => Some(ScriptCode::LockMismatch),
             -3 => Some(ScriptCode::TaskMissing),
             -4 => Some(ScriptCode::TaskExists),
+            -5 => Some(ScriptCode::NodeAlive),
+            -6 => Some(ScriptCode::RouteMoved),
+            -7 => Some(ScriptCode::HeadChanged),
             c => Some(ScriptCode::Unknown(c)),
         }
     }
@@ -93,6 +102,9 @@ impl fmt::Display for ScriptCode {
             ScriptCode::LockMismatch => f.write_str("lock mismatch: another executor holds the shard"),
             ScriptCode::TaskMissing => f.write_str("task missing: it was removed"),
             ScriptCode::TaskExists => f.write_str("a task with this id already exists"),
+            ScriptCode::NodeAlive => f.write_str("another live executor holds this node id"),
+            ScriptCode::RouteMoved => f.write_str("the task's placement moved on"),
+            ScriptCode::HeadChanged => f.write_str("the list changed while it was read"),
             ScriptCode::Unknown(c) => write!(f, "unknown script code {c}"),
         }
     }
@@ -110,6 +122,9 @@ mod tests {
         assert_eq!(ScriptCode::from_code(-2), Some(ScriptCode::LockMismatch));
         assert_eq!(ScriptCode::from_code(-3), Some(ScriptCode::TaskMissing));
         assert_eq!(ScriptCode::from_code(-4), Some(ScriptCode::TaskExists));
+        assert_eq!(ScriptCode::from_code(-5), Some(ScriptCode::NodeAlive));
+        assert_eq!(ScriptCode::from_code(-6), Some(ScriptCode::RouteMoved));
+        assert_eq!(ScriptCode::from_code(-7), Some(ScriptCode::HeadChanged));
         assert_eq!(ScriptCode::from_code(-9), Some(ScriptCode::Unknown(-9)));
         assert!(ScriptCode::LockMissing.is_lock_lost() && ScriptCode::LockMismatch.is_lock_lost());
         assert!(!ScriptCode::TaskMissing.is_lock_lost());

@@ -84,9 +84,50 @@ impl Keys {
         self.key("marker")
     }
 
+    /// Hash: shard index → shard key, for tasks dispatched with a keys file.
+    pub fn shard_keys(&self, id: &str) -> String {
+        self.key(&format!("task:{id}:keys"))
+    }
+    /// Zset: executors, node id → last membership heartbeat (ms).
+    pub fn nodes(&self) -> String {
+        self.key("nodes")
+    }
+    /// Hash: one executor's host, pid, concurrency, version, instance.
+    pub fn node(&self, node: &str) -> String {
+        self.key(&format!("node:{node}"))
+    }
+    /// List: refs routed to one node.
+    pub fn node_wait(&self, node: &str) -> String {
+        self.key(&format!("node:{node}:wait"))
+    }
+    /// Zset: wakes one node's executor when refs are routed to it.
+    pub fn node_marker(&self, node: &str) -> String {
+        self.key(&format!("node:{node}:marker"))
+    }
+    /// Set: nodes that may have a routed list (for the rebalancer to find departed ones).
+    pub fn routed_nodes(&self) -> String {
+        self.key("routed-nodes")
+    }
+    /// List: recovered or released refs of routed tasks, to be placed by the current ring.
+    pub fn reroute(&self) -> String {
+        self.key("reroute")
+    }
+    /// Zset: routed tasks not yet fully placed (task id → creation ms).
+    pub fn unrouted(&self) -> String {
+        self.key("unrouted")
+    }
+    /// String PX: one rebalancer at a time.
+    pub fn rebalance_lock(&self) -> String {
+        self.key("rebalance-lock")
+    }
+    /// String PX: set while live nodes' lists are re-placed; claims leave node lists alone.
+    pub fn rebalancing(&self) -> String {
+        self.key("rebalancing")
+    }
+
     /// Every key a task owns (for removal).
-    pub fn task_keys(&self, id: &str) -> [String; 4] {
-        [self.task(id), self.terminal(id), self.results(id), self.errors(id)]
+    pub fn task_keys(&self, id: &str) -> [String; 5] {
+        [self.task(id), self.terminal(id), self.results(id), self.errors(id), self.shard_keys(id)]
     }
 }
 

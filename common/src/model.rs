@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::backoff::Backoff;
 use crate::error::Error;
+use crate::ring::{Strategy, DEFAULT_VNODES};
 
 /// Longest task id, in bytes.
 pub const MAX_TASK_ID_LEN: usize = 64;
@@ -143,6 +144,12 @@ pub struct TaskSpec {
     pub backoff: Backoff,
     /// Higher runs first.
     pub priority: i64,
+    /// How shards are placed on executors.
+    pub strategy: Strategy,
+    /// Virtual nodes per executor on the ring (consistent hash).
+    pub vnodes: u32,
+    /// Shard keys are stored in `task:<id>:keys` (a keys file), not derived from the index.
+    pub has_keys: bool,
 }
 
 impl TaskSpec {
@@ -157,6 +164,9 @@ impl TaskSpec {
             attempts: DEFAULT_ATTEMPTS,
             backoff: Backoff::default(),
             priority: 0,
+            strategy: Strategy::Pull,
+            vnodes: DEFAULT_VNODES,
+            has_keys: false,
         }
     }
 
@@ -174,6 +184,12 @@ impl TaskSpec {
                 "items ({}) must be at least the number of shards ({})",
                 self.items, self.shards
             )));
+        }
+        if self.vnodes < 1 || self.vnodes > 10_000 {
+            return Err(Error::invalid(format!("vnodes must be 1 to 10000, got {}", self.vnodes)));
+        }
+        if !(-1_000_000..=1_000_000).contains(&self.priority) {
+            return Err(Error::invalid("priority must be within -1000000..=1000000"));
         }
         if self.attempts < 1 {
             return Err(Error::invalid("attempts must be at least 1"));
@@ -196,7 +212,9 @@ impl TaskSpec {
             ("total", self.shards.to_string()),
             ("items", self.items.to_string()),
             ("payload", self.payload.clone()),
-            ("strategy", "pull".into()),
+            ("strategy", self.strategy.as_str().into()),
+            ("vnodes", self.vnodes.to_string()),
+            ("has_keys", u8::from(self.has_keys).to_string()),
             ("attempts", self.attempts.to_string()),
             ("backoff", self.backoff.to_string()),
             ("priority", self.priority.to_string()),
@@ -227,6 +245,16 @@ pub struct TaskInfo {
     pub attempts: u32,
     /// Retry backoff.
     pub backoff: String,
+    /// Placement strategy.
+    pub strategy: String,
+    /// Shards placed so far (routed tasks).
+    pub routed: Option<u64>,
+    /// Virtual nodes per executor (consistent hash).
+    #[serde(skip)]
+    pub vnodes: u32,
+    /// Shard keys are stored, not derived from the index.
+    #[serde(skip)]
+    pub has_keys: bool,
     /// Creation time, ms since the epoch.
     pub created_ms: u64,
     /// End time, when finished.
@@ -265,6 +293,10 @@ impl TaskInfo {
             cursor: num("cursor")?,
             attempts: num("attempts")? as u32,
             backoff: h.get("backoff").cloned().unwrap_or_default(),
+            strategy: h.get("strategy").cloned().unwrap_or_else(|| "pull".into()),
+            routed: h.get("routed").and_then(|v| v.parse().ok()),
+            vnodes: h.get("vnodes").and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_VNODES),
+            has_keys: h.get("has_keys").is_some_and(|v| v == "1"),
             created_ms: num("created_ms")?,
             finished_ms: h.get("finished_ms").and_then(|v| v.parse().ok()),
             result,

@@ -72,7 +72,7 @@ impl Ring {
 }
 
 /// How shards are placed on executors.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Strategy {
     /// Competitive pull from the task's cursor (no placement).
     #[default]
@@ -174,8 +174,12 @@ pub struct Simulation {
 /// members, and measures balance and movement for each routed strategy.
 pub fn simulate(nodes: usize, add: usize, remove: usize, keys: u64, vnodes: u32) -> Vec<Simulation> {
     let before: Vec<String> = (0..nodes).map(|i| format!("node-{i}")).collect();
-    let after: Vec<String> =
-        before.iter().skip(remove.min(nodes)).cloned().chain((nodes..nodes + add).map(|i| format!("node-{i}"))).collect();
+    let after: Vec<String> = before
+        .iter()
+        .skip(remove.min(nodes))
+        .cloned()
+        .chain((nodes..nodes + add).map(|i| format!("node-{i}")))
+        .collect();
     Strategy::ROUTED
         .iter()
         .map(|&s| {
@@ -192,7 +196,8 @@ pub fn simulate(nodes: usize, add: usize, remove: usize, keys: u64, vnodes: u32)
                 }
                 if a != b {
                     moved += 1;
-                    if a.is_some_and(|a| after.iter().any(|n| n == a)) && b.is_some_and(|b| before.iter().any(|n| n == b))
+                    if a.is_some_and(|a| after.iter().any(|n| n == a))
+                        && b.is_some_and(|b| before.iter().any(|n| n == b))
                     {
                         between += 1;
                     }

@@ -33,6 +33,18 @@ pub struct Scripts {
     pub release: Script,
     /// `sweep.lua`
     pub sweep: Script,
+    /// `route.lua`
+    pub route: Script,
+    /// `rehome.lua`
+    pub rehome: Script,
+    /// `join.lua`
+    pub join: Script,
+    /// `leave.lua`
+    pub leave: Script,
+    /// `unlock.lua`
+    pub unlock: Script,
+    /// `forget.lua`
+    pub forget: Script,
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
@@ -43,6 +55,12 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     fail: Script::new(lua!("fail.lua")),
     release: Script::new(lua!("release.lua")),
     sweep: Script::new(lua!("sweep.lua")),
+    route: Script::new(lua!("route.lua")),
+    rehome: Script::new(lua!("rehome.lua")),
+    join: Script::new(lua!("join.lua")),
+    leave: Script::new(lua!("leave.lua")),
+    unlock: Script::new(lua!("unlock.lua")),
+    forget: Script::new(lua!("forget.lua")),
 });
 
 /// The registry.
@@ -52,7 +70,7 @@ pub fn scripts() -> &'static Scripts {
 
 impl Scripts {
     /// Each script with its file name.
-    pub fn all(&self) -> [(&'static str, &Script); 7] {
+    pub fn all(&self) -> [(&'static str, &Script); 13] {
         [
             ("dispatch.lua", &self.dispatch),
             ("claim.lua", &self.claim),
@@ -61,6 +79,12 @@ impl Scripts {
             ("fail.lua", &self.fail),
             ("release.lua", &self.release),
             ("sweep.lua", &self.sweep),
+            ("route.lua", &self.route),
+            ("rehome.lua", &self.rehome),
+            ("join.lua", &self.join),
+            ("leave.lua", &self.leave),
+            ("unlock.lua", &self.unlock),
+            ("forget.lua", &self.forget),
         ]
     }
 }
@@ -140,6 +164,7 @@ pub async fn dispatch<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, spec: 
     inv.key(keys.tasks())
         .key(keys.index())
         .key(keys.meta())
+        .key(keys.unrouted())
         .arg(keys.prefix())
         .arg(&spec.id)
         .arg(now_ms)
@@ -165,6 +190,8 @@ pub struct ClaimRequest<'a> {
     pub token_base: &'a str,
     /// Sequence number of the first claimed shard.
     pub seq: u64,
+    /// The executor's node id: refs routed to it are claimed too.
+    pub node: &'a str,
     /// The clock.
     pub now_ms: u64,
 }
@@ -178,6 +205,8 @@ pub async fn claim<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, req: &Cla
         .key(keys.delayed())
         .key(keys.active())
         .key(keys.meta())
+        .key(keys.node_wait(req.node))
+        .key(keys.rebalancing())
         .arg(keys.prefix())
         .arg(req.now_ms)
         .arg(req.count)
@@ -293,7 +322,7 @@ pub async fn release<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, claims:
         return Ok(Vec::new());
     }
     let mut inv = scripts().release.key(keys.active());
-    inv.key(keys.stalled()).key(keys.wait()).arg(keys.prefix());
+    inv.key(keys.stalled()).key(keys.wait()).key(keys.reroute()).arg(keys.prefix());
     for c in claims {
         inv.arg(c.shard_ref.to_string()).arg(&c.token);
     }
@@ -329,6 +358,7 @@ pub async fn sweep<C: ConnectionLike + Send>(
         .key(keys.stalled())
         .key(keys.active())
         .key(keys.wait())
+        .key(keys.reroute())
         .arg(keys.prefix())
         .arg(now_ms)
         .arg(interval_ms.max(1))
@@ -341,4 +371,120 @@ pub async fn sweep<C: ConnectionLike + Send>(
         [r, f, m] => Some(SweepReport { recovered: *r as u64, failed: *f as u64, marked: *m as u64 }),
         other => return Err(Error::Protocol(format!("sweep reply {other:?}"))),
     })
+}
+
+fn code_result(code: i64) -> Result<i64> {
+    match ScriptCode::from_code(code) {
+        None => Ok(code),
+        Some(c) => Err(Error::Script(c)),
+    }
+}
+
+/// Places shards `[from, from + owners.len())` of a routed task: `owners[i]` is the node of shard
+/// `from + i`. Returns the new placement cursor; [`ScriptCode::RouteMoved`] when `from` is stale.
+pub async fn route<C: ConnectionLike + Send>(
+    con: &mut C,
+    keys: &Keys,
+    task: &str,
+    from: u64,
+    owners: &[&str],
+) -> Result<u64> {
+    let mut nodes: Vec<&str> = owners.to_vec();
+    nodes.sort_unstable();
+    nodes.dedup();
+    let mut inv = scripts().route.key(keys.task(task));
+    inv.key(keys.unrouted()).key(keys.routed_nodes()).arg(keys.prefix()).arg(task).arg(from).arg(nodes.len());
+    for n in &nodes {
+        inv.arg(*n);
+    }
+    for o in owners {
+        inv.arg(nodes.binary_search(o).expect("owner listed") + 1);
+    }
+    let code: i64 = inv.invoke_async(con).await?;
+    code_result(code).map(|c| c as u64)
+}
+
+/// Moves the refs `head` at the start of list `source` to their nodes (`dest[i]` for `head[i]`).
+/// [`ScriptCode::HeadChanged`] when the list no longer starts with them.
+pub async fn rehome<C: ConnectionLike + Send>(
+    con: &mut C,
+    keys: &Keys,
+    source: &str,
+    head: &[String],
+    dest: &[&str],
+) -> Result<u64> {
+    assert_eq!(head.len(), dest.len(), "one destination per ref");
+    let mut inv = scripts().rehome.key(source);
+    inv.key(keys.routed_nodes()).arg(keys.prefix()).arg(head.len());
+    for r in head {
+        inv.arg(r);
+    }
+    for d in dest {
+        inv.arg(*d);
+    }
+    let code: i64 = inv.invoke_async(con).await?;
+    code_result(code).map(|c| c as u64)
+}
+
+/// Who holds a node id, when [`join`] is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeHolder {
+    /// Its host.
+    pub host: String,
+    /// Its process id.
+    pub pid: String,
+    /// Milliseconds since its last heartbeat.
+    pub age_ms: u64,
+}
+
+/// Joins the membership or refreshes this instance's heartbeat; `Err(holder)` when another
+/// live instance holds the node id.
+pub async fn join<C: ConnectionLike + Send>(
+    con: &mut C,
+    keys: &Keys,
+    node: &str,
+    instance: &str,
+    now_ms: u64,
+    timeout_ms: u64,
+    fields: &[(&str, String)],
+) -> Result<std::result::Result<(), NodeHolder>> {
+    let mut inv = scripts().join.key(keys.nodes());
+    inv.key(keys.node(node)).arg(node).arg(instance).arg(now_ms).arg(timeout_ms);
+    for (f, v) in fields {
+        inv.arg(*f).arg(v);
+    }
+    let v: Vec<Value> = inv.invoke_async(con).await?;
+    match v.as_slice() {
+        [c] if int(c)? == 1 => Ok(Ok(())),
+        [c, h, p, a] if int(c)? == -5 => {
+            Ok(Err(NodeHolder { host: string(h)?, pid: string(p)?, age_ms: int(a)?.max(0) as u64 }))
+        }
+        other => Err(Error::Protocol(format!("join reply {other:?}"))),
+    }
+}
+
+/// Leaves the membership if this instance holds the node id; true when it did.
+pub async fn leave<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, node: &str, instance: &str) -> Result<bool> {
+    let r: i64 =
+        scripts().leave.key(keys.nodes()).key(keys.node(node)).arg(node).arg(instance).invoke_async(con).await?;
+    Ok(r == 1)
+}
+
+/// Deletes `key` if `token` still holds it; true when it did.
+pub async fn unlock<C: ConnectionLike + Send>(con: &mut C, key: &str, token: &str) -> Result<bool> {
+    let r: i64 = scripts().unlock.key(key).arg(token).invoke_async(con).await?;
+    Ok(r == 1)
+}
+
+/// Forgets departed `node` if its routed list is empty; true when it did.
+pub async fn forget<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, node: &str) -> Result<bool> {
+    let r: i64 = scripts()
+        .forget
+        .key(keys.node_wait(node))
+        .key(keys.routed_nodes())
+        .key(keys.node_marker(node))
+        .arg(node)
+        .invoke_async(con)
+        .await?;
+    Ok(r == 1)
 }

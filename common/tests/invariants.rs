@@ -116,7 +116,14 @@ async fn concurrent_claimers_take_each_shard_exactly_once() {
             let base = format!("exec-{w}");
             let (mut seq, mut got) = (0u64, Vec::new());
             loop {
-                let req = ClaimRequest { count: BATCH, lock_ms: LONG_LOCK, token_base: &base, seq, now_ms: T0 };
+                let req = ClaimRequest {
+                    count: BATCH,
+                    lock_ms: LONG_LOCK,
+                    token_base: &base,
+                    seq,
+                    node: "test-node",
+                    now_ms: T0,
+                };
                 let out = scripts::claim(&mut con, &keys, &req).await.expect("claim");
                 assert!(out.shards.len() <= BATCH, "claimer {w} got {} > {BATCH}", out.shards.len());
                 if out.shards.is_empty() {
@@ -333,7 +340,14 @@ async fn aggregation_is_enqueued_once_under_racing_completions() {
         let mut got = 0;
         for (w, con) in cons.iter_mut().enumerate() {
             let base = format!("exec-{w}");
-            let req = ClaimRequest { count: 25, lock_ms: LONG_LOCK, token_base: &base, seq: round * 25, now_ms: T0 };
+            let req = ClaimRequest {
+                count: 25,
+                lock_ms: LONG_LOCK,
+                token_base: &base,
+                seq: round * 25,
+                node: "test-node",
+                now_ms: T0,
+            };
             let out = scripts::claim(con, &env.keys, &req).await.expect("claim");
             got += out.shards.len();
             claims.extend(out.shards);

@@ -22,3 +22,78 @@ pub async fn dispatch<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, spec: 
         other => other,
     }
 }
+
+/// How a dispatch went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dispatched {
+    /// The task existed, unplaced, and this dispatch resumed its placement.
+    pub resumed: bool,
+    /// Shards placed on nodes by this call (routed tasks).
+    pub placed: u64,
+    /// Live executors at dispatch (routed tasks).
+    pub live: usize,
+}
+
+/// Dispatches a task of any strategy. Routed tasks are placed on the live executors' lists in
+/// chunks; with none alive they wait, unplaced, for the first one. Crash-safe: re-running the
+/// same dispatch (same id and spec) on a task whose placement was cut short completes it.
+/// `shard_keys` (one per shard) replaces the index as each shard's routing key.
+pub async fn dispatch_any(
+    con: &mut redis::aio::ConnectionManager,
+    keys: &Keys,
+    spec: &TaskSpec,
+    shard_keys: Option<&[String]>,
+    member_timeout: std::time::Duration,
+) -> Result<Dispatched> {
+    use redis::AsyncCommands;
+    use shardctl_common::ring::Strategy;
+
+    if spec.strategy == Strategy::Pull {
+        if shard_keys.is_some() {
+            return Err(Error::invalid(
+                "--keys-file needs a routed --strategy (consistent-hash, round-robin, hash-mod)",
+            ));
+        }
+        dispatch(con, keys, spec).await?;
+        return Ok(Dispatched { resumed: false, placed: 0, live: 0 });
+    }
+    if let Some(k) = shard_keys {
+        if k.len() as u64 != spec.shards || !spec.has_keys {
+            return Err(Error::invalid(format!("{} keys given for {} shards", k.len(), spec.shards)));
+        }
+    }
+    spec.validate()?;
+    let existing = crate::progress::task(con, keys, &spec.id).await;
+    let resumed = match existing {
+        Ok(t) => {
+            let same = t.kind == spec.kind
+                && t.total == spec.shards
+                && t.items == spec.items
+                && t.strategy == spec.strategy.as_str();
+            if !same || t.routed.is_none_or(|r| r >= t.total) {
+                return Err(Error::invalid(format!("a task with id '{}' already exists in this queue", spec.id)));
+            }
+            true
+        }
+        Err(Error::NoTask(_)) => false,
+        Err(e) => return Err(e),
+    };
+    if let (Some(k), false) = (shard_keys, resumed) {
+        // keys first: once the task exists, any rebalancer may place it and needs them
+        for (c, chunk) in k.chunks(crate::route::CHUNK).enumerate() {
+            let base = c * crate::route::CHUNK;
+            let pairs: Vec<(usize, &String)> = chunk.iter().enumerate().map(|(i, k)| (base + i, k)).collect();
+            let _: () = con.hset_multiple(keys.shard_keys(&spec.id), &pairs).await?;
+        }
+    }
+    if !resumed {
+        dispatch(con, keys, spec).await?;
+    }
+    let live = crate::membership::live(con, keys, member_timeout).await?;
+    if live.is_empty() {
+        return Ok(Dispatched { resumed, placed: 0, live: 0 });
+    }
+    let n = live.len();
+    let placed = crate::route::Router::new(live).route_task(con, keys, &spec.id).await?;
+    Ok(Dispatched { resumed, placed, live: n })
+}

@@ -6,6 +6,9 @@
 //! # Layout
 //! - [`dispatch`]: validating and creating a pull task, fresh task ids.
 //! - [`sweep`]: the stalled-shard sweep loop (Bull's design, throttled in Redis).
+//! - [`membership`]: executors joining, heartbeating and leaving; the live node set.
+//! - [`route`]: owners of routed refs, chunked placement of a task, moving a list's refs.
+//! - [`rebalance`]: failover and rebalancing under a short lock.
 //! - [`progress`]: one task's state and counts, a queue's counts, failed shards.
 //! - [`wait`]: waiting for a task to end, with a progress callback.
 //!
@@ -17,6 +20,9 @@
 #![warn(missing_docs)]
 
 pub mod dispatch;
+pub mod membership;
 pub mod progress;
+pub mod rebalance;
+pub mod route;
 pub mod sweep;
 pub mod wait;

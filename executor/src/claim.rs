@@ -47,6 +47,7 @@ pub(crate) async fn run(shared: Arc<Shared>, tracker: &TaskTracker, shutdown: Ca
             lock_ms: shared.cfg.lock_duration.as_millis() as u64,
             token_base: &shared.token_base,
             seq,
+            node: &shared.cfg.node_id,
             now_ms: now_ms(),
         };
         let mut con = shared.con.clone();
@@ -130,7 +131,7 @@ async fn wait_for_work(
     // BZPOPMIN takes seconds with decimals; 0 would block forever
     let secs = wait.as_secs_f64().max(0.01);
     let mut cmd = redis::cmd("BZPOPMIN");
-    cmd.arg(shared.keys.marker()).arg(secs);
+    cmd.arg(shared.keys.marker()).arg(shared.keys.node_marker(&shared.cfg.node_id)).arg(secs);
     let popped: Option<(String, String, f64)> = tokio::select! {
         r = cmd.query_async(con) => r?,
         _ = shutdown.cancelled() => return Ok(None),

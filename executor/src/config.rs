@@ -51,15 +51,19 @@ impl Default for ExecutorConfig {
     }
 }
 
-/// `hostname-pid`.
-pub fn default_node_id() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+/// This machine's host name (`localhost` when it cannot be read).
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
         .or_else(|_| std::fs::read_to_string("/etc/hostname"))
         .map(|h| h.trim().to_owned())
         .ok()
         .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "localhost".into());
-    format!("{host}-{}", std::process::id())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+/// `hostname-pid`.
+pub fn default_node_id() -> String {
+    format!("{}-{}", hostname(), std::process::id())
 }
 
 impl ExecutorConfig {

@@ -7,6 +7,9 @@
     -2  lock mismatch   another claim holds the lock (stale holder)
     -3  task missing    the task was removed while the shard ran
     -4  task exists     dispatch of an id already in use
+    -5  node alive      another live executor holds this node id
+    -6  route moved     the task's placement cursor moved: read it again
+    -7  head changed    a list no longer starts with the refs read: read it again
 ]]
 local rcall = redis.call
 

@@ -6,15 +6,18 @@ use std::time::Duration;
 use clap::Parser;
 use shardctl_common::backoff::Backoff;
 use shardctl_common::model::{TaskSpec, DEFAULT_ATTEMPTS};
-use shardctl_coordinator::dispatch::{dispatch, new_task_id};
+use shardctl_common::ring::{Strategy, DEFAULT_VNODES};
+use shardctl_common::Error;
+use shardctl_coordinator::dispatch::{dispatch_any, new_task_id};
+use shardctl_coordinator::membership::DEFAULT_MEMBER_TIMEOUT;
 
 use super::{connect, duration, Args};
 
 #[derive(Debug, Parser)]
 pub struct DispatchArgs {
-    /// Number of shards.
-    #[arg(long)]
-    pub shards: u64,
+    /// Number of shards (with --keys-file: the number of keys, if given it must match).
+    #[arg(long, required_unless_present = "keys_file")]
+    pub shards: Option<u64>,
     /// Number of items split over the shards (default: the number of shards).
     #[arg(long)]
     pub items: Option<u64>,
@@ -36,6 +39,15 @@ pub struct DispatchArgs {
     /// Delay between attempts: fixed:D or exponential:D (jittered).
     #[arg(long, default_value = "exponential:1s", value_parser = |s: &str| s.parse::<Backoff>())]
     pub backoff: Backoff,
+    /// Placement: pull (competitive, the default), consistent-hash, round-robin or hash-mod.
+    #[arg(long, default_value = "pull", value_parser = |s: &str| s.parse::<Strategy>())]
+    pub strategy: Strategy,
+    /// One routing key per line, one shard per key (routed strategies).
+    #[arg(long, value_name = "FILE")]
+    pub keys_file: Option<std::path::PathBuf>,
+    /// Virtual nodes per executor on the consistent-hash ring.
+    #[arg(long, default_value_t = DEFAULT_VNODES)]
+    pub vnodes: u32,
     /// Wait for the task to end (progress bar on stderr), then print its result.
     #[arg(long)]
     pub wait: bool,
@@ -48,20 +60,44 @@ pub struct DispatchArgs {
 }
 
 pub async fn run(args: &Args, a: &DispatchArgs) -> anyhow::Result<ExitCode> {
+    let shard_keys = a.keys_file.as_deref().map(read_keys).transpose()?;
+    let shards = match (&shard_keys, a.shards) {
+        (Some(k), Some(n)) if k.len() as u64 != n => {
+            return Err(Error::invalid(format!("--shards {n} but the keys file has {} keys", k.len())).into())
+        }
+        (Some(k), _) => k.len() as u64,
+        (None, n) => n.unwrap_or(0),
+    };
     let spec = TaskSpec {
         id: a.task_id.clone().unwrap_or_else(new_task_id),
         kind: a.kind.clone(),
-        shards: a.shards,
-        items: a.items.unwrap_or(a.shards),
+        shards,
+        items: a.items.unwrap_or(shards),
         payload: payload(a)?,
         attempts: a.attempts,
         backoff: a.backoff,
         priority: 0,
+        strategy: a.strategy,
+        vnodes: a.vnodes,
+        has_keys: shard_keys.is_some(),
     };
     // check before connecting: bad input is reported as such even without Redis
     spec.validate()?;
+    if spec.has_keys && spec.strategy == Strategy::Pull {
+        return Err(
+            Error::invalid("--keys-file needs a routed --strategy (consistent-hash, round-robin, hash-mod)").into()
+        );
+    }
     let (_, mut con) = connect(args).await?;
-    dispatch(&mut con, &args.keys(), &spec).await?;
+    let d = dispatch_any(&mut con, &args.keys(), &spec, shard_keys.as_deref(), DEFAULT_MEMBER_TIMEOUT).await?;
+    if spec.strategy != Strategy::Pull {
+        let how = if d.resumed { "resumed: " } else { "" };
+        if d.live == 0 {
+            eprintln!("{how}no live executor: the shards wait unplaced until the first one joins");
+        } else {
+            eprintln!("{how}placed {} shards on {} executors ({})", d.placed, d.live, spec.strategy);
+        }
+    }
     if a.json && !a.wait {
         println!("{}", serde_json::json!({ "task_id": spec.id }));
     } else if !a.json {
@@ -86,4 +122,16 @@ fn payload(a: &DispatchArgs) -> anyhow::Result<String> {
     };
     read.map_err(|e| shardctl_common::Error::invalid(format!("cannot read payload file {}: {e}", path.display())))?;
     String::from_utf8(buf).map_err(|_| shardctl_common::Error::invalid("payload file is not UTF-8").into())
+}
+
+/// One key per non-empty line (trailing `\r` removed).
+fn read_keys(path: &std::path::Path) -> anyhow::Result<Vec<String>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::invalid(format!("cannot read keys file {}: {e}", path.display())))?;
+    let keys: Vec<String> =
+        text.lines().map(|l| l.trim_end_matches('\r')).filter(|l| !l.is_empty()).map(str::to_owned).collect();
+    if keys.is_empty() {
+        return Err(Error::invalid(format!("keys file {} has no keys", path.display())).into());
+    }
+    Ok(keys)
 }

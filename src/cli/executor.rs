@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
+use shardctl_coordinator::membership::{self, Member, MembershipConfig};
 use shardctl_coordinator::sweep::{self, SweepConfig, DEFAULT_MAX_STALLED, DEFAULT_STALLED_INTERVAL};
 use shardctl_executor::child::{ExecAggregator, ExecCommand, ExecHandler, DEFAULT_MAX_OUTPUT};
 use shardctl_executor::config::{self as cfg, ExecutorConfig};
@@ -47,6 +48,12 @@ pub struct ExecutorArgs {
     /// Longest blocking wait for work before claiming again.
     #[arg(long, default_value = "5s", value_parser = duration)]
     pub block_timeout: Duration,
+    /// Membership heartbeat period (failover and rebalancing run after each).
+    #[arg(long, default_value = "5s", value_parser = duration)]
+    pub member_heartbeat: Duration,
+    /// A node whose membership heartbeat is older than this is gone (default: 3 heartbeats).
+    #[arg(long, value_parser = duration)]
+    pub member_timeout: Option<Duration>,
     /// Largest result a shard may return, in bytes.
     #[arg(long, default_value_t = DEFAULT_MAX_OUTPUT)]
     pub max_result_bytes: usize,
@@ -64,21 +71,57 @@ pub async fn run(args: &Args, a: &ExecutorArgs) -> anyhow::Result<ExitCode> {
         max_result_bytes: a.max_result_bytes,
     };
     config.validate().map_err(shardctl_common::Error::Invalid)?;
+    let mcfg =
+        MembershipConfig { heartbeat: a.member_heartbeat, timeout: a.member_timeout.unwrap_or(a.member_heartbeat * 3) };
+    mcfg.validate().map_err(shardctl_common::Error::Invalid)?;
+    let member_timeout = mcfg.timeout;
     let registry = registry(a.exec.as_deref(), a.aggregate_exec.as_deref(), a.max_result_bytes)?;
-    let (client, con) = connect(args).await?;
+    let (client, mut con) = connect(args).await?;
+    let keys = args.keys();
+    let member = Member {
+        node: config.node_id.clone(),
+        instance: uuid::Uuid::new_v4().simple().to_string(),
+        host: shardctl_executor::config::hostname(),
+        pid: std::process::id(),
+        concurrency: config.concurrency,
+    };
+    // refused at once while another live executor holds this node id
+    membership::join(&mut con, &keys, &member, &mcfg).await?;
     let shutdown = CancellationToken::new();
     shardctl_executor::shutdown::cancel_on_signal(shutdown.clone());
-    let node = config.node_id.clone();
-    let executor = Executor::connect(client, args.keys(), config, registry).await?;
-    let stop_sweep = CancellationToken::new();
+    let executor = Executor::connect(client, keys.clone(), config, registry).await?;
+    let stop = CancellationToken::new();
     let sweep_cfg = SweepConfig { interval: a.stalled_interval, max_stalled: a.max_stalled_count };
-    let sweeper = tokio::spawn(sweep::run(con, args.keys(), sweep_cfg, stop_sweep.clone(), |_| {}));
-    tracing::info!(node = %node, queue = %args.queue, "executor started");
+    let sweeper = tokio::spawn(sweep::run(con.clone(), keys.clone(), sweep_cfg, stop.clone(), |_| {}));
+    let members = {
+        let (con, keys, member, stop, shutdown) =
+            (con.clone(), keys.clone(), member.clone(), stop.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            let r = membership::run(con, keys, member, mcfg, stop, |_| {}).await;
+            if r.is_err() {
+                // another executor took our node id over: stop claiming as that node
+                shutdown.cancel();
+            }
+            r
+        })
+    };
+    tracing::info!(node = %member.node, queue = %args.queue, "executor started");
     let stats = executor.run(shutdown).await?;
-    stop_sweep.cancel();
+    stop.cancel();
     let _ = sweeper.await;
+    let taken_over = members.await.map(|r| r.err()).unwrap_or(None);
+    if taken_over.is_none() {
+        // our routed list moves to the remaining executors at their next rebalance
+        if let Err(e) = membership::leave(&mut con, &keys, &member).await {
+            tracing::warn!("leaving the membership: {e}");
+        }
+        let _ = shardctl_coordinator::rebalance::rebalance(&mut con, &keys, member_timeout).await;
+    }
     tracing::info!(?stats, "executor stopped");
-    Ok(ExitCode::SUCCESS)
+    match taken_over {
+        Some(e) => Err(anyhow::anyhow!("stopped: {e}")),
+        None => Ok(ExitCode::SUCCESS),
+    }
 }
 
 /// The built-in kinds, plus `--exec` and `--aggregate-exec` for everything else.

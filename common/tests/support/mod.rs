@@ -60,7 +60,7 @@ impl Env {
 
     /// Claims up to `count` shards under tokens `<base>:<seq + j>`.
     pub async fn claim(&mut self, base: &str, seq: u64, count: usize, lock_ms: u64, now_ms: u64) -> ClaimOutcome {
-        let req = ClaimRequest { count, lock_ms, token_base: base, seq, now_ms };
+        let req = ClaimRequest { count, lock_ms, token_base: base, seq, node: "test-node", now_ms };
         scripts::claim(&mut self.con, &self.keys, &req).await.expect("claim")
     }
 

@@ -1,0 +1,133 @@
+//! Executor membership: each executor registers its node id (host, pid, concurrency, version)
+//! and refreshes a heartbeat; a node whose heartbeat is older than the member timeout is gone.
+//! A second executor with a live node id is refused. The loop here also runs the rebalancer
+//! after every heartbeat, so failover needs no separate process.
+
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use shardctl_common::scripts::{self, NodeHolder};
+use shardctl_common::time::now_ms;
+use shardctl_common::{Error, Keys, Result};
+use tokio_util::sync::CancellationToken;
+
+use crate::rebalance::{self, RebalanceReport};
+
+/// Default membership heartbeat period.
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(5);
+/// Default timeout: three missed heartbeats.
+pub const DEFAULT_MEMBER_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// One executor's identity in the membership.
+#[derive(Debug, Clone)]
+pub struct Member {
+    /// The node id (the unit of routing).
+    pub node: String,
+    /// Unique per process: tells a restart from a second process with the same id.
+    pub instance: String,
+    /// Host name.
+    pub host: String,
+    /// Process id.
+    pub pid: u32,
+    /// Shards run at once.
+    pub concurrency: usize,
+}
+
+/// Timings of the membership loop.
+#[derive(Debug, Clone)]
+pub struct MembershipConfig {
+    /// Heartbeat period.
+    pub heartbeat: Duration,
+    /// A heartbeat older than this is a departed node.
+    pub timeout: Duration,
+}
+
+impl Default for MembershipConfig {
+    fn default() -> Self {
+        MembershipConfig { heartbeat: DEFAULT_HEARTBEAT, timeout: DEFAULT_MEMBER_TIMEOUT }
+    }
+}
+
+impl MembershipConfig {
+    /// The timeout must outlast a few heartbeats.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        if self.heartbeat < Duration::from_millis(10) || self.timeout <= self.heartbeat {
+            return Err(format!(
+                "member timeout ({:?}) must be above the membership heartbeat ({:?}, at least 10ms)",
+                self.timeout, self.heartbeat
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn fields(m: &Member) -> Vec<(&'static str, String)> {
+    vec![
+        ("host", m.host.clone()),
+        ("pid", m.pid.to_string()),
+        ("concurrency", m.concurrency.to_string()),
+        ("version", env!("CARGO_PKG_VERSION").to_owned()),
+    ]
+}
+
+fn in_use(node: &str, h: &NodeHolder) -> Error {
+    Error::invalid(format!(
+        "node id '{node}' is held by a live executor (pid {} on {}, heartbeat {} ms ago); \
+         pick another --node-id or stop that one",
+        h.pid, h.host, h.age_ms
+    ))
+}
+
+/// Registers `m`, refused while another live executor holds its node id.
+pub async fn join(con: &mut ConnectionManager, keys: &Keys, m: &Member, cfg: &MembershipConfig) -> Result<()> {
+    let timeout = cfg.timeout.as_millis() as u64;
+    match scripts::join(con, keys, &m.node, &m.instance, now_ms(), timeout, &fields(m)).await? {
+        Ok(()) => Ok(()),
+        Err(h) => Err(in_use(&m.node, &h)),
+    }
+}
+
+/// Leaves the membership (graceful shutdown).
+pub async fn leave(con: &mut ConnectionManager, keys: &Keys, m: &Member) -> Result<bool> {
+    scripts::leave(con, keys, &m.node, &m.instance).await
+}
+
+/// The live node ids, sorted.
+pub async fn live(con: &mut ConnectionManager, keys: &Keys, timeout: Duration) -> Result<Vec<String>> {
+    let since = now_ms().saturating_sub(timeout.as_millis() as u64);
+    let mut v: Vec<String> =
+        redis::cmd("ZRANGEBYSCORE").arg(keys.nodes()).arg(since).arg("+inf").query_async(con).await?;
+    v.sort();
+    Ok(v)
+}
+
+/// Refreshes the heartbeat every `cfg.heartbeat` and rebalances after each, until `stop`.
+/// Returns an error when another executor took the node id over (this one must stop).
+pub async fn run(
+    mut con: ConnectionManager,
+    keys: Keys,
+    m: Member,
+    cfg: MembershipConfig,
+    stop: CancellationToken,
+    on_rebalance: impl Fn(&RebalanceReport) + Send,
+) -> Result<()> {
+    loop {
+        match join(&mut con, &keys, &m, &cfg).await {
+            Ok(()) => {}
+            Err(e @ Error::Invalid(_)) => return Err(e),
+            Err(e) => tracing::warn!("membership heartbeat failed: {e}"),
+        }
+        match rebalance::rebalance(&mut con, &keys, cfg.timeout).await {
+            Ok(Some(r)) if r.changed() => {
+                tracing::info!(?r, "rebalanced");
+                on_rebalance(&r);
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!("rebalance failed: {e}"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(cfg.heartbeat) => {}
+            _ = stop.cancelled() => return Ok(()),
+        }
+    }
+}

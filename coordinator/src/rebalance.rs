@@ -1,0 +1,115 @@
+//! Failover and rebalancing, run by any live executor under a short lock so that one runs at a
+//! time: departed nodes are dropped from the membership and their routed lists moved to the new
+//! owners; recovered refs (`reroute`) are placed; unplaced tasks are placed; and when the
+//! membership changed since the last placement, every live list is re-placed (refs whose owner
+//! is unchanged stay on their node). Claims leave node lists alone while that runs.
+
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use redis::AsyncCommands;
+use shardctl_common::time::now_ms;
+use shardctl_common::{scripts, Keys, Result};
+
+use crate::membership;
+use crate::route::Router;
+
+/// How long the rebalance lock lives if its holder dies.
+pub const LOCK_TTL: Duration = Duration::from_secs(30);
+
+/// What one rebalance did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RebalanceReport {
+    /// Nodes dropped from the membership (heartbeat too old).
+    pub departed: Vec<String>,
+    /// Live members after it.
+    pub live: Vec<String>,
+    /// Shards of unplaced tasks placed.
+    pub placed: u64,
+    /// Recovered or released refs placed.
+    pub rerouted: u64,
+    /// Refs moved off departed nodes' lists.
+    pub failed_over: u64,
+    /// Refs moved between live lists after a membership change.
+    pub rebalanced: u64,
+}
+
+impl RebalanceReport {
+    /// True when it moved or placed anything, or the membership changed.
+    pub fn changed(&self) -> bool {
+        !self.departed.is_empty() || self.placed + self.rerouted + self.failed_over + self.rebalanced > 0
+    }
+}
+
+/// Runs one rebalance unless another process holds the lock (`None`).
+pub async fn rebalance(
+    con: &mut ConnectionManager,
+    keys: &Keys,
+    member_timeout: Duration,
+) -> Result<Option<RebalanceReport>> {
+    let token = uuid::Uuid::new_v4().simple().to_string();
+    let got: Option<String> = redis::cmd("SET")
+        .arg(keys.rebalance_lock())
+        .arg(&token)
+        .arg("NX")
+        .arg("PX")
+        .arg(LOCK_TTL.as_millis() as u64)
+        .query_async(con)
+        .await?;
+    if got.is_none() {
+        return Ok(None);
+    }
+    let r = run(con, keys, member_timeout).await;
+    let _ = con.del::<_, ()>(keys.rebalancing()).await;
+    scripts::unlock(con, &keys.rebalance_lock(), &token).await?;
+    r.map(Some)
+}
+
+async fn run(con: &mut ConnectionManager, keys: &Keys, member_timeout: Duration) -> Result<RebalanceReport> {
+    let mut report = RebalanceReport::default();
+    let cutoff = now_ms().saturating_sub(member_timeout.as_millis() as u64);
+    let stale: Vec<String> =
+        redis::cmd("ZRANGEBYSCORE").arg(keys.nodes()).arg("-inf").arg(format!("({cutoff}")).query_async(con).await?;
+    for n in stale {
+        // a node that beats again after this simply joins again
+        let _: () = redis::pipe().zrem(keys.nodes(), &n).del(keys.node(&n)).query_async(con).await?;
+        report.departed.push(n);
+    }
+    report.live = membership::live(con, keys, member_timeout).await?;
+    if report.live.is_empty() {
+        // nothing can be placed: unplaced tasks and reroutes wait for the first executor
+        return Ok(report);
+    }
+    let mut router = Router::new(report.live.clone());
+
+    let unrouted: Vec<String> = con.zrange(keys.unrouted(), 0, -1).await?;
+    for id in unrouted {
+        report.placed += router.route_task(con, keys, &id).await?;
+    }
+    report.rerouted += router.rehome_list(con, keys, &keys.reroute(), None).await?;
+
+    let listed: Vec<String> = con.smembers(keys.routed_nodes()).await?;
+    for n in listed.iter().filter(|n| !report.live.contains(n)) {
+        report.failed_over += router.rehome_list(con, keys, &keys.node_wait(n), None).await?;
+        scripts::forget(con, keys, n).await?;
+    }
+
+    let signature = report.live.join(",");
+    let placed: Option<String> = con.hget(keys.meta(), "placed_members").await?;
+    if placed.as_deref() != Some(signature.as_str()) {
+        let _: () = redis::cmd("SET")
+            .arg(keys.rebalancing())
+            .arg(1)
+            .arg("PX")
+            .arg(LOCK_TTL.as_millis() as u64)
+            .query_async(con)
+            .await?;
+        for n in &report.live {
+            let list = keys.node_wait(n);
+            let len: u64 = con.llen(&list).await?;
+            report.rebalanced += router.rehome_list(con, keys, &list, Some(len)).await?;
+        }
+        let _: () = con.hset(keys.meta(), "placed_members", &signature).await?;
+    }
+    Ok(report)
+}

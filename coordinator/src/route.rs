@@ -1,0 +1,167 @@
+//! Placing routed shards on node lists: the owner of each ref under the current membership, the
+//! chunked placement of a task (`route.lua`, resumable through the task's `routed` cursor), and
+//! moving the refs of a list to their owners (`rehome.lua`).
+
+use std::collections::HashMap;
+
+use redis::aio::ConnectionManager;
+use redis::AsyncCommands;
+use shardctl_common::model::{Part, ShardRef};
+use shardctl_common::ring::{Placement, Strategy};
+use shardctl_common::{scripts, Error, Keys, Result, ScriptCode};
+
+/// Refs placed or moved per script call.
+pub const CHUNK: usize = 5_000;
+
+#[derive(Debug, Clone)]
+struct TaskRouting {
+    strategy: Strategy,
+    vnodes: u32,
+    has_keys: bool,
+}
+
+/// Owners of refs under one membership; caches each task's strategy and each placement.
+pub struct Router {
+    live: Vec<String>,
+    tasks: HashMap<String, Option<TaskRouting>>,
+    placements: HashMap<(Strategy, u32), Placement>,
+}
+
+impl Router {
+    /// A router over the live members (must not be empty).
+    pub fn new(live: Vec<String>) -> Self {
+        assert!(!live.is_empty(), "a router needs a member");
+        Router { live, tasks: HashMap::new(), placements: HashMap::new() }
+    }
+
+    async fn task(&mut self, con: &mut ConnectionManager, keys: &Keys, id: &str) -> Result<Option<TaskRouting>> {
+        if let Some(t) = self.tasks.get(id) {
+            return Ok(t.clone());
+        }
+        let (strategy, vnodes, has_keys): (Option<String>, Option<u32>, Option<String>) =
+            redis::cmd("HMGET").arg(keys.task(id)).arg(&["strategy", "vnodes", "has_keys"]).query_async(con).await?;
+        let t = strategy.map(|s| TaskRouting {
+            strategy: s.parse().unwrap_or(Strategy::ConsistentHash),
+            vnodes: vnodes.unwrap_or(shardctl_common::ring::DEFAULT_VNODES),
+            has_keys: has_keys.as_deref() == Some("1"),
+        });
+        self.tasks.insert(id.to_owned(), t.clone());
+        Ok(t)
+    }
+
+    fn placement(&mut self, strategy: Strategy, vnodes: u32) -> &Placement {
+        let live = &self.live;
+        self.placements.entry((strategy, vnodes)).or_insert_with(|| Placement::new(strategy, live, vnodes))
+    }
+
+    /// The owner of every shard index in `indexes` of task `id` (`None` if the task is gone).
+    async fn owners(
+        &mut self,
+        con: &mut ConnectionManager,
+        keys: &Keys,
+        id: &str,
+        indexes: &[u64],
+    ) -> Result<Option<Vec<String>>> {
+        let Some(t) = self.task(con, keys, id).await? else { return Ok(None) };
+        let shard_keys: Vec<String> = if t.has_keys && !indexes.is_empty() {
+            let v: Vec<Option<String>> =
+                redis::cmd("HMGET").arg(keys.shard_keys(id)).arg(indexes).query_async(con).await?;
+            v.into_iter().zip(indexes).map(|(k, i)| k.unwrap_or_else(|| i.to_string())).collect()
+        } else {
+            indexes.iter().map(u64::to_string).collect()
+        };
+        let strategy = if t.strategy == Strategy::Pull { Strategy::ConsistentHash } else { t.strategy };
+        let p = self.placement(strategy, t.vnodes);
+        Ok(Some(
+            indexes
+                .iter()
+                .zip(&shard_keys)
+                .map(|(&i, k)| p.owner(i, k).expect("placement over live members").to_owned())
+                .collect(),
+        ))
+    }
+
+    /// Places the unplaced shards of routed task `id`; returns how many this call placed.
+    pub async fn route_task(&mut self, con: &mut ConnectionManager, keys: &Keys, id: &str) -> Result<u64> {
+        let mut placed = 0;
+        loop {
+            let (routed, total): (Option<u64>, Option<u64>) =
+                redis::cmd("HMGET").arg(keys.task(id)).arg(&["routed", "total"]).query_async(con).await?;
+            let (Some(from), Some(total)) = (routed, total) else { return Ok(placed) };
+            if from >= total {
+                return Ok(placed);
+            }
+            let to = (from + CHUNK as u64).min(total);
+            let indexes: Vec<u64> = (from..to).collect();
+            let Some(owners) = self.owners(con, keys, id, &indexes).await? else { return Ok(placed) };
+            let owners: Vec<&str> = owners.iter().map(String::as_str).collect();
+            match scripts::route(con, keys, id, from, &owners).await {
+                Ok(_) => placed += to - from,
+                // another router placed this chunk first: read the cursor again
+                Err(Error::Script(ScriptCode::RouteMoved | ScriptCode::TaskMissing)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Moves refs from the head of list `source` to their owners: all of them (`limit` None, for a
+    /// departed node's list or `reroute`), or the first `limit` (a live list being re-placed: a ref
+    /// that stays goes to its back). Returns how many were moved to another list.
+    pub async fn rehome_list(
+        &mut self,
+        con: &mut ConnectionManager,
+        keys: &Keys,
+        source: &str,
+        limit: Option<u64>,
+    ) -> Result<u64> {
+        let (mut done, mut moved) = (0u64, 0u64);
+        let mut conflicts = 0;
+        loop {
+            let want = limit.map_or(CHUNK as u64, |l| (l - done).min(CHUNK as u64));
+            if want == 0 {
+                return Ok(moved);
+            }
+            let head: Vec<String> = con.lrange(source, 0, want as isize - 1).await?;
+            if head.is_empty() {
+                return Ok(moved);
+            }
+            let dest = self.destinations(con, keys, &head).await?;
+            let dest_ref: Vec<&str> = dest.iter().map(String::as_str).collect();
+            match scripts::rehome(con, keys, source, &head, &dest_ref).await {
+                Ok(n) => {
+                    done += n;
+                    moved += dest.iter().filter(|d| keys.node_wait(d) != source).count() as u64;
+                }
+                Err(Error::Script(ScriptCode::HeadChanged)) => {
+                    // the owner claimed from the head meanwhile; read again, a few times at most
+                    conflicts += 1;
+                    if conflicts > 20 {
+                        return Ok(moved);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn destinations(&mut self, con: &mut ConnectionManager, keys: &Keys, refs: &[String]) -> Result<Vec<String>> {
+        // group by task, keep the order
+        let mut by_task: HashMap<String, Vec<(usize, u64)>> = HashMap::new();
+        let mut dest = vec![self.live[0].clone(); refs.len()];
+        for (pos, r) in refs.iter().enumerate() {
+            // a malformed or aggregation ref has no owner: any live node takes it (claim drops junk)
+            if let Ok(ShardRef { task, part: Part::Shard(i) }) = r.parse::<ShardRef>() {
+                by_task.entry(task).or_default().push((pos, i));
+            }
+        }
+        for (task, items) in by_task {
+            let indexes: Vec<u64> = items.iter().map(|&(_, i)| i).collect();
+            if let Some(owners) = self.owners(con, keys, &task, &indexes).await? {
+                for ((pos, _), o) in items.into_iter().zip(owners) {
+                    dest[pos] = o;
+                }
+            }
+        }
+        Ok(dest)
+    }
+}

@@ -1,0 +1,29 @@
+--[[
+  Registers an executor in the membership, or refreshes its heartbeat. Refused while another
+  live instance holds the same node id: two executors must not both count as that node.
+
+  KEYS[1] nodes       zset   node id -> last heartbeat (ms)
+  KEYS[2] node:<n>    hash   instance, host, pid, concurrency, version, started_ms
+  ARGV[1] node id
+  ARGV[2] instance    unique per process
+  ARGV[3] now_ms
+  ARGV[4] timeout_ms  a heartbeat older than this is a departed node
+  ARGV[5..] field, value pairs describing the executor
+
+  Returns { 1 } (joined or refreshed), or { -5, host, pid, age_ms } of the live holder.
+]]
+local node, instance, now, timeout = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local score = rcall('ZSCORE', KEYS[1], node)
+local holder = rcall('HGET', KEYS[2], 'instance')
+if score and holder and holder ~= instance and tonumber(score) > now - timeout then
+  local h = rcall('HMGET', KEYS[2], 'host', 'pid')
+  return { -5, h[1] or '', h[2] or '', now - tonumber(score) }
+end
+if holder ~= instance then
+  rcall('DEL', KEYS[2])
+  local fields = {}
+  for i = 5, #ARGV do fields[#fields + 1] = ARGV[i] end
+  rcall('HSET', KEYS[2], 'instance', instance, 'started_ms', now, unpack(fields))
+end
+rcall('ZADD', KEYS[1], now, node)
+return { 1 }
