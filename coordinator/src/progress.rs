@@ -20,7 +20,7 @@ pub struct QueueCounts {
     pub queue: String,
     /// Claims are stopped.
     pub paused: bool,
-    /// Shards ready now: explicit refs plus untaken indexes of runnable tasks.
+    /// Shards ready now: explicit refs, routed refs, untaken indexes of runnable tasks.
     pub waiting: u64,
     /// Shards being run.
     pub active: u64,
@@ -57,6 +57,14 @@ pub async fn queue<C: ConnectionLike + Send>(
         delayed,
         ..Default::default()
     };
+    // routed refs wait on their nodes' lists, recovered ones in `reroute`
+    let routed_nodes: Vec<String> = redis::cmd("SMEMBERS").arg(keys.routed_nodes()).query_async(con).await?;
+    for n in routed_nodes {
+        let len: u64 = redis::cmd("LLEN").arg(keys.node_wait(&n)).query_async(con).await?;
+        out.waiting += len;
+    }
+    let rerouted: u64 = redis::cmd("LLEN").arg(keys.reroute()).query_async(con).await?;
+    out.waiting += rerouted;
     for id in &runnable {
         let (cursor, total): (Option<u64>, Option<u64>) =
             redis::cmd("HMGET").arg(keys.task(id)).arg("cursor").arg("total").query_async(con).await?;
@@ -81,4 +89,66 @@ pub async fn failed_shards<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, i
     let mut v: Vec<(u64, String)> = h.into_iter().filter_map(|(k, r)| k.parse().ok().map(|i| (i, r))).collect();
     v.sort();
     Ok(v)
+}
+
+/// One live executor, as `status` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeStatus {
+    /// Node id.
+    pub node: String,
+    /// Host name.
+    pub host: String,
+    /// Process id.
+    pub pid: String,
+    /// Shards it runs at once.
+    pub concurrency: String,
+    /// Milliseconds since its last membership heartbeat.
+    pub heartbeat_age_ms: u64,
+    /// Refs routed to it, waiting.
+    pub waiting: u64,
+    /// Shards it holds now.
+    pub active: u64,
+}
+
+/// The live executors with their routed waiting and active shards.
+pub async fn nodes<C: ConnectionLike + Send>(
+    con: &mut C,
+    keys: &Keys,
+    member_timeout: std::time::Duration,
+) -> Result<Vec<NodeStatus>> {
+    let now = shardctl_common::time::now_ms();
+    let since = now.saturating_sub(member_timeout.as_millis() as u64);
+    let live: Vec<(String, f64)> =
+        redis::cmd("ZRANGEBYSCORE").arg(keys.nodes()).arg(since).arg("+inf").arg("WITHSCORES").query_async(con).await?;
+    let mut out = Vec::new();
+    let mut by_instance = HashMap::new();
+    for (node, beat) in live {
+        let h: HashMap<String, String> = redis::cmd("HGETALL").arg(keys.node(&node)).query_async(con).await?;
+        let waiting: u64 = redis::cmd("LLEN").arg(keys.node_wait(&node)).query_async(con).await?;
+        if let Some(i) = h.get("instance") {
+            by_instance.insert(i.clone(), out.len());
+        }
+        let get = |f: &str| h.get(f).cloned().unwrap_or_default();
+        out.push(NodeStatus {
+            host: get("host"),
+            pid: get("pid"),
+            concurrency: get("concurrency"),
+            heartbeat_age_ms: now.saturating_sub(beat as u64),
+            node,
+            waiting,
+            active: 0,
+        });
+    }
+    // a lock token starts with its executor's instance: that names the node of an active shard
+    let active: Vec<String> = redis::cmd("ZRANGE").arg(keys.active()).arg(0).arg(-1).query_async(con).await?;
+    for chunk in active.chunks(1000) {
+        let locks: Vec<String> = chunk.iter().map(|r| keys.lock(r)).collect();
+        let tokens: Vec<Option<String>> = redis::cmd("MGET").arg(&locks).query_async(con).await?;
+        for t in tokens.into_iter().flatten() {
+            if let Some(&i) = t.split(':').next().and_then(|inst| by_instance.get(inst)) {
+                out[i].active += 1;
+            }
+        }
+    }
+    Ok(out)
 }

@@ -34,6 +34,9 @@ pub struct ExecutorConfig {
     pub max_claim_batch: usize,
     /// Largest result a shard may return, in bytes of JSON.
     pub max_result_bytes: usize,
+    /// Unique per process: the prefix of every lock token this executor takes (and its
+    /// membership instance), so an active shard can be traced to its node.
+    pub instance: String,
 }
 
 impl Default for ExecutorConfig {
@@ -47,6 +50,7 @@ impl Default for ExecutorConfig {
             grace: DEFAULT_GRACE,
             max_claim_batch: DEFAULT_MAX_CLAIM_BATCH,
             max_result_bytes: crate::child::DEFAULT_MAX_OUTPUT,
+            instance: uuid::Uuid::new_v4().simple().to_string(),
         }
     }
 }
@@ -86,6 +90,9 @@ impl ExecutorConfig {
         }
         if self.block_timeout < Duration::from_millis(10) {
             return Err("block timeout must be at least 10ms".into());
+        }
+        if self.instance.is_empty() || self.instance.contains(':') {
+            return Err("instance must be non-empty without ':'".into());
         }
         if self.max_claim_batch < 1 {
             return Err("max claim batch must be at least 1".into());

@@ -63,6 +63,7 @@ impl Executor {
         let con = conn::manager(&client).await?;
         let (tx, rx) = mpsc::unbounded_channel();
         let node_id: Arc<str> = Arc::from(cfg.node_id.as_str());
+        let token_base = cfg.instance.clone();
         let shared = Arc::new(Shared {
             cfg,
             keys,
@@ -74,7 +75,7 @@ impl Executor {
             stats: Arc::new(Stats::default()),
             reports: tx,
             aborting: AtomicBool::new(false),
-            token_base: uuid::Uuid::new_v4().simple().to_string(),
+            token_base,
             seq: AtomicU64::new(0),
             node_id,
         });

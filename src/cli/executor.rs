@@ -69,6 +69,7 @@ pub async fn run(args: &Args, a: &ExecutorArgs) -> anyhow::Result<ExitCode> {
         grace: a.grace,
         max_claim_batch: cfg::DEFAULT_MAX_CLAIM_BATCH,
         max_result_bytes: a.max_result_bytes,
+        ..Default::default()
     };
     config.validate().map_err(shardctl_common::Error::Invalid)?;
     let mcfg =
@@ -80,7 +81,7 @@ pub async fn run(args: &Args, a: &ExecutorArgs) -> anyhow::Result<ExitCode> {
     let keys = args.keys();
     let member = Member {
         node: config.node_id.clone(),
-        instance: uuid::Uuid::new_v4().simple().to_string(),
+        instance: config.instance.clone(),
         host: shardctl_executor::config::hostname(),
         pid: std::process::id(),
         concurrency: config.concurrency,

@@ -18,6 +18,9 @@ pub struct StatusArgs {
     /// With a task: list its failed shards and their reasons.
     #[arg(long)]
     pub failed: bool,
+    /// Executors whose membership heartbeat is older than this are not shown.
+    #[arg(long, default_value = "15s", value_parser = super::duration)]
+    pub member_timeout: std::time::Duration,
 }
 
 pub async fn run(args: &Args, a: &StatusArgs) -> anyhow::Result<ExitCode> {
@@ -28,8 +31,11 @@ pub async fn run(args: &Args, a: &StatusArgs) -> anyhow::Result<ExitCode> {
     let keys = args.keys();
     let Some(id) = &a.task else {
         let q = progress::queue(&mut con, &keys, &args.queue, 10).await?;
+        let nodes = progress::nodes(&mut con, &keys, a.member_timeout).await?;
         if a.json {
-            println!("{}", serde_json::to_string(&q)?);
+            let mut v = serde_json::to_value(&q)?;
+            v["nodes"] = serde_json::to_value(&nodes)?;
+            println!("{v}");
         } else {
             println!(
                 "queue {}{}: {} waiting, {} active, {} delayed",
@@ -45,6 +51,13 @@ pub async fn run(args: &Args, a: &StatusArgs) -> anyhow::Result<ExitCode> {
             println!("tasks: {}", if states.is_empty() { "none".into() } else { states.join(", ") });
             for t in &q.recent {
                 println!("  {}", line(t));
+            }
+            println!("executors: {}", if nodes.is_empty() { "none live" } else { "" });
+            for n in &nodes {
+                println!(
+                    "  {} ({} pid {}, concurrency {}): {} active, {} routed waiting, heartbeat {} ms ago",
+                    n.node, n.host, n.pid, n.concurrency, n.active, n.waiting, n.heartbeat_age_ms
+                );
             }
         }
         return Ok(ExitCode::SUCCESS);
