@@ -36,6 +36,9 @@ end
 
 local out = { 0 }
 local n = 0
+-- refs of removed tasks or already terminal shards are dropped, at most this many per call,
+-- so that one call never keeps Redis busy for long
+local junk_left = 1000
 local function take(ref, attempt, fails)
   -- %d, not `..`: concatenation would print a large number as 1e+14
   rcall('SET', prefix .. 'lock:' .. ref, string.format('%s:%d', token_base, seq + n), 'PX', lock_ms)
@@ -60,6 +63,8 @@ while n < count do
   local skey = prefix .. 'shard:' .. ref
   if not ok then
     rcall('DEL', skey)
+    junk_left = junk_left - 1
+    if junk_left == 0 then break end
   else
     local attempt = rcall('HINCRBY', skey, 'attempt', 1)
     local fails = tonumber(rcall('HGET', skey, 'fails') or '0')
@@ -83,6 +88,8 @@ if n < count and rcall('EXISTS', KEYS[7]) == 0 then
       end
     else
       rcall('DEL', skey)
+      junk_left = junk_left - 1
+      if junk_left == 0 then break end
     end
   end
 end
@@ -106,6 +113,8 @@ while n < count do
   end
 end
 
+-- junk left behind: make sure some executor comes back for the rest
+if junk_left == 0 then wake(prefix) end
 if n > 0 then
   -- pass the wake-up on to the next blocked executor while work remains
   if rcall('LLEN', KEYS[1]) > 0 or rcall('ZCARD', KEYS[2]) > 0 then wake(prefix) end

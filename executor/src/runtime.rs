@@ -96,6 +96,10 @@ impl Executor {
         let reporter = tokio::spawn(crate::report::run(shared.clone(), reports, closing.clone()));
         let beat_stop = CancellationToken::new();
         let heartbeat = tokio::spawn(crate::heartbeat::run(shared.clone(), beat_stop.clone()));
+        // if this future is dropped half-way, stop everything it started: its locks must expire
+        // so that the sweep recovers its shards (a heartbeat left running would hold them forever)
+        let mut guard =
+            AbortGuard { shared: Some(shared.clone()), beat_stop: beat_stop.clone(), closing: closing.clone() };
 
         crate::claim::run(shared.clone(), &tracker, shutdown).await;
 
@@ -116,6 +120,36 @@ impl Executor {
         }
         beat_stop.cancel();
         let _ = heartbeat.await;
+        guard.disarm();
         Ok(shared.stats.snapshot())
+    }
+}
+
+/// Stops a run whose future was dropped: the heartbeat ends, running handlers are cancelled
+/// (and released if the reporter still records them), the reporter drains and ends.
+struct AbortGuard {
+    /// `None` once the run ended in order.
+    shared: Option<Arc<Shared>>,
+    beat_stop: CancellationToken,
+    closing: CancellationToken,
+}
+
+impl AbortGuard {
+    fn disarm(&mut self) {
+        self.shared = None;
+    }
+}
+
+impl Drop for AbortGuard {
+    fn drop(&mut self) {
+        let Some(shared) = self.shared.take() else { return };
+        self.beat_stop.cancel();
+        shared.aborting.store(true, Ordering::SeqCst);
+        if let Ok(held) = shared.held.lock() {
+            for h in held.values() {
+                h.cancel.cancel();
+            }
+        }
+        self.closing.cancel();
     }
 }

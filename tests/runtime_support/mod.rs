@@ -1,0 +1,228 @@
+//! Set-up shared by the runtime tests: a private redis-server and one queue on it, executors
+//! started on the test's runtime with small timings, the coordinator's sweep beside them, and
+//! readers of what the queue holds.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::aio::ConnectionManager;
+use shardctl_common::model::{TaskInfo, TaskSpec};
+use shardctl_common::{conn, Keys};
+use shardctl_executor::{Executor, ExecutorConfig, Registry, Stats, StatsSnapshot};
+use shardctl_testkit::TestRedis;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use shardctl_coordinator::{dispatch, progress, sweep, wait};
+
+/// Longest a test waits for anything; only there so that a broken runtime fails, not hangs.
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
+/// Timings small enough for tests: a crashed holder's shards come back within a second or two.
+pub fn config(node: &str) -> ExecutorConfig {
+    ExecutorConfig {
+        node_id: node.to_owned(),
+        concurrency: 4,
+        lock_duration: Duration::from_secs(1),
+        lock_renew: Duration::from_millis(300),
+        block_timeout: Duration::from_millis(200),
+        grace: Duration::from_secs(5),
+        ..ExecutorConfig::default()
+    }
+}
+
+/// One private server and one queue on it.
+pub struct Env {
+    /// Killed on drop.
+    pub redis: TestRedis,
+    /// For the executors.
+    pub client: redis::Client,
+    /// The test's own connection (cloned per call).
+    pub con: ConnectionManager,
+    /// The queue under test.
+    pub keys: Keys,
+}
+
+impl Env {
+    /// A server that keeps nothing on disk.
+    pub async fn start() -> Self {
+        Self::with(TestRedis::start()).await
+    }
+
+    /// A server with an append-only file, for restarts that keep the data.
+    pub async fn start_persistent() -> Self {
+        Self::with(TestRedis::start_persistent()).await
+    }
+
+    async fn with(redis: TestRedis) -> Self {
+        let client = conn::client(&redis.url()).expect("redis client");
+        let con = conn::manager(&client).await.expect("connection manager");
+        Env { redis, client, con, keys: Keys::new("shardctl", "runtime") }
+    }
+
+    /// Creates a task through the coordinator, panicking on any error.
+    pub async fn dispatch(&self, spec: &TaskSpec) {
+        let mut con = self.con.clone();
+        dispatch::dispatch(&mut con, &self.keys, spec).await.unwrap_or_else(|e| panic!("dispatch of {}: {e}", spec.id));
+    }
+
+    /// Connects an executor on the current runtime and runs it until stopped.
+    pub async fn executor(&self, cfg: ExecutorConfig, registry: Registry) -> Running {
+        let ex = Executor::connect(self.client.clone(), self.keys.clone(), cfg, registry).await.expect("connect");
+        let stats = ex.stats();
+        let shutdown = CancellationToken::new();
+        let handle = tokio::spawn(ex.run(shutdown.clone()));
+        Running { stats, shutdown, handle }
+    }
+
+    /// Runs the coordinator's stalled sweep beside the executors until stopped.
+    pub fn sweeper(&self, interval: Duration, max_stalled: u32) -> Sweeper {
+        let stop = CancellationToken::new();
+        let cfg = sweep::SweepConfig { interval, max_stalled };
+        let handle = tokio::spawn(sweep::run(self.con.clone(), self.keys.clone(), cfg, stop.clone(), |_| {}));
+        Sweeper { stop, handle }
+    }
+
+    /// Waits (at most [`PATIENCE`]) until the task is completed or failed.
+    pub async fn wait(&self, id: &str) -> TaskInfo {
+        let mut con = self.con.clone();
+        let mut last = None;
+        match wait::wait(&mut con, &self.keys, id, Some(PATIENCE), |t| last = Some(t.clone())).await {
+            Ok(t) => t,
+            Err(e) => panic!("task {id} did not end: {e}\nlast seen: {last:?}\nredis log:\n{}", self.redis.log()),
+        }
+    }
+
+    /// The task now.
+    pub async fn task(&self, id: &str) -> TaskInfo {
+        let mut con = self.con.clone();
+        progress::task(&mut con, &self.keys, id).await.expect("read task")
+    }
+
+    /// The failed shards of a task, by index, with their reasons.
+    pub async fn failed_shards(&self, id: &str) -> Vec<(u64, String)> {
+        let mut con = self.con.clone();
+        progress::failed_shards(&mut con, &self.keys, id).await.expect("read failed shards")
+    }
+
+    /// Runs a raw command on a clone of the test's connection.
+    pub async fn cmd<T: redis::FromRedisValue>(&self, c: &redis::Cmd) -> T {
+        let mut con = self.con.clone();
+        c.query_async(&mut con).await.unwrap_or_else(|e| panic!("{c:?} failed: {e}\nredis log:\n{}", self.redis.log()))
+    }
+
+    /// Number of shards being run (`ZCARD active`).
+    pub async fn active(&self) -> u64 {
+        self.cmd(redis::cmd("ZCARD").arg(self.keys.active())).await
+    }
+
+    /// The `wait` list, head first.
+    pub async fn wait_list(&self) -> Vec<String> {
+        self.cmd(redis::cmd("LRANGE").arg(self.keys.wait()).arg(0).arg(-1)).await
+    }
+
+    /// Every key of the queue matching `*<part>*`, sorted.
+    pub async fn keys_like(&self, part: &str) -> Vec<String> {
+        let mut k: Vec<String> = self.cmd(redis::cmd("KEYS").arg(format!("*{part}*"))).await;
+        k.sort();
+        k
+    }
+}
+
+/// An executor running on a tokio task.
+pub struct Running {
+    /// Its live counters.
+    pub stats: Arc<Stats>,
+    /// Cancelling it starts the graceful shutdown.
+    pub shutdown: CancellationToken,
+    handle: JoinHandle<shardctl_common::Result<StatsSnapshot>>,
+}
+
+impl Running {
+    /// The counters now.
+    pub fn now(&self) -> StatsSnapshot {
+        self.stats.snapshot()
+    }
+
+    /// Shuts down gracefully and returns the final counters.
+    pub async fn stop(self) -> StatsSnapshot {
+        self.shutdown.cancel();
+        self.join().await
+    }
+
+    /// Drops the run future without a shutdown (as a `select!` or a `timeout` around it would).
+    pub async fn abort(self) {
+        self.handle.abort();
+        let _ = self.handle.await;
+    }
+
+    /// Waits for a shutdown already under way.
+    pub async fn join(self) -> StatsSnapshot {
+        tokio::time::timeout(PATIENCE, self.handle)
+            .await
+            .expect("the executor did not stop")
+            .expect("the executor task panicked")
+            .expect("the executor failed")
+    }
+}
+
+/// The sweep loop on a tokio task.
+pub struct Sweeper {
+    stop: CancellationToken,
+    handle: JoinHandle<()>,
+}
+
+impl Sweeper {
+    /// Stops the loop.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.handle.await;
+    }
+}
+
+/// Polls `check` every 20 ms until it holds; panics after [`PATIENCE`] saying `what` it waited for.
+pub async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !check().await {
+        assert!(start.elapsed() < PATIENCE, "gave up waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A runtime of its own for one executor, so that a test can kill all of it at once.
+pub struct Doomed(Option<tokio::runtime::Runtime>);
+
+impl Doomed {
+    /// A small multi-thread runtime.
+    pub fn new() -> Self {
+        Doomed(Some(tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap()))
+    }
+
+    /// Spawns `fut` on it.
+    pub fn spawn<F: Future + Send + 'static>(&self, fut: F)
+    where
+        F::Output: Send + 'static,
+    {
+        self.0.as_ref().expect("not crashed yet").spawn(fut);
+    }
+
+    /// Drops every task of the runtime where it stands, without waiting: as in a crash, none of
+    /// them runs again (no last heartbeat, no release, no report).
+    pub fn crash(mut self) {
+        self.0.take().expect("not crashed yet").shutdown_background();
+    }
+}
+
+impl Drop for Doomed {
+    fn drop(&mut self) {
+        // dropping a runtime inside another one panics; a failing test must not abort the others
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
