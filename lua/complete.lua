@@ -1,36 +1,110 @@
 --[[
-  Completes claimed shards (and aggregation jobs), each only if its token still holds the lock.
-  A shard is counted once: the terminal bitmap decides (see include/lib.lua mark_terminal).
-  The last terminal shard of a task enqueues `<task>:agg`; completing that records the result.
+  Completes claimed shards (and aggregation jobs), each only if its token still holds it; a batch
+  costs a handful of commands per task, not per shard. A shard is counted once: the terminal
+  bitmap decides (BITFIELD returns each old bit). The last terminal shard of a task enqueues
+  `<task>:agg`; completing that records the result.
 
-  KEYS[1] active      zset
+  KEYS[1] active      hash    ref -> token
   KEYS[2] stalled     set
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] now_ms
-  ARGV[3..] groups of 4: ref, token, has_state (1 when shard:<ref> may exist), result
-            (JSON text; empty when there is nothing to keep)
+  ARGV[3..] per task: task id, m, then m groups of 4: index (or `agg`), token,
+            has_state (1 when shard:<ref> may exist), result (JSON text; empty for none)
 
-  Returns one code per group: 1 counted, 0 already terminal (finished twice),
-  -1 lock missing, -2 lock mismatch, -3 task missing.
+  Returns one code per shard, in the order given: 1 counted, 0 already terminal (finished
+  twice), -1 lock missing, -2 lock mismatch, -3 task missing.
 ]]
 local prefix, now = ARGV[1], tonumber(ARGV[2])
-local codes = {}
-for i = 3, #ARGV, 4 do
-  local ref, token, has_state, result = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
-  local code = take_lock(prefix .. 'lock:' .. ref, token)
-  if code == 0 then
-    rcall('ZREM', KEYS[1], ref)
-    rcall('SREM', KEYS[2], ref)
-    if has_state == '1' then rcall('DEL', prefix .. 'shard:' .. ref) end
-    local tid, idx = split_ref(ref)
-    if rcall('EXISTS', prefix .. 'task:' .. tid) == 0 then
-      code = -3
-    elseif idx == 'agg' then
-      code = finish_task(prefix, tid, true, result, now)
-    else
-      code = mark_terminal(prefix, tid, tonumber(idx), 'done', 'results', result, now)
+
+-- parse: one entry per shard
+local tids, idxs, tokens, states, results, refs = {}, {}, {}, {}, {}, {}
+local groups = {}
+local a = 3
+while a <= #ARGV do
+  local tid, m = ARGV[a], tonumber(ARGV[a + 1])
+  local first = #refs + 1
+  a = a + 2
+  for _ = 1, m do
+    local i = #refs + 1
+    tids[i], idxs[i], tokens[i], states[i], results[i] = tid, ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
+    refs[i] = tid .. ':' .. ARGV[a]
+    a = a + 4
+  end
+  groups[#groups + 1] = { tid, first, #refs }
+end
+local n = #refs
+local cur = {}
+for s = 1, n, 4000 do
+  local part = rcall('HMGET', KEYS[1], unpack(refs, s, math.min(s + 3999, n)))
+  for j = 1, #part do cur[s + j - 1] = part[j] end
+end
+
+local codes, taken, shard_keys = {}, {}, {}
+for i = 1, n do
+  if not cur[i] then
+    codes[i] = -1
+  elseif cur[i] ~= tokens[i] then
+    codes[i] = -2
+  else
+    codes[i] = true
+    taken[#taken + 1] = refs[i]
+    if states[i] == '1' then shard_keys[#shard_keys + 1] = prefix .. 'shard:' .. refs[i] end
+  end
+end
+if #taken == 0 then return codes end
+call_chunked('HDEL', KEYS[1], taken)
+if rcall('SCARD', KEYS[2]) > 0 then call_chunked('SREM', KEYS[2], taken) end
+for s = 1, #shard_keys, 4000 do rcall('DEL', unpack(shard_keys, s, math.min(s + 3999, #shard_keys))) end
+
+local per_shard_events = rcall('HGET', prefix .. 'meta', 'events_completions') == '1'
+for _, g in ipairs(groups) do
+  local tid, first, last = g[1], g[2], g[3]
+  local tkey = prefix .. 'task:' .. tid
+  local exists = rcall('EXISTS', tkey) == 1
+  local ops, mine = {}, {}
+  for i = first, last do
+    if codes[i] == true then
+      if not exists then
+        codes[i] = -3
+      elseif idxs[i] == 'agg' then
+        codes[i] = finish_task(prefix, tid, true, results[i], now)
+      else
+        mine[#mine + 1] = i
+        ops[#ops + 1] = 'SET'
+        ops[#ops + 1] = 'u1'
+        ops[#ops + 1] = idxs[i]
+        ops[#ops + 1] = 1
+      end
     end
   end
-  codes[#codes + 1] = code
+  if #mine > 0 then
+    local counted, stored, cleared = 0, {}, {}
+    for s = 1, #mine, 1000 do
+      local e = math.min(s + 999, #mine)
+      local old = rcall('BITFIELD', tkey .. ':terminal', unpack(ops, 4 * s - 3, 4 * e))
+      for j = s, e do
+        local i = mine[j]
+        if old[j - s + 1] == 0 then
+          codes[i] = 1
+          counted = counted + 1
+          if results[i] ~= '' then
+            stored[#stored + 1] = idxs[i]
+            stored[#stored + 1] = results[i]
+          end
+          -- only a shard that failed before can have left a reason
+          if states[i] == '1' then cleared[#cleared + 1] = idxs[i] end
+          if per_shard_events then emit(prefix, 'event', 'shard_completed', 'task', tid, 'shard', idxs[i]) end
+        else
+          codes[i] = 0
+        end
+      end
+    end
+    if counted > 0 then
+      rcall('HINCRBY', tkey, 'done', counted)
+      if #stored > 0 then call_chunked('HSET', tkey .. ':results', stored) end
+      if #cleared > 0 then call_chunked('HDEL', tkey .. ':errors', cleared) end
+      maybe_aggregate(prefix, tid, now)
+    end
+  end
 end
 return codes

@@ -7,6 +7,7 @@
   KEYS[3] index       zset    every task, by creation time (status, clean)
   KEYS[4] meta        hash    queue metadata; `seq` orders submissions
   KEYS[5] unrouted    zset    routed tasks not yet fully placed
+  KEYS[6] running     zset    tasks not finished, by creation time
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] task id
   ARGV[3] now_ms
@@ -23,6 +24,7 @@ rcall('HSET', KEYS[1], 'state', 'running', 'cursor', 0, 'done', 0, 'failed', 0, 
   unpack(fields))
 local seq = rcall('HINCRBY', KEYS[4], 'seq', 1)
 rcall('ZADD', KEYS[3], now, tid)
+rcall('ZADD', KEYS[6], now, tid)
 if rcall('HGET', KEYS[1], 'strategy') == 'pull' then
   -- higher priority first; among equals, first dispatched first
   rcall('ZADD', KEYS[2], -priority * 1e12 + seq, tid)
@@ -32,4 +34,6 @@ else
   rcall('HSET', KEYS[1], 'cursor', rcall('HGET', KEYS[1], 'total'), 'routed', 0)
   rcall('ZADD', KEYS[5], now, tid)
 end
+local t = rcall('HMGET', KEYS[1], 'kind', 'total')
+emit(prefix, 'event', 'task_dispatched', 'task', tid, 'kind', t[1], 'total', t[2])
 return 1

@@ -1,23 +1,34 @@
 --[[
-  The heartbeat: extends every lock one executor holds, in one call.
+  The heartbeat: keeps every shard one executor holds, in one call. The shards are held by
+  their tokens in `active`; the executor's lease says it is alive. Normally this only extends the
+  lease. If the lease had expired (the executor froze or lost Redis past lockDuration), the call
+  must carry the held (ref, token) pairs: it keeps the shards still held by their tokens (no sweep
+  has confirmed them stalled yet), takes the lease again, and reports the others as lost.
 
-  ARGV[1] key prefix  `{P:Q}:`
-  ARGV[2] lock_ms     new time to live of each lock
-  ARGV[3..] ref, token pairs
+  KEYS[1] lease:<instance>  string  the executor's lease
+  KEYS[2] active            hash    ref -> token
+  ARGV[1] lock_ms
+  ARGV[2] mode      `beat`, or `check` to compare the tokens even if the lease lived (after a
+                    claim had to take a lapsed lease again)
+  ARGV[3..] ref, token pairs (only needed when the lease expired, or to check)
 
-  Returns the 1-based positions (pair numbers) of the refs whose lock is lost:
-  missing or held by another token. Their handlers must stop.
+  Returns {} when all is kept, { -1 } when the lease expired and no pairs were given (call again
+  with them), else the 1-based pair numbers of the lost shards.
 ]]
-local prefix, lock_ms = ARGV[1], ARGV[2]
+if rcall('PEXPIRE', KEYS[1], ARGV[1]) == 1 and ARGV[2] ~= 'check' then return {} end
+if #ARGV < 3 then
+  if ARGV[2] == 'check' then rcall('SET', KEYS[1], 1, 'PX', ARGV[1]) return {} end
+  return { -1 }
+end
+local refs = {}
+for i = 3, #ARGV, 2 do refs[#refs + 1] = ARGV[i] end
 local lost = {}
-local pair = 0
-for i = 3, #ARGV, 2 do
-  pair = pair + 1
-  local key = prefix .. 'lock:' .. ARGV[i]
-  if rcall('GET', key) == ARGV[i + 1] then
-    rcall('PEXPIRE', key, lock_ms)
-  else
-    lost[#lost + 1] = pair
+for s = 1, #refs, 4000 do
+  local cur = rcall('HMGET', KEYS[2], unpack(refs, s, math.min(s + 3999, #refs)))
+  for j = 1, #cur do
+    local pair = s + j - 1
+    if cur[j] ~= ARGV[2 * pair + 2] then lost[#lost + 1] = pair end
   end
 end
+rcall('SET', KEYS[1], 1, 'PX', ARGV[1])
 return lost

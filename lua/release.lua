@@ -1,8 +1,10 @@
 --[[
-  Gives claimed shards back without counting an attempt (graceful shutdown): each goes to the
-  front of `wait`, claimable at once, if its token still holds the lock.
+  Gives claimed shards back without failing them (graceful shutdown), each only if its token
+  still holds it: to the front of `wait`, claimable at once, or, for a routed task, to `reroute`
+  for the current ring to place. The next claim raises `attempt` (it counts claims); `fails` is
+  left alone.
 
-  KEYS[1] active      zset
+  KEYS[1] active      hash    ref -> token
   KEYS[2] stalled     set
   KEYS[3] wait        list
   KEYS[4] reroute     list    where released refs of routed tasks go
@@ -16,15 +18,13 @@ local codes = {}
 local released = 0
 for i = 2, #ARGV, 2 do
   local ref, token = ARGV[i], ARGV[i + 1]
-  local code = take_lock(prefix .. 'lock:' .. ref, token)
+  local code = take(prefix, ref, token)
   if code == 0 then
-    rcall('ZREM', KEYS[1], ref)
     rcall('SREM', KEYS[2], ref)
     -- the next claim raises `attempt`: give it the count a lazily claimed shard implied
     rcall('HSETNX', prefix .. 'shard:' .. ref, 'attempt', 1)
     local tid, idx = split_ref(ref)
     if idx ~= 'agg' and rcall('HGET', prefix .. 'task:' .. tid, 'strategy') ~= 'pull' then
-      -- a routed shard of a node that leaves: the current ring places it
       rcall('RPUSH', KEYS[4], ref)
     else
       rcall('LPUSH', KEYS[3], ref)

@@ -1,12 +1,13 @@
 --[[
-  The stalled-shard sweep of Bull, at most once per interval across all executors:
-  confirm the refs marked by the last sweep (still active, still no lock) as stalled, then mark
-  the active refs whose lock is gone now. A stalled ref goes back to `wait` (or, for a
-  routed task, to `reroute`) with its stalled count raised; past max_stalled it fails for good.
+  The stalled-shard sweep of Bull, at most once per interval across all executors. A shard is
+  stalled when its holder's lease is gone. First confirm the refs the last sweep marked (still
+  held by a holder without a lease): each goes back to `wait` (or, for a routed task, to
+  `reroute`) with its stalled count raised, or past max_stalled fails for good. Then mark the
+  held refs whose holder has no lease now.
 
   KEYS[1] stalled-check  string PX   the throttle
   KEYS[2] stalled        set         candidates of the last sweep
-  KEYS[3] active         zset
+  KEYS[3] active         hash        ref -> token `<instance>:<seq>`
   KEYS[4] wait           list
   KEYS[5] reroute        list        recovered refs of routed tasks (placed by the current ring)
   ARGV[1] key prefix  `{P:Q}:`
@@ -20,12 +21,24 @@
 local prefix, now, interval, max_stalled, reason = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]), ARGV[5]
 if not rcall('SET', KEYS[1], now, 'NX', 'PX', interval) then return { -1 } end
 
+local leases = {}
+local function holder_alive(token)
+  local inst = string.match(token, '^(.*):[^:]*$') or token
+  local alive = leases[inst]
+  if alive == nil then
+    alive = rcall('EXISTS', prefix .. 'lease:' .. inst) == 1
+    leases[inst] = alive
+  end
+  return alive
+end
+
 local recovered, failed = 0, 0
 local candidates = rcall('SMEMBERS', KEYS[2])
 rcall('DEL', KEYS[2])
 for _, ref in ipairs(candidates) do
-  if rcall('ZSCORE', KEYS[3], ref) and rcall('EXISTS', prefix .. 'lock:' .. ref) == 0 then
-    rcall('ZREM', KEYS[3], ref)
+  local token = rcall('HGET', KEYS[3], ref)
+  if token and not holder_alive(token) then
+    rcall('HDEL', KEYS[3], ref)
     local tid, idx = split_ref(ref)
     local skey = prefix .. 'shard:' .. ref
     if rcall('EXISTS', prefix .. 'task:' .. tid) == 0 then
@@ -45,18 +58,17 @@ for _, ref in ipairs(candidates) do
       else
         rcall('RPUSH', KEYS[4], ref)
       end
+      emit(prefix, 'event', 'shard_stalled', 'task', tid, 'shard', idx)
       recovered = recovered + 1
     end
   end
 end
 if recovered > 0 then wake(prefix) end
 
-local marked = 0
-local active = rcall('ZRANGE', KEYS[3], 0, -1)
-for _, ref in ipairs(active) do
-  if rcall('EXISTS', prefix .. 'lock:' .. ref) == 0 then
-    rcall('SADD', KEYS[2], ref)
-    marked = marked + 1
-  end
+local marked = {}
+local held = rcall('HGETALL', KEYS[3])
+for i = 1, #held, 2 do
+  if held[i] ~= ACTIVE_PIN and not holder_alive(held[i + 1]) then marked[#marked + 1] = held[i] end
 end
-return { recovered, failed, marked }
+if #marked > 0 then call_chunked('SADD', KEYS[2], marked) end
+return { recovered, failed, #marked }

@@ -2,6 +2,10 @@
 //! queue lives in one Redis Cluster slot and every script is atomic there. Scripts derive
 //! per-shard and per-task keys from [`Keys::prefix`], which carries the tag too.
 
+/// The one field of the `active` hash that is not a shard: it keeps the hash in hashtable
+/// encoding (see `lua/include/lib.lua`).
+pub const ACTIVE_PIN: &str = "~pin";
+
 /// The key names of one queue under one prefix.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Keys {
@@ -59,9 +63,25 @@ impl Keys {
     pub fn delayed(&self) -> String {
         self.key("delayed")
     }
-    /// Zset: ref → claim time.
+    /// Hash: ref → token of its holder (`<instance>:<seq>`): the shards being run.
     pub fn active(&self) -> String {
         self.key("active")
+    }
+    /// String PX: an executor's lease; while it lives, the shards its tokens hold are not stalled.
+    pub fn lease(&self, instance: &str) -> String {
+        self.key(&format!("lease:{instance}"))
+    }
+    /// Zset: tasks not finished, by creation time.
+    pub fn running(&self) -> String {
+        self.key("running")
+    }
+    /// Zset: finished tasks, by end time.
+    pub fn finished(&self) -> String {
+        self.key("finished")
+    }
+    /// Stream: the best-effort event log.
+    pub fn events(&self) -> String {
+        self.key("events")
     }
     /// Set: stall candidates of the last sweep.
     pub fn stalled(&self) -> String {
@@ -70,10 +90,6 @@ impl Keys {
     /// String PX: the sweep throttle.
     pub fn stalled_check(&self) -> String {
         self.key("stalled-check")
-    }
-    /// String PX: the claim token of one shard.
-    pub fn lock(&self, shard_ref: &str) -> String {
-        self.key(&format!("lock:{shard_ref}"))
     }
     /// Hash: attempt, fails, stalled of one shard (only while it needs them).
     pub fn shard(&self, shard_ref: &str) -> String {
@@ -139,7 +155,7 @@ mod tests {
     fn keys_share_the_hash_tag() {
         let k = Keys::new("shardctl", "default");
         assert_eq!(k.wait(), "{shardctl:default}:wait");
-        assert_eq!(k.lock("t1:3"), "{shardctl:default}:lock:t1:3");
+        assert_eq!(k.lease("abc"), "{shardctl:default}:lease:abc");
         assert_eq!(k.terminal("t1"), "{shardctl:default}:task:t1:terminal");
     }
 }

@@ -9,7 +9,7 @@ use redis::{Script, Value};
 
 use crate::error::{Error, Result, ScriptCode};
 use crate::keys::Keys;
-use crate::model::{ShardRef, TaskSpec};
+use crate::model::{Part, ShardRef, TaskSpec};
 
 macro_rules! lua {
     ($file:literal) => {
@@ -45,6 +45,10 @@ pub struct Scripts {
     pub unlock: Script,
     /// `forget.lua`
     pub forget: Script,
+    /// `promote.lua`
+    pub promote: Script,
+    /// `disown.lua`
+    pub disown: Script,
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
@@ -61,6 +65,8 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     leave: Script::new(lua!("leave.lua")),
     unlock: Script::new(lua!("unlock.lua")),
     forget: Script::new(lua!("forget.lua")),
+    promote: Script::new(lua!("promote.lua")),
+    disown: Script::new(lua!("disown.lua")),
 });
 
 /// The registry.
@@ -70,7 +76,7 @@ pub fn scripts() -> &'static Scripts {
 
 impl Scripts {
     /// Each script with its file name.
-    pub fn all(&self) -> [(&'static str, &Script); 13] {
+    pub fn all(&self) -> [(&'static str, &Script); 15] {
         [
             ("dispatch.lua", &self.dispatch),
             ("claim.lua", &self.claim),
@@ -85,6 +91,8 @@ impl Scripts {
             ("leave.lua", &self.leave),
             ("unlock.lua", &self.unlock),
             ("forget.lua", &self.forget),
+            ("promote.lua", &self.promote),
+            ("disown.lua", &self.disown),
         ]
     }
 }
@@ -118,6 +126,9 @@ pub struct ClaimOutcome {
     pub paused: bool,
     /// When nothing was claimed: the due time of the earliest delayed shard.
     pub next_due_ms: Option<u64>,
+    /// The claim had to take the executor's lease again (it had expired): some held shards may
+    /// have been recovered meanwhile, so the executor must check its tokens (see [`extend`]).
+    pub lease_lapsed: bool,
 }
 
 /// A finished attempt, as reported by an executor.
@@ -165,6 +176,7 @@ pub async fn dispatch<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, spec: 
         .key(keys.index())
         .key(keys.meta())
         .key(keys.unrouted())
+        .key(keys.running())
         .arg(keys.prefix())
         .arg(&spec.id)
         .arg(now_ms)
@@ -186,9 +198,10 @@ pub struct ClaimRequest<'a> {
     pub count: usize,
     /// Lock time to live.
     pub lock_ms: u64,
-    /// Executor uuid: tokens are `<token_base>:<seq>`.
+    /// The executor's instance: its lease is `lease:<instance>` and the token of this claim is
+    /// `<instance>:<seq>`.
     pub token_base: &'a str,
-    /// Sequence number of the first claimed shard.
+    /// This claim's sequence number (one token per claim call).
     pub seq: u64,
     /// The executor's node id: refs routed to it are claimed too.
     pub node: &'a str,
@@ -196,8 +209,9 @@ pub struct ClaimRequest<'a> {
     pub now_ms: u64,
 }
 
-/// Claims up to `req.count` shards, each under its own token.
+/// Claims up to `req.count` shards under one token, and renews the executor's lease.
 pub async fn claim<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, req: &ClaimRequest<'_>) -> Result<ClaimOutcome> {
+    let token = format!("{}:{}", req.token_base, req.seq);
     let v: Vec<Value> = scripts()
         .claim
         .key(keys.wait())
@@ -207,24 +221,31 @@ pub async fn claim<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, req: &Cla
         .key(keys.meta())
         .key(keys.node_wait(req.node))
         .key(keys.rebalancing())
+        .key(keys.lease(req.token_base))
         .arg(keys.prefix())
         .arg(req.now_ms)
         .arg(req.count)
         .arg(req.lock_ms)
-        .arg(req.token_base)
-        .arg(req.seq)
+        .arg(&token)
         .invoke_async(con)
         .await?;
-    let head = int(v.first().ok_or_else(|| Error::Protocol("empty claim reply".into()))?)?;
-    let mut out =
-        ClaimOutcome { paused: head == -2, next_due_ms: (head > 0).then_some(head as u64), ..Default::default() };
-    for (j, triple) in v[1..].chunks(3).enumerate() {
+    let [head, lapsed, shards @ ..] = v.as_slice() else {
+        return Err(Error::Protocol("short claim reply".into()));
+    };
+    let head = int(head)?;
+    let mut out = ClaimOutcome {
+        paused: head == -2,
+        next_due_ms: (head > 0).then_some(head as u64),
+        lease_lapsed: int(lapsed)? == 1,
+        ..Default::default()
+    };
+    for triple in shards.chunks(3) {
         let [r, a, f] = triple else {
             return Err(Error::Protocol("claim reply is not ref/attempt/fails triples".into()));
         };
         out.shards.push(Claimed {
             shard_ref: string(r)?.parse()?,
-            token: format!("{}:{}", req.token_base, req.seq + j as u64),
+            token: token.clone(),
             attempt: int(a)? as u32,
             fails: int(f)? as u32,
         });
@@ -232,22 +253,36 @@ pub async fn claim<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, req: &Cla
     Ok(out)
 }
 
-/// Extends the locks of `held` by `lock_ms`; returns the positions (0-based) of the lost ones.
+/// The heartbeat of executor `instance`: extends its lease by `lock_ms`, one call when the lease
+/// lived. If it had expired, or `check` asks for it (a claim took a lapsed lease again), a call
+/// with `held` (ref, token) compares the tokens and takes the lease again.
+/// Returns the positions (0-based) in `held` of the shards lost.
 pub async fn extend<C: ConnectionLike + Send>(
     con: &mut C,
     keys: &Keys,
+    instance: &str,
     lock_ms: u64,
     held: &[(String, String)],
+    check: bool,
 ) -> Result<Vec<usize>> {
-    if held.is_empty() {
-        return Ok(Vec::new());
+    let lease = keys.lease(instance);
+    if !check {
+        let first: Vec<i64> =
+            scripts().extend.key(&lease).key(keys.active()).arg(lock_ms).arg("beat").invoke_async(con).await?;
+        if first.is_empty() {
+            return Ok(Vec::new());
+        }
     }
-    let mut inv = scripts().extend.arg(keys.prefix());
-    inv.arg(lock_ms);
+    let mut inv = scripts().extend.key(&lease);
+    inv.key(keys.active()).arg(lock_ms).arg("check");
     for (r, t) in held {
         inv.arg(r).arg(t);
     }
     let lost: Vec<i64> = inv.invoke_async(con).await?;
+    if lost.first() == Some(&-1) {
+        // no shard held and no lease: take it again with nothing to check
+        return Ok(Vec::new());
+    }
     Ok(lost.into_iter().map(|p| p as usize - 1).collect())
 }
 
@@ -269,6 +304,7 @@ fn codes(v: Vec<i64>) -> ItemCodes {
 pub async fn finish<C: ConnectionLike + Send>(
     con: &mut C,
     keys: &Keys,
+    node: &str,
     items: &[Finished<'_>],
     now_ms: u64,
 ) -> Result<ItemCodes> {
@@ -281,15 +317,21 @@ pub async fn finish<C: ConnectionLike + Send>(
     }
     let mut out: ItemCodes = vec![Ok(0); items.len()];
     if !complete.is_empty() {
+        // grouped by task: the script parses no refs and touches each task's keys once
+        complete.sort_by(|&a, &b| items[a].claim.shard_ref.task.cmp(&items[b].claim.shard_ref.task));
         let mut inv = scripts().complete.key(keys.active());
         inv.key(keys.stalled()).arg(keys.prefix()).arg(now_ms);
-        for &i in &complete {
-            let it = &items[i];
-            let FinishedAs::Completed(result) = it.outcome else { unreachable!() };
-            inv.arg(it.claim.shard_ref.to_string())
-                .arg(&it.claim.token)
-                .arg(u8::from(it.claim.has_state()))
-                .arg(result);
+        for group in complete.chunk_by(|&a, &b| items[a].claim.shard_ref.task == items[b].claim.shard_ref.task) {
+            inv.arg(&items[group[0]].claim.shard_ref.task).arg(group.len());
+            for &i in group {
+                let it = &items[i];
+                let FinishedAs::Completed(result) = it.outcome else { unreachable!() };
+                match it.claim.shard_ref.part {
+                    Part::Shard(idx) => inv.arg(idx),
+                    Part::Aggregate => inv.arg("agg"),
+                };
+                inv.arg(&it.claim.token).arg(u8::from(it.claim.has_state())).arg(result);
+            }
         }
         let c: Vec<i64> = inv.invoke_async(con).await?;
         for (&i, c) in complete.iter().zip(codes(c)) {
@@ -298,7 +340,7 @@ pub async fn finish<C: ConnectionLike + Send>(
     }
     if !fail.is_empty() {
         let mut inv = scripts().fail.key(keys.active());
-        inv.key(keys.stalled()).key(keys.delayed()).arg(keys.prefix()).arg(now_ms);
+        inv.key(keys.stalled()).key(keys.delayed()).arg(keys.prefix()).arg(now_ms).arg(node);
         for &i in &fail {
             let it = &items[i];
             let FinishedAs::Failed { delay_ms, reason } = it.outcome else { unreachable!() };
@@ -487,4 +529,26 @@ pub async fn forget<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, node: &s
         .invoke_async(con)
         .await?;
     Ok(r == 1)
+}
+
+/// Moves due retries from `delayed` to `wait`; returns how many.
+pub async fn promote<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, now_ms: u64) -> Result<u64> {
+    let n: i64 =
+        scripts().promote.key(keys.delayed()).key(keys.wait()).arg(keys.prefix()).arg(now_ms).invoke_async(con).await?;
+    Ok(n.max(0) as u64)
+}
+
+/// Gives back `(ref, token)` shards held under an executor's tokens that it does not know (a claim
+/// whose reply was lost), each only if that token still holds it; returns how many.
+pub async fn disown<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, held: &[(String, String)]) -> Result<u64> {
+    if held.is_empty() {
+        return Ok(0);
+    }
+    let mut inv = scripts().disown.key(keys.active());
+    inv.key(keys.wait()).key(keys.reroute()).arg(keys.prefix());
+    for (r, t) in held {
+        inv.arg(r).arg(t);
+    }
+    let n: i64 = inv.invoke_async(con).await?;
+    Ok(n.max(0) as u64)
 }

@@ -1,6 +1,11 @@
 //! The invariants of DESIGN.md §6 that the Lua scripts carry, checked against a real
 //! redis-server through the typed wrappers of `shardctl_common::scripts`. Each test has its own
-//! server and queue; time goes in as `now_ms`, only lock expiry uses the server's clock.
+//! server and queue; time goes in as `now_ms`, only lease expiry uses the server's clock.
+//!
+//! Holding a shard: the `active` hash maps each held ref to the token of its claim call
+//! (`<instance>:<seq>`), besides one permanent pin field that is no shard; the executor's lease
+//! `lease:<instance>` says its holder is alive. A lost lock is a ref missing from `active` or held
+//! by another token; an expired lock is an expired lease.
 
 mod support;
 
@@ -10,9 +15,9 @@ use std::time::Duration;
 use shardctl_common::model::{Part, ShardRef, TaskInfo, TaskSpec, TaskState};
 use shardctl_common::scripts::{self, scripts, ClaimRequest, Claimed, Finished, FinishedAs, STALLED_REASON};
 use shardctl_common::{Error, ScriptCode};
-use support::{key_slot, Env, T0};
+use support::{key_slot, Env, ACTIVE_PIN, NODE, T0};
 
-/// A lock long enough never to expire during a test.
+/// A lease long enough never to expire during a test.
 const LONG_LOCK: u64 = 60_000;
 
 fn index_of(c: &Claimed) -> u64 {
@@ -41,8 +46,12 @@ async fn dispatch_of_a_million_shards_is_constant_in_keys() {
     assert_eq!(env.dbsize().await, keys.len() as u64);
     for key in &keys {
         let bytes: u64 = env.cmd(redis::cmd("MEMORY").arg("USAGE").arg(key)).await;
-        assert!(bytes < 4096, "key {key} takes {bytes} bytes: per-shard data was stored at dispatch");
+        // a stream allocates a whole node (stream-node-max-bytes, 4 KiB) for its first entry
+        let limit = if *key == env.keys.events() { 8192 } else { 4096 };
+        assert!(bytes < limit, "key {key} takes {bytes} bytes: per-shard data was stored at dispatch");
     }
+    let events: u64 = env.cmd(redis::cmd("XLEN").arg(env.keys.events())).await;
+    assert_eq!(events, 1, "the dispatch is one event, not one per shard");
 
     let t = env.task("big").await;
     let expected = [
@@ -70,14 +79,22 @@ async fn dispatch_of_a_million_shards_is_constant_in_keys() {
     let created: Option<u64> = env.cmd(redis::cmd("ZSCORE").arg(env.keys.index()).arg("big")).await;
     assert_eq!(created, Some(T0), "the index must hold the task by creation time");
 
-    // lazy shards: claiming k shards adds k locks and the active set, nothing per shard else
-    let before = env.dbsize().await;
+    // lazy shards: claiming k shards adds k fields to `active` and the executor's lease, no key
+    // per shard
+    let before = env.all_keys().await;
     let out = env.claim("ex", 0, 7, LONG_LOCK, T0).await;
     let idx: Vec<u64> = out.shards.iter().map(index_of).collect();
     assert_eq!(idx, (0..7).collect::<Vec<_>>(), "fresh shards come from the cursor in order");
     assert!(out.shards.iter().all(|c| c.attempt == 1 && c.fails == 0), "{:?}", out.shards);
-    let after = env.dbsize().await;
-    assert_eq!(after, before + 1 + 7, "claiming 7 shards must add 7 locks and `active`: {:?}", env.all_keys().await);
+    let after = env.all_keys().await;
+    let added: Vec<&String> = after.iter().filter(|k| !before.contains(k)).collect();
+    assert_eq!(
+        added,
+        [&env.keys.active(), &env.keys.lease("ex")],
+        "claiming 7 shards must add `active` and the lease, nothing per shard: {after:?}"
+    );
+    assert_eq!(env.dbsize().await, before.len() as u64 + 2);
+    assert_eq!(env.active().await.len(), 7, "the 7 shards are held in `active`");
     assert_eq!(env.count("big", "cursor").await, 7);
 }
 
@@ -114,6 +131,7 @@ async fn concurrent_claimers_take_each_shard_exactly_once() {
         let keys = env.keys.clone();
         set.spawn(async move {
             let base = format!("exec-{w}");
+            // one entry per claim call: its shards
             let (mut seq, mut got) = (0u64, Vec::new());
             loop {
                 let req = ClaimRequest {
@@ -129,15 +147,16 @@ async fn concurrent_claimers_take_each_shard_exactly_once() {
                 if out.shards.is_empty() {
                     return got;
                 }
-                seq += out.shards.len() as u64;
-                got.extend(out.shards);
+                seq += 1;
+                got.push(out.shards);
             }
         });
     }
-    let mut claims = Vec::new();
+    let mut calls: Vec<Vec<Claimed>> = Vec::new();
     while let Some(r) = set.join_next().await {
-        claims.extend(r.expect("claimer task panicked"));
+        calls.extend(r.expect("claimer task panicked"));
     }
+    let claims: Vec<Claimed> = calls.iter().flatten().cloned().collect();
 
     let mut seen = vec![0u32; SHARDS];
     for c in &claims {
@@ -146,22 +165,34 @@ async fn concurrent_claimers_take_each_shard_exactly_once() {
     }
     let wrong: Vec<(usize, u32)> = seen.iter().copied().enumerate().filter(|&(_, n)| n != 1).collect();
     assert!(wrong.is_empty(), "shards not claimed exactly once (index, times): {wrong:?}");
-    let tokens: HashSet<&str> = claims.iter().map(|c| c.token.as_str()).collect();
-    assert_eq!(tokens.len(), claims.len(), "claim tokens must be unique");
+    // one token per claim call: shared by the call's shards, unique across calls and claimers
+    for call in &calls {
+        assert!(call.iter().all(|c| c.token == call[0].token), "one call, one token: {call:?}");
+    }
+    let tokens: HashSet<&str> = calls.iter().map(|call| call[0].token.as_str()).collect();
+    assert_eq!(tokens.len(), calls.len(), "claim tokens must be unique per call");
 
-    // every lock holds the very token the wrapper handed out
+    // `active` holds every shard under the very token the wrapper handed out
     for chunk in claims.chunks(500) {
-        let mut mget = redis::cmd("MGET");
+        let mut hmget = redis::cmd("HMGET");
+        hmget.arg(env.keys.active());
         for c in chunk {
-            mget.arg(env.keys.lock(&c.shard_ref.to_string()));
+            hmget.arg(c.shard_ref.to_string());
         }
-        let held: Vec<Option<String>> = env.cmd(&mget).await;
+        let held: Vec<Option<String>> = env.cmd(&hmget).await;
         for (c, h) in chunk.iter().zip(held) {
-            assert_eq!(h.as_deref(), Some(c.token.as_str()), "lock of {}", c.shard_ref);
+            assert_eq!(h.as_deref(), Some(c.token.as_str()), "holder of {}", c.shard_ref);
         }
     }
-    let active: u64 = env.cmd(redis::cmd("ZCARD").arg(env.keys.active())).await;
-    assert_eq!(active, SHARDS as u64, "every claimed shard must be active");
+    let fields: u64 = env.cmd(redis::cmd("HLEN").arg(env.keys.active())).await;
+    let pinned: bool = env.cmd(redis::cmd("HEXISTS").arg(env.keys.active()).arg(ACTIVE_PIN)).await;
+    assert!(pinned, "`active` must keep its pin");
+    assert_eq!(fields - 1, SHARDS as u64, "every claimed shard must be active, nothing else");
+    // every claimer that got shards holds a lease
+    let instances: BTreeSet<&str> = tokens.iter().map(|t| t.rsplit_once(':').expect("`<instance>:<seq>`").0).collect();
+    for instance in instances {
+        assert!(env.lease_ttl(instance).await.is_some(), "claimer {instance} must hold a lease");
+    }
     assert_eq!(env.count("t", "cursor").await, SHARDS as u64);
 }
 
@@ -172,31 +203,41 @@ async fn stale_holder_is_refused_after_its_lock_expired() {
     let old = env.claim("old", 1, 1, 300, T0).await.shards.remove(0);
     let r = old.shard_ref.to_string();
     assert_eq!((r.as_str(), old.attempt), ("t:0", 1));
-    assert!(env.extend(&[&old], 300).await.is_empty(), "a fresh lock must extend");
+    assert!(env.extend("old", &[&old], 300).await.is_empty(), "a fresh lease must extend");
 
     sleep_ms(450).await;
-    // lock expired, nobody holds it: the old holder sees LockMissing everywhere, nothing changes
-    assert_eq!(env.extend(&[&old], 300).await, [0], "extend must report the expired lock lost");
-    assert_eq!(env.lock(&r).await, None, "a lost extend must not recreate the lock");
-    assert_eq!(env.complete(&old, "1", T0 + 1).await, Err(ScriptCode::LockMissing));
-    assert_eq!(env.fail(&old, 0, "x", T0 + 1).await, Err(ScriptCode::LockMissing));
-    assert_eq!(env.release(&old).await, Err(ScriptCode::LockMissing));
-    assert_eq!(env.active().await, [r.as_str()], "a refused call must leave the shard active");
-
-    // sweep recovery: mark, then confirm
+    assert_eq!(env.lease_ttl("old").await, None, "the lease must have expired");
+    // sweep recovery of the lease-less holder's shard: mark, then confirm
     let marked = env.sweep(T0 + 2, 50, 5).await.expect("first sweep runs");
     assert_eq!((marked.recovered, marked.marked), (0, 1), "first sweep only marks: {marked:?}");
     let recovered = env.sweep_after(50, T0 + 3, 5).await;
     assert_eq!(recovered.recovered, 1, "second sweep recovers: {recovered:?}");
+    assert!(env.active().await.is_empty(), "the recovered shard is held by nobody");
+    assert_eq!(env.wait_list().await, [r.as_str()], "the recovered shard waits");
+
+    // nobody holds it: the old holder sees LockMissing everywhere, nothing changes
+    assert_eq!(env.extend("old", &[&old], 300).await, [0], "extend must report the recovered shard lost");
+    assert_eq!(env.holder(&r).await, None, "a lost extend must not take the shard back");
+    assert!(env.lease_ttl("old").await.is_some(), "the heartbeat takes the lease again: its executor lives");
+    assert_eq!(env.complete(&old, "1", T0 + 1).await, Err(ScriptCode::LockMissing));
+    assert_eq!(env.fail(&old, 0, "x", T0 + 1).await, Err(ScriptCode::LockMissing));
+    assert_eq!(env.release(&old).await, Err(ScriptCode::LockMissing));
+    assert!(env.active().await.is_empty(), "a refused call must not make the shard active");
+    assert_eq!(env.wait_list().await, [r.as_str()], "a refused call must leave the shard waiting");
+    assert_eq!((env.count("t", "done").await, env.count("t", "failed").await), (0, 0));
+
     let new = env.claim("new", 1, 1, LONG_LOCK, T0 + 4).await.shards.remove(0);
     assert_eq!((new.shard_ref.to_string(), new.attempt), (r.clone(), 2), "re-claim of the stalled shard");
 
-    // now another token holds the lock: LockMismatch, and the new holder keeps it
-    assert_eq!(env.extend(&[&old, &new], LONG_LOCK).await, [0], "only the old token is lost");
+    // now another token holds it: LockMismatch, and the new holder keeps it. The old executor's
+    // lease lapses again (it froze once more), so that its heartbeat checks what it holds.
+    env.drop_lease("old").await;
+    assert_eq!(env.extend("old", &[&old], 300).await, [0], "the old token is lost");
+    assert!(env.extend("new", &[&new], LONG_LOCK).await.is_empty(), "the new token is kept");
     assert_eq!(env.complete(&old, "stale", T0 + 5).await, Err(ScriptCode::LockMismatch));
     assert_eq!(env.fail(&old, 0, "stale", T0 + 5).await, Err(ScriptCode::LockMismatch));
     assert_eq!(env.release(&old).await, Err(ScriptCode::LockMismatch));
-    assert_eq!(env.lock(&r).await.as_deref(), Some(new.token.as_str()), "refusals must keep the new lock");
+    assert_eq!(env.holder(&r).await.as_deref(), Some(new.token.as_str()), "refusals must keep the new holder");
     assert_eq!(env.count("t", "done").await, 0, "stale work must not be counted");
     assert_eq!(env.count("t", "failed").await, 0, "stale failure must not be counted");
 
@@ -207,15 +248,17 @@ async fn stale_holder_is_refused_after_its_lock_expired() {
     let state: bool = env.cmd(redis::cmd("EXISTS").arg(env.keys.shard(&r))).await;
     assert!(!state, "shard:{r} must be gone once the shard is terminal");
 
-    // token mismatch without expiry: someone else's token sits in the lock
+    // token mismatch without a sweep: someone else's token holds the shard; the holder's lease
+    // lapsed, so its heartbeat checks (while a lease lives, no sweep can take its shards)
     let mine = env.claim("mine", 1, 1, LONG_LOCK, T0 + 7).await.shards.remove(0);
     let r1 = mine.shard_ref.to_string();
-    env.cmd::<()>(redis::cmd("SET").arg(env.keys.lock(&r1)).arg("intruder:1").arg("PX").arg(LONG_LOCK)).await;
-    assert_eq!(env.extend(&[&mine], LONG_LOCK).await, [0]);
+    env.set_holder(&r1, "intruder:1").await;
+    env.drop_lease("mine").await;
+    assert_eq!(env.extend("mine", &[&mine], LONG_LOCK).await, [0]);
     assert_eq!(env.complete(&mine, "1", T0 + 8).await, Err(ScriptCode::LockMismatch));
     assert_eq!(env.fail(&mine, 0, "x", T0 + 8).await, Err(ScriptCode::LockMismatch));
     assert_eq!(env.release(&mine).await, Err(ScriptCode::LockMismatch));
-    assert_eq!(env.lock(&r1).await.as_deref(), Some("intruder:1"), "a mismatch must not touch the lock");
+    assert_eq!(env.holder(&r1).await.as_deref(), Some("intruder:1"), "a mismatch must not touch the holder");
     assert_eq!(env.count("t", "done").await, 1);
 }
 
@@ -231,7 +274,7 @@ async fn stalled_shard_is_reclaimed_after_lock_expiry() {
     let s1 = env.sweep(T0 + 1000, 300, 1).await.expect("first sweep runs");
     assert_eq!((s1.recovered, s1.failed, s1.marked), (0, 0, 1), "first sweep marks only: {s1:?}");
     let marked: Vec<String> = env.cmd(redis::cmd("SMEMBERS").arg(env.keys.stalled())).await;
-    assert_eq!(marked, [r.as_str()], "only the lockless shard is a candidate");
+    assert_eq!(marked, [r.as_str()], "only the shard of the holder without a lease is a candidate");
     assert_eq!(env.sweep(T0 + 1001, 300, 1).await, None, "a second sweep within the interval is throttled");
     assert!(env.wait_list().await.is_empty(), "marking must not move the shard yet");
 
@@ -296,8 +339,7 @@ async fn shard_finished_twice_is_counted_once() {
     // a second holder of the same ref, forced in behind the scripts' backs
     let forge = |token: &str| Claimed { shard_ref: c.shard_ref.clone(), token: token.into(), attempt: 1, fails: 0 };
     for (token, finish_as_fail) in [("forged:1", false), ("forged:2", true)] {
-        env.cmd::<()>(redis::cmd("SET").arg(env.keys.lock(&r)).arg(token).arg("PX").arg(LONG_LOCK)).await;
-        env.cmd::<()>(redis::cmd("ZADD").arg(env.keys.active()).arg(T0 + 2).arg(&r)).await;
+        env.set_holder(&r, token).await;
         let f = forge(token);
         let code = if finish_as_fail {
             env.fail(&f, 0, "late failure", T0 + 3).await
@@ -344,7 +386,7 @@ async fn aggregation_is_enqueued_once_under_racing_completions() {
                 count: 25,
                 lock_ms: LONG_LOCK,
                 token_base: &base,
-                seq: round * 25,
+                seq: round,
                 node: "test-node",
                 now_ms: T0,
             };
@@ -374,7 +416,7 @@ async fn aggregation_is_enqueued_once_under_racing_completions() {
                     .zip(&results)
                     .map(|(c, r)| Finished { claim: c, outcome: FinishedAs::Completed(r) })
                     .collect();
-                codes.extend(scripts::finish(&mut con, &keys, &items, T0 + 10).await.expect("finish"));
+                codes.extend(scripts::finish(&mut con, &keys, NODE, &items, T0 + 10).await.expect("finish"));
             }
             codes
         });
@@ -461,7 +503,7 @@ async fn released_shards_go_first_and_are_claimable_at_once() {
     assert_eq!(env.release(&held[2]).await, Ok(1));
     assert_eq!(env.release(&held[0]).await, Ok(1));
     assert_eq!(env.wait_list().await, ["t:0", "t:2"], "each release goes to the front of wait");
-    assert_eq!(env.lock("t:0").await, None, "release drops the lock");
+    assert_eq!(env.holder("t:0").await, None, "release drops the hold");
     assert_eq!(env.active().await, ["t:1"], "released shards leave active");
     assert_eq!(env.release(&held[0]).await, Err(ScriptCode::LockMissing), "a second release is refused");
 
@@ -503,8 +545,15 @@ async fn every_wrapper_survives_script_flush() {
     loaded(&mut env, "claim.lua").await;
 
     flush(&mut env).await;
-    assert!(env.extend(&[&c[0], &c[1]], LONG_LOCK).await.is_empty(), "extend after flush");
+    assert!(env.extend("a", &[&c[0], &c[1]], LONG_LOCK).await.is_empty(), "extend after flush");
     loaded(&mut env, "extend.lua").await;
+
+    // the second call of extend (the lease had expired) after a flush too
+    env.drop_lease("a").await;
+    flush(&mut env).await;
+    assert!(env.extend("a", &[&c[0], &c[1]], LONG_LOCK).await.is_empty(), "extend of a lapsed lease after flush");
+    loaded(&mut env, "extend.lua").await;
+    assert!(env.lease_ttl("a").await.is_some(), "the lease is taken again");
 
     flush(&mut env).await;
     assert_eq!(env.complete(&c[0], "1", T0 + 1).await, Ok(1), "complete after flush");
@@ -520,8 +569,14 @@ async fn every_wrapper_survives_script_flush() {
 
     flush(&mut env).await;
     let s = env.sweep(T0 + 2, 1000, 1).await.expect("sweep after flush runs");
-    assert_eq!(s, Default::default(), "every active shard holds its lock");
+    assert_eq!(s, Default::default(), "every active shard's holder has a lease");
     loaded(&mut env, "sweep.lua").await;
+
+    flush(&mut env).await;
+    let moved = scripts::promote(&mut env.con, &env.keys, T0 + 20).await.expect("promote after flush");
+    assert_eq!(moved, 1, "the due retry of {} is promoted", c[1].shard_ref);
+    loaded(&mut env, "promote.lua").await;
+    assert_eq!(env.wait_list().await, [c[2].shard_ref.to_string(), c[1].shard_ref.to_string()]);
 }
 
 #[tokio::test]
@@ -566,8 +621,9 @@ async fn every_key_of_a_queue_shares_one_cluster_slot() {
 
     let c = env.claim("a", 0, 6, LONG_LOCK, T0).await.shards;
     let stuck = env.claim("b", 0, 1, 100, T0).await.shards.remove(0);
+    seen.extend(env.all_keys().await);
     assert_eq!(stuck.shard_ref, ShardRef::shard("u", 0), "the other task's shard, left to stall");
-    assert!(env.extend(&[&c[0], &c[1]], LONG_LOCK).await.is_empty());
+    assert!(env.extend("a", &[&c[0], &c[1]], LONG_LOCK).await.is_empty());
     assert_eq!(env.complete(&c[0], "1", T0 + 1).await, Ok(1));
     assert_eq!(env.fail(&c[1], 60_000, "retry me", T0 + 1).await, Ok(2));
     assert_eq!(env.release(&c[2]).await, Ok(1));
@@ -613,9 +669,15 @@ async fn every_key_of_a_queue_shares_one_cluster_slot() {
         "wait",
         "delayed",
         "active",
+        "lease:a",
+        "lease:b",
+        "lease:d",
+        "lease:e",
+        "running",
+        "finished",
+        "events",
         "stalled",
         "stalled-check",
-        "lock:t:3",
         "shard:t:1",
         "marker",
     ];
@@ -636,8 +698,284 @@ async fn claim_tokens_match_the_lock_for_any_seq() {
     let seq = 100_000_000_000_000u64;
     let c = env.claim("b", seq, 2, LONG_LOCK, T0).await.shards;
     for claim in &c {
-        let lock = env.lock(&claim.shard_ref.to_string()).await;
-        assert_eq!(lock.as_deref(), Some(claim.token.as_str()), "lock of {} vs the wrapper's token", claim.shard_ref);
+        assert_eq!(claim.token, format!("b:{seq}"), "the token is `<instance>:<seq>` in full digits");
+        let holder = env.holder(&claim.shard_ref.to_string()).await;
+        assert_eq!(
+            holder.as_deref(),
+            Some(claim.token.as_str()),
+            "holder of {} vs the wrapper's token",
+            claim.shard_ref
+        );
     }
     assert_eq!(env.complete(&c[0], "", T0 + 1).await, Ok(1), "the holder must be able to complete");
+}
+
+/// Calls per command since the last `CONFIG RESETSTAT` (commands run by scripts included).
+async fn command_calls(env: &mut Env) -> HashMap<String, u64> {
+    let info: String = env.cmd(redis::cmd("INFO").arg("commandstats")).await;
+    info.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest.strip_prefix("calls=")?.split(',').next()?.parse().ok()?;
+            Some((name.to_owned(), calls))
+        })
+        .collect()
+}
+
+/// The holders of `claims`' refs in `active`, in order.
+async fn holders(env: &mut Env, claims: &[&Claimed]) -> Vec<Option<String>> {
+    let mut out = Vec::new();
+    for c in claims {
+        out.push(env.holder(&c.shard_ref.to_string()).await);
+    }
+    out
+}
+
+fn tokens(claims: &[&Claimed]) -> Vec<Option<String>> {
+    claims.iter().map(|c| Some(c.token.clone())).collect()
+}
+
+#[tokio::test]
+async fn heartbeat_with_a_live_lease_is_one_call_and_keeps_every_shard() {
+    let mut env = Env::start("beat_live").await;
+    env.dispatch(&TaskSpec::new("t", "noop", 300), T0).await;
+    let mut held = env.claim("ex", 1, 200, 1000, T0).await.shards;
+    held.extend(env.claim("ex", 2, 100, 1000, T0).await.shards);
+    assert_eq!(held.len(), 300);
+    let held: Vec<&Claimed> = held.iter().collect();
+    // loads the script, so that the measured beat is the call itself
+    assert!(env.extend("ex", &held, 1000).await.is_empty());
+
+    sleep_ms(300).await;
+    let ttl = env.lease_ttl("ex").await.expect("the lease lives");
+    assert!(ttl <= 750, "the lease must have aged: {ttl} ms left");
+    env.cmd::<()>(redis::cmd("CONFIG").arg("RESETSTAT")).await;
+    let lost = env.extend("ex", &held, LONG_LOCK).await;
+    let calls = command_calls(&mut env).await;
+    assert!(lost.is_empty(), "a live lease keeps every shard: lost {lost:?}");
+    let scripts_run = calls.get("evalsha").copied().unwrap_or(0) + calls.get("eval").copied().unwrap_or(0);
+    assert_eq!(scripts_run, 1, "a beat with a live lease is one script call: {calls:?}");
+    let other: Vec<(&String, &u64)> = calls
+        .iter()
+        .filter(|(name, _)| {
+            let command = name.split('|').next().unwrap_or(name);
+            !["evalsha", "eval", "pexpire", "config", "info"].contains(&command)
+        })
+        .collect();
+    assert!(other.is_empty(), "a beat with a live lease only extends the lease, it reads no shard: {other:?}");
+    assert_eq!(calls.get("pexpire"), Some(&1), "{calls:?}");
+
+    let ttl = env.lease_ttl("ex").await.expect("the lease lives");
+    assert!(ttl > LONG_LOCK - 5_000, "the lease was extended to the new lock duration: {ttl} ms left");
+    assert_eq!(holders(&mut env, &held).await, tokens(&held), "every shard keeps its holder");
+    let s = env.sweep(T0 + 1, 50, 1).await.expect("the sweep runs");
+    assert_eq!(s, Default::default(), "no shard of a live executor is stalled");
+    let s = env.sweep_after(50, T0 + 2, 1).await;
+    assert_eq!(s, Default::default(), "nor on the next sweep");
+    assert_eq!(env.active().await.len(), 300);
+}
+
+#[tokio::test]
+async fn extend_after_the_lease_expired_keeps_the_shards_no_sweep_confirmed() {
+    let mut env = Env::start("beat_lapsed").await;
+    env.dispatch(&TaskSpec::new("t", "noop", 4), T0).await;
+    let mut held = env.claim("ex", 1, 2, 100, T0).await.shards;
+    held.extend(env.claim("ex", 2, 1, 100, T0).await.shards);
+    let held: Vec<&Claimed> = held.iter().collect();
+    assert_eq!(held.len(), 3);
+
+    sleep_ms(200).await;
+    assert_eq!(env.lease_ttl("ex").await, None, "the lease must have expired");
+    let s = env.sweep(T0 + 1, 50, 1).await.expect("the sweep runs");
+    assert_eq!((s.recovered, s.failed, s.marked), (0, 0, 3), "the sweep marks the shards: {s:?}");
+
+    // the script alone, without the pairs, cannot vouch for the shards: it refuses to take the
+    // lease back blindly
+    let lease = env.keys.lease("ex");
+    let blind: Vec<i64> = scripts()
+        .extend
+        .key(&lease)
+        .key(env.keys.active())
+        .arg(LONG_LOCK)
+        .invoke_async(&mut env.con)
+        .await
+        .expect("extend without pairs");
+    assert_eq!(blind, [-1], "a lapsed lease and no pairs must ask for the pairs");
+    assert_eq!(env.lease_ttl("ex").await, None, "without the pairs the lease must not come back");
+
+    let lost = env.extend("ex", &held, LONG_LOCK).await;
+    assert!(lost.is_empty(), "marked but unconfirmed shards are all kept: lost {lost:?}");
+    let ttl = env.lease_ttl("ex").await.expect("the heartbeat re-creates the lease");
+    assert!(ttl > LONG_LOCK - 5_000, "{ttl} ms left");
+    assert_eq!(holders(&mut env, &held).await, tokens(&held), "every shard keeps its holder");
+
+    let s = env.sweep_after(50, T0 + 2, 1).await;
+    assert_eq!(s, Default::default(), "the marks are not confirmed: the holder is alive again");
+    let stalled: Vec<String> = env.cmd(redis::cmd("SMEMBERS").arg(env.keys.stalled())).await;
+    assert!(stalled.is_empty(), "no candidate is left: {stalled:?}");
+    assert!(env.wait_list().await.is_empty(), "nothing was recovered");
+    for c in &held {
+        assert_eq!(env.complete(c, "1", T0 + 3).await, Ok(1), "the holder completes {}", c.shard_ref);
+    }
+    assert_eq!(env.count("t", "done").await, 3);
+    assert!(env.active().await.is_empty());
+}
+
+#[tokio::test]
+async fn extend_after_a_sweep_recovered_some_reports_exactly_those_lost() {
+    let mut env = Env::start("beat_recovered").await;
+    env.dispatch(&TaskSpec::new("t", "noop", 6), T0).await;
+    // first claim call: t:0 and t:1; its lease lapses and the sweep marks them
+    let first = env.claim("ex", 1, 2, 100, T0).await.shards;
+    sleep_ms(200).await;
+    let s = env.sweep(T0 + 1, 50, 5).await.expect("the sweep runs");
+    assert_eq!(s.marked, 2, "{s:?}");
+    // second claim call (the lease lives again for 100 ms): t:2 and t:3; then it lapses again
+    let second = env.claim("ex", 2, 2, 100, T0 + 2).await.shards;
+    sleep_ms(200).await;
+    assert_eq!(env.lease_ttl("ex").await, None);
+    // this sweep confirms the first two (recovered) and only marks the other two
+    let s = env.sweep(T0 + 3, 50, 5).await.expect("the sweep runs");
+    assert_eq!((s.recovered, s.failed, s.marked), (2, 0, 2), "{s:?}");
+    let waiting = env.wait_list().await;
+    assert_eq!(waiting.iter().collect::<BTreeSet<_>>(), ["t:0".to_owned(), "t:1".to_owned()].iter().collect());
+    // another executor claims one of the recovered shards; the other still waits
+    let taken = env.claim("other", 1, 1, LONG_LOCK, T0 + 4).await.shards.remove(0);
+    assert_eq!(taken.shard_ref.to_string(), waiting[0]);
+
+    // pairs interleaved: t:0 t:2 t:1 t:3
+    let held = [&first[0], &second[0], &first[1], &second[1]];
+    let lost = env.extend("ex", &held, LONG_LOCK).await;
+    assert_eq!(lost, [0, 2], "exactly the recovered shards are lost, whoever holds them now");
+    assert!(env.lease_ttl("ex").await.is_some(), "the lease is taken again");
+    let after = holders(&mut env, &held).await;
+    // position in `held` of the shard the other executor took, and of the one still waiting
+    let by_other = if first[1].shard_ref == taken.shard_ref { 2 } else { 0 };
+    assert_eq!(after[by_other].as_deref(), Some(taken.token.as_str()), "the new holder keeps its shard");
+    assert_eq!(after[2 - by_other], None, "the waiting shard is not taken back");
+    assert_eq!((&after[1], &after[3]), (&Some(second[0].token.clone()), &Some(second[1].token.clone())));
+
+    let s = env.sweep_after(50, T0 + 5, 5).await;
+    assert_eq!(s, Default::default(), "the kept shards are not recovered: their holder is alive");
+    let stale = if by_other == 0 { ScriptCode::LockMismatch } else { ScriptCode::LockMissing };
+    assert_eq!(env.complete(&first[0], "1", T0 + 6).await, Err(stale), "the lost shard's old holder is stale");
+    assert_eq!(env.complete(&second[0], "1", T0 + 6).await, Ok(1));
+    assert_eq!(env.complete(&second[1], "1", T0 + 6).await, Ok(1));
+    assert_eq!(env.complete(&taken, "1", T0 + 6).await, Ok(1));
+    assert_eq!(env.count("t", "done").await, 3);
+}
+
+#[tokio::test]
+async fn one_claim_call_has_one_token_and_active_stays_a_hashtable() {
+    let mut env = Env::start("one_token").await;
+    env.dispatch(&TaskSpec::new("t", "noop", 10), T0).await;
+    // the server would keep a small hash of short fields as a listpack
+    let probe = format!("{}probe", env.keys.prefix());
+    env.cmd::<()>(redis::cmd("HSET").arg(&probe).arg("t:0").arg("ex:1").arg("t:1").arg("ex:1")).await;
+    assert_eq!(env.encoding(&probe).await, "listpack", "the server must default small hashes to listpacks");
+    env.cmd::<()>(redis::cmd("DEL").arg(&probe)).await;
+
+    let a = env.claim("ex", 7, 4, LONG_LOCK, T0).await.shards;
+    assert_eq!(a.len(), 4);
+    assert!(a.iter().all(|c| c.token == "ex:7"), "one claim call, one token `<instance>:<seq>`: {a:?}");
+    let b = env.claim("ex", 8, 1, LONG_LOCK, T0).await.shards;
+    assert_eq!(b[0].token, "ex:8", "the next call has its own token");
+    let all: Vec<&Claimed> = a.iter().chain(&b).collect();
+    assert_eq!(holders(&mut env, &all).await, tokens(&all), "`active` holds each shard under its call's token");
+    let fields: u64 = env.cmd(redis::cmd("HLEN").arg(env.keys.active())).await;
+    assert_eq!(fields, 5 + 1, "five shards and the pin");
+    let active = env.keys.active();
+    assert_eq!(env.encoding(&active).await, "hashtable", "`active` with five shards");
+
+    for c in &all[..4] {
+        assert_eq!(env.complete(c, "", T0 + 1).await, Ok(1));
+    }
+    assert_eq!(env.active().await, ["t:4"]);
+    assert_eq!(env.encoding(&active).await, "hashtable", "`active` with one shard");
+    assert_eq!(env.complete(all[4], "", T0 + 1).await, Ok(1));
+    assert!(env.active().await.is_empty());
+    let pin: Option<String> = env.cmd(redis::cmd("HGET").arg(&active).arg(ACTIVE_PIN)).await;
+    assert!(pin.is_some_and(|v| v.len() > 64), "the pin stays, with a value over 64 bytes");
+    assert_eq!(env.encoding(&active).await, "hashtable", "`active` with no shard");
+    let c = env.claim("ex", 9, 1, LONG_LOCK, T0 + 2).await.shards;
+    assert_eq!(c.len(), 1);
+    assert_eq!(env.encoding(&active).await, "hashtable", "`active` after claiming again");
+}
+
+#[tokio::test]
+async fn complete_batches_of_interleaved_tasks_return_codes_in_the_order_given() {
+    let mut env = Env::start("interleaved").await;
+    for (id, n) in [("a", 4), ("b", 3), ("c", 2), ("gone", 1)] {
+        env.dispatch(&TaskSpec::new(id, "noop", n), T0).await;
+    }
+    let claimed = env.claim("ex", 1, 20, LONG_LOCK, T0).await.shards;
+    assert_eq!(claimed.len(), 10);
+    let by_ref: HashMap<String, &Claimed> = claimed.iter().map(|c| (c.shard_ref.to_string(), c)).collect();
+    let get = |r: &str| *by_ref.get(r).unwrap_or_else(|| panic!("{r} was not claimed: {claimed:?}"));
+
+    env.set_holder("b:2", "other:1").await;
+    assert_eq!(env.complete(get("c:1"), r#""c1""#, T0 + 1).await, Ok(1), "c:1 completes before the batch");
+    for k in env.keys.task_keys("gone") {
+        env.cmd::<()>(redis::cmd("DEL").arg(k)).await;
+    }
+
+    let done = |r: &'static str| FinishedAs::Completed(r);
+    let plan: Vec<(&str, FinishedAs<'_>, Result<i64, ScriptCode>)> = vec![
+        ("b:0", done(r#""b0""#), Ok(1)),
+        ("a:0", done(r#""a0""#), Ok(1)),
+        ("gone:0", done(r#""g0""#), Err(ScriptCode::TaskMissing)),
+        ("b:2", done(r#""b2""#), Err(ScriptCode::LockMismatch)),
+        ("a:1", FinishedAs::Failed { delay_ms: 1000, reason: "boom" }, Ok(2)),
+        ("c:0", done(r#""c0""#), Ok(1)),
+        ("a:2", done(r#""a2""#), Ok(1)),
+        ("c:1", done(r#""c1 again""#), Err(ScriptCode::LockMissing)),
+        ("b:1", done(r#""b1""#), Ok(1)),
+        ("a:0", done(r#""a0 again""#), Ok(0)),
+        ("a:3", done(r#""a3""#), Ok(1)),
+    ];
+    let items: Vec<Finished<'_>> =
+        plan.iter().map(|(r, o, _)| Finished { claim: get(r), outcome: o.clone() }).collect();
+    let codes = scripts::finish(&mut env.con, &env.keys, NODE, &items, T0 + 2).await.expect("finish");
+    let expected: Vec<(&str, Result<i64, ScriptCode>)> = plan.iter().map(|(r, _, c)| (*r, *c)).collect();
+    let got: Vec<(&str, Result<i64, ScriptCode>)> = plan.iter().map(|(r, _, _)| *r).zip(codes).collect();
+    assert_eq!(got, expected, "one code per item, in the order given");
+
+    // each result landed at its own task and index
+    for (id, want) in [
+        ("a", vec![("0", r#""a0""#), ("2", r#""a2""#), ("3", r#""a3""#)]),
+        ("b", vec![("0", r#""b0""#), ("1", r#""b1""#)]),
+        ("c", vec![("0", r#""c0""#), ("1", r#""c1""#)]),
+    ] {
+        let results: HashMap<String, String> = env.cmd(redis::cmd("HGETALL").arg(env.keys.results(id))).await;
+        let want: HashMap<String, String> = want.into_iter().map(|(k, v)| (k.to_owned(), v.to_owned())).collect();
+        assert_eq!(results, want, "results of task {id}");
+    }
+    assert_eq!((env.count("a", "done").await, env.count("b", "done").await, env.count("c", "done").await), (3, 2, 2));
+    assert_eq!(env.field("c", "state").await.as_deref(), Some("aggregating"));
+    assert_eq!(env.active().await, ["b:2"], "only the shard of the other holder stays active");
+    assert_eq!(env.holder("b:2").await.as_deref(), Some("other:1"));
+    let delayed: Vec<String> = env.cmd(redis::cmd("ZRANGE").arg(env.keys.delayed()).arg(0).arg(-1)).await;
+    assert_eq!(delayed, ["a:1"], "the failed shard waits for its retry");
+}
+
+// Regression: a claim once took a lapsed lease back silently, so the heartbeat found a live lease
+// and never reported the shards recovered meanwhile. Now the claim says the lease had lapsed and
+// the executor's next beat compares every token.
+#[tokio::test]
+async fn a_claim_renewing_a_lapsed_lease_must_not_hide_lost_shards() {
+    let mut env = Env::start("claim_hides_loss").await;
+    env.dispatch(&TaskSpec::new("t", "noop", 3), T0).await;
+    let lost_one = env.claim("ex", 1, 1, 100, T0).await.shards.remove(0);
+    sleep_ms(200).await;
+    assert_eq!(env.sweep(T0 + 1, 50, 5).await.map(|s| s.marked), Some(1));
+    assert_eq!(env.sweep_after(50, T0 + 2, 5).await.recovered, 1);
+    let new_holder = env.claim("other", 1, 1, LONG_LOCK, T0 + 3).await.shards.remove(0);
+    assert_eq!(new_holder.shard_ref, lost_one.shard_ref, "another executor took the recovered shard");
+
+    // the executor wakes up: its claim loop claims more work before its heartbeat beats
+    let outcome = env.claim("ex", 2, 1, LONG_LOCK, T0 + 4).await;
+    assert!(outcome.lease_lapsed, "the claim must say it took a lapsed lease again");
+    let kept = outcome.shards[0].clone();
+    let lost = env.extend_checked("ex", &[&lost_one, &kept], LONG_LOCK, true).await;
+    assert_eq!(lost, [0], "the heartbeat must report the shard taken over while its lease was gone");
 }

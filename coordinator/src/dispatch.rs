@@ -28,7 +28,8 @@ pub async fn dispatch<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, spec: 
 pub struct Dispatched {
     /// The task existed, unplaced, and this dispatch resumed its placement.
     pub resumed: bool,
-    /// Shards placed on nodes by this call (routed tasks).
+    /// Shards of the task placed on nodes once this call returns, by it or by a rebalancer that
+    /// raced it (routed tasks).
     pub placed: u64,
     /// Live executors at dispatch (routed tasks).
     pub live: usize,
@@ -94,6 +95,7 @@ pub async fn dispatch_any(
         return Ok(Dispatched { resumed, placed: 0, live: 0 });
     }
     let n = live.len();
-    let placed = crate::route::Router::new(live).route_task(con, keys, &spec.id).await?;
-    Ok(Dispatched { resumed, placed, live: n })
+    crate::route::Router::new(live).route_task(con, keys, &spec.id).await?;
+    let placed: Option<u64> = con.hget(keys.task(&spec.id), "routed").await?;
+    Ok(Dispatched { resumed, placed: placed.unwrap_or(0), live: n })
 }

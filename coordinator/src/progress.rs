@@ -4,6 +4,7 @@ use std::collections::HashMap;
 
 use redis::aio::ConnectionLike;
 use serde::Serialize;
+use shardctl_common::keys::ACTIVE_PIN;
 use shardctl_common::model::TaskInfo;
 use shardctl_common::{Error, Keys, Result};
 
@@ -43,12 +44,15 @@ pub async fn queue<C: ConnectionLike + Send>(
         redis::pipe()
             .hget(keys.meta(), "paused")
             .llen(keys.wait())
-            .zcard(keys.active())
+            .hlen(keys.active())
             .zcard(keys.delayed())
             .zrange(keys.tasks(), 0, -1)
             .zrevrange(keys.index(), 0, -1)
             .query_async(con)
             .await?;
+    // `active` keeps one pin field (see lua/include/lib.lua): it is not a shard
+    let pinned: bool = redis::cmd("HEXISTS").arg(keys.active()).arg(ACTIVE_PIN).query_async(con).await?;
+    let active = active.saturating_sub(u64::from(pinned));
     let mut out = QueueCounts {
         queue: queue.to_owned(),
         paused: paused.as_deref() == Some("1"),
@@ -65,6 +69,13 @@ pub async fn queue<C: ConnectionLike + Send>(
     }
     let rerouted: u64 = redis::cmd("LLEN").arg(keys.reroute()).query_async(con).await?;
     out.waiting += rerouted;
+    // shards of routed tasks not placed yet (no live executor, or placement under way)
+    let unrouted: Vec<String> = redis::cmd("ZRANGE").arg(keys.unrouted()).arg(0).arg(-1).query_async(con).await?;
+    for id in &unrouted {
+        let (routed, total): (Option<u64>, Option<u64>) =
+            redis::cmd("HMGET").arg(keys.task(id)).arg("routed").arg("total").query_async(con).await?;
+        out.waiting += total.unwrap_or(0).saturating_sub(routed.unwrap_or(0));
+    }
     for id in &runnable {
         let (cursor, total): (Option<u64>, Option<u64>) =
             redis::cmd("HMGET").arg(keys.task(id)).arg("cursor").arg("total").query_async(con).await?;
@@ -99,9 +110,9 @@ pub struct NodeStatus {
     /// Host name.
     pub host: String,
     /// Process id.
-    pub pid: String,
+    pub pid: Option<u64>,
     /// Shards it runs at once.
-    pub concurrency: String,
+    pub concurrency: Option<u64>,
     /// Milliseconds since its last membership heartbeat.
     pub heartbeat_age_ms: u64,
     /// Refs routed to it, waiting.
@@ -131,23 +142,19 @@ pub async fn nodes<C: ConnectionLike + Send>(
         let get = |f: &str| h.get(f).cloned().unwrap_or_default();
         out.push(NodeStatus {
             host: get("host"),
-            pid: get("pid"),
-            concurrency: get("concurrency"),
+            pid: get("pid").parse().ok(),
+            concurrency: get("concurrency").parse().ok(),
             heartbeat_age_ms: now.saturating_sub(beat as u64),
             node,
             waiting,
             active: 0,
         });
     }
-    // a lock token starts with its executor's instance: that names the node of an active shard
-    let active: Vec<String> = redis::cmd("ZRANGE").arg(keys.active()).arg(0).arg(-1).query_async(con).await?;
-    for chunk in active.chunks(1000) {
-        let locks: Vec<String> = chunk.iter().map(|r| keys.lock(r)).collect();
-        let tokens: Vec<Option<String>> = redis::cmd("MGET").arg(&locks).query_async(con).await?;
-        for t in tokens.into_iter().flatten() {
-            if let Some(&i) = t.split(':').next().and_then(|inst| by_instance.get(inst)) {
-                out[i].active += 1;
-            }
+    // a token starts with its executor's instance: that names the node of an active shard
+    let active: HashMap<String, String> = redis::cmd("HGETALL").arg(keys.active()).query_async(con).await?;
+    for t in active.values() {
+        if let Some(&i) = t.split(':').next().and_then(|inst| by_instance.get(inst)) {
+            out[i].active += 1;
         }
     }
     Ok(out)

@@ -14,8 +14,9 @@ use shardctl_common::{scripts, Keys, Result};
 use crate::membership;
 use crate::route::Router;
 
-/// How long the rebalance lock lives if its holder dies.
-pub const LOCK_TTL: Duration = Duration::from_secs(30);
+/// How long the rebalance lock (and the `rebalancing` flag) live if their holder dies; the
+/// holder renews both after every chunk it moves, so a long rebalance keeps them.
+pub const LOCK_TTL: Duration = Duration::from_secs(10);
 
 /// What one rebalance did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -81,6 +82,7 @@ async fn run(con: &mut ConnectionManager, keys: &Keys, member_timeout: Duration)
         return Ok(report);
     }
     let mut router = Router::new(report.live.clone());
+    router.keep_alive(vec![keys.rebalance_lock(), keys.rebalancing()], LOCK_TTL);
 
     let unrouted: Vec<String> = con.zrange(keys.unrouted(), 0, -1).await?;
     for id in unrouted {

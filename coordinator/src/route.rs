@@ -23,6 +23,9 @@ struct TaskRouting {
 /// Owners of refs under one membership; caches each task's strategy and each placement.
 pub struct Router {
     live: Vec<String>,
+    /// Keys whose time to live is renewed after every chunk (the rebalancer's lock and flag).
+    keep_alive: Vec<String>,
+    keep_alive_ttl: std::time::Duration,
     tasks: HashMap<String, Option<TaskRouting>>,
     placements: HashMap<(Strategy, u32), Placement>,
 }
@@ -31,7 +34,32 @@ impl Router {
     /// A router over the live members (must not be empty).
     pub fn new(live: Vec<String>) -> Self {
         assert!(!live.is_empty(), "a router needs a member");
-        Router { live, tasks: HashMap::new(), placements: HashMap::new() }
+        Router {
+            live,
+            keep_alive: Vec::new(),
+            keep_alive_ttl: std::time::Duration::ZERO,
+            tasks: HashMap::new(),
+            placements: HashMap::new(),
+        }
+    }
+
+    /// Renews the time to live of `keys` after every chunk placed or moved.
+    pub fn keep_alive(&mut self, keys: Vec<String>, ttl: std::time::Duration) {
+        self.keep_alive = keys;
+        self.keep_alive_ttl = ttl;
+    }
+
+    async fn renew(&self, con: &mut ConnectionManager) -> Result<()> {
+        if self.keep_alive.is_empty() {
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        for k in &self.keep_alive {
+            // PEXPIRE XX semantics: only keys that exist (the flag may not be set)
+            pipe.cmd("PEXPIRE").arg(k).arg(self.keep_alive_ttl.as_millis() as u64).ignore();
+        }
+        let () = pipe.query_async(con).await?;
+        Ok(())
     }
 
     async fn task(&mut self, con: &mut ConnectionManager, keys: &Keys, id: &str) -> Result<Option<TaskRouting>> {
@@ -95,6 +123,7 @@ impl Router {
             let indexes: Vec<u64> = (from..to).collect();
             let Some(owners) = self.owners(con, keys, id, &indexes).await? else { return Ok(placed) };
             let owners: Vec<&str> = owners.iter().map(String::as_str).collect();
+            self.renew(con).await?;
             match scripts::route(con, keys, id, from, &owners).await {
                 Ok(_) => placed += to - from,
                 // another router placed this chunk first: read the cursor again
@@ -127,6 +156,7 @@ impl Router {
             }
             let dest = self.destinations(con, keys, &head).await?;
             let dest_ref: Vec<&str> = dest.iter().map(String::as_str).collect();
+            self.renew(con).await?;
             match scripts::rehome(con, keys, source, &head, &dest_ref).await {
                 Ok(n) => {
                     done += n;

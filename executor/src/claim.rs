@@ -16,7 +16,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::runtime::Shared;
+use crate::runtime::{Shared, NO_CLAIM};
 use crate::stats::Stats;
 
 /// Backoff after a failed Redis call: doubles from 100 ms up to 5 s.
@@ -41,7 +41,7 @@ pub(crate) async fn run(shared: Arc<Shared>, tracker: &TaskTracker, shutdown: Ca
                 Err(_) => break,
             }
         }
-        let seq = shared.seq.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        let seq = shared.seq.fetch_add(1, Ordering::Relaxed);
         let req = ClaimRequest {
             count: batch.len(),
             lock_ms: shared.cfg.lock_duration.as_millis() as u64,
@@ -52,10 +52,15 @@ pub(crate) async fn run(shared: Arc<Shared>, tracker: &TaskTracker, shutdown: Ca
         };
         let mut con = shared.con.clone();
         // never dropped half-way: the script may have run, and its shards would wait for the sweep
+        shared.claiming.store(seq, Ordering::SeqCst);
         let outcome = scripts::claim(&mut con, &shared.keys, &req).await;
         match outcome {
             Ok(o) if !o.shards.is_empty() => {
                 failures = 0;
+                if o.lease_lapsed {
+                    shared.must_check.store(true, Ordering::SeqCst);
+                    shared.check_tokens.notify_one();
+                }
                 Stats::add(&shared.stats.claimed, o.shards.len() as u64);
                 for (claim, permit) in o.shards.into_iter().zip(batch) {
                     let cancel = CancellationToken::new();
@@ -70,8 +75,10 @@ pub(crate) async fn run(shared: Arc<Shared>, tracker: &TaskTracker, shutdown: Ca
                     );
                     tracker.spawn(crate::run::shard(shared.clone(), claim, cancel, permit));
                 }
+                shared.claiming.store(NO_CLAIM, Ordering::SeqCst);
             }
             Ok(o) => {
+                shared.claiming.store(NO_CLAIM, Ordering::SeqCst);
                 failures = 0;
                 drop(batch);
                 next_due = o.next_due_ms.or(next_due.filter(|&d| d > now_ms()));
@@ -97,7 +104,10 @@ pub(crate) async fn run(shared: Arc<Shared>, tracker: &TaskTracker, shutdown: Ca
                 }
             }
             Err(e) => {
+                shared.claiming.store(NO_CLAIM, Ordering::SeqCst);
                 drop(batch);
+                // the script may have run and its reply been lost: the heartbeat reconciles
+                shared.must_reconcile.store(true, Ordering::SeqCst);
                 Stats::add(&shared.stats.redis_errors, 1);
                 failures += 1;
                 tracing::warn!("claim failed (retry in {:?}): {e}", retry_delay(failures));

@@ -1,6 +1,7 @@
 //! The heartbeat: every lock_renew, one script call extends every lock this executor holds.
 //! A lock found lost cancels its shard's handler (its child process is killed) and is counted.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use shardctl_common::scripts;
@@ -13,9 +14,12 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     let mut tick = tokio::time::interval(shared.cfg.lock_renew);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
+    let mut beats = 0u64;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
+            // a claim took our lapsed lease again: check our tokens now
+            _ = shared.check_tokens.notified() => {}
             _ = stop.cancelled() => return,
         }
         // a failed beat is retried soon: the locks live only until lock_duration
@@ -24,6 +28,13 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
             tokio::select! {
                 _ = tokio::time::sleep(retry) => {}
                 _ = stop.cancelled() => return,
+            }
+        }
+        beats += 1;
+        if beats % RECONCILE_EVERY == 0 || shared.must_reconcile.swap(false, Ordering::SeqCst) {
+            if let Err(e) = reconcile(&shared).await {
+                shared.must_reconcile.store(true, Ordering::SeqCst);
+                tracing::warn!("reconciling held shards: {e}");
             }
         }
     }
@@ -39,12 +50,11 @@ pub(crate) async fn beat(shared: &Shared) -> bool {
         .filter(|(_, h)| !h.lost)
         .map(|(r, h)| (r.clone(), h.claim.token.clone()))
         .collect();
-    if held.is_empty() {
-        return true;
-    }
     let mut con = shared.con.clone();
     let lock_ms = shared.cfg.lock_duration.as_millis() as u64;
-    match scripts::extend(&mut con, &shared.keys, lock_ms, &held).await {
+    // the lease is extended even with nothing held: an idle executor stays visibly alive
+    let check = shared.must_check.swap(false, Ordering::SeqCst);
+    match scripts::extend(&mut con, &shared.keys, &shared.token_base, lock_ms, &held, check).await {
         Ok(lost) => {
             if lost.is_empty() {
                 return true;
@@ -64,9 +74,35 @@ pub(crate) async fn beat(shared: &Shared) -> bool {
         }
         Err(e) => {
             // the locks live on until lock_duration: the next beat may still save them
+            if check {
+                shared.must_check.store(true, Ordering::SeqCst);
+            }
             Stats::add(&shared.stats.redis_errors, 1);
             tracing::warn!("heartbeat failed: {e}");
             false
         }
     }
+}
+
+/// Every this many beats, compare what `active` holds under our tokens with what we know.
+const RECONCILE_EVERY: u64 = 4;
+
+/// Gives back shards `active` holds under this executor's tokens that it does not know: taken by
+/// a claim call whose reply was lost. The claim in flight is left alone (its shards may be in
+/// `active` before they are in `held`); `claiming` is read before `held` for that.
+async fn reconcile(shared: &Shared) -> shardctl_common::Result<()> {
+    let mut con = shared.con.clone();
+    let all: std::collections::HashMap<String, String> =
+        redis::cmd("HGETALL").arg(shared.keys.active()).query_async(&mut con).await?;
+    let mine = format!("{}:", shared.token_base);
+    let in_flight = format!("{mine}{}", shared.claiming.load(Ordering::SeqCst));
+    let orphans: Vec<(String, String)> = {
+        let held = shared.held.lock().unwrap();
+        all.into_iter().filter(|(r, t)| t.starts_with(&mine) && *t != in_flight && !held.contains_key(r)).collect()
+    };
+    let n = scripts::disown(&mut con, &shared.keys, &orphans).await?;
+    if n > 0 {
+        tracing::warn!("gave back {n} shards of claims whose reply was lost");
+    }
+    Ok(())
 }

@@ -106,13 +106,25 @@ async fn run_handler(
             info.total, info.items
         )));
     }
+    let key = if info.has_keys {
+        let mut con = shared.con.clone();
+        let k: Option<String> = redis::cmd("HGET")
+            .arg(shared.keys.shard_keys(&info.task_id))
+            .arg(index)
+            .query_async(&mut con)
+            .await
+            .map_err(|e| ShardError(format!("reading the shard key: {e}")))?;
+        k.unwrap_or_else(|| index.to_string())
+    } else {
+        index.to_string()
+    };
     let ctx = ShardContext {
         task_id: info.task_id.clone(),
         kind: info.kind.clone(),
         index,
         total: info.total,
         range: shard_range(index, info.total, info.items),
-        key: index.to_string(),
+        key,
         payload: meta.payload.clone(),
         attempt: claim.attempt,
         node_id: shared.node_id.clone(),

@@ -20,6 +20,9 @@ use crate::report::Report;
 use crate::stats::{Stats, StatsSnapshot};
 use crate::tasks::TaskCache;
 
+/// `Shared::claiming` when no claim call is in flight.
+pub(crate) const NO_CLAIM: u64 = u64::MAX;
+
 /// A shard this executor holds, until its report is recorded.
 pub(crate) struct Held {
     pub(crate) claim: Claimed,
@@ -47,6 +50,15 @@ pub(crate) struct Shared {
     /// Tokens are `<token_base>:<seq>`.
     pub(crate) token_base: String,
     pub(crate) seq: AtomicU64,
+    /// Set when a claim took a lapsed lease again: the next heartbeat compares every token.
+    pub(crate) must_check: AtomicBool,
+    /// Wakes the heartbeat for that check at once.
+    pub(crate) check_tokens: tokio::sync::Notify,
+    /// The seq of the claim call in flight ([`NO_CLAIM`] when none): its shards may be in `active`
+    /// before they are in `held`, so reconciling leaves them alone.
+    pub(crate) claiming: AtomicU64,
+    /// Set when a claim call failed: the next heartbeat reconciles at once.
+    pub(crate) must_reconcile: AtomicBool,
     pub(crate) node_id: Arc<str>,
 }
 
@@ -77,6 +89,10 @@ impl Executor {
             aborting: AtomicBool::new(false),
             token_base,
             seq: AtomicU64::new(0),
+            must_check: AtomicBool::new(false),
+            check_tokens: tokio::sync::Notify::new(),
+            claiming: AtomicU64::new(NO_CLAIM),
+            must_reconcile: AtomicBool::new(false),
             node_id,
         });
         Ok(Executor { shared, reports: rx })

@@ -1,10 +1,14 @@
 --[[
-  Shared helpers, prepended to every script that needs them (see common/src/scripts.rs).
-  Not an operation by itself.
+  Shared helpers, prepended to every script (see common/src/scripts.rs). Not an operation.
+
+  Holding a shard: `active` is a hash ref -> token `<instance>:<seq>`; the shard is held by that
+  token and no other. Whether its holder is alive is told by the holder's lease
+  `lease:<instance>` (string, PX lockDuration), which the holder's heartbeat extends. A shard
+  whose holder's lease is gone is stalled (the sweep confirms it on its next run).
 
   Error codes (mirrored by common::ScriptCode):
-    -1  lock missing    the shard's lock expired or was never taken
-    -2  lock mismatch   another claim holds the lock (stale holder)
+    -1  lock missing    the shard is no longer held (recovered, or never claimed)
+    -2  lock mismatch   another claim holds the shard (stale holder)
     -3  task missing    the task was removed while the shard ran
     -4  task exists     dispatch of an id already in use
     -5  node alive      another live executor holds this node id
@@ -13,23 +17,81 @@
 ]]
 local rcall = redis.call
 
+-- A permanent field of `active` whose value is longer than 64 bytes: it keeps the hash in
+-- hashtable encoding (Redis never converts back), where HSET/HDEL cost O(1) per field instead of
+-- a scan of a listpack that would be re-created each time the hash empties. Never a ref.
+local ACTIVE_PIN = '~pin'
+local ACTIVE_PIN_VALUE = 'keeps this hash in hashtable encoding (a value over 64 bytes); not a shard'
+
 -- Splits a shard ref `<task>:<index>` (or `<task>:agg`) at its last colon.
 local function split_ref(ref)
   return string.match(ref, '^(.+):([^:]+)$')
 end
 
--- Takes the lock of a shard away from its holder. 0 when `token` held it, else an error code.
-local function take_lock(lock_key, token)
-  local cur = rcall('GET', lock_key)
-  if not cur then return -1 end
-  if cur ~= token then return -2 end
-  rcall('DEL', lock_key)
-  return 0
+-- Calls `cmd key a1 a2 ...` over a long argument list in chunks (Lua's unpack has a limit).
+local function call_chunked(cmd, key, args)
+  for s = 1, #args, 4000 do
+    rcall(cmd, key, unpack(args, s, math.min(s + 3999, #args)))
+  end
+end
+
+-- Moves due retries from `delayed` (at most 1000): a routed shard's to the list of the node it
+-- failed on, the others to `wait`. Returns how many.
+local function promote_due(prefix, now)
+  local delayed = prefix .. 'delayed'
+  local due = rcall('ZRANGEBYSCORE', delayed, '-inf', now, 'LIMIT', 0, 1000)
+  if #due == 0 then return 0 end
+  call_chunked('ZREM', delayed, due)
+  local plain = {}
+  for _, ref in ipairs(due) do
+    local node = rcall('HGET', prefix .. 'shard:' .. ref, 'node')
+    if node then
+      rcall('RPUSH', prefix .. 'node:' .. node .. ':wait', ref)
+      rcall('SADD', prefix .. 'routed-nodes', node)
+      rcall('ZADD', prefix .. 'node:' .. node .. ':marker', 0, '0')
+    else
+      plain[#plain + 1] = ref
+    end
+  end
+  if #plain > 0 then
+    call_chunked('RPUSH', prefix .. 'wait', plain)
+    rcall('ZADD', prefix .. 'marker', 0, '0')
+  end
+  return #due
 end
 
 -- Wakes one blocked executor; the claim script passes the wake-up along while work remains.
 local function wake(prefix)
   rcall('ZADD', prefix .. 'marker', 0, '0')
+end
+
+-- Appends to the event log (best effort, capped); nothing counts from it.
+local function emit(prefix, ...)
+  local maxlen = rcall('HGET', prefix .. 'meta', 'events_maxlen') or '10000'
+  if maxlen ~= '0' then
+    rcall('XADD', prefix .. 'events', 'MAXLEN', '~', maxlen, '*', ...)
+  end
+end
+
+-- Takes one shard away from its holder. 0 when `token` held it, else an error code.
+local function take(prefix, ref, token)
+  local cur = rcall('HGET', prefix .. 'active', ref)
+  if not cur then return -1 end
+  if cur ~= token then return -2 end
+  rcall('HDEL', prefix .. 'active', ref)
+  return 0
+end
+
+-- Enqueues the aggregation job if the task's counts say every shard is terminal.
+local function maybe_aggregate(prefix, tid, now)
+  local tkey = prefix .. 'task:' .. tid
+  local c = rcall('HMGET', tkey, 'done', 'failed', 'total')
+  if tonumber(c[1]) + tonumber(c[2]) == tonumber(c[3]) then
+    rcall('HSET', tkey, 'state', 'aggregating', 'aggregating_ms', now)
+    rcall('LPUSH', prefix .. 'wait', tid .. ':agg')
+    wake(prefix)
+    emit(prefix, 'event', 'task_aggregating', 'task', tid, 'done', c[1], 'failed', c[2])
+  end
 end
 
 -- Marks shard `idx` of a task terminal and counts it in `field` ('done' or 'failed'), once:
@@ -46,13 +108,10 @@ local function mark_terminal(prefix, tid, idx, field, suffix, value, now)
   if field == 'done' then
     -- a completed shard may have left a reason from an earlier failed attempt
     rcall('HDEL', tkey .. ':errors', idx)
+  else
+    emit(prefix, 'event', 'shard_failed', 'task', tid, 'shard', idx, 'reason', value)
   end
-  local c = rcall('HMGET', tkey, 'done', 'failed', 'total')
-  if tonumber(c[1]) + tonumber(c[2]) == tonumber(c[3]) then
-    rcall('HSET', tkey, 'state', 'aggregating', 'aggregating_ms', now)
-    rcall('LPUSH', prefix .. 'wait', tid .. ':agg')
-    wake(prefix)
-  end
+  maybe_aggregate(prefix, tid, now)
   return 1
 end
 
@@ -69,5 +128,8 @@ local function finish_task(prefix, tid, ok, value, now)
     rcall('HSET', tkey, 'agg_error', value)
   end
   rcall('HSET', tkey, 'state', state, 'finished_ms', now)
+  rcall('ZREM', prefix .. 'running', tid)
+  rcall('ZADD', prefix .. 'finished', now, tid)
+  emit(prefix, 'event', 'task_' .. state, 'task', tid)
   return 1
 end

@@ -9,7 +9,6 @@ use shardctl_common::model::{TaskSpec, DEFAULT_ATTEMPTS};
 use shardctl_common::ring::{Strategy, DEFAULT_VNODES};
 use shardctl_common::Error;
 use shardctl_coordinator::dispatch::{dispatch_any, new_task_id};
-use shardctl_coordinator::membership::DEFAULT_MEMBER_TIMEOUT;
 
 use super::{connect, duration, Args};
 
@@ -48,6 +47,9 @@ pub struct DispatchArgs {
     /// Virtual nodes per executor on the consistent-hash ring.
     #[arg(long, default_value_t = DEFAULT_VNODES)]
     pub vnodes: u32,
+    /// Executors whose membership heartbeat is older than this are not given shards.
+    #[arg(long, default_value = "15s", value_parser = duration)]
+    pub member_timeout: Duration,
     /// Wait for the task to end (progress bar on stderr), then print its result.
     #[arg(long)]
     pub wait: bool,
@@ -89,13 +91,13 @@ pub async fn run(args: &Args, a: &DispatchArgs) -> anyhow::Result<ExitCode> {
         );
     }
     let (_, mut con) = connect(args).await?;
-    let d = dispatch_any(&mut con, &args.keys(), &spec, shard_keys.as_deref(), DEFAULT_MEMBER_TIMEOUT).await?;
+    let d = dispatch_any(&mut con, &args.keys(), &spec, shard_keys.as_deref(), a.member_timeout).await?;
     if spec.strategy != Strategy::Pull {
         let how = if d.resumed { "resumed: " } else { "" };
         if d.live == 0 {
             eprintln!("{how}no live executor: the shards wait unplaced until the first one joins");
         } else {
-            eprintln!("{how}placed {} shards on {} executors ({})", d.placed, d.live, spec.strategy);
+            eprintln!("{how}{} of {} shards placed on {} executors ({})", d.placed, spec.shards, d.live, spec.strategy);
         }
     }
     if a.json && !a.wait {

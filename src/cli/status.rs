@@ -54,9 +54,16 @@ pub async fn run(args: &Args, a: &StatusArgs) -> anyhow::Result<ExitCode> {
             }
             println!("executors: {}", if nodes.is_empty() { "none live" } else { "" });
             for n in &nodes {
+                let num = |v: Option<u64>| v.map_or_else(|| "?".to_owned(), |v| v.to_string());
                 println!(
                     "  {} ({} pid {}, concurrency {}): {} active, {} routed waiting, heartbeat {} ms ago",
-                    n.node, n.host, n.pid, n.concurrency, n.active, n.waiting, n.heartbeat_age_ms
+                    n.node,
+                    n.host,
+                    num(n.pid),
+                    num(n.concurrency),
+                    n.active,
+                    n.waiting,
+                    n.heartbeat_age_ms
                 );
             }
         }
@@ -89,8 +96,40 @@ pub async fn run(args: &Args, a: &StatusArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// One task on one line: a bar, counts, rate and ETA (from the average rate since dispatch).
 fn line(t: &TaskInfo) -> String {
+    const WIDTH: usize = 24;
     let finished = t.done + t.failed;
-    let pct = if t.total == 0 { 100.0 } else { finished as f64 * 100.0 / t.total as f64 };
-    format!("{} {} [{}] {}/{} ({pct:.1}%), {} failed", t.task_id, t.kind, t.state.as_str(), finished, t.total, t.failed)
+    let frac = if t.total == 0 { 1.0 } else { finished as f64 / t.total as f64 };
+    let filled = ((frac * WIDTH as f64).round() as usize).min(WIDTH);
+    let bar = format!("{}{}", "#".repeat(filled), "-".repeat(WIDTH - filled));
+    let end = t.finished_ms.unwrap_or_else(shardctl_common::time::now_ms);
+    let secs = end.saturating_sub(t.created_ms) as f64 / 1000.0;
+    let rate = if secs > 0.0 { finished as f64 / secs } else { 0.0 };
+    let eta = if t.state.is_finished() {
+        format!("took {}", human_secs(secs))
+    } else if rate > 0.0 {
+        format!("eta {}", human_secs((t.total - finished) as f64 / rate))
+    } else {
+        "eta ?".to_owned()
+    };
+    format!(
+        "{:<24} {:<8} {:<11} [{bar}] {:>5.1}% {}/{} ({} failed) {:.0}/s {eta}",
+        t.task_id,
+        t.kind,
+        t.state.as_str(),
+        frac * 100.0,
+        finished,
+        t.total,
+        t.failed,
+        rate
+    )
+}
+
+fn human_secs(s: f64) -> String {
+    match s {
+        s if s < 60.0 => format!("{s:.1}s"),
+        s if s < 3600.0 => format!("{}m{:02}s", (s / 60.0) as u64, (s % 60.0) as u64),
+        s => format!("{}h{:02}m", (s / 3600.0) as u64, ((s % 3600.0) / 60.0) as u64),
+    }
 }

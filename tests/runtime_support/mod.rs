@@ -1,12 +1,14 @@
 //! Set-up shared by the runtime tests: a private redis-server and one queue on it, executors
 //! started on the test's runtime with small timings, the coordinator's sweep beside them, and
-//! readers of what the queue holds.
+//! readers of what the queue holds (the `active` hash of holders, the executors' leases).
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionManager;
+use shardctl_common::keys::ACTIVE_PIN;
 use shardctl_common::model::{TaskInfo, TaskSpec};
 use shardctl_common::{conn, Keys};
 use shardctl_executor::{Executor, ExecutorConfig, Registry, Stats, StatsSnapshot};
@@ -90,7 +92,15 @@ impl Env {
         let mut last = None;
         match wait::wait(&mut con, &self.keys, id, Some(PATIENCE), |t| last = Some(t.clone())).await {
             Ok(t) => t,
-            Err(e) => panic!("task {id} did not end: {e}\nlast seen: {last:?}\nredis log:\n{}", self.redis.log()),
+            Err(e) => {
+                let (held, waiting, leases) =
+                    (self.holders().await, self.wait_list().await, self.keys_like(":lease:").await);
+                panic!(
+                    "task {id} did not end: {e}\nlast seen: {last:?}\nheld: {held:?}\nwaiting: {waiting:?}\nleases: \
+                     {leases:?}\nredis log:\n{}",
+                    self.redis.log()
+                )
+            }
         }
     }
 
@@ -112,9 +122,42 @@ impl Env {
         c.query_async(&mut con).await.unwrap_or_else(|e| panic!("{c:?} failed: {e}\nredis log:\n{}", self.redis.log()))
     }
 
-    /// Number of shards being run (`ZCARD active`).
+    /// Number of shards being run (the fields of the `active` hash but its pin).
     pub async fn active(&self) -> u64 {
-        self.cmd(redis::cmd("ZCARD").arg(self.keys.active())).await
+        self.holders().await.len() as u64
+    }
+
+    /// The shards being run, each with the token of its holder (`<instance>:<seq>`).
+    pub async fn holders(&self) -> HashMap<String, String> {
+        let mut h: HashMap<String, String> = self.cmd(redis::cmd("HGETALL").arg(self.keys.active())).await;
+        h.remove(ACTIVE_PIN);
+        h
+    }
+
+    /// Panics unless the `active` hash holds no shard: it is absent or holds only its pin.
+    pub async fn assert_nothing_held(&self) {
+        let fields: Vec<String> = self.cmd(redis::cmd("HKEYS").arg(self.keys.active())).await;
+        assert!(fields.iter().all(|f| f == ACTIVE_PIN), "shards still held in `active`: {fields:?}");
+    }
+
+    /// The remaining time to live (ms) of executor `instance`'s lease; `None` when it is gone.
+    pub async fn lease_ttl(&self, instance: &str) -> Option<u64> {
+        let ttl: i64 = self.cmd(redis::cmd("PTTL").arg(self.keys.lease(instance))).await;
+        assert_ne!(ttl, -1, "the lease of {instance} has no time to live");
+        u64::try_from(ttl).ok()
+    }
+
+    /// Another holder takes `shard_ref` over while executor `instance`'s lease is gone, as after
+    /// the executor froze past its lock duration and a sweep recovered the shard for another.
+    pub async fn take_over(&self, shard_ref: &str, instance: &str, token: &str) {
+        let mut con = self.con.clone();
+        let () = redis::pipe()
+            .atomic()
+            .hset(self.keys.active(), shard_ref, token)
+            .del(self.keys.lease(instance))
+            .query_async(&mut con)
+            .await
+            .expect("take over");
     }
 
     /// The `wait` list, head first.

@@ -1,6 +1,7 @@
 //! Set-up shared by the script invariant tests: a private redis-server, a connection manager,
 //! the queue's keys, one-item shorthands of the typed script wrappers, readers of what the
-//! scripts left in Redis, and the Redis Cluster key-slot function.
+//! scripts left in Redis (the `active` hash of holders, the executors' leases), and the Redis
+//! Cluster key-slot function.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -30,6 +31,12 @@ pub struct Env {
 /// One item's code from a batch script: `Ok(n ≥ 0)` or the refusal.
 pub type Code = Result<i64, ScriptCode>;
 
+/// The node id the tests claim and finish as.
+pub const NODE: &str = "test-node";
+
+/// The permanent field of the `active` hash that is not a shard (lua/include/lib.lua).
+pub use shardctl_common::keys::ACTIVE_PIN;
+
 impl Env {
     /// Starts a server and connects to it; `queue` names the queue (one per test).
     pub async fn start(queue: &str) -> Self {
@@ -58,22 +65,23 @@ impl Env {
             .unwrap_or_else(|e| panic!("dispatch of {}: {e}", spec.id));
     }
 
-    /// Claims up to `count` shards under tokens `<base>:<seq + j>`.
+    /// Claims up to `count` shards as executor instance `base`, all under the one token
+    /// `<base>:<seq>`; renews the lease `lease:<base>` for `lock_ms`.
     pub async fn claim(&mut self, base: &str, seq: u64, count: usize, lock_ms: u64, now_ms: u64) -> ClaimOutcome {
-        let req = ClaimRequest { count, lock_ms, token_base: base, seq, node: "test-node", now_ms };
+        let req = ClaimRequest { count, lock_ms, token_base: base, seq, node: NODE, now_ms };
         scripts::claim(&mut self.con, &self.keys, &req).await.expect("claim")
     }
 
     /// Completes one claim with `result`.
     pub async fn complete(&mut self, c: &Claimed, result: &str, now_ms: u64) -> Code {
         let items = [Finished { claim: c, outcome: FinishedAs::Completed(result) }];
-        one(scripts::finish(&mut self.con, &self.keys, &items, now_ms).await.expect("finish (complete)"))
+        one(scripts::finish(&mut self.con, &self.keys, NODE, &items, now_ms).await.expect("finish (complete)"))
     }
 
     /// Fails one claim with `reason`, retrying after `delay_ms` if attempts are left.
     pub async fn fail(&mut self, c: &Claimed, delay_ms: u64, reason: &str, now_ms: u64) -> Code {
         let items = [Finished { claim: c, outcome: FinishedAs::Failed { delay_ms, reason } }];
-        one(scripts::finish(&mut self.con, &self.keys, &items, now_ms).await.expect("finish (fail)"))
+        one(scripts::finish(&mut self.con, &self.keys, NODE, &items, now_ms).await.expect("finish (fail)"))
     }
 
     /// Releases one claim.
@@ -81,10 +89,16 @@ impl Env {
         one(scripts::release(&mut self.con, &self.keys, &[c]).await.expect("release"))
     }
 
-    /// Extends the locks of `held`; the 0-based positions of the lost ones.
-    pub async fn extend(&mut self, held: &[&Claimed], lock_ms: u64) -> Vec<usize> {
+    /// The heartbeat of executor `instance` holding `held`: extends its lease (checking `held`
+    /// when the lease had expired); the 0-based positions of the lost shards.
+    pub async fn extend(&mut self, instance: &str, held: &[&Claimed], lock_ms: u64) -> Vec<usize> {
+        self.extend_checked(instance, held, lock_ms, false).await
+    }
+
+    /// The heartbeat, comparing every token when `check` (after a claim took a lapsed lease).
+    pub async fn extend_checked(&mut self, instance: &str, held: &[&Claimed], lock_ms: u64, check: bool) -> Vec<usize> {
         let pairs: Vec<(String, String)> = held.iter().map(|c| (c.shard_ref.to_string(), c.token.clone())).collect();
-        scripts::extend(&mut self.con, &self.keys, lock_ms, &pairs).await.expect("extend")
+        scripts::extend(&mut self.con, &self.keys, instance, lock_ms, &pairs, check).await.expect("extend")
     }
 
     /// One stalled sweep; `None` when throttled.
@@ -125,16 +139,44 @@ impl Env {
         self.cmd(redis::cmd("LRANGE").arg(key).arg(0).arg(-1)).await
     }
 
-    /// The members of the `active` zset.
+    /// The shards held in the `active` hash (its fields but the pin), sorted.
     pub async fn active(&mut self) -> Vec<String> {
         let key = self.keys.active();
-        self.cmd(redis::cmd("ZRANGE").arg(key).arg(0).arg(-1)).await
+        let mut refs: Vec<String> = self.cmd(redis::cmd("HKEYS").arg(key)).await;
+        refs.retain(|r| r != ACTIVE_PIN);
+        refs.sort();
+        refs
     }
 
-    /// The token under `lock:<ref>`, if any.
-    pub async fn lock(&mut self, shard_ref: &str) -> Option<String> {
-        let key = self.keys.lock(shard_ref);
-        self.cmd(redis::cmd("GET").arg(key)).await
+    /// The token holding `<ref>` in the `active` hash, if any.
+    pub async fn holder(&mut self, shard_ref: &str) -> Option<String> {
+        let key = self.keys.active();
+        self.cmd(redis::cmd("HGET").arg(key).arg(shard_ref)).await
+    }
+
+    /// Makes `<ref>` held by `token`, behind the scripts' backs (another holder took it).
+    pub async fn set_holder(&mut self, shard_ref: &str, token: &str) {
+        let key = self.keys.active();
+        self.cmd::<()>(redis::cmd("HSET").arg(key).arg(shard_ref).arg(token)).await;
+    }
+
+    /// The remaining time to live (ms) of executor `instance`'s lease; `None` when it is gone.
+    pub async fn lease_ttl(&mut self, instance: &str) -> Option<u64> {
+        let key = self.keys.lease(instance);
+        let ttl: i64 = self.cmd(redis::cmd("PTTL").arg(key)).await;
+        assert_ne!(ttl, -1, "the lease of {instance} has no time to live");
+        u64::try_from(ttl).ok()
+    }
+
+    /// Deletes executor `instance`'s lease (it died, or froze past its lock duration).
+    pub async fn drop_lease(&mut self, instance: &str) {
+        let key = self.keys.lease(instance);
+        self.cmd::<()>(redis::cmd("DEL").arg(key)).await;
+    }
+
+    /// `OBJECT ENCODING` of `key`.
+    pub async fn encoding(&mut self, key: &str) -> String {
+        self.cmd(redis::cmd("OBJECT").arg("ENCODING").arg(key)).await
     }
 
     /// Every key of the server, sorted.

@@ -1,0 +1,33 @@
+--[[
+  Gives back shards held under this executor's tokens that the executor does not know: the
+  reply of the claim that took them never reached it (a connection dropped, Redis restarted, a
+  reply timed out), and its live lease would keep them held forever. Each goes to the front of
+  `wait`, or for a routed task to `reroute`, as a release would; only if the given token still
+  holds it.
+
+  KEYS[1] active      hash    ref -> token
+  KEYS[2] wait        list
+  KEYS[3] reroute     list
+  ARGV[1] key prefix  `{P:Q}:`
+  ARGV[2..] ref, token pairs
+
+  Returns how many shards were given back.
+]]
+local prefix = ARGV[1]
+local n = 0
+for i = 2, #ARGV, 2 do
+  local ref, token = ARGV[i], ARGV[i + 1]
+  if ref ~= ACTIVE_PIN and rcall('HGET', KEYS[1], ref) == token then
+    rcall('HDEL', KEYS[1], ref)
+    rcall('HSETNX', prefix .. 'shard:' .. ref, 'attempt', 1)
+    local tid, idx = split_ref(ref)
+    if idx ~= 'agg' and rcall('HGET', prefix .. 'task:' .. tid, 'strategy') ~= 'pull' then
+      rcall('RPUSH', KEYS[3], ref)
+    else
+      rcall('LPUSH', KEYS[2], ref)
+    end
+    n = n + 1
+  end
+end
+if n > 0 then wake(prefix) end
+return n

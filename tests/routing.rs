@@ -1,0 +1,1100 @@
+//! Routed tasks against real redis-server processes (issue 3, DESIGN.md §7): shards reach the node
+//! their placement names, a task dispatched with no live executor waits unplaced for the first one,
+//! a SIGKILLed node loses no shard and only its shards move, a joining node takes over its share
+//! of the waiting shards, the aggregation fires once, a dispatch cut short is completed by running
+//! it again, a live node id cannot be taken twice, `ring simulate` shows the strategies' movement
+//! and `status --json` lists the live nodes.
+//!
+//! Executors are real `shardctl executor` processes with small timings. Their handler is a child
+//! process (`--exec`) that appends `<task> <node> <index> <key>` to a file in the test's directory,
+//! so the test knows which node ran each shard; it prints the shard index, so that every shard
+//! stores a result. The aggregator (`--aggregate-exec`) appends the task id to another file and
+//! counts its input lines: the task's result is its shard count, and the file shows how many
+//! times the aggregation ran. Waits are bounded by generous timeouts; no elapsed time is asserted.
+//!
+//! The numbers in parentheses in the tests' comments are those of the test plan: (1) placement,
+//! (2) no live executor, (3) a node killed, (4) a node joining, (5) one aggregation, (6) a dispatch
+//! cut short, (7) a node id taken twice, (8) `ring simulate`, (9) `status`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use shardctl_common::model::TaskSpec;
+use shardctl_common::ring::{Placement, Ring, Strategy, DEFAULT_VNODES};
+use shardctl_common::{scripts, Keys};
+use shardctl_testkit::TestRedis;
+
+const BIN: &str = env!("CARGO_BIN_EXE_shardctl");
+/// How long one command may run before the test calls it hung (a guard, not a speed assertion).
+const HANG_GUARD: Duration = Duration::from_secs(120);
+/// The bound of every "eventually": far above what a healthy run needs.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// The tests run one at a time: each starts several executors, and membership timeouts of one
+/// second should not depend on how many other tests share the cores.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What one run of the binary did.
+struct Out {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+impl Out {
+    fn code(&self) -> i32 {
+        self.status.code().unwrap_or(-1)
+    }
+}
+
+impl std::fmt::Debug for Out {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "exit {:?}\n--- stdout\n{}\n--- stderr\n{}", self.status, self.stdout, self.stderr)
+    }
+}
+
+/// A command for the binary with no settings leaking in from the environment.
+fn command(args: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.args(args)
+        .env_remove("SHARDCTL_REDIS")
+        .env_remove("SHARDCTL_QUEUE")
+        .env_remove("SHARDCTL_LOG")
+        .env_remove("RUST_LOG")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null());
+    c
+}
+
+/// Runs the binary with `args` to its end.
+fn shardctl(args: &[&str]) -> Out {
+    let mut child = command(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {BIN}: {e}"));
+    let mut so = child.stdout.take().expect("piped stdout");
+    let mut se = child.stderr.take().expect("piped stderr");
+    let out = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = so.read_to_end(&mut s);
+        s
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = se.read_to_end(&mut s);
+        s
+    });
+    let deadline = Instant::now() + HANG_GUARD;
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("try_wait") {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let stderr = String::from_utf8_lossy(&err.join().unwrap_or_default()).into_owned();
+            panic!("shardctl {args:?} hung; killed it. stderr:\n{stderr}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let stdout = String::from_utf8_lossy(&out.join().expect("stdout reader")).into_owned();
+    let stderr = String::from_utf8_lossy(&err.join().expect("stderr reader")).into_owned();
+    Out { status, stdout, stderr }
+}
+
+fn signal(pid: u32, sig: &str) {
+    // failure is fine: the process may have ended an instant ago
+    let _ = Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).stderr(Stdio::null()).status();
+}
+
+/// Polls `f` until it gives a value; panics with `what` (and the last state `f` described)
+/// after [`PATIENCE`].
+fn eventually<T>(what: &str, mut f: impl FnMut() -> Result<T, String>) -> T {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        match f() {
+            Ok(v) => return v,
+            Err(last) if Instant::now() > deadline => panic!("{what}: not so after {PATIENCE:?}; last: {last}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// One `shardctl executor` process, SIGKILLed on drop unless it already ended.
+struct Node {
+    id: String,
+    child: Child,
+    log: PathBuf,
+    exit: Option<ExitStatus>,
+}
+
+impl Node {
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The exit status if it has ended.
+    fn ended(&mut self) -> Option<ExitStatus> {
+        if self.exit.is_none() {
+            self.exit = self.child.try_wait().expect("try_wait");
+        }
+        self.exit
+    }
+
+    /// Waits for the process to end, at most `bound`.
+    fn wait_exit(&mut self, bound: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + bound;
+        loop {
+            if let Some(s) = self.ended() {
+                return Some(s);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.wait_exit(Duration::from_secs(10));
+    }
+
+    /// SIGTERM, then the exit status (graceful stop: its grace is 2 s).
+    fn terminate(&mut self) -> ExitStatus {
+        signal(self.pid(), "TERM");
+        self.wait_exit(Duration::from_secs(30))
+            .unwrap_or_else(|| panic!("executor {} did not stop after SIGTERM; log:\n{}", self.id, self.log()))
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if self.ended().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// One line of the records file: a node started running a shard.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Run {
+    task: String,
+    node: String,
+    index: u64,
+    attempt: u64,
+    key: String,
+}
+
+/// A private redis-server, a queue, a directory for the handlers' records and the executors.
+struct Env {
+    // dropped first: the executors go before their server
+    nodes: Vec<Node>,
+    queue: String,
+    dir: PathBuf,
+    /// What the shard handler sleeps, in seconds (`sleep` argument).
+    sleep: &'static str,
+    redis: TestRedis,
+}
+
+impl Env {
+    fn start(name: &str, sleep: &'static str) -> Self {
+        let dir = std::env::temp_dir().join(format!("shardctl-routing-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("test dir");
+        Env { nodes: Vec::new(), queue: format!("routing-{name}"), dir, sleep, redis: TestRedis::start() }
+    }
+
+    fn global(&self) -> Vec<String> {
+        vec!["--redis".into(), self.redis.url(), "--queue".into(), self.queue.clone()]
+    }
+
+    /// Runs `shardctl --redis URL --queue Q <args>`.
+    fn run(&self, args: &[&str]) -> Out {
+        let global = self.global();
+        let mut all: Vec<&str> = global.iter().map(String::as_str).collect();
+        all.extend_from_slice(args);
+        shardctl(&all)
+    }
+
+    fn con(&self) -> redis::Connection {
+        self.redis.con()
+    }
+
+    /// The full name of key `suffix` of the queue.
+    fn key(&self, suffix: &str) -> String {
+        format!("{{shardctl:{}}}:{suffix}", self.queue)
+    }
+
+    fn records_path(&self) -> PathBuf {
+        self.dir.join("runs")
+    }
+
+    fn aggregations_path(&self) -> PathBuf {
+        self.dir.join("aggregations")
+    }
+
+    fn exec_line(&self) -> String {
+        format!(
+            "sh -c 'echo \"$SHARDCTL_TASK_ID $SHARDCTL_NODE_ID $SHARDCTL_SHARD_INDEX $SHARDCTL_ATTEMPT \
+             $SHARDCTL_SHARD_KEY\" >> {}; case $SHARDCTL_KIND:$SHARDCTL_ATTEMPT in flaky:1) exit 1;; esac; \
+             sleep {}; echo $SHARDCTL_SHARD_INDEX'",
+            self.records_path().display(),
+            self.sleep
+        )
+    }
+
+    fn aggregate_line(&self) -> String {
+        format!("sh -c \"echo $SHARDCTL_TASK_ID >> {}; wc -l\"", self.aggregations_path().display())
+    }
+
+    /// The executor arguments (after the global ones) for node `id`.
+    fn executor_args(&self, id: &str) -> Vec<String> {
+        let mut args = self.global();
+        args.extend(
+            [
+                "executor",
+                "--node-id",
+                id,
+                "--member-heartbeat",
+                "200ms",
+                "--member-timeout",
+                "1s",
+                "--lock-duration",
+                "1s",
+                "--stalled-interval",
+                "300ms",
+                "--block-timeout",
+                "200ms",
+                "--concurrency",
+                "2",
+                "--grace",
+                "2s",
+            ]
+            .map(String::from),
+        );
+        args.extend(["--exec".to_owned(), self.exec_line(), "--aggregate-exec".to_owned(), self.aggregate_line()]);
+        args
+    }
+
+    /// Starts an executor with node id `id` without keeping it in the environment.
+    fn spawn_node(&self, id: &str) -> Node {
+        let n = std::fs::read_dir(&self.dir).map(|d| d.count()).unwrap_or(0);
+        let log = self.dir.join(format!("executor-{id}-{n}.log"));
+        let args = self.executor_args(id);
+        let child = command(&args.iter().map(String::as_str).collect::<Vec<_>>())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(File::create(&log).expect("executor log")))
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {BIN} executor: {e}"));
+        Node { id: id.to_owned(), child, log, exit: None }
+    }
+
+    /// Starts an executor with node id `id`.
+    fn node(&mut self, id: &str) {
+        let n = self.spawn_node(id);
+        self.nodes.push(n);
+    }
+
+    fn node_mut(&mut self, id: &str) -> &mut Node {
+        self.nodes.iter_mut().rev().find(|n| n.id == id).unwrap_or_else(|| panic!("no executor {id}"))
+    }
+
+    /// The node ids in the membership.
+    fn members(&self) -> Vec<String> {
+        redis::cmd("ZRANGE").arg(self.key("nodes")).arg(0).arg(-1).query(&mut self.con()).unwrap()
+    }
+
+    /// Waits until the membership is exactly `ids`.
+    fn wait_members(&self, ids: &[&str]) {
+        let want: BTreeSet<String> = ids.iter().map(|s| s.to_string()).collect();
+        eventually(&format!("the membership is {want:?}"), || {
+            let got: BTreeSet<String> = self.members().into_iter().collect();
+            if got == want {
+                Ok(())
+            } else {
+                Err(format!("{got:?}"))
+            }
+        });
+    }
+
+    /// Every shard run recorded so far.
+    fn runs(&self) -> Vec<Run> {
+        let text = std::fs::read_to_string(self.records_path()).unwrap_or_default();
+        text.lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| {
+                let f: Vec<&str> = l.split(' ').collect();
+                assert!(f.len() >= 4, "malformed record {l:?}");
+                let num = |s: &str| s.parse().unwrap_or_else(|_| panic!("malformed record {l:?}"));
+                Run {
+                    task: f[0].to_owned(),
+                    node: f[1].to_owned(),
+                    index: num(f[2]),
+                    attempt: num(f[3]),
+                    key: f.get(4).copied().unwrap_or("").to_owned(),
+                }
+            })
+            .collect()
+    }
+
+    fn runs_of(&self, task: &str) -> Vec<Run> {
+        self.runs().into_iter().filter(|r| r.task == task).collect()
+    }
+
+    /// How many times the aggregation of `task` ran.
+    fn aggregations(&self, task: &str) -> usize {
+        let text = std::fs::read_to_string(self.aggregations_path()).unwrap_or_default();
+        text.lines().filter(|l| l.trim() == task).count()
+    }
+
+    /// `dispatch --kind mine <args>`, expecting exit 0; returns the run.
+    fn dispatch(&self, args: &[&str]) -> Out {
+        self.dispatch_kind("mine", args)
+    }
+
+    /// `dispatch --kind <kind> <args>`, expecting exit 0; returns the run.
+    fn dispatch_kind(&self, kind: &str, args: &[&str]) -> Out {
+        let mut all = vec!["dispatch", "--kind", kind];
+        all.extend_from_slice(args);
+        let out = self.run(&all);
+        assert_eq!(out.code(), 0, "dispatch {args:?}: {out:?}");
+        out
+    }
+
+    /// `wait <task> --json`, expecting exit 0 (completed); returns the task.
+    fn wait(&self, task: &str) -> Value {
+        let out = self.run(&["wait", task, "--timeout", "100s", "--json"]);
+        assert_eq!(out.code(), 0, "wait {task}: {out:?}\n{}", self.tails());
+        serde_json::from_str(out.stdout.trim()).unwrap_or_else(|e| panic!("wait --json is not JSON ({e}): {out:?}"))
+    }
+
+    fn task_field(&self, task: &str, field: &str) -> Option<String> {
+        redis::cmd("HGET").arg(self.key(&format!("task:{task}"))).arg(field).query(&mut self.con()).unwrap()
+    }
+
+    fn list(&self, suffix: &str) -> Vec<String> {
+        redis::cmd("LRANGE").arg(self.key(suffix)).arg(0).arg(-1).query(&mut self.con()).unwrap()
+    }
+
+    /// Invariants 3 and 4 for a task of `total` shards that ended: completed, every shard counted
+    /// once with its result stored, the aggregation run once with every shard's line.
+    fn check_completed(&self, t: &Value, total: u64) {
+        let task = t["task_id"].as_str().expect("task_id");
+        assert_eq!(t["state"], json!("completed"), "{t}");
+        assert_eq!(
+            (t["total"].clone(), t["done"].clone(), t["failed"].clone()),
+            (json!(total), json!(total), json!(0))
+        );
+        assert_eq!(t["result"], json!(total), "the aggregator counts one line per shard: {t}");
+        let mut con = self.con();
+        let tkey = self.key(&format!("task:{task}"));
+        let (bits, results, errors): (u64, u64, u64) = redis::pipe()
+            .cmd("BITCOUNT")
+            .arg(format!("{tkey}:terminal"))
+            .cmd("HLEN")
+            .arg(format!("{tkey}:results"))
+            .cmd("HLEN")
+            .arg(format!("{tkey}:errors"))
+            .query(&mut con)
+            .unwrap();
+        assert_eq!((bits, results, errors), (total, total, 0), "terminal bits, results, errors of {task}");
+        assert_eq!(self.aggregations(task), 1, "the aggregation of {task} ran once");
+        let ran: BTreeSet<u64> = self.runs_of(task).iter().map(|r| r.index).collect();
+        let all: BTreeSet<u64> = (0..total).collect();
+        assert_eq!(ran, all, "every shard of {task} ran");
+    }
+
+    /// The last lines of every executor's log.
+    fn tails(&self) -> String {
+        let mut s = String::new();
+        for n in &self.nodes {
+            let log = n.log();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = lines[lines.len().saturating_sub(20)..].join("\n");
+            s.push_str(&format!("----- executor {} (pid {}) log tail:\n{tail}\n", n.id, n.pid()));
+        }
+        s
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        for n in &mut self.nodes {
+            n.kill();
+        }
+        if std::thread::panicking() {
+            eprintln!("{}", self.tails());
+        }
+        if std::env::var_os("SHARDCTL_ROUTING_KEEP").is_some() {
+            eprintln!("records and logs kept in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// The owner of shard `index` (key `key`) under `strategy` over `nodes`, as the tests expect it.
+fn owner(strategy: Strategy, nodes: &[&str], index: u64, key: &str) -> String {
+    Placement::new(strategy, nodes, DEFAULT_VNODES).owner(index, key).expect("a member").to_owned()
+}
+
+fn ring_owner(nodes: &[&str], index: u64) -> String {
+    Ring::new(nodes, DEFAULT_VNODES).owner(&index.to_string()).expect("a member").to_owned()
+}
+
+/// Runs per node, for assertion messages.
+fn per_node(runs: &[Run]) -> BTreeMap<String, usize> {
+    let mut m = BTreeMap::new();
+    for r in runs {
+        *m.entry(r.node.clone()).or_default() += 1;
+    }
+    m
+}
+
+/// (1) Every shard of a routed task runs on the node its strategy names over the live members,
+/// for each strategy, and with a keys file the owner is computed from the key of its line.
+#[test]
+fn routed_shards_run_on_the_node_their_placement_names() {
+    let _s = serial();
+    let mut env = Env::start("reach", "0.05");
+    for n in ["a", "b", "c"] {
+        env.node(n);
+    }
+    env.wait_members(&["a", "b", "c"]);
+    let nodes = ["a", "b", "c"];
+
+    // 60 keys, with a blank line (skipped) and a CRLF line ending (trimmed)
+    let keys: Vec<String> = (0..60).map(|i| format!("customer-{}", 1000 + i * 37)).collect();
+    let mut text = String::new();
+    for (i, k) in keys.iter().enumerate() {
+        text.push_str(k);
+        text.push_str(if i == 20 { "\r\n" } else { "\n" });
+        if i == 10 {
+            text.push('\n');
+        }
+    }
+    let keys_file = env.dir.join("keys.txt");
+    std::fs::write(&keys_file, text).unwrap();
+    let keys_file = keys_file.to_str().unwrap().to_owned();
+    // the keys place shards differently from their indexes: the test tells which one routing used
+    for strategy in [Strategy::ConsistentHash, Strategy::HashMod] {
+        let differ = (0..60u64)
+            .filter(|&i| owner(strategy, &nodes, i, &keys[i as usize]) != owner(strategy, &nodes, i, &i.to_string()))
+            .count();
+        assert!(differ >= 10, "{strategy}: only {differ} keys place their shard elsewhere than its index");
+    }
+
+    let tasks: [(&str, Strategy, bool); 5] = [
+        ("ch", Strategy::ConsistentHash, false),
+        ("rr", Strategy::RoundRobin, false),
+        ("hm", Strategy::HashMod, false),
+        ("keys-ch", Strategy::ConsistentHash, true),
+        ("keys-hm", Strategy::HashMod, true),
+    ];
+    for (id, strategy, with_keys) in tasks {
+        let s = strategy.as_str();
+        let out = if with_keys {
+            env.dispatch(&["--strategy", s, "--keys-file", &keys_file, "--task-id", id])
+        } else {
+            env.dispatch(&["--strategy", s, "--shards", "60", "--task-id", id])
+        };
+        assert_eq!(out.stdout.trim(), id, "{out:?}");
+        assert!(out.stderr.contains(&format!("60 of 60 shards placed on 3 executors ({s})")), "{out:?}");
+    }
+    for (id, strategy, with_keys) in tasks {
+        let t = env.wait(id);
+        env.check_completed(&t, 60);
+        let runs = env.runs_of(id);
+        for r in &runs {
+            let key = if with_keys { keys[r.index as usize].clone() } else { r.index.to_string() };
+            let want = owner(strategy, &nodes, r.index, &key);
+            assert_eq!(r.node, want, "task {id} ({strategy}): shard {} (key {key}) ran on {}", r.index, r.node);
+        }
+        let per = per_node(&runs);
+        assert_eq!(per.len(), 3, "task {id}: every node ran some shards: {per:?}");
+        eprintln!("task {id} ({strategy}): runs per node {per:?}");
+    }
+    // the lists are drained, nothing is left to place
+    for n in nodes {
+        assert!(env.list(&format!("node:{n}:wait")).is_empty(), "node {n} still has refs");
+    }
+    let unrouted: Vec<String> =
+        redis::cmd("ZRANGE").arg(env.key("unrouted")).arg(0).arg(-1).query(&mut env.con()).unwrap();
+    assert!(unrouted.is_empty(), "{unrouted:?}");
+}
+
+/// With a keys file, the handler learns its shard's key (`SHARDCTL_SHARD_KEY`), the one the
+/// shard was routed by.
+// Regression: a keys-file shard once got its index as its key.
+#[test]
+fn a_keys_file_shard_gets_its_key() {
+    let _s = serial();
+    let mut env = Env::start("key", "0");
+    env.node("a");
+    env.wait_members(&["a"]);
+    let keys = ["eu-west/orders", "us-east/orders", "ap-south/orders", "eu-west/refunds"];
+    let keys_file = env.dir.join("keys.txt");
+    std::fs::write(&keys_file, keys.join("\n")).unwrap();
+    env.dispatch(&["--strategy", "consistent-hash", "--keys-file", keys_file.to_str().unwrap(), "--task-id", "k"]);
+    let t = env.wait("k");
+    env.check_completed(&t, keys.len() as u64);
+    for r in env.runs_of("k") {
+        assert_eq!(r.key, keys[r.index as usize], "SHARDCTL_SHARD_KEY of shard {}", r.index);
+    }
+}
+
+/// (2) No live executor at dispatch: the task waits unplaced (running, in `unrouted`), then the
+/// first executor to join places it and runs it to the end.
+#[test]
+fn a_task_dispatched_with_no_live_executor_waits_for_the_first_one() {
+    let _s = serial();
+    let mut env = Env::start("unplaced", "0.01");
+    let out = env.dispatch(&["--strategy", "consistent-hash", "--shards", "20", "--task-id", "early"]);
+    assert_eq!(out.stdout.trim(), "early");
+    assert!(out.stderr.contains("no live executor"), "{out:?}");
+
+    let out = env.run(&["status", "early", "--json"]);
+    assert_eq!(out.code(), 0, "{out:?}");
+    let t: Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert_eq!(t["state"], json!("running"), "{t}");
+    assert_eq!((t["done"].clone(), t["routed"].clone()), (json!(0), json!(0)), "{t}");
+    let unrouted: Vec<String> =
+        redis::cmd("ZRANGE").arg(env.key("unrouted")).arg(0).arg(-1).query(&mut env.con()).unwrap();
+    assert_eq!(unrouted, ["early"]);
+    let listed: Vec<String> = redis::cmd("SMEMBERS").arg(env.key("routed-nodes")).query(&mut env.con()).unwrap();
+    assert!(listed.is_empty(), "nothing is placed without a member: {listed:?}");
+    let q = env.run(&["status", "--json"]);
+    let q: Value = serde_json::from_str(q.stdout.trim()).unwrap();
+    assert_eq!(q["tasks"]["running"], json!(1), "{q}");
+    assert_eq!(q["nodes"], json!([]), "{q}");
+    eprintln!("queue status while unplaced: waiting {} active {}", q["waiting"], q["active"]);
+
+    env.node("a");
+    let t = env.wait("early");
+    env.check_completed(&t, 20);
+    assert_eq!(t["routed"], json!(20), "{t}");
+    let runs = env.runs_of("early");
+    assert!(runs.iter().all(|r| r.node == "a"), "{runs:?}");
+    let unrouted: Vec<String> =
+        redis::cmd("ZRANGE").arg(env.key("unrouted")).arg(0).arg(-1).query(&mut env.con()).unwrap();
+    assert!(unrouted.is_empty(), "{unrouted:?}");
+}
+
+/// (3, 5) A node SIGKILLed mid-task loses no shard, and only its shards move: each goes to its
+/// owner under the ring of the remaining nodes; no shard moves between two nodes that both
+/// stayed. The aggregation still fires once.
+#[test]
+fn a_node_killed_mid_task_loses_no_shard_and_only_its_shards_move() {
+    let _s = serial();
+    let mut env = Env::start("kill", "0.1");
+    for n in ["a", "b", "c"] {
+        env.node(n);
+    }
+    env.wait_members(&["a", "b", "c"]);
+    let total = 90u64;
+    let all3 = ["a", "b", "c"];
+    let stay = ["a", "c"];
+    let of_b = (0..total).filter(|&i| ring_owner(&all3, i) == "b").count();
+    assert!(of_b >= 10, "the ring gives b only {of_b} of {total} shards");
+
+    env.dispatch(&["--strategy", "consistent-hash", "--shards", &total.to_string(), "--task-id", "failover"]);
+    // some progress by b, while its list still holds refs
+    let left = eventually("b ran a few shards and still has some waiting", || {
+        let ran = env.runs_of("failover").iter().filter(|r| r.node == "b").count();
+        let waiting = env.list("node:b:wait").len();
+        if waiting == 0 {
+            panic!("b ran all its shards before the kill: slow the handler down\n{}", env.tails());
+        }
+        if ran >= 3 && waiting >= 4 {
+            Ok(waiting)
+        } else {
+            Err(format!("b ran {ran}, {waiting} waiting"))
+        }
+    });
+    env.node_mut("b").kill();
+    let done_at_kill = env.task_field("failover", "done").unwrap_or_default();
+    eprintln!("b killed with about {left} shards on its list; {done_at_kill} done");
+
+    let t = env.wait("failover");
+    env.check_completed(&t, total);
+    let runs = env.runs_of("failover");
+    let mut moved = BTreeSet::new();
+    for r in &runs {
+        let before = ring_owner(&all3, r.index);
+        if r.node == "b" {
+            assert_eq!(before, "b", "shard {} ran on b, which did not own it", r.index);
+            continue;
+        }
+        let after = ring_owner(&stay, r.index);
+        assert_eq!(r.node, after, "shard {} (owner {before} before, {after} after b left) ran on {}", r.index, r.node);
+        if before == "b" {
+            moved.insert(r.index);
+        }
+    }
+    assert!(!moved.is_empty(), "none of b's shards moved: {:?}", per_node(&runs));
+    // every shard of b that b never started ran elsewhere, on its new owner (checked above)
+    let ran_on_b: BTreeSet<u64> = runs.iter().filter(|r| r.node == "b").map(|r| r.index).collect();
+    for i in (0..total).filter(|&i| ring_owner(&all3, i) == "b" && !ran_on_b.contains(&i)) {
+        assert!(moved.contains(&i), "b's unrun shard {i} did not run on its new owner");
+    }
+    eprintln!("runs per node {:?}; {} of b's shards moved", per_node(&runs), moved.len());
+
+    // b is gone from the membership and its list with it
+    env.wait_members(&["a", "c"]);
+    eventually("b's list is forgotten", || {
+        let listed: Vec<String> = redis::cmd("SMEMBERS").arg(env.key("routed-nodes")).query(&mut env.con()).unwrap();
+        let left = env.list("node:b:wait");
+        if left.is_empty() && !listed.contains(&"b".to_owned()) {
+            Ok(())
+        } else {
+            Err(format!("routed-nodes {listed:?}, b's list {left:?}"))
+        }
+    });
+    assert!(env.list("reroute").is_empty());
+}
+
+/// (4, 5) A node joining mid-task takes over its share of the waiting shards: once it has
+/// joined every waiting ref is on the list of its owner under the new ring, the shards that ran
+/// on the new node are all its own, it ran some, and no shard moved between the two old nodes.
+#[test]
+fn a_node_joining_mid_task_takes_over_its_share_of_waiting_shards() {
+    let _s = serial();
+    let mut env = Env::start("join", "0.1");
+    env.node("a");
+    env.node("b");
+    env.wait_members(&["a", "b"]);
+    let total = 200u64;
+    let old = ["a", "b"];
+    let all3 = ["a", "b", "c"];
+    env.dispatch(&["--strategy", "consistent-hash", "--shards", &total.to_string(), "--task-id", "grow"]);
+    eventually("a and b made some progress", || {
+        let n = env.runs_of("grow").len();
+        if n >= 10 {
+            Ok(())
+        } else {
+            Err(format!("{n} runs"))
+        }
+    });
+    env.node("c");
+    env.wait_members(&["a", "b", "c"]);
+
+    // once the rebalancer ran, every waiting ref sits on its new owner's list (one atomic read)
+    let (sizes, ran_before) = eventually("the waiting refs are on their owners under {a, b, c}", || {
+        let (la, lb, lc): (Vec<String>, Vec<String>, Vec<String>) = redis::pipe()
+            .atomic()
+            .lrange(env.key("node:a:wait"), 0, -1)
+            .lrange(env.key("node:b:wait"), 0, -1)
+            .lrange(env.key("node:c:wait"), 0, -1)
+            .query(&mut env.con())
+            .unwrap();
+        let wrong: Vec<String> = [("a", &la), ("b", &lb), ("c", &lc)]
+            .iter()
+            .flat_map(|(n, l)| {
+                l.iter()
+                    .filter(|r| {
+                        let i: u64 = r.rsplit(':').next().unwrap().parse().unwrap();
+                        ring_owner(&all3, i) != *n
+                    })
+                    .map(move |r| format!("{r} on {n}"))
+            })
+            .collect();
+        if lc.is_empty() || !wrong.is_empty() {
+            return Err(format!("c has {} refs; misplaced: {wrong:?}", lc.len()));
+        }
+        Ok(((la.len(), lb.len(), lc.len()), env.runs_of("grow").len()))
+    });
+    eprintln!("after c joined: lists a/b/c hold {sizes:?}, {ran_before} shards started before");
+
+    let t = env.wait("grow");
+    env.check_completed(&t, total);
+    let runs = env.runs_of("grow");
+    let on_c: Vec<&Run> = runs.iter().filter(|r| r.node == "c").collect();
+    assert!(!on_c.is_empty(), "c ran nothing: {:?}", per_node(&runs));
+    for r in &on_c {
+        assert_eq!(ring_owner(&all3, r.index), "c", "shard {} ran on c, which does not own it", r.index);
+    }
+    for r in runs.iter().filter(|r| r.node != "c") {
+        assert_eq!(ring_owner(&old, r.index), r.node, "shard {} moved between a and b", r.index);
+    }
+    let of_c = (0..total).filter(|&i| ring_owner(&all3, i) == "c").count();
+    eprintln!("runs per node {:?}; c owns {of_c} shards of {total}", per_node(&runs));
+}
+
+/// (6, 5) A dispatch cut short (the task created, only its first chunk placed) is completed by
+/// running the same command again: it says "resumed" and places exactly the rest. A different
+/// spec under the same id is refused, and so is a re-run once the task is fully placed.
+#[test]
+fn a_dispatch_cut_short_is_completed_by_running_it_again() {
+    let _s = serial();
+    let mut env = Env::start("resume", "0.02");
+    let members = ["a", "b"];
+    // a live membership without executors: no rebalancer runs, so only dispatches place shards
+    let fake_members = |env: &Env| {
+        let now = shardctl_common::time::now_ms();
+        let _: () =
+            redis::cmd("ZADD").arg(env.key("nodes")).arg(now).arg("a").arg(now).arg("b").query(&mut env.con()).unwrap();
+    };
+    fake_members(&env);
+
+    // the crash, simulated: the task is created and the first chunk only is placed
+    let (id, total, first) = ("resume-me", 60u64, 20u64);
+    let (id0, total0) = ("resume-none", 10u64);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let client = shardctl_common::conn::client(&env.redis.url()).unwrap();
+        let mut con = shardctl_common::conn::manager(&client).await.unwrap();
+        let keys = Keys::new("shardctl", &env.queue);
+        let spec = TaskSpec { strategy: Strategy::ConsistentHash, ..TaskSpec::new(id, "mine", total) };
+        shardctl_coordinator::dispatch::dispatch(&mut con, &keys, &spec).await.unwrap();
+        let owners: Vec<String> = (0..first).map(|i| ring_owner(&members, i)).collect();
+        let owners: Vec<&str> = owners.iter().map(String::as_str).collect();
+        let routed = scripts::route(&mut con, &keys, id, 0, &owners).await.unwrap();
+        assert_eq!(routed, first);
+        // and one killed before it placed anything
+        let spec = TaskSpec { strategy: Strategy::ConsistentHash, ..TaskSpec::new(id0, "mine", total0) };
+        shardctl_coordinator::dispatch::dispatch(&mut con, &keys, &spec).await.unwrap();
+    });
+    assert_eq!(env.task_field(id, "routed").as_deref(), Some("20"));
+    let unrouted: Vec<String> =
+        redis::cmd("ZRANGE").arg(env.key("unrouted")).arg(0).arg(-1).query(&mut env.con()).unwrap();
+    let unrouted: BTreeSet<String> = unrouted.into_iter().collect();
+    assert_eq!(unrouted, BTreeSet::from([id.to_owned(), id0.to_owned()]));
+
+    // another spec under the same id is refused, and changes nothing
+    for other in [
+        vec!["--strategy", "consistent-hash", "--shards", "61"],
+        vec!["--strategy", "round-robin", "--shards", "60"],
+        vec!["--strategy", "consistent-hash", "--shards", "60", "--items", "120"],
+    ] {
+        let mut args = vec!["dispatch", "--kind", "mine", "--task-id", id];
+        args.extend(other.iter().copied());
+        let out = env.run(&args);
+        assert_eq!(out.code(), 2, "{other:?}: {out:?}");
+        assert!(out.stderr.contains("already exists"), "{other:?}: {out:?}");
+        assert_eq!(env.task_field(id, "routed").as_deref(), Some("20"), "{other:?} placed shards");
+    }
+    let out =
+        env.run(&["dispatch", "--kind", "other", "--task-id", id, "--strategy", "consistent-hash", "--shards", "60"]);
+    assert_eq!(out.code(), 2, "another kind: {out:?}");
+
+    // the same command again: resumed, places the rest
+    let out = env.dispatch(&["--strategy", "consistent-hash", "--shards", "60", "--task-id", id]);
+    assert_eq!(out.stdout.trim(), id, "{out:?}");
+    assert!(out.stderr.contains("resumed"), "{out:?}");
+    assert!(out.stderr.contains("60 of 60 shards placed on 2 executors"), "{out:?}");
+    let out = env.dispatch(&["--strategy", "consistent-hash", "--shards", "10", "--task-id", id0]);
+    assert!(out.stderr.contains("resumed") && out.stderr.contains("10 of 10 shards placed on 2 executors"), "{out:?}");
+    assert_eq!(env.task_field(id, "routed").as_deref(), Some("60"));
+    assert_eq!(env.task_field(id0, "routed").as_deref(), Some("10"));
+    let unrouted: Vec<String> =
+        redis::cmd("ZRANGE").arg(env.key("unrouted")).arg(0).arg(-1).query(&mut env.con()).unwrap();
+    assert!(unrouted.is_empty(), "{unrouted:?}");
+
+    // every shard placed once, on its owner
+    let mut placed: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for n in members {
+        for r in env.list(&format!("node:{n}:wait")) {
+            placed.entry(r).or_default().push(n.to_owned());
+        }
+    }
+    for (task, n) in [(id, total), (id0, total0)] {
+        for i in 0..n {
+            let r = format!("{task}:{i}");
+            assert_eq!(placed.remove(&r), Some(vec![ring_owner(&members, i)]), "placement of {r}");
+        }
+    }
+    assert!(placed.is_empty(), "refs of no shard placed: {placed:?}");
+
+    // a fully placed task is not dispatched again
+    for (task, n) in [(id, "60"), (id0, "10")] {
+        let out =
+            env.run(&["dispatch", "--kind", "mine", "--strategy", "consistent-hash", "--shards", n, "--task-id", task]);
+        assert_eq!(out.code(), 2, "{out:?}");
+        assert!(out.stderr.contains("already exists"), "{out:?}");
+    }
+
+    // the executors run both, each shard counted once
+    fake_members(&env);
+    env.node("a");
+    env.node("b");
+    for (task, n) in [(id, total), (id0, total0)] {
+        let t = env.wait(task);
+        env.check_completed(&t, n);
+        let runs = env.runs_of(task);
+        eprintln!("{task}: {} runs of {n} shards, per node {:?}", runs.len(), per_node(&runs));
+    }
+    let out =
+        env.run(&["dispatch", "--kind", "mine", "--strategy", "consistent-hash", "--shards", "60", "--task-id", id]);
+    assert_eq!(out.code(), 2, "a completed task is not dispatched again: {out:?}");
+    assert!(out.stderr.contains("already exists"), "{out:?}");
+}
+
+/// (7) Two executors with the same node id: the second refuses to start while the first is alive;
+/// once the first has stopped gracefully, or has been dead past the member timeout, a new one
+/// with that id starts.
+#[test]
+fn a_live_node_id_cannot_be_taken_twice() {
+    let _s = serial();
+    let mut env = Env::start("same-id", "0");
+    env.node("a");
+    let first = env.nodes[0].pid();
+    env.wait_members(&["a"]);
+    let holder = |env: &Env| -> Option<String> {
+        redis::cmd("HGET").arg(env.key("node:a")).arg("pid").query(&mut env.con()).unwrap()
+    };
+    assert_eq!(holder(&env), Some(first.to_string()));
+
+    let mut second = env.spawn_node("a");
+    let st = second
+        .wait_exit(Duration::from_secs(30))
+        .unwrap_or_else(|| panic!("a second executor with the live node id 'a' kept running:\n{}", second.log()));
+    let log = second.log();
+    assert_eq!(st.code(), Some(2), "{log}");
+    assert!(log.contains("node id 'a'") && log.contains("live executor"), "unclear refusal: {log}");
+    assert!(log.contains(&format!("pid {first}")), "the refusal names the holder: {log}");
+    assert!(env.node_mut("a").ended().is_none(), "the first executor stopped:\n{}", env.node_mut("a").log());
+    assert_eq!(holder(&env), Some(first.to_string()), "the refused executor took the id over");
+    env.wait_members(&["a"]);
+
+    // a graceful stop leaves the membership: the id is free at once
+    let st = env.node_mut("a").terminate();
+    assert!(st.success(), "{st}");
+    let members = env.members();
+    assert!(members.is_empty(), "a gracefully stopped executor is still a member: {members:?}");
+    env.node("a");
+    let third = env.nodes.last().unwrap().pid();
+    eventually("the new executor holds node id 'a'", || {
+        let h = holder(&env);
+        if let Some(st) = env.node_mut("a").ended() {
+            panic!("the new executor with a free id exited ({st}):\n{}", env.node_mut("a").log());
+        }
+        if h == Some(third.to_string()) {
+            Ok(())
+        } else {
+            Err(format!("holder pid {h:?}"))
+        }
+    });
+    env.dispatch(&["--strategy", "consistent-hash", "--shards", "4", "--task-id", "after"]);
+    let t = env.wait("after");
+    env.check_completed(&t, 4);
+    assert!(env.runs_of("after").iter().all(|r| r.node == "a"));
+
+    // a SIGKILLed holder keeps the id until its heartbeat is older than the member timeout
+    env.node_mut("a").kill();
+    let mut refused = 0;
+    let taker = eventually("a new executor takes the id of a dead one", || {
+        let mut n = env.spawn_node("a");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(st) = n.ended() {
+                let log = n.log();
+                assert_eq!(st.code(), Some(2), "{log}");
+                assert!(log.contains("node id 'a'"), "{log}");
+                refused += 1;
+                return Err(format!("refused: {}", log.lines().last().unwrap_or("")));
+            }
+            if holder(&env) == Some(n.pid().to_string()) {
+                return Ok(n);
+            }
+            if Instant::now() > deadline {
+                panic!("executor neither refused nor joined:\n{}", n.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+    eprintln!("{refused} attempts refused before the dead holder's id was free");
+    env.nodes.push(taker);
+    env.wait_members(&["a"]);
+}
+
+/// (8) `ring simulate` prints the three strategies: on 3 -> 4 nodes the ring moves about a quarter
+/// of the keys, the static strategies more than half. Bad input is a usage error.
+#[test]
+fn ring_simulate_shows_what_each_strategy_moves() {
+    let out = shardctl(&["ring", "simulate", "--nodes", "3", "--add", "1"]);
+    assert_eq!(out.code(), 0, "{out:?}");
+    let moved: BTreeMap<String, f64> = out
+        .stdout
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let name = *f.first()?;
+            if !["consistent-hash", "round-robin", "hash-mod"].contains(&name) {
+                return None;
+            }
+            let pct = f.last()?.strip_suffix('%')?.parse::<f64>().ok()?;
+            Some((name.to_owned(), pct))
+        })
+        .collect();
+    assert_eq!(moved.len(), 3, "three strategies: {out:?}");
+    let ch = moved["consistent-hash"];
+    assert!((15.0..=35.0).contains(&ch), "consistent-hash moved {ch}%: {out:?}");
+    assert!(moved["round-robin"] > 50.0 && moved["hash-mod"] > 50.0, "{moved:?}");
+
+    for bad in [
+        &["ring", "simulate", "--nodes", "3", "--remove", "3"][..],
+        &["ring", "simulate", "--nodes", "0"][..],
+        &["ring", "simulate", "--nodes", "3", "--vnodes", "0"][..],
+    ] {
+        let out = shardctl(bad);
+        assert_eq!(out.code(), 2, "{bad:?}: {out:?}");
+        assert!(!out.stderr.trim().is_empty() && out.stdout.trim().is_empty(), "{bad:?}: {out:?}");
+    }
+    let out = shardctl(&["ring", "simulate", "--nodes", "3", "--remove", "3"]);
+    assert!(out.stderr.contains("--remove"), "{out:?}");
+}
+
+/// (9) `status --json` lists the live nodes, each with its routed waiting and active shards; a
+/// node that leaves is no longer listed and its waiting shards move to the others.
+#[test]
+fn status_lists_the_live_nodes_with_their_waiting_and_active_shards() {
+    let _s = serial();
+    let mut env = Env::start("status", "0.3");
+    env.node("a");
+    env.node("b");
+    env.wait_members(&["a", "b"]);
+    let pids: BTreeMap<String, u64> = env.nodes.iter().map(|n| (n.id.clone(), u64::from(n.pid()))).collect();
+    env.dispatch(&["--strategy", "consistent-hash", "--shards", "40", "--task-id", "watched"]);
+    let status = |env: &Env| -> Value {
+        let out = env.run(&["status", "--json", "--member-timeout", "1s"]);
+        assert_eq!(out.code(), 0, "{out:?}");
+        serde_json::from_str(out.stdout.trim()).unwrap_or_else(|e| panic!("status --json ({e}): {out:?}"))
+    };
+    let seen = eventually("status shows both nodes with shards waiting and active", || {
+        let v = status(&env);
+        let nodes = v["nodes"].as_array().cloned().unwrap_or_default();
+        let names: BTreeSet<&str> = nodes.iter().filter_map(|n| n["node"].as_str()).collect();
+        assert_eq!(names, BTreeSet::from(["a", "b"]), "{v}");
+        let (mut waiting, mut active) = (0, 0);
+        for n in &nodes {
+            let name = n["node"].as_str().unwrap();
+            assert_eq!(n["pid"].as_u64(), Some(pids[name]), "{n}");
+            let (w, a) = (n["waiting"].as_u64(), n["active"].as_u64());
+            let (Some(w), Some(a)) = (w, a) else { panic!("waiting and active must be numbers: {n}") };
+            assert!(a <= 2, "more active than the concurrency: {n}");
+            waiting += w;
+            active += a;
+        }
+        assert!(waiting + active <= 40, "{v}");
+        if waiting > 0 && active > 0 && nodes.iter().all(|n| n["waiting"].as_u64() > Some(0)) {
+            Ok(v)
+        } else {
+            Err(v.to_string())
+        }
+    });
+    eprintln!("status: {}", seen["nodes"]);
+
+    // b leaves gracefully: it is no longer listed, and its waiting shards move to a
+    let st = env.node_mut("b").terminate();
+    assert!(st.success(), "{st}");
+    eventually("status lists a only, with b's shards", || {
+        let v = status(&env);
+        let names: Vec<&str> = v["nodes"].as_array().unwrap().iter().filter_map(|n| n["node"].as_str()).collect();
+        if names == ["a"] && env.list("node:b:wait").is_empty() {
+            Ok(())
+        } else {
+            Err(v.to_string())
+        }
+    });
+    let t = env.wait("watched");
+    env.check_completed(&t, 40);
+    let v = status(&env);
+    let a = &v["nodes"][0];
+    assert_eq!((a["waiting"].as_u64(), a["active"].as_u64()), (Some(0), Some(0)), "{v}");
+}
+
+/// A shard of a routed task that fails an attempt is retried on its owner: data locality holds
+/// for retries as it does for recovered and released shards (they go to `reroute`).
+// Regression: retries of routed shards once ran wherever capacity was; they go back to their node.
+#[test]
+fn a_retried_routed_shard_runs_on_its_owner_again() {
+    let _s = serial();
+    let mut env = Env::start("retry", "0.02");
+    for n in ["a", "b", "c"] {
+        env.node(n);
+    }
+    env.wait_members(&["a", "b", "c"]);
+    let nodes = ["a", "b", "c"];
+    let total = 30u64;
+    // kind `flaky`: the handler fails every shard's first attempt
+    let args = ["--strategy", "consistent-hash", "--shards", "30", "--task-id", "retried"];
+    env.dispatch_kind("flaky", &[&args[..], &["--attempts", "3", "--backoff", "fixed:100ms"]].concat());
+    let t = env.wait("retried");
+    env.check_completed(&t, total);
+    let runs = env.runs_of("retried");
+    for i in 0..total {
+        let attempts: BTreeSet<u64> = runs.iter().filter(|r| r.index == i).map(|r| r.attempt).collect();
+        assert!(attempts.contains(&1) && attempts.contains(&2), "shard {i} attempts {attempts:?}");
+    }
+    let elsewhere: Vec<String> = runs
+        .iter()
+        .filter(|r| r.node != ring_owner(&nodes, r.index))
+        .map(|r| {
+            format!("shard {} attempt {} on {} (owner {})", r.index, r.attempt, r.node, ring_owner(&nodes, r.index))
+        })
+        .collect();
+    assert!(elsewhere.is_empty(), "{} of {} runs off their owner: {elsewhere:?}", elsewhere.len(), runs.len());
+}
+
+/// An executor frozen (SIGSTOP) past the member timeout has lost its node id: a new executor may
+/// take it, and when the frozen one wakes it stops instead of counting as that node too.
+#[test]
+fn a_frozen_node_loses_its_id_and_stops_when_it_wakes() {
+    let _s = serial();
+    let mut env = Env::start("frozen", "0");
+    env.node("a");
+    env.wait_members(&["a"]);
+    let old = env.nodes[0].pid();
+    signal(old, "STOP");
+    let holder = |env: &Env| -> Option<String> {
+        redis::cmd("HGET").arg(env.key("node:a")).arg("pid").query(&mut env.con()).unwrap()
+    };
+    let taker = eventually("a new executor takes the id of a frozen one", || {
+        let mut n = env.spawn_node("a");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if n.ended().is_some() {
+                return Err(format!("refused: {}", n.log().lines().last().unwrap_or("")));
+            }
+            if holder(&env) == Some(n.pid().to_string()) {
+                return Ok(n);
+            }
+            if Instant::now() > deadline {
+                panic!("executor neither refused nor joined:\n{}", n.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+    let new = taker.pid();
+    env.nodes.push(taker);
+    signal(old, "CONT");
+    let st = env.nodes[0]
+        .wait_exit(Duration::from_secs(30))
+        .unwrap_or_else(|| panic!("the woken executor kept running as node a:\n{}", env.nodes[0].log()));
+    let log = env.nodes[0].log();
+    assert!(!st.success(), "the woken executor must report that it lost its id: {st}\n{log}");
+    assert!(log.contains("node id 'a'"), "{log}");
+    assert!(env.nodes[1].ended().is_none(), "the new holder stopped:\n{}", env.nodes[1].log());
+    assert_eq!(holder(&env), Some(new.to_string()), "the woken executor took the id back or removed it");
+    env.wait_members(&["a"]);
+    env.dispatch(&["--strategy", "consistent-hash", "--shards", "4", "--task-id", "after-freeze"]);
+    let t = env.wait("after-freeze");
+    env.check_completed(&t, 4);
+}
