@@ -1,6 +1,8 @@
 //! The argument model and the dispatch to one file per command.
 
 mod bar;
+mod bench;
+mod config;
 mod demo;
 mod dispatch;
 mod executor;
@@ -8,6 +10,7 @@ mod redis_server;
 mod ring;
 mod status;
 mod wait;
+mod watch;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -64,6 +67,13 @@ pub enum Command {
     Demo(demo::DemoArgs),
     /// Placement strategies: `ring simulate` shows balance and movement.
     Ring(ring::RingArgs),
+    /// Tail the queue's event log live.
+    Watch(watch::WatchArgs),
+    /// Show or change the queue's settings (event log).
+    Config(config::ConfigArgs),
+    /// Measure throughput, Redis CPU, commands and memory per shard on a private redis-server,
+    /// against the performance targets and, where Node.js is installed, BullMQ.
+    Bench(bench::BenchArgs),
 }
 
 fn queue_name(s: &str) -> Result<String, String> {
@@ -103,6 +113,9 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         Command::Wait(a) => wait::run(&args, a).await,
         Command::Demo(a) => demo::run(&args, a).await,
         Command::Ring(a) => ring::run(a),
+        Command::Watch(a) => watch::run(&args, a).await,
+        Command::Config(a) => config::run(&args, a).await,
+        Command::Bench(a) => bench::run(&args, a).await,
     }
 }
 

@@ -1,0 +1,108 @@
+//! Coordination overhead on real work: the primes below 2×10^8 in 2000 shards on two executor
+//! processes of concurrency 1, against the same 2000 ranges counted by two plain threads taking
+//! the next range as they go (what rayon's `par_iter` does, without the dependency).
+
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context};
+use serde_json::json;
+use shardctl_common::model::TaskSpec;
+use shardctl_common::split::shard_range;
+use shardctl_coordinator::dispatch::{dispatch, new_task_id};
+use shardctl_executor::builtin::count_primes;
+use tokio::process::{Child, Command};
+
+use super::{stats, Ctx, Figures};
+
+const ITEMS: u64 = 200_000_000;
+const SHARDS: u64 = 2000;
+/// Executor processes, and threads of the plain program.
+const WORKERS: usize = 2;
+
+pub(crate) async fn run(ctx: &mut Ctx) -> anyhow::Result<Figures> {
+    let (plain_secs, expected) = tokio::task::spawn_blocking(plain).await?;
+
+    let exe = std::env::current_exe().context("finding this program to start executors")?;
+    let mut children = Vec::new();
+    let measured = async {
+        for i in 0..WORKERS {
+            let child = Command::new(&exe)
+                .args(["--redis", &ctx.url, "--prefix", &ctx.prefix, "--queue", &ctx.queue, "--log", "error"])
+                .args(["executor", "--concurrency", "1", "--node-id", &format!("bench-primes-{i}")])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .kill_on_drop(true)
+                .spawn()
+                .context("starting an executor process")?;
+            children.push(child);
+        }
+        stats::wait_blocked(&mut ctx.con, WORKERS as u64, Duration::from_secs(30)).await?;
+        let mut con = ctx.con.clone();
+        let spec = TaskSpec { items: ITEMS, ..TaskSpec::new(new_task_id(), "primes", SHARDS) };
+        let before = stats::info(&mut con).await?;
+        let start = Instant::now();
+        dispatch(&mut con, &ctx.keys, &spec).await?;
+        let ended =
+            stats::wait_ended(&mut con, &ctx.keys, &spec.id, Duration::from_millis(5), Duration::from_secs(600))
+                .await?;
+        let secs = ended.at.duration_since(start).as_secs_f64();
+        let redis = stats::info(&mut con).await?.since(&before);
+        let t = shardctl_coordinator::progress::task(&mut con, &ctx.keys, &spec.id).await?;
+        ensure!(
+            ended.state == "completed" && t.result == Some(json!({ "primes": expected })),
+            "task ended {} with result {:?}; a direct count gives {expected}",
+            ended.state,
+            t.result
+        );
+        Ok::<_, anyhow::Error>((secs, redis))
+    }
+    .await;
+    for c in &mut children {
+        terminate(c).await;
+    }
+    let (secs, redis) = measured?;
+    // per shard, in one worker's time: the work, and what the executors spent on top of it
+    let per_shard = |s: f64| s * WORKERS as f64 / SHARDS as f64 * 1e6;
+    Ok(Figures::from([
+        ("executors_secs", secs),
+        ("plain_secs", plain_secs),
+        ("ratio_pct", plain_secs / secs * 100.0),
+        ("work_us_per_shard", per_shard(plain_secs)),
+        ("overhead_us_per_shard", per_shard(secs - plain_secs)),
+        ("cpu_us_per_shard", redis.cpu_us / SHARDS as f64),
+        ("script_calls_per_shard", redis.scripts() as f64 / SHARDS as f64),
+    ]))
+}
+
+/// The plain program: WORKERS threads over the same ranges. Returns its time and the count.
+fn plain() -> (f64, u64) {
+    let next = AtomicU64::new(0);
+    let total = AtomicU64::new(0);
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..WORKERS {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= SHARDS {
+                    break;
+                }
+                let r = shard_range(i, SHARDS, ITEMS);
+                total.fetch_add(count_primes(r.start, r.end), Ordering::Relaxed);
+            });
+        }
+    });
+    (start.elapsed().as_secs_f64(), total.load(Ordering::Relaxed))
+}
+
+/// SIGTERM (a graceful stop: the executor leaves the membership), SIGKILL after 15 s.
+async fn terminate(c: &mut Child) {
+    if let Some(pid) = c.id() {
+        let _ = Command::new("kill").arg("-TERM").arg(pid.to_string()).status().await;
+        if tokio::time::timeout(Duration::from_secs(15), c.wait()).await.is_ok() {
+            return;
+        }
+    }
+    let _ = c.kill().await;
+}

@@ -1,0 +1,86 @@
+//! `shardctl watch`: tails the queue's event log live (best effort: capped, never counted from).
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use redis::streams::{StreamReadOptions, StreamReadReply};
+use redis::AsyncCommands;
+
+use super::{connect, Args};
+
+#[derive(Debug, Parser)]
+pub struct WatchArgs {
+    /// Only this task's events.
+    #[arg(long)]
+    pub task: Option<String>,
+    /// Start with the events already in the log (default: only new ones).
+    #[arg(long)]
+    pub from_start: bool,
+    /// Stop after this many events (default: run until interrupted).
+    #[arg(long)]
+    pub count: Option<u64>,
+    /// Print each event as a JSON line.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub async fn run(args: &Args, a: &WatchArgs) -> anyhow::Result<ExitCode> {
+    if let Some(t) = &a.task {
+        super::task_id(t)?;
+    }
+    let (client, _) = connect(args).await?;
+    // a blocking read needs a connection of its own with a response timeout past the block
+    let mut con = shardctl_common::conn::blocking(&client, std::time::Duration::from_secs(5)).await?;
+    let key = args.keys().events();
+    let mut last = if a.from_start { "0-0".to_owned() } else { "$".to_owned() };
+    let mut seen = 0u64;
+    loop {
+        let opts = StreamReadOptions::default().block(5000).count(500);
+        let reply: Option<StreamReadReply> = con.xread_options(&[&key], &[&last], &opts).await?;
+        for stream in reply.map(|r| r.keys).unwrap_or_default() {
+            for entry in stream.ids {
+                last = entry.id.clone();
+                let mut fields: Vec<(String, String)> = entry
+                    .map
+                    .iter()
+                    .map(|(k, v)| (k.clone(), redis::from_redis_value_ref::<String>(v).unwrap_or_default()))
+                    .collect();
+                // a stable order: task and shard first, the rest by name
+                let rank = |k: &str| match k {
+                    "event" => 0,
+                    "task" => 1,
+                    "shard" => 2,
+                    _ => 3,
+                };
+                fields.sort_by(|a, b| (rank(&a.0), &a.0).cmp(&(rank(&b.0), &b.0)));
+                let get = |f: &str| fields.iter().find(|(k, _)| k == f).map(|(_, v)| v.as_str());
+                if a.task.as_deref().is_some_and(|t| get("task") != Some(t)) {
+                    continue;
+                }
+                print_event(&entry.id, &fields, a.json);
+                seen += 1;
+                if a.count.is_some_and(|c| seen >= c) {
+                    return Ok(ExitCode::SUCCESS);
+                }
+            }
+        }
+    }
+}
+
+fn print_event(id: &str, fields: &[(String, String)], json: bool) {
+    let ms: u64 = id.split('-').next().and_then(|m| m.parse().ok()).unwrap_or(0);
+    if json {
+        let mut o = serde_json::Map::new();
+        o.insert("id".into(), id.into());
+        o.insert("time_ms".into(), ms.into());
+        for (k, v) in fields {
+            o.insert(k.clone(), v.clone().into());
+        }
+        println!("{}", serde_json::Value::Object(o));
+        return;
+    }
+    let t = humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms));
+    let event = fields.iter().find(|(k, _)| k == "event").map_or("?", |(_, v)| v.as_str());
+    let rest: Vec<String> = fields.iter().filter(|(k, _)| k != "event").map(|(k, v)| format!("{k}={v}")).collect();
+    println!("{t} {event:<18} {}", rest.join(" "));
+}
