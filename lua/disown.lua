@@ -19,13 +19,7 @@ for i = 2, #ARGV, 2 do
   local ref, token = ARGV[i], ARGV[i + 1]
   if ref ~= ACTIVE_PIN and rcall('HGET', KEYS[1], ref) == token then
     rcall('HDEL', KEYS[1], ref)
-    rcall('HSETNX', prefix .. 'shard:' .. ref, 'attempt', 1)
-    local tid, idx = split_ref(ref)
-    if idx ~= 'agg' and rcall('HGET', prefix .. 'task:' .. tid, 'strategy') ~= 'pull' then
-      rcall('RPUSH', KEYS[3], ref)
-    else
-      rcall('LPUSH', KEYS[2], ref)
-    end
+    requeue(prefix, ref, true)
     n = n + 1
   end
 end

@@ -21,14 +21,7 @@ for i = 2, #ARGV, 2 do
   local code = take(prefix, ref, token)
   if code == 0 then
     rcall('SREM', KEYS[2], ref)
-    -- the next claim raises `attempt`: give it the count a lazily claimed shard implied
-    rcall('HSETNX', prefix .. 'shard:' .. ref, 'attempt', 1)
-    local tid, idx = split_ref(ref)
-    if idx ~= 'agg' and rcall('HGET', prefix .. 'task:' .. tid, 'strategy') ~= 'pull' then
-      rcall('RPUSH', KEYS[4], ref)
-    else
-      rcall('LPUSH', KEYS[3], ref)
-    end
+    requeue(prefix, ref, true)
     released = released + 1
     code = 1
   end

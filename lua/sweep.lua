@@ -52,12 +52,7 @@ for _, ref in ipairs(candidates) do
       end
       failed = failed + 1
     else
-      rcall('HSETNX', skey, 'attempt', 1)
-      if idx ~= 'agg' and rcall('HGET', prefix .. 'task:' .. tid, 'strategy') ~= 'pull' then
-        rcall('RPUSH', KEYS[5], ref)
-      else
-        rcall('RPUSH', KEYS[4], ref)
-      end
+      requeue(prefix, ref, false)
       emit(prefix, 'event', 'shard_stalled', 'task', tid, 'shard', idx)
       recovered = recovered + 1
     end

@@ -82,6 +82,21 @@ local function take(prefix, ref, token)
   return 0
 end
 
+-- Puts a shard taken from its holder back where it can be claimed again: a routed task's shard
+-- to `reroute` (the current ring places it), any other to `wait` (at the front when `front`).
+-- `attempt` is set for a lazily claimed shard, so that the next claim counts it as the second.
+local function requeue(prefix, ref, front)
+  rcall('HSETNX', prefix .. 'shard:' .. ref, 'attempt', 1)
+  local tid, idx = split_ref(ref)
+  if idx ~= 'agg' and rcall('HGET', prefix .. 'task:' .. tid, 'strategy') ~= 'pull' then
+    rcall('RPUSH', prefix .. 'reroute', ref)
+  elseif front then
+    rcall('LPUSH', prefix .. 'wait', ref)
+  else
+    rcall('RPUSH', prefix .. 'wait', ref)
+  end
+end
+
 -- Enqueues the aggregation job if the task's counts say every shard is terminal.
 local function maybe_aggregate(prefix, tid, now)
   local tkey = prefix .. 'task:' .. tid
