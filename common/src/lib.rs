@@ -5,6 +5,8 @@
 //! # Layout
 //! - [`keys`]: every Redis key name of a queue, built in one place under the queue's hash tag.
 //! - [`scripts`]: the registry of Lua scripts (one per atomic operation) and their typed calls.
+//! - [`lock`]: distributed locks, single Redis and Redlock, with fencing tokens.
+//! - [`limiter`]: fixed-window, sliding-log and token-bucket rate limiters.
 //! - [`model`]: task ids, shard refs, the task spec and its state.
 //! - [`ring`]: consistent hashing with virtual nodes, the static strategies, `ring simulate`.
 //! - [`split`]: balanced item ranges of shards.
@@ -27,6 +29,8 @@ pub mod backoff;
 pub mod conn;
 pub mod error;
 pub mod keys;
+pub mod limiter;
+pub mod lock;
 pub mod model;
 pub mod ring;
 pub mod scripts;

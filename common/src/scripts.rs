@@ -49,6 +49,18 @@ pub struct Scripts {
     pub promote: Script,
     /// `disown.lua`
     pub disown: Script,
+    /// `lock_acquire.lua`
+    pub lock_acquire: Script,
+    /// `lock_extend.lua`
+    pub lock_extend: Script,
+    /// `fence_raise.lua`
+    pub fence_raise: Script,
+    /// `limit_fixed.lua`
+    pub limit_fixed: Script,
+    /// `limit_sliding.lua`
+    pub limit_sliding: Script,
+    /// `limit_bucket.lua`
+    pub limit_bucket: Script,
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
@@ -67,6 +79,12 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     forget: Script::new(lua!("forget.lua")),
     promote: Script::new(lua!("promote.lua")),
     disown: Script::new(lua!("disown.lua")),
+    lock_acquire: Script::new(lua!("lock_acquire.lua")),
+    lock_extend: Script::new(lua!("lock_extend.lua")),
+    fence_raise: Script::new(lua!("fence_raise.lua")),
+    limit_fixed: Script::new(lua!("limit_fixed.lua")),
+    limit_sliding: Script::new(lua!("limit_sliding.lua")),
+    limit_bucket: Script::new(lua!("limit_bucket.lua")),
 });
 
 /// The registry.
@@ -76,7 +94,7 @@ pub fn scripts() -> &'static Scripts {
 
 impl Scripts {
     /// Each script with its file name.
-    pub fn all(&self) -> [(&'static str, &Script); 15] {
+    pub fn all(&self) -> [(&'static str, &Script); 21] {
         [
             ("dispatch.lua", &self.dispatch),
             ("claim.lua", &self.claim),
@@ -93,6 +111,12 @@ impl Scripts {
             ("forget.lua", &self.forget),
             ("promote.lua", &self.promote),
             ("disown.lua", &self.disown),
+            ("lock_acquire.lua", &self.lock_acquire),
+            ("lock_extend.lua", &self.lock_extend),
+            ("fence_raise.lua", &self.fence_raise),
+            ("limit_fixed.lua", &self.limit_fixed),
+            ("limit_sliding.lua", &self.limit_sliding),
+            ("limit_bucket.lua", &self.limit_bucket),
         ]
     }
 }

@@ -1,0 +1,194 @@
+//! Distributed locks and rate limiters against real redis-servers: exclusion under racing
+//! acquirers, strictly rising fencing tokens, the watchdog, Redlock with servers down, and each
+//! limiter's promise checked from recorded grant times.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use shardctl_common::conn;
+use shardctl_common::limiter::{Decision, Limiter};
+use shardctl_common::lock::{LockKeys, RedisLock, Redlock};
+use shardctl_testkit::TestRedis;
+
+async fn manager(r: &TestRedis) -> redis::aio::ConnectionManager {
+    conn::manager(&conn::client(&r.url()).unwrap()).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifty_racing_acquirers_hold_one_at_a_time_with_rising_fences() {
+    let r = TestRedis::start();
+    let con = manager(&r).await;
+    let lock = RedisLock::new(con, LockKeys::new("t", "race").unwrap(), Duration::from_secs(5));
+    let inside = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let fences = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..50 {
+        let (lock, inside, most, fences) = (lock.clone(), inside.clone(), most.clone(), fences.clone());
+        tasks.push(tokio::spawn(async move {
+            let lease = lock.acquire(Duration::from_secs(30)).await.unwrap().expect("acquired within the wait");
+            let n = inside.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(n, Ordering::SeqCst);
+            // recorded while held: the vector's order is the order of acquisition
+            fences.lock().unwrap().push(lease.fencing_token);
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            inside.fetch_sub(1, Ordering::SeqCst);
+            assert!(lock.release(&lease).await.unwrap(), "the holder releases its own lock");
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(most.load(Ordering::SeqCst), 1, "two holders at once");
+    let f = fences.lock().unwrap().clone();
+    assert_eq!(f.len(), 50);
+    assert!(f.windows(2).all(|w| w[0] < w[1]), "fencing tokens must rise strictly: {f:?}");
+}
+
+#[tokio::test]
+async fn watchdog_keeps_the_lock_and_reports_its_loss() {
+    let r = TestRedis::start();
+    let con = manager(&r).await;
+    let keys = LockKeys::new("t", "dog").unwrap();
+    let lock = RedisLock::new(con.clone(), keys.clone(), Duration::from_millis(300));
+    let lease = lock.try_acquire().await.unwrap().unwrap();
+    // held three TTLs long through the watchdog; another acquirer is refused meanwhile
+    let other = RedisLock::new(con.clone(), keys.clone(), Duration::from_millis(300));
+    let stop = tokio::time::sleep(Duration::from_millis(900));
+    let (held, refused) = tokio::join!(lock.watchdog(&lease, stop), other.acquire(Duration::from_millis(800)));
+    assert!(held.is_ok(), "{held:?}");
+    assert_eq!(refused.unwrap(), None, "the lock was taken while the watchdog renewed it");
+    // a stale release is refused; the lock is lost when someone deletes it
+    assert!(!other.release(&shardctl_common::lock::Lease { token: "nope".into(), ..lease.clone() }).await.unwrap());
+    let mut c = r.con();
+    let _: () = redis::cmd("DEL").arg(&keys.lock).query(&mut c).unwrap();
+    let lost = lock.watchdog(&lease, std::future::pending()).await;
+    assert!(lost.unwrap_err().to_string().contains("lost"));
+    assert!(LockKeys::new("t", "bad name").is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redlock_survives_two_of_five_down_and_refuses_with_three() {
+    let mut servers: Vec<TestRedis> = (0..5).map(|_| TestRedis::start()).collect();
+    let mut cons = Vec::new();
+    for s in &servers {
+        cons.push(manager(s).await);
+    }
+    let keys = LockKeys::new("t", "red").unwrap();
+    let ttl = Duration::from_secs(2);
+    let lock = Redlock::new(cons, keys.clone(), ttl);
+    let mut fences = Vec::new();
+
+    let a = lock.try_acquire().await.unwrap().expect("all five up");
+    assert!(a.validity <= ttl && a.validity > Duration::ZERO);
+    assert_eq!(lock.try_acquire().await.unwrap(), None, "exclusion across the quorum");
+    fences.push(a.fencing_token);
+    lock.release(&a).await.unwrap();
+
+    servers[0].stop();
+    servers[1].stop();
+    let b = lock.acquire(Duration::from_secs(5)).await.unwrap().expect("3 of 5 is a quorum");
+    assert!(lock.extend(&b).await.unwrap(), "a quorum extends");
+    fences.push(b.fencing_token);
+    lock.release(&b).await.unwrap();
+
+    servers[2].stop();
+    assert_eq!(lock.acquire(Duration::from_millis(500)).await.unwrap(), None, "2 of 5 is no quorum");
+
+    // back to 4 of 5 (two restarted empty): fences still rise, read from the quorum's highest
+    servers[0].restart();
+    servers[2].restart();
+    let c = lock.acquire(Duration::from_secs(10)).await.unwrap().expect("4 of 5 up");
+    fences.push(c.fencing_token);
+    lock.release(&c).await.unwrap();
+    assert!(fences.windows(2).all(|w| w[0] < w[1]), "fencing tokens must rise: {fences:?}");
+}
+
+/// Deterministic request times: `n` requests spread over `span_ms` by a xorshift.
+fn times(n: usize, span_ms: u64, seed: u64) -> Vec<u64> {
+    let mut s = seed | 1;
+    let mut v: Vec<u64> = (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            1_000_000 + s % span_ms
+        })
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+async fn grants(limiter: Limiter, key: &str, r: &TestRedis, at: &[u64]) -> Vec<u64> {
+    // three clients take turns, as three executors would
+    let mut cons = Vec::new();
+    for _ in 0..3 {
+        cons.push(manager(r).await);
+    }
+    let mut out = Vec::new();
+    for (i, &t) in at.iter().enumerate() {
+        let d = limiter.acquire(&mut cons[i % 3], key, t, &format!("req-{i}")).await.unwrap();
+        match d {
+            Decision::Granted => out.push(t),
+            Decision::Wait(w) => assert!(w > Duration::ZERO),
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn fixed_window_never_grants_more_than_max_per_window() {
+    let r = TestRedis::start();
+    let per = 100u64;
+    let g = grants(
+        Limiter::FixedWindow { max: 5, per: Duration::from_millis(per) },
+        "{t}:fixed",
+        &r,
+        &times(2000, 5000, 7),
+    )
+    .await;
+    let mut by_window = std::collections::HashMap::<u64, u64>::new();
+    for t in &g {
+        *by_window.entry(t / per).or_default() += 1;
+    }
+    assert!(by_window.values().all(|&n| n <= 5), "{by_window:?}");
+    assert!(by_window.values().filter(|&&n| n == 5).count() > 10, "the limiter must grant up to its limit");
+}
+
+#[tokio::test]
+async fn sliding_log_never_grants_more_than_max_in_any_window() {
+    let r = TestRedis::start();
+    let per = 100u64;
+    let g = grants(
+        Limiter::SlidingLog { max: 5, per: Duration::from_millis(per) },
+        "{t}:slide",
+        &r,
+        &times(2000, 5000, 11),
+    )
+    .await;
+    for (i, &t) in g.iter().enumerate() {
+        // grants in (t - per, t]
+        let n = g[..=i].iter().filter(|&&u| u + per > t).count();
+        assert!(n <= 5, "{n} grants in the window ending at {t}");
+    }
+    assert!(g.len() > 200, "the limiter must grant up to its limit: {}", g.len());
+}
+
+#[tokio::test]
+async fn token_bucket_bounds_bursts_and_the_long_run_rate() {
+    let r = TestRedis::start();
+    let (capacity, rate) = (10u64, 50.0);
+    // a burst at one instant: exactly the capacity
+    let burst: Vec<u64> = vec![1_000_000; 25];
+    let g = grants(Limiter::TokenBucket { capacity, rate }, "{t}:burst", &r, &burst).await;
+    assert_eq!(g.len() as u64, capacity, "a full bucket grants its capacity at once");
+    // over 4 s of dense requests: at most capacity + rate × span
+    let at = times(3000, 4000, 13);
+    let g = grants(Limiter::TokenBucket { capacity, rate }, "{t}:rate", &r, &at).await;
+    let span = (at[at.len() - 1] - at[0]) as f64 / 1000.0;
+    let bound = capacity as f64 + rate * span;
+    assert!(g.len() as f64 <= bound + 1.0, "{} grants over {span}s, bound {bound}", g.len());
+    assert!(g.len() as f64 >= 0.9 * rate * span, "the bucket must refill: {} grants", g.len());
+    assert!(Limiter::TokenBucket { capacity: 0, rate }.validate().is_err());
+}
