@@ -8,6 +8,7 @@
   KEYS[1] active      hash    ref -> token
   KEYS[2] wait        list
   KEYS[3] reroute     list
+  KEYS[4] stalled     set     a given-back ref loses its stall mark
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2..] ref, token pairs
 
@@ -19,6 +20,7 @@ for i = 2, #ARGV, 2 do
   local ref, token = ARGV[i], ARGV[i + 1]
   if ref ~= ACTIVE_PIN and rcall('HGET', KEYS[1], ref) == token then
     rcall('HDEL', KEYS[1], ref)
+    rcall('SREM', KEYS[4], ref)
     requeue(prefix, ref, true)
     n = n + 1
   end

@@ -14,10 +14,17 @@
   ARGV[4] priority    integer, higher first
   ARGV[5..] field, value pairs of the task hash
 
-  Returns 1, or -4 (task exists).
+  Returns 1, or -4 (task exists), -8 (invalid spec: over 2^32 shards or |priority| > 10^6).
 ]]
 if rcall('EXISTS', KEYS[1]) == 1 then return -4 end
 local prefix, tid, now, priority = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+-- the terminal bitmap addresses 2^32 bits; |priority| <= 10^6 keeps the score below 2^53
+if math.abs(priority) > 1000000 then return -8 end
+for i = 5, #ARGV - 1, 2 do
+  if ARGV[i] == 'total' and tonumber(ARGV[i + 1]) > 4294967296 then
+    return -8
+  end
+end
 local fields = {}
 for i = 5, #ARGV do fields[#fields + 1] = ARGV[i] end
 rcall('HSET', KEYS[1], 'state', 'running', 'cursor', 0, 'done', 0, 'failed', 0, 'created_ms', now,
@@ -26,8 +33,8 @@ local seq = rcall('HINCRBY', KEYS[4], 'seq', 1)
 rcall('ZADD', KEYS[3], now, tid)
 rcall('ZADD', KEYS[6], now, tid)
 if rcall('HGET', KEYS[1], 'strategy') == 'pull' then
-  -- higher priority first; among equals, first dispatched first
-  rcall('ZADD', KEYS[2], -priority * 1e12 + seq, tid)
+  -- higher priority first; among equals, first dispatched first (exact: |score| < 2^53)
+  rcall('ZADD', KEYS[2], -priority * 4294967296 + seq, tid)
   wake(prefix)
 else
   -- routed: placed chunk by chunk (route.lua) by the dispatcher or, if it dies, a rebalancer

@@ -70,6 +70,8 @@ pub enum ScriptCode {
     RouteMoved,
     /// -7: a list no longer starts with the refs read.
     HeadChanged,
+    /// -8: a dispatch outside the limits.
+    InvalidSpec,
     /// Any other negative code: a script and this binary disagree.
     Unknown(i64),
 }
@@ -86,6 +88,7 @@ impl ScriptCode {
             -5 => Some(ScriptCode::NodeAlive),
             -6 => Some(ScriptCode::RouteMoved),
             -7 => Some(ScriptCode::HeadChanged),
+            -8 => Some(ScriptCode::InvalidSpec),
             c => Some(ScriptCode::Unknown(c)),
         }
     }
@@ -105,6 +108,9 @@ impl fmt::Display for ScriptCode {
             ScriptCode::NodeAlive => f.write_str("another live executor holds this node id"),
             ScriptCode::RouteMoved => f.write_str("the task's placement moved on"),
             ScriptCode::HeadChanged => f.write_str("the list changed while it was read"),
+            ScriptCode::InvalidSpec => {
+                f.write_str("task spec outside the limits (over 2^32 shards or |priority| > 10^6)")
+            }
             ScriptCode::Unknown(c) => write!(f, "unknown script code {c}"),
         }
     }
@@ -125,6 +131,7 @@ mod tests {
         assert_eq!(ScriptCode::from_code(-5), Some(ScriptCode::NodeAlive));
         assert_eq!(ScriptCode::from_code(-6), Some(ScriptCode::RouteMoved));
         assert_eq!(ScriptCode::from_code(-7), Some(ScriptCode::HeadChanged));
+        assert_eq!(ScriptCode::from_code(-8), Some(ScriptCode::InvalidSpec));
         assert_eq!(ScriptCode::from_code(-9), Some(ScriptCode::Unknown(-9)));
         assert!(ScriptCode::LockMissing.is_lock_lost() && ScriptCode::LockMismatch.is_lock_lost());
         assert!(!ScriptCode::TaskMissing.is_lock_lost());

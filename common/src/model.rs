@@ -14,6 +14,10 @@ use crate::ring::{Strategy, DEFAULT_VNODES};
 pub const MAX_TASK_ID_LEN: usize = 64;
 /// Largest task payload, in bytes.
 pub const MAX_PAYLOAD_BYTES: usize = 1 << 20;
+/// Most shards a task may have: the terminal bitmap addresses 2^32 bits.
+pub const MAX_SHARDS: u64 = 1 << 32;
+/// Priorities range over ±this (the runnable-task score keeps submission order exactly).
+pub const MAX_PRIORITY: i64 = 1_000_000;
 /// Default number of attempts per shard.
 pub const DEFAULT_ATTEMPTS: u32 = 3;
 
@@ -179,6 +183,9 @@ impl TaskSpec {
         if self.shards < 1 {
             return Err(Error::invalid("shards must be at least 1"));
         }
+        if self.shards > MAX_SHARDS {
+            return Err(Error::invalid(format!("shards must be at most {MAX_SHARDS} (2^32), got {}", self.shards)));
+        }
         if self.items < self.shards {
             return Err(Error::invalid(format!(
                 "items ({}) must be at least the number of shards ({})",
@@ -188,8 +195,8 @@ impl TaskSpec {
         if self.vnodes < 1 || self.vnodes > 10_000 {
             return Err(Error::invalid(format!("vnodes must be 1 to 10000, got {}", self.vnodes)));
         }
-        if !(-1_000_000..=1_000_000).contains(&self.priority) {
-            return Err(Error::invalid("priority must be within -1000000..=1000000"));
+        if !(-MAX_PRIORITY..=MAX_PRIORITY).contains(&self.priority) {
+            return Err(Error::invalid(format!("priority must be within -{MAX_PRIORITY}..={MAX_PRIORITY}")));
         }
         if self.attempts < 1 {
             return Err(Error::invalid("attempts must be at least 1"));

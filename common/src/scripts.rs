@@ -569,7 +569,7 @@ pub async fn disown<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, held: &[
         return Ok(0);
     }
     let mut inv = scripts().disown.key(keys.active());
-    inv.key(keys.wait()).key(keys.reroute()).arg(keys.prefix());
+    inv.key(keys.wait()).key(keys.reroute()).key(keys.stalled()).arg(keys.prefix());
     for (r, t) in held {
         inv.arg(r).arg(t);
     }

@@ -14,6 +14,7 @@
     -5  node alive      another live executor holds this node id
     -6  route moved     the task's placement cursor moved: read it again
     -7  head changed    a list no longer starts with the refs read: read it again
+    -8  invalid spec    a dispatch outside the limits (over 2^32 shards, |priority| > 10^6)
 ]]
 local rcall = redis.call
 
