@@ -1,10 +1,12 @@
 //! `shardctl`: the command line. Splits a task into shards (`dispatch`), runs them (`executor`),
-//! shows progress (`status`, `wait`) and demonstrates it all on a private Redis (`demo`).
+//! keeps the queue maintained and exports its progress (`coordinator`), shows progress (`status`,
+//! `wait`, `watch`) and demonstrates it all on a private Redis (`demo`).
 //!
 //! # Layout
 //! - `cli/mod.rs`: the argument model (clap derive; its doc comments are the `--help` text).
-//! - `cli/dispatch.rs`, `cli/executor.rs`, `cli/status.rs`, `cli/wait.rs`, `cli/demo.rs`: one
-//!   file per command.
+//! - `cli/dispatch.rs`, `cli/executor.rs`, `cli/coordinator.rs`, `cli/status.rs`, `cli/wait.rs`,
+//!   `cli/watch.rs`, `cli/config.rs`, `cli/bench.rs`, `cli/demo.rs`: one file per command.
+//! - `cli/metrics.rs`: the Prometheus exporter (`--metrics-addr`).
 //! - `cli/ring.rs`: `ring simulate`.
 //! - `cli/bar.rs`: the progress bar.
 //! - `cli/redis_server.rs`: a private redis-server for the demo.

@@ -10,12 +10,18 @@ pub const ACTIVE_PIN: &str = "~pin";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Keys {
     prefix: String,
+    queue: String,
 }
 
 impl Keys {
     /// Keys of queue `queue` under `prefix` (default `shardctl`).
     pub fn new(prefix: &str, queue: &str) -> Self {
-        Keys { prefix: format!("{{{prefix}:{queue}}}:") }
+        Keys { prefix: format!("{{{prefix}:{queue}}}:"), queue: queue.to_owned() }
+    }
+
+    /// The queue's name (the `queue` label of metrics).
+    pub fn queue(&self) -> &str {
+        &self.queue
     }
 
     /// `{P:Q}:`, the start of every key of the queue.
@@ -155,6 +161,7 @@ mod tests {
     fn keys_share_the_hash_tag() {
         let k = Keys::new("shardctl", "default");
         assert_eq!(k.wait(), "{shardctl:default}:wait");
+        assert_eq!(k.queue(), "default");
         assert_eq!(k.lease("abc"), "{shardctl:default}:lease:abc");
         assert_eq!(k.terminal("t1"), "{shardctl:default}:task:t1:terminal");
     }

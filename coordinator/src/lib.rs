@@ -1,7 +1,8 @@
 //! The coordinating side of shardctl: creating tasks, the maintenance duties any process may
-//! run (the stalled sweep), and reading progress. It never depends on the executor crate; the
-//! `shardctl executor` command runs the sweep beside the executor runtime, so no single process
-//! is needed for correctness.
+//! run (the stalled sweep, promotion, rebalancing), reading progress, and the coordinator daemon
+//! that exports it to Prometheus. It never depends on the executor crate; the `shardctl executor`
+//! command runs the sweep beside the executor runtime, so no single process is needed for
+//! correctness.
 //!
 //! # Layout
 //! - [`dispatch`]: validating and creating a pull task, fresh task ids.
@@ -11,6 +12,8 @@
 //! - [`rebalance`]: failover and rebalancing under a short lock.
 //! - [`progress`]: one task's state and counts, a queue's counts, failed shards.
 //! - [`wait`]: waiting for a task to end, with a progress callback.
+//! - [`daemon`]: `shardctl coordinator`: maintenance every refresh, progress for the metrics.
+//! - [`metrics`]: the Prometheus metrics (names, descriptions, publishing the progress gauges).
 //!
 //! # Example
 //! ```
@@ -19,8 +22,10 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod daemon;
 pub mod dispatch;
 pub mod membership;
+pub mod metrics;
 pub mod progress;
 pub mod rebalance;
 pub mod route;

@@ -33,6 +33,72 @@ pub struct QueueCounts {
     pub recent: Vec<TaskInfo>,
 }
 
+/// A queue's shard counts, as [`queue`] and the coordinator's metrics show them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ShardCounts {
+    /// Claims are stopped.
+    pub paused: bool,
+    /// Shards ready now: explicit refs, routed refs, untaken indexes of runnable tasks.
+    pub waiting: u64,
+    /// Shards being run.
+    pub active: u64,
+    /// Shards waiting for a retry.
+    pub delayed: u64,
+}
+
+/// The shard counts of a queue: a few round trips whatever its size (one per kind of list).
+pub async fn shard_counts<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Result<ShardCounts> {
+    #[allow(clippy::type_complexity)]
+    let (paused, wait, active, pinned, delayed, rerouted, runnable, routed_nodes, unrouted): (
+        Option<String>,
+        u64,
+        u64,
+        bool,
+        u64,
+        u64,
+        Vec<String>,
+        Vec<String>,
+        Vec<String>,
+    ) = redis::pipe()
+        .hget(keys.meta(), "paused")
+        .llen(keys.wait())
+        .hlen(keys.active())
+        .hexists(keys.active(), ACTIVE_PIN)
+        .zcard(keys.delayed())
+        .llen(keys.reroute())
+        .zrange(keys.tasks(), 0, -1)
+        .smembers(keys.routed_nodes())
+        .zrange(keys.unrouted(), 0, -1)
+        .query_async(con)
+        .await?;
+    // `active` keeps one pin field (see lua/include/lib.lua): it is not a shard
+    let active = active.saturating_sub(u64::from(pinned));
+    // routed refs wait on their nodes' lists, recovered ones in `reroute`
+    let mut waiting = wait + rerouted;
+    if !routed_nodes.is_empty() {
+        let mut pipe = redis::pipe();
+        for n in &routed_nodes {
+            pipe.llen(keys.node_wait(n));
+        }
+        let lens: Vec<u64> = pipe.query_async(con).await?;
+        waiting += lens.iter().sum::<u64>();
+    }
+    // untaken indexes: of routed tasks not placed yet (no live executor, or placement under
+    // way), and of runnable pull tasks
+    for (ids, field) in [(&unrouted, "routed"), (&runnable, "cursor")] {
+        if ids.is_empty() {
+            continue;
+        }
+        let mut pipe = redis::pipe();
+        for id in ids {
+            pipe.cmd("HMGET").arg(keys.task(id)).arg(field).arg("total");
+        }
+        let v: Vec<(Option<u64>, Option<u64>)> = pipe.query_async(con).await?;
+        waiting += v.iter().map(|(taken, total)| total.unwrap_or(0).saturating_sub(taken.unwrap_or(0))).sum::<u64>();
+    }
+    Ok(ShardCounts { paused: paused.as_deref() == Some("1"), waiting, active, delayed })
+}
+
 /// The counts of a queue, with its `recent` newest tasks.
 pub async fn queue<C: ConnectionLike + Send>(
     con: &mut C,
@@ -40,47 +106,16 @@ pub async fn queue<C: ConnectionLike + Send>(
     queue: &str,
     recent: usize,
 ) -> Result<QueueCounts> {
-    let (paused, wait, active, delayed, runnable, ids): (Option<String>, u64, u64, u64, Vec<String>, Vec<String>) =
-        redis::pipe()
-            .hget(keys.meta(), "paused")
-            .llen(keys.wait())
-            .hlen(keys.active())
-            .zcard(keys.delayed())
-            .zrange(keys.tasks(), 0, -1)
-            .zrevrange(keys.index(), 0, -1)
-            .query_async(con)
-            .await?;
-    // `active` keeps one pin field (see lua/include/lib.lua): it is not a shard
-    let pinned: bool = redis::cmd("HEXISTS").arg(keys.active()).arg(ACTIVE_PIN).query_async(con).await?;
-    let active = active.saturating_sub(u64::from(pinned));
+    let c = shard_counts(con, keys).await?;
     let mut out = QueueCounts {
         queue: queue.to_owned(),
-        paused: paused.as_deref() == Some("1"),
-        waiting: wait,
-        active,
-        delayed,
+        paused: c.paused,
+        waiting: c.waiting,
+        active: c.active,
+        delayed: c.delayed,
         ..Default::default()
     };
-    // routed refs wait on their nodes' lists, recovered ones in `reroute`
-    let routed_nodes: Vec<String> = redis::cmd("SMEMBERS").arg(keys.routed_nodes()).query_async(con).await?;
-    for n in routed_nodes {
-        let len: u64 = redis::cmd("LLEN").arg(keys.node_wait(&n)).query_async(con).await?;
-        out.waiting += len;
-    }
-    let rerouted: u64 = redis::cmd("LLEN").arg(keys.reroute()).query_async(con).await?;
-    out.waiting += rerouted;
-    // shards of routed tasks not placed yet (no live executor, or placement under way)
-    let unrouted: Vec<String> = redis::cmd("ZRANGE").arg(keys.unrouted()).arg(0).arg(-1).query_async(con).await?;
-    for id in &unrouted {
-        let (routed, total): (Option<u64>, Option<u64>) =
-            redis::cmd("HMGET").arg(keys.task(id)).arg("routed").arg("total").query_async(con).await?;
-        out.waiting += total.unwrap_or(0).saturating_sub(routed.unwrap_or(0));
-    }
-    for id in &runnable {
-        let (cursor, total): (Option<u64>, Option<u64>) =
-            redis::cmd("HMGET").arg(keys.task(id)).arg("cursor").arg("total").query_async(con).await?;
-        out.waiting += total.unwrap_or(0).saturating_sub(cursor.unwrap_or(0));
-    }
+    let ids: Vec<String> = redis::cmd("ZREVRANGE").arg(keys.index()).arg(0).arg(-1).query_async(con).await?;
     for (n, id) in ids.iter().enumerate() {
         let state: Option<String> = redis::cmd("HGET").arg(keys.task(id)).arg("state").query_async(con).await?;
         let Some(state) = state else { continue };

@@ -1,5 +1,6 @@
 //! Maintenance that any process may run: the stalled sweep, throttled in Redis so that one
-//! sweep runs per interval however many processes call it.
+//! sweep runs per interval however many processes call it. What the sweeps of this process
+//! recovered and failed is counted in [`crate::metrics`].
 
 use std::time::Duration;
 
@@ -38,9 +39,12 @@ pub async fn run(
     on_report: impl Fn(SweepReport) + Send,
 ) {
     let interval = cfg.interval.max(Duration::from_millis(10));
+    let m = crate::metrics::SweepMetrics::new(keys.queue());
     loop {
         match scripts::sweep(&mut con, &keys, now_ms(), interval.as_millis() as u64, cfg.max_stalled).await {
             Ok(Some(r)) => {
+                m.recovered.increment(r.recovered);
+                m.failed.increment(r.failed);
                 if r.recovered + r.failed > 0 {
                     tracing::info!(recovered = r.recovered, failed = r.failed, "stalled sweep");
                 }

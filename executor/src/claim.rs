@@ -53,7 +53,11 @@ pub(crate) async fn run(shared: Arc<Shared>, tracker: &TaskTracker, shutdown: Ca
         let mut con = shared.con.clone();
         // never dropped half-way: the script may have run, and its shards would wait for the sweep
         shared.claiming.store(seq, Ordering::SeqCst);
+        let started = std::time::Instant::now();
         let outcome = scripts::claim(&mut con, &shared.keys, &req).await;
+        if outcome.is_ok() {
+            shared.metrics.claim_seconds.record(started.elapsed().as_secs_f64());
+        }
         match outcome {
             Ok(o) if !o.shards.is_empty() => {
                 failures = 0;
@@ -62,17 +66,24 @@ pub(crate) async fn run(shared: Arc<Shared>, tracker: &TaskTracker, shutdown: Ca
                     shared.check_tokens.notify_one();
                 }
                 Stats::add(&shared.stats.claimed, o.shards.len() as u64);
+                shared.metrics.claimed.increment(o.shards.len() as u64);
                 for (claim, permit) in o.shards.into_iter().zip(batch) {
                     let cancel = CancellationToken::new();
-                    shared.held.lock().unwrap().insert(
-                        claim.shard_ref.to_string(),
-                        crate::runtime::Held {
-                            claim: claim.clone(),
-                            cancel: cancel.clone(),
-                            lost: false,
-                            reporting: false,
-                        },
-                    );
+                    {
+                        let mut held = shared.held.lock().unwrap();
+                        held.insert(
+                            claim.shard_ref.to_string(),
+                            crate::runtime::Held {
+                                claim: claim.clone(),
+                                cancel: cancel.clone(),
+                                lost: false,
+                                reporting: false,
+                            },
+                        );
+                        // set from the map, not counted up and down: a ref claimed again while
+                        // its old claim is still held replaces it
+                        shared.metrics.in_flight.set(held.len() as f64);
+                    }
                     tracker.spawn(crate::run::shard(shared.clone(), claim, cancel, permit));
                 }
                 shared.claiming.store(NO_CLAIM, Ordering::SeqCst);
@@ -94,6 +105,7 @@ pub(crate) async fn run(shared: Arc<Shared>, tracker: &TaskTracker, shutdown: Ca
                     Err(e) => {
                         blocking = None;
                         Stats::add(&shared.stats.redis_errors, 1);
+                        shared.metrics.redis_error(&e);
                         tracing::warn!("waiting for work: {e}");
                         failures += 1;
                         pause(retry_delay(failures), &shutdown).await;
@@ -109,6 +121,7 @@ pub(crate) async fn run(shared: Arc<Shared>, tracker: &TaskTracker, shutdown: Ca
                 // the script may have run and its reply been lost: the heartbeat reconciles
                 shared.must_reconcile.store(true, Ordering::SeqCst);
                 Stats::add(&shared.stats.redis_errors, 1);
+                shared.metrics.redis_error(&e);
                 failures += 1;
                 tracing::warn!("claim failed (retry in {:?}): {e}", retry_delay(failures));
                 pause(retry_delay(failures), &shutdown).await;

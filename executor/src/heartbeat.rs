@@ -56,6 +56,8 @@ pub(crate) async fn beat(shared: &Shared) -> bool {
     let check = shared.must_check.swap(false, Ordering::SeqCst);
     match scripts::extend(&mut con, &shared.keys, &shared.token_base, lock_ms, &held, check).await {
         Ok(lost) => {
+            shared.metrics.heartbeats.increment(1);
+            shared.metrics.locks_extended.increment((held.len() - lost.len()) as u64);
             if lost.is_empty() {
                 return true;
             }
@@ -68,6 +70,7 @@ pub(crate) async fn beat(shared: &Shared) -> bool {
                     h.lost = true;
                     h.cancel.cancel();
                     Stats::add(&shared.stats.locks_lost, 1);
+                    shared.metrics.locks_lost.increment(1);
                 }
             }
             true
@@ -78,6 +81,7 @@ pub(crate) async fn beat(shared: &Shared) -> bool {
                 shared.must_check.store(true, Ordering::SeqCst);
             }
             Stats::add(&shared.stats.redis_errors, 1);
+            shared.metrics.redis_error(&e);
             tracing::warn!("heartbeat failed: {e}");
             false
         }

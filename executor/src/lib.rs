@@ -17,6 +17,7 @@
 //! - `aggregate`: reading every shard's outcome for the aggregator.
 //! - `tasks`: the task metadata cache.
 //! - [`stats`]: live counters.
+//! - [`metrics`]: the Prometheus metrics (names, descriptions, failure classes).
 //! - [`shutdown`]: SIGINT / SIGTERM.
 //!
 //! # Example
@@ -45,6 +46,7 @@ mod claim;
 pub mod config;
 pub mod handler;
 mod heartbeat;
+pub mod metrics;
 mod report;
 mod run;
 mod runtime;

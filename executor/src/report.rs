@@ -64,6 +64,7 @@ pub(crate) async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Rep
                 held.remove(&key);
             }
         }
+        shared.metrics.in_flight.set(held.len() as f64);
     }
 }
 
@@ -110,8 +111,16 @@ async fn record(shared: &Shared, batch: &[Report], closing: &CancellationToken) 
                 count(shared, &finished, &f);
                 for c in r {
                     match c {
-                        Ok(_) => Stats::add(&shared.stats.released, 1),
-                        Err(_) => Stats::add(&shared.stats.refused, 1),
+                        Ok(_) => {
+                            Stats::add(&shared.stats.released, 1);
+                            shared.metrics.released.increment(1);
+                        }
+                        Err(code) => {
+                            Stats::add(&shared.stats.refused, 1);
+                            if code.is_lock_lost() {
+                                shared.metrics.locks_lost.increment(1);
+                            }
+                        }
                     }
                 }
                 return;
@@ -119,6 +128,7 @@ async fn record(shared: &Shared, batch: &[Report], closing: &CancellationToken) 
             Err(e) => {
                 // completions are idempotent: a retry after a lost reply is refused, not recounted
                 Stats::add(&shared.stats.redis_errors, 1);
+                shared.metrics.redis_error(&e);
                 failures += 1;
                 let d = crate::claim::retry_delay(failures);
                 tracing::warn!("recording {} outcomes failed (retry in {d:?}): {e}", batch.len());
@@ -139,25 +149,39 @@ async fn record(shared: &Shared, batch: &[Report], closing: &CancellationToken) 
 
 fn count(shared: &Shared, finished: &[Finished<'_>], codes: &scripts::ItemCodes) {
     let s = &shared.stats;
+    let m = &shared.metrics;
     for (f, c) in finished.iter().zip(codes) {
         let agg = f.claim.shard_ref.is_aggregate();
         match (&f.outcome, c) {
             (FinishedAs::Completed(_), Ok(1)) if agg => {
                 Stats::add(&s.aggregated, 1);
+                m.aggregations_completed.increment(1);
                 shared.tasks.forget(&f.claim.shard_ref.task);
             }
-            (FinishedAs::Completed(_), Ok(1)) => Stats::add(&s.completed, 1),
-            (FinishedAs::Failed { .. }, Ok(2)) => Stats::add(&s.retried, 1),
-            (FinishedAs::Failed { .. }, Ok(1)) => {
+            (FinishedAs::Completed(_), Ok(1)) => {
+                Stats::add(&s.completed, 1);
+                m.completed.increment(1);
+            }
+            (FinishedAs::Failed { .. }, Ok(2)) => {
+                Stats::add(&s.retried, 1);
+                m.retried.increment(1);
+            }
+            (FinishedAs::Failed { reason, .. }, Ok(1)) => {
                 Stats::add(&s.failed, 1);
                 if agg {
+                    m.aggregations_failed.increment(1);
                     shared.tasks.forget(&f.claim.shard_ref.task);
+                } else {
+                    m.failed(reason);
                 }
             }
             (_, Ok(_)) => Stats::add(&s.duplicates, 1),
             (_, Err(ScriptCode::TaskMissing)) => shared.tasks.forget(&f.claim.shard_ref.task),
             (_, Err(code)) => {
                 Stats::add(&s.refused, 1);
+                if code.is_lock_lost() {
+                    m.locks_lost.increment(1);
+                }
                 tracing::warn!(shard = %f.claim.shard_ref, "outcome refused: {code}");
             }
         }

@@ -65,7 +65,12 @@ async fn run(shared: &Shared, claim: &Claimed, cancel: &CancellationToken) -> Ou
         return Outcome::Completed(String::new());
     };
     let result = match r.part {
-        Part::Shard(index) => run_handler(shared, claim, &meta, index, cancel).await,
+        Part::Shard(index) => {
+            let started = std::time::Instant::now();
+            let r = run_handler(shared, claim, &meta, index, cancel).await;
+            shared.metrics.run_seconds.record(started.elapsed().as_secs_f64());
+            r
+        }
         Part::Aggregate => run_aggregator(shared, claim, r, cancel).await,
     };
     match result {

@@ -16,6 +16,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::ExecutorConfig;
 use crate::handler::Registry;
+use crate::metrics::Metrics;
 use crate::report::Report;
 use crate::stats::{Stats, StatsSnapshot};
 use crate::tasks::TaskCache;
@@ -44,6 +45,7 @@ pub(crate) struct Shared {
     pub(crate) held: Mutex<HashMap<String, Held>>,
     pub(crate) tasks: TaskCache,
     pub(crate) stats: Arc<Stats>,
+    pub(crate) metrics: Metrics,
     pub(crate) reports: mpsc::UnboundedSender<Report>,
     /// Set when shutdown stopped waiting: cancelled shards are released, not failed.
     pub(crate) aborting: AtomicBool,
@@ -76,6 +78,7 @@ impl Executor {
         let (tx, rx) = mpsc::unbounded_channel();
         let node_id: Arc<str> = Arc::from(cfg.node_id.as_str());
         let token_base = cfg.instance.clone();
+        let metrics = Metrics::new(keys.queue(), &cfg.node_id);
         let shared = Arc::new(Shared {
             cfg,
             keys,
@@ -85,6 +88,7 @@ impl Executor {
             held: Mutex::new(HashMap::new()),
             tasks: TaskCache::default(),
             stats: Arc::new(Stats::default()),
+            metrics,
             reports: tx,
             aborting: AtomicBool::new(false),
             token_base,

@@ -1,5 +1,6 @@
 //! `shardctl executor`: the executor runtime plus the stalled sweep beside it.
 
+use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -57,6 +58,9 @@ pub struct ExecutorArgs {
     /// Largest result a shard may return, in bytes.
     #[arg(long, default_value_t = DEFAULT_MAX_OUTPUT)]
     pub max_result_bytes: usize,
+    /// Serve Prometheus metrics on this address (GET /metrics), e.g. 0.0.0.0:9464 (default: off).
+    #[arg(long)]
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 pub async fn run(args: &Args, a: &ExecutorArgs) -> anyhow::Result<ExitCode> {
@@ -78,6 +82,9 @@ pub async fn run(args: &Args, a: &ExecutorArgs) -> anyhow::Result<ExitCode> {
     let member_timeout = mcfg.timeout;
     let registry = registry(a.exec.as_deref(), a.aggregate_exec.as_deref(), a.max_result_bytes)?;
     let (client, mut con) = connect(args).await?;
+    if let Some(addr) = a.metrics_addr {
+        super::metrics::install(addr, None)?;
+    }
     let keys = args.keys();
     let member = Member {
         node: config.node_id.clone(),

@@ -3,9 +3,11 @@
 mod bar;
 mod bench;
 mod config;
+mod coordinator;
 mod demo;
 mod dispatch;
 mod executor;
+mod metrics;
 mod redis_server;
 mod ring;
 mod status;
@@ -59,6 +61,9 @@ pub enum Command {
     Dispatch(dispatch::DispatchArgs),
     /// Claim and run shards until SIGINT or SIGTERM.
     Executor(executor::ExecutorArgs),
+    /// Run the queue's maintenance (stalled sweep, retries, re-routing) and export its progress
+    /// as Prometheus metrics, until SIGINT or SIGTERM.
+    Coordinator(coordinator::CoordinatorArgs),
     /// Show the queue's counts, or one task.
     Status(status::StatusArgs),
     /// Wait for a task to end; exit 0 when it completed, 3 when it failed.
@@ -90,7 +95,7 @@ pub fn duration(s: &str) -> Result<Duration, String> {
 
 pub fn init_logging(args: &Args) {
     let default = match args.command {
-        Command::Executor(_) => "info",
+        Command::Executor(_) | Command::Coordinator(_) => "info",
         _ => "warn",
     };
     let filter = args.log.clone().unwrap_or_else(|| default.to_owned());
@@ -109,6 +114,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     match &args.command {
         Command::Dispatch(a) => dispatch::run(&args, a).await,
         Command::Executor(a) => executor::run(&args, a).await,
+        Command::Coordinator(a) => coordinator::run(&args, a).await,
         Command::Status(a) => status::run(&args, a).await,
         Command::Wait(a) => wait::run(&args, a).await,
         Command::Demo(a) => demo::run(&args, a).await,

@@ -164,42 +164,47 @@ impl Cli {
 
     /// Starts `shardctl executor --node-id <node>` with short timings for tests, plus `extra`.
     pub fn executor(&self, node: &str, extra: &[&str]) -> Executor {
+        let mut args = vec![
+            "executor",
+            "--node-id",
+            node,
+            "--concurrency",
+            "2",
+            "--lock-duration",
+            "2s",
+            "--stalled-interval",
+            "500ms",
+            "--block-timeout",
+            "200ms",
+            "--grace",
+            "2s",
+        ];
+        args.extend_from_slice(extra);
+        self.background(node, &args)
+    }
+
+    /// Starts `shardctl --redis URL --queue Q <args>` and leaves it running, its stderr (the logs)
+    /// in a file named after `name`.
+    pub fn background(&self, name: &str, args: &[&str]) -> Executor {
         let log = std::env::temp_dir().join(format!(
-            "shardctl-cli-test-{}-{}-{node}.log",
+            "shardctl-cli-test-{}-{}-{name}.log",
             std::process::id(),
             SEQ.fetch_add(1, Ordering::Relaxed)
         ));
-        let file = File::create(&log).expect("executor log file");
-        let mut args = self.global();
-        args.extend(
-            [
-                "executor",
-                "--node-id",
-                node,
-                "--concurrency",
-                "2",
-                "--lock-duration",
-                "2s",
-                "--stalled-interval",
-                "500ms",
-                "--block-timeout",
-                "200ms",
-                "--grace",
-                "2s",
-            ]
-            .map(String::from),
-        );
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let child = command(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        let file = File::create(&log).expect("log file");
+        let mut all = self.global();
+        all.extend(args.iter().map(|s| s.to_string()));
+        let child = command(&all.iter().map(String::as_str).collect::<Vec<_>>())
             .stdout(Stdio::null())
             .stderr(Stdio::from(file))
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {BIN} executor: {e}"));
+            .unwrap_or_else(|e| panic!("cannot start {BIN} {args:?}: {e}"));
         Executor { child, log }
     }
 }
 
-/// A running `shardctl executor`, SIGKILLed on drop unless it already ended.
+/// A running `shardctl executor` (or other long-running command), SIGKILLed on drop unless it
+/// already ended.
 pub struct Executor {
     child: Child,
     log: PathBuf,

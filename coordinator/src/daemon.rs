@@ -1,0 +1,221 @@
+//! The coordinator daemon (`shardctl coordinator`): one long-running process per queue that does
+//! the maintenance duties beside the executors (the stalled sweep, promotion of due retries,
+//! re-routing and failover) and reads the queue's progress from Redis every refresh for the
+//! Prometheus gauges of [`crate::metrics`].
+//!
+//! None of it is needed for correctness: executors sweep, promote and rebalance too. The daemon
+//! keeps those duties going while every executor is busy, asleep or gone, and it is the one place
+//! that exports task progress (executors only export what they did).
+//!
+//! Which tasks are exported: the running ones (`running`) and those finished within the retention
+//! (`finished`, by end time). A task past its retention is no longer set, and the exporter drops
+//! its gauges after their idle timeout ([`DaemonConfig::gauge_idle_timeout`]), so the label sets
+//! stay bounded by the running tasks plus the tasks of one retention.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use shardctl_common::time::now_ms;
+use shardctl_common::{scripts, Keys, Result};
+use tokio_util::sync::CancellationToken;
+
+use crate::membership::{self, DEFAULT_MEMBER_TIMEOUT};
+use crate::progress::{self, ShardCounts};
+use crate::rebalance;
+use crate::sweep::{self, SweepConfig};
+
+/// Default time between two readings (and between two promotions and rebalances).
+pub const DEFAULT_REFRESH: Duration = Duration::from_secs(2);
+/// Default time a finished task stays in the metrics.
+pub const DEFAULT_FINISHED_RETENTION: Duration = Duration::from_secs(5 * 60);
+/// Idle timeout of the exported gauges, in refreshes.
+pub const IDLE_REFRESHES: u32 = 3;
+
+/// Settings of the daemon.
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    /// Time between two readings, promotions and rebalances.
+    pub refresh: Duration,
+    /// How long a finished task stays in the metrics.
+    pub finished_retention: Duration,
+    /// The stalled sweep.
+    pub sweep: SweepConfig,
+    /// Executors whose membership heartbeat is older than this are gone.
+    pub member_timeout: Duration,
+}
+
+impl Default for DaemonConfig {
+    fn default() -> Self {
+        DaemonConfig {
+            refresh: DEFAULT_REFRESH,
+            finished_retention: DEFAULT_FINISHED_RETENTION,
+            sweep: SweepConfig::default(),
+            member_timeout: DEFAULT_MEMBER_TIMEOUT,
+        }
+    }
+}
+
+impl DaemonConfig {
+    /// Checks the settings.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        if self.refresh < Duration::from_millis(10) {
+            return Err(format!("refresh ({:?}) must be at least 10ms", self.refresh));
+        }
+        if self.member_timeout < Duration::from_millis(10) {
+            return Err(format!("member timeout ({:?}) must be at least 10ms", self.member_timeout));
+        }
+        Ok(())
+    }
+
+    /// How long the exporter keeps a gauge that is no longer set: [`IDLE_REFRESHES`] refreshes,
+    /// so a slow refresh never drops a live series, and a finished task's disappears soon after
+    /// its retention.
+    pub fn gauge_idle_timeout(&self) -> Duration {
+        self.refresh * IDLE_REFRESHES
+    }
+}
+
+/// One task's progress.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskProgress {
+    /// Task id.
+    pub id: String,
+    /// Handler kind.
+    pub kind: String,
+    /// Lifecycle state (`running`, `aggregating`, `completed`, `failed`).
+    pub state: String,
+    /// Shards.
+    pub total: u64,
+    /// Shards completed.
+    pub done: u64,
+    /// Shards failed for good.
+    pub failed: u64,
+}
+
+impl TaskProgress {
+    /// Terminal shards over the total, 0 to 1 (1 for a task without shards).
+    pub fn ratio(&self) -> f64 {
+        if self.total == 0 {
+            return 1.0;
+        }
+        ((self.done + self.failed) as f64 / self.total as f64).min(1.0)
+    }
+}
+
+/// One reading of a queue's progress.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// Waiting, active and delayed shards.
+    pub counts: ShardCounts,
+    /// The running tasks, then those finished within the retention.
+    pub tasks: Vec<TaskProgress>,
+    /// Tasks not finished.
+    pub running_tasks: u64,
+    /// Tasks finished within the retention in state `failed`.
+    pub failed_tasks: u64,
+    /// Live executors.
+    pub live: usize,
+}
+
+/// Reads the queue's progress: the running tasks and those finished since `now - retention`.
+pub async fn snapshot(
+    con: &mut ConnectionManager,
+    keys: &Keys,
+    now_ms: u64,
+    retention: Duration,
+    member_timeout: Duration,
+) -> Result<Snapshot> {
+    let since = now_ms.saturating_sub(retention.as_millis() as u64);
+    let (running, finished): (Vec<String>, Vec<String>) = redis::pipe()
+        .zrange(keys.running(), 0, -1)
+        .zrangebyscore(keys.finished(), since, "+inf")
+        .query_async(con)
+        .await?;
+    // a task is in one of the two sets; a reading that races its end may see it in both
+    let mut seen = HashSet::new();
+    let ids: Vec<&String> = running.iter().chain(&finished).filter(|id| seen.insert(id.as_str())).collect();
+    let mut out = Snapshot { running_tasks: running.len() as u64, ..Default::default() };
+    if !ids.is_empty() {
+        let mut pipe = redis::pipe();
+        for id in &ids {
+            pipe.cmd("HMGET").arg(keys.task(id)).arg(&["kind", "state", "total", "done", "failed"]);
+        }
+        type Fields = (Option<String>, Option<String>, Option<u64>, Option<u64>, Option<u64>);
+        let rows: Vec<Fields> = pipe.query_async(con).await?;
+        for (id, (kind, state, total, done, failed)) in ids.into_iter().zip(rows) {
+            // removed meanwhile
+            let (Some(kind), Some(state)) = (kind, state) else { continue };
+            if state == "failed" {
+                out.failed_tasks += 1;
+            }
+            out.tasks.push(TaskProgress {
+                id: id.clone(),
+                kind,
+                state,
+                total: total.unwrap_or(0),
+                done: done.unwrap_or(0),
+                failed: failed.unwrap_or(0),
+            });
+        }
+    }
+    out.counts = progress::shard_counts(con, keys).await?;
+    out.live = membership::live(con, keys, member_timeout).await?.len();
+    Ok(out)
+}
+
+/// Runs the daemon until `stop`: the stalled sweep on its own interval; promotion, rebalancing
+/// and a reading published to the gauges every refresh. Redis errors are logged and the next
+/// refresh tries again (meanwhile the gauges age out: a silent daemon exports nothing stale).
+pub async fn run(mut con: ConnectionManager, keys: Keys, cfg: DaemonConfig, stop: CancellationToken) {
+    let sweeper = tokio::spawn(sweep::run(con.clone(), keys.clone(), cfg.sweep.clone(), stop.clone(), |_| {}));
+    let mut tick = tokio::time::interval(cfg.refresh);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.cancelled() => break,
+        }
+        refresh(&mut con, &keys, &cfg).await;
+    }
+    let _ = sweeper.await;
+}
+
+async fn refresh(con: &mut ConnectionManager, keys: &Keys, cfg: &DaemonConfig) {
+    match scripts::promote(con, keys, now_ms()).await {
+        Ok(n) if n > 0 => tracing::debug!(promoted = n, "due retries promoted"),
+        Ok(_) => {}
+        Err(e) => tracing::warn!("promoting due retries: {e}"),
+    }
+    match rebalance::rebalance(con, keys, cfg.member_timeout).await {
+        Ok(Some(r)) if r.changed() => tracing::info!(?r, "rebalanced"),
+        Ok(_) => {}
+        Err(e) => tracing::warn!("rebalance failed: {e}"),
+    }
+    match snapshot(con, keys, now_ms(), cfg.finished_retention, cfg.member_timeout).await {
+        Ok(s) => crate::metrics::publish(keys.queue(), &s),
+        Err(e) => tracing::warn!("reading progress: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ratio_counts_terminal_shards() {
+        let t =
+            TaskProgress { id: "t".into(), kind: "k".into(), state: "running".into(), total: 8, done: 3, failed: 1 };
+        assert_eq!(t.ratio(), 0.5);
+        assert_eq!(TaskProgress { total: 0, done: 0, failed: 0, ..t.clone() }.ratio(), 1.0);
+        assert_eq!(TaskProgress { done: 8, failed: 0, ..t }.ratio(), 1.0);
+    }
+
+    #[test]
+    fn defaults_validate_and_gauges_outlive_three_refreshes() {
+        let c = DaemonConfig::default();
+        assert!(c.validate().is_ok());
+        assert_eq!(c.gauge_idle_timeout(), Duration::from_secs(6));
+        assert!(DaemonConfig { refresh: Duration::from_millis(1), ..c }.validate().is_err());
+    }
+}
