@@ -6,6 +6,7 @@ mod config;
 mod coordinator;
 mod demo;
 mod dispatch;
+mod lock;
 mod executor;
 mod metrics;
 mod redis_server;
@@ -72,6 +73,8 @@ pub enum Command {
     Demo(demo::DemoArgs),
     /// Placement strategies: `ring simulate` shows balance and movement.
     Ring(ring::RingArgs),
+    /// Run a command while holding a distributed lock (fencing token in SHARDCTL_FENCING_TOKEN).
+    Lock(lock::LockArgs),
     /// Tail the queue's event log live.
     Watch(watch::WatchArgs),
     /// Show or change the queue's settings (event log).
@@ -119,6 +122,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         Command::Wait(a) => wait::run(&args, a).await,
         Command::Demo(a) => demo::run(&args, a).await,
         Command::Ring(a) => ring::run(a),
+        Command::Lock(a) => lock::run(&args, a).await,
         Command::Watch(a) => watch::run(&args, a).await,
         Command::Config(a) => config::run(&args, a).await,
         Command::Bench(a) => bench::run(&args, a).await,
