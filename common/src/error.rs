@@ -46,6 +46,17 @@ impl Error {
             _ => false,
         }
     }
+    /// True for an error raised inside a Lua script: it repeats on every retry (a script and the
+    /// data disagree), unlike an outage, a loading Redis or a full one.
+    pub fn is_script_error(&self) -> bool {
+        match self {
+            Error::Redis(e) => {
+                e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError)
+                    && e.to_string().contains("script")
+            }
+            _ => false,
+        }
+    }
     /// True when the error says the caller no longer holds a shard's lock.
     pub fn is_lock_lost(&self) -> bool {
         matches!(self, Error::Script(c) if c.is_lock_lost())

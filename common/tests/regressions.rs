@@ -94,3 +94,21 @@ async fn a_disowned_ref_does_not_keep_its_stall_mark() {
     let r = env.sweep_after(50, T0 + 4, 5).await;
     assert_eq!(r.recovered, 0, "f's shard was recovered without ever being marked: {r:?}");
 }
+
+/// The reporter drops a batch only on errors raised inside a script (they repeat on every retry);
+/// outages, a loading or full Redis are retried.
+#[tokio::test]
+async fn script_errors_are_told_from_outages() {
+    let mut env = Env::start("review_script_error").await;
+    let r: redis::RedisResult<()> = redis::cmd("EVAL")
+        .arg("return redis.call('BITFIELD', KEYS[1], 'SET', 'u1', 'x', 1)")
+        .arg(1)
+        .arg("k")
+        .query_async(&mut env.con)
+        .await;
+    let e = shardctl_common::Error::from(r.unwrap_err());
+    assert!(e.is_script_error(), "{e}");
+    assert!(!e.is_retryable());
+    let down = shardctl_common::conn::manager(&shardctl_common::conn::client("redis://127.0.0.1:1").unwrap()).await;
+    assert!(!down.err().is_some_and(|e| e.is_script_error()));
+}

@@ -31,8 +31,9 @@ pub(crate) async fn run(shared: Arc<Shared>, tracker: &TaskTracker, shutdown: Ca
     let mut next_due: Option<u64> = None;
     loop {
         let first = tokio::select! {
-            p = permits.clone().acquire_owned() => p.expect("semaphore never closes"),
+            biased;
             _ = shutdown.cancelled() => return,
+            p = permits.clone().acquire_owned() => p.expect("semaphore never closes"),
         };
         let mut batch = vec![first];
         while batch.len() < shared.cfg.max_claim_batch {
@@ -71,6 +72,11 @@ pub(crate) async fn run(shared: Arc<Shared>, tracker: &TaskTracker, shutdown: Ca
                     let cancel = CancellationToken::new();
                     {
                         let mut held = shared.held.lock().unwrap();
+                        // claimed again while an older claim of ours still runs it (we froze past
+                        // the lease and a sweep recovered it): that older handler is stale
+                        if let Some(old) = held.get(&claim.shard_ref.to_string()) {
+                            old.cancel.cancel();
+                        }
                         held.insert(
                             claim.shard_ref.to_string(),
                             crate::runtime::Held {
@@ -120,6 +126,9 @@ pub(crate) async fn run(shared: Arc<Shared>, tracker: &TaskTracker, shutdown: Ca
                 drop(batch);
                 // the script may have run and its reply been lost: the heartbeat reconciles
                 shared.must_reconcile.store(true, Ordering::SeqCst);
+                // and it may have retaken a lapsed lease: compare every token at the next beat
+                shared.must_check.store(true, Ordering::SeqCst);
+                shared.check_tokens.notify_one();
                 Stats::add(&shared.stats.redis_errors, 1);
                 shared.metrics.redis_error(&e);
                 failures += 1;

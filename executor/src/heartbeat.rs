@@ -94,7 +94,7 @@ const RECONCILE_EVERY: u64 = 4;
 /// Gives back shards `active` holds under this executor's tokens that it does not know: taken by
 /// a claim call whose reply was lost. The claim in flight is left alone (its shards may be in
 /// `active` before they are in `held`); `claiming` is read before `held` for that.
-async fn reconcile(shared: &Shared) -> shardctl_common::Result<()> {
+pub(crate) async fn reconcile(shared: &Shared) -> shardctl_common::Result<()> {
     let mut con = shared.con.clone();
     let all: std::collections::HashMap<String, String> =
         redis::cmd("HGETALL").arg(shared.keys.active()).query_async(&mut con).await?;

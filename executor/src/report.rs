@@ -125,6 +125,16 @@ async fn record(shared: &Shared, batch: &[Report], closing: &CancellationToken) 
                 }
                 return;
             }
+            Err(e) if e.is_script_error() => {
+                // a script error repeats on every retry: retrying would wedge the reporter and
+                // keep every later outcome held. Drop this batch; its shards leave `held`, so the
+                // heartbeat's reconcile gives back those still in `active` to run again.
+                Stats::add(&shared.stats.refused, batch.len() as u64);
+                let refs: Vec<String> = batch.iter().take(5).map(|r| r.claim.shard_ref.to_string()).collect();
+                tracing::error!("recording {} outcomes failed for good (first: {refs:?}): {e}", batch.len());
+                shared.must_reconcile.store(true, std::sync::atomic::Ordering::SeqCst);
+                return;
+            }
             Err(e) => {
                 // completions are idempotent: a retry after a lost reply is refused, not recounted
                 Stats::add(&shared.stats.redis_errors, 1);

@@ -23,12 +23,13 @@ pub(crate) async fn shard(
     permit: OwnedSemaphorePermit,
 ) {
     let outcome = run(&shared, &claim, &cancel).await;
+    // only our own claim's entry: a later claim of the same ref may have replaced it
     let lost = match shared.held.lock().unwrap().get_mut(&claim.shard_ref.to_string()) {
-        Some(h) => {
+        Some(h) if h.claim.token == claim.token => {
             h.reporting = true;
             h.lost
         }
-        None => false,
+        _ => true,
     };
     let outcome = if lost {
         // another claim owns the shard now: our result would be refused anyway
@@ -135,7 +136,9 @@ async fn run_handler(
         node_id: shared.node_id.clone(),
         cancel: cancel.clone(),
     };
-    guarded(handler.run(ctx), cancel).await
+    // called inside the spawned task: a handler that panics before returning its future fails
+    // the attempt like any other panic instead of ending this task without a report
+    guarded(Box::pin(async move { handler.run(ctx).await }), cancel).await
 }
 
 async fn run_aggregator(
@@ -169,7 +172,7 @@ async fn run_aggregator(
         cancel: cancel.clone(),
     };
     let aggregator = shared.registry.aggregator_for(&info.kind);
-    guarded(aggregator.aggregate(ctx), cancel).await
+    guarded(Box::pin(async move { aggregator.aggregate(ctx).await }), cancel).await
 }
 
 /// Runs a handler's future on its own task, so that a panic becomes a failure and

@@ -138,6 +138,10 @@ impl Executor {
         if reporter.await.is_err() {
             tracing::error!("reporter task panicked");
         }
+        // a claim reply lost just before shutdown: give its shards back now, not after the lease
+        if let Err(e) = crate::heartbeat::reconcile(&shared).await {
+            tracing::warn!("reconciling held shards at shutdown: {e}");
+        }
         beat_stop.cancel();
         let _ = heartbeat.await;
         guard.disarm();

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use shardctl_common::lock::{Lease, LockKeys, Redlock, RedisLock};
+use shardctl_common::lock::{Lease, LockKeys, RedisLock, Redlock};
 use shardctl_common::{conn, Error};
 
 use super::{duration, Args};
