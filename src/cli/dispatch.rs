@@ -38,6 +38,9 @@ pub struct DispatchArgs {
     /// Delay between attempts: fixed:D or exponential:D (jittered).
     #[arg(long, default_value = "exponential:1s", value_parser = |s: &str| s.parse::<Backoff>())]
     pub backoff: Backoff,
+    /// Higher runs first; among equal priorities, first dispatched first (-1000000..=1000000).
+    #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
+    pub priority: i64,
     /// Placement: pull (competitive, the default), consistent-hash, round-robin or hash-mod.
     #[arg(long, default_value = "pull", value_parser = |s: &str| s.parse::<Strategy>())]
     pub strategy: Strategy,
@@ -78,7 +81,7 @@ pub async fn run(args: &Args, a: &DispatchArgs) -> anyhow::Result<ExitCode> {
         payload: payload(a)?,
         attempts: a.attempts,
         backoff: a.backoff,
-        priority: 0,
+        priority: a.priority,
         strategy: a.strategy,
         vnodes: a.vnodes,
         has_keys: shard_keys.is_some(),

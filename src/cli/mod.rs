@@ -9,6 +9,7 @@ mod dispatch;
 mod executor;
 mod lock;
 mod metrics;
+mod pause;
 mod redis_server;
 mod ring;
 mod status;
@@ -75,6 +76,10 @@ pub enum Command {
     Ring(ring::RingArgs),
     /// Run a command while holding a distributed lock (fencing token in SHARDCTL_FENCING_TOKEN).
     Lock(lock::LockArgs),
+    /// Stop claims on the queue (running shards finish).
+    Pause,
+    /// Restart claims on the queue.
+    Resume,
     /// Tail the queue's event log live.
     Watch(watch::WatchArgs),
     /// Show or change the queue's settings (event log).
@@ -123,6 +128,8 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         Command::Demo(a) => demo::run(&args, a).await,
         Command::Ring(a) => ring::run(a),
         Command::Lock(a) => lock::run(&args, a).await,
+        Command::Pause => pause::run(&args, true).await,
+        Command::Resume => pause::run(&args, false).await,
         Command::Watch(a) => watch::run(&args, a).await,
         Command::Config(a) => config::run(&args, a).await,
         Command::Bench(a) => bench::run(&args, a).await,

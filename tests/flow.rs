@@ -1,0 +1,102 @@
+//! Flow control through the binary: priorities order claims, pause stops claims while running
+//! shards finish, resume restarts them at once.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use shardctl_testkit::TestRedis;
+
+const BIN: &str = env!("CARGO_BIN_EXE_shardctl");
+
+struct Kill(Child);
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn cli(url: &str, queue: &str, args: &[&str]) -> std::process::Output {
+    Command::new(BIN).args(["--redis", url, "--queue", queue]).args(args).stdin(Stdio::null()).output().unwrap()
+}
+
+fn ok(url: &str, queue: &str, args: &[&str]) -> String {
+    let o = cli(url, queue, args);
+    assert!(
+        o.status.success(),
+        "{args:?}: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn executor(url: &str, queue: &str, extra: &[&str]) -> Kill {
+    Kill(
+        Command::new(BIN)
+            .args(["--redis", url, "--queue", queue, "executor", "--node-id", "flow", "--block-timeout", "200ms"])
+            .args(["--log", "error"])
+            .args(extra)
+            .spawn()
+            .unwrap(),
+    )
+}
+
+fn done(url: &str, queue: &str, task: &str) -> (u64, String) {
+    let v: serde_json::Value = serde_json::from_str(&ok(url, queue, &["status", task, "--json"])).unwrap();
+    (v["done"].as_u64().unwrap(), v["state"].as_str().unwrap().to_owned())
+}
+
+#[test]
+fn higher_priority_runs_first_and_equal_priorities_in_dispatch_order() {
+    let r = TestRedis::start();
+    let url = r.url();
+    let dir = std::env::temp_dir().join(format!("shardctl-flow-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("order.log");
+    for (id, p) in [("low-a", "0"), ("high", "5"), ("low-b", "0"), ("negative", "-3")] {
+        ok(&url, "prio", &["dispatch", "--kind", "mine", "--shards", "3", "--task-id", id, "--priority", p]);
+    }
+    let cmd = format!("sh -c 'echo $SHARDCTL_TASK_ID >> {}'", log.display());
+    let _e = executor(&url, "prio", &["--concurrency", "1", "--exec", &cmd]);
+    for id in ["low-a", "high", "low-b", "negative"] {
+        ok(&url, "prio", &["wait", id, "--timeout", "30s"]);
+    }
+    let order: Vec<String> = std::fs::read_to_string(&log).unwrap().lines().map(str::to_owned).collect();
+    let mut firsts: Vec<&str> = Vec::new();
+    for t in &order {
+        if firsts.last() != Some(&t.as_str()) {
+            firsts.push(t);
+        }
+    }
+    assert_eq!(firsts, ["high", "low-a", "low-b", "negative"], "claim order: {order:?}");
+    let bad = cli(&url, "prio", &["dispatch", "--shards", "1", "--priority", "2000000"]);
+    assert_eq!(bad.status.code(), Some(2));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn pause_stops_claims_running_shards_finish_and_resume_restarts_at_once() {
+    let r = TestRedis::start();
+    let url = r.url();
+    ok(&url, "pz", &["dispatch", "--kind", "sleep", "--payload", r#"{"ms":300}"#, "--shards", "40", "--task-id", "t"]);
+    let _e = executor(&url, "pz", &["--concurrency", "4"]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while done(&url, "pz", "t").0 < 4 {
+        assert!(Instant::now() < deadline, "no progress");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(ok(&url, "pz", &["pause"]).contains("paused"));
+    // what was running finishes; nothing new starts
+    std::thread::sleep(Duration::from_millis(1200));
+    let (after_pause, _) = done(&url, "pz", "t");
+    let q: serde_json::Value = serde_json::from_str(&ok(&url, "pz", &["status", "--json"])).unwrap();
+    assert_eq!(q["paused"], true);
+    assert_eq!(q["active"], 0, "running shards finish while paused: {q}");
+    std::thread::sleep(Duration::from_millis(800));
+    assert_eq!(done(&url, "pz", "t").0, after_pause, "nothing is claimed while paused");
+    assert!(after_pause < 40);
+    assert!(ok(&url, "pz", &["resume"]).contains("resumed"));
+    ok(&url, "pz", &["wait", "t", "--timeout", "60s"]);
+    assert_eq!(done(&url, "pz", "t"), (40, "completed".to_owned()));
+}
