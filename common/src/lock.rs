@@ -70,6 +70,27 @@ fn retry_pause(attempt: u32) -> Duration {
     Duration::from_millis((base / 2 + jitter).min(500))
 }
 
+/// Calls `attempt` until it returns a lease or `wait` has passed, pausing between tries.
+async fn retry_until<F, Fut>(wait: Duration, mut attempt: F) -> Result<Option<Lease>>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<Lease>>>,
+{
+    let deadline = Instant::now() + wait;
+    let mut tries = 0;
+    loop {
+        if let Some(l) = attempt().await? {
+            return Ok(Some(l));
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(None);
+        }
+        tokio::time::sleep(retry_pause(tries).min(deadline - now)).await;
+        tries += 1;
+    }
+}
+
 /// A lock on one Redis server.
 #[derive(Clone)]
 pub struct RedisLock {
@@ -101,19 +122,7 @@ impl RedisLock {
 
     /// Tries until `wait` has passed; `None` when the lock stayed taken.
     pub async fn acquire(&self, wait: Duration) -> Result<Option<Lease>> {
-        let deadline = Instant::now() + wait;
-        let mut attempt = 0;
-        loop {
-            if let Some(l) = self.try_acquire().await? {
-                return Ok(Some(l));
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Ok(None);
-            }
-            tokio::time::sleep(retry_pause(attempt).min(deadline - now)).await;
-            attempt += 1;
-        }
+        retry_until(wait, || self.try_acquire()).await
     }
 
     /// Renews the TTL; false when the lease no longer holds the lock (it is lost).
@@ -238,19 +247,7 @@ impl Redlock {
 
     /// Tries until `wait` has passed.
     pub async fn acquire(&self, wait: Duration) -> Result<Option<Lease>> {
-        let deadline = Instant::now() + wait;
-        let mut attempt = 0;
-        loop {
-            if let Some(l) = self.try_acquire().await? {
-                return Ok(Some(l));
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Ok(None);
-            }
-            tokio::time::sleep(retry_pause(attempt).min(deadline - now)).await;
-            attempt += 1;
-        }
+        retry_until(wait, || self.try_acquire()).await
     }
 
     /// Extends on every server; true while a majority still holds the lease.
