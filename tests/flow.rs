@@ -100,3 +100,18 @@ fn pause_stops_claims_running_shards_finish_and_resume_restarts_at_once() {
     ok(&url, "pz", &["wait", "t", "--timeout", "60s"]);
     assert_eq!(done(&url, "pz", "t"), (40, "completed".to_owned()));
 }
+
+#[test]
+fn an_attempt_past_the_shard_timeout_fails_with_timed_out() {
+    let r = TestRedis::start();
+    let url = r.url();
+    let args = ["dispatch", "--kind", "sleep", "--payload", r#"{"ms":60000}"#, "--shards", "3", "--task-id", "slow"];
+    ok(&url, "to", &[&args[..], &["--shard-timeout", "200ms", "--attempts", "2", "--backoff", "fixed:10ms"]].concat());
+    let _e = executor(&url, "to", &["--concurrency", "4"]);
+    let out = cli(&url, "to", &["wait", "slow", "--timeout", "30s"]);
+    assert_eq!(out.status.code(), Some(3), "every shard timed out twice: {out:?}");
+    let failed = ok(&url, "to", &["status", "slow", "--failed"]);
+    assert_eq!(failed.lines().filter(|l| l.contains("timed out after 200ms")).count(), 3, "{failed}");
+    let bad = cli(&url, "to", &["dispatch", "--shards", "1", "--shard-timeout", "0s"]);
+    assert_eq!(bad.status.code(), Some(2));
+}

@@ -154,6 +154,8 @@ pub struct TaskSpec {
     pub vnodes: u32,
     /// Shard keys are stored in `task:<id>:keys` (a keys file), not derived from the index.
     pub has_keys: bool,
+    /// An attempt running longer is cancelled and fails with "timed out"; `None`: no limit.
+    pub shard_timeout: Option<std::time::Duration>,
 }
 
 impl TaskSpec {
@@ -171,6 +173,7 @@ impl TaskSpec {
             strategy: Strategy::Pull,
             vnodes: DEFAULT_VNODES,
             has_keys: false,
+            shard_timeout: None,
         }
     }
 
@@ -198,6 +201,9 @@ impl TaskSpec {
         if !(-MAX_PRIORITY..=MAX_PRIORITY).contains(&self.priority) {
             return Err(Error::invalid(format!("priority must be within -{MAX_PRIORITY}..={MAX_PRIORITY}")));
         }
+        if self.shard_timeout.is_some_and(|d| d < std::time::Duration::from_millis(1)) {
+            return Err(Error::invalid("shard timeout must be at least 1ms"));
+        }
         if self.attempts < 1 {
             return Err(Error::invalid("attempts must be at least 1"));
         }
@@ -222,6 +228,7 @@ impl TaskSpec {
             ("strategy", self.strategy.as_str().into()),
             ("vnodes", self.vnodes.to_string()),
             ("has_keys", u8::from(self.has_keys).to_string()),
+            ("shard_timeout_ms", self.shard_timeout.map_or(0, |d| d.as_millis() as u64).to_string()),
             ("attempts", self.attempts.to_string()),
             ("backoff", self.backoff.to_string()),
             ("priority", self.priority.to_string()),
@@ -262,6 +269,8 @@ pub struct TaskInfo {
     /// Shard keys are stored, not derived from the index.
     #[serde(skip)]
     pub has_keys: bool,
+    /// Longest an attempt may run, in ms (0: no limit).
+    pub shard_timeout_ms: u64,
     /// Creation time, ms since the epoch.
     pub created_ms: u64,
     /// End time, when finished.
@@ -304,6 +313,7 @@ impl TaskInfo {
             routed: h.get("routed").and_then(|v| v.parse().ok()),
             vnodes: h.get("vnodes").and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_VNODES),
             has_keys: h.get("has_keys").is_some_and(|v| v == "1"),
+            shard_timeout_ms: h.get("shard_timeout_ms").and_then(|v| v.parse().ok()).unwrap_or(0),
             created_ms: num("created_ms")?,
             finished_ms: h.get("finished_ms").and_then(|v| v.parse().ok()),
             result,

@@ -138,7 +138,8 @@ async fn run_handler(
     };
     // called inside the spawned task: a handler that panics before returning its future fails
     // the attempt like any other panic instead of ending this task without a report
-    guarded(Box::pin(async move { handler.run(ctx).await }), cancel).await
+    let limit = (info.shard_timeout_ms > 0).then(|| std::time::Duration::from_millis(info.shard_timeout_ms));
+    guarded(Box::pin(async move { handler.run(ctx).await }), cancel, limit).await
 }
 
 async fn run_aggregator(
@@ -172,13 +173,23 @@ async fn run_aggregator(
         cancel: cancel.clone(),
     };
     let aggregator = shared.registry.aggregator_for(&info.kind);
-    guarded(Box::pin(async move { aggregator.aggregate(ctx).await }), cancel).await
+    guarded(Box::pin(async move { aggregator.aggregate(ctx).await }), cancel, None).await
 }
 
 /// Runs a handler's future on its own task, so that a panic becomes a failure and
 /// cancellation stops it (dropping it kills a child process).
-async fn guarded(fut: BoxFuture<Result<Value, ShardError>>, cancel: &CancellationToken) -> Result<Value, ShardError> {
+async fn guarded(
+    fut: BoxFuture<Result<Value, ShardError>>,
+    cancel: &CancellationToken,
+    limit: Option<std::time::Duration>,
+) -> Result<Value, ShardError> {
     let mut task = tokio::spawn(fut);
+    let deadline = async {
+        match limit {
+            Some(d) => tokio::time::sleep(d).await,
+            None => std::future::pending().await,
+        }
+    };
     tokio::select! {
         r = &mut task => match r {
             Ok(r) => r,
@@ -188,6 +199,11 @@ async fn guarded(fut: BoxFuture<Result<Value, ShardError>>, cancel: &Cancellatio
         _ = cancel.cancelled() => {
             task.abort();
             Err(ShardError::new("cancelled"))
+        }
+        _ = deadline => {
+            // aborting drops the handler's future: a child process is killed with it
+            task.abort();
+            Err(ShardError(format!("timed out after {:?}", limit.unwrap_or_default())))
         }
     }
 }

@@ -41,6 +41,9 @@ pub struct DispatchArgs {
     /// Higher runs first; among equal priorities, first dispatched first (-1000000..=1000000).
     #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
     pub priority: i64,
+    /// An attempt running longer is cancelled and fails with "timed out" (default: no limit).
+    #[arg(long, value_parser = duration)]
+    pub shard_timeout: Option<Duration>,
     /// Placement: pull (competitive, the default), consistent-hash, round-robin or hash-mod.
     #[arg(long, default_value = "pull", value_parser = |s: &str| s.parse::<Strategy>())]
     pub strategy: Strategy,
@@ -85,6 +88,7 @@ pub async fn run(args: &Args, a: &DispatchArgs) -> anyhow::Result<ExitCode> {
         strategy: a.strategy,
         vnodes: a.vnodes,
         has_keys: shard_keys.is_some(),
+        shard_timeout: a.shard_timeout,
     };
     // check before connecting: bad input is reported as such even without Redis
     spec.validate()?;
