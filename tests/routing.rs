@@ -18,7 +18,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
-use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Mutex, MutexGuard};
@@ -30,9 +29,12 @@ use shardctl_common::ring::{Placement, Ring, Strategy, DEFAULT_VNODES};
 use shardctl_common::{scripts, Keys};
 use shardctl_testkit::TestRedis;
 
-const BIN: &str = env!("CARGO_BIN_EXE_shardctl");
-/// How long one command may run before the test calls it hung (a guard, not a speed assertion).
-const HANG_GUARD: Duration = Duration::from_secs(120);
+// the CLI tests' helpers: run the binary with a hang guard, no environment leaking in
+#[allow(dead_code)]
+mod support;
+
+use support::{command, shardctl, Out, BIN};
+
 /// The bound of every "eventually": far above what a healthy run needs.
 const PATIENCE: Duration = Duration::from_secs(60);
 
@@ -42,75 +44,6 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// What one run of the binary did.
-struct Out {
-    status: ExitStatus,
-    stdout: String,
-    stderr: String,
-}
-
-impl Out {
-    fn code(&self) -> i32 {
-        self.status.code().unwrap_or(-1)
-    }
-}
-
-impl std::fmt::Debug for Out {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "exit {:?}\n--- stdout\n{}\n--- stderr\n{}", self.status, self.stdout, self.stderr)
-    }
-}
-
-/// A command for the binary with no settings leaking in from the environment.
-fn command(args: &[&str]) -> Command {
-    let mut c = Command::new(BIN);
-    c.args(args)
-        .env_remove("SHARDCTL_REDIS")
-        .env_remove("SHARDCTL_QUEUE")
-        .env_remove("SHARDCTL_LOG")
-        .env_remove("RUST_LOG")
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::null());
-    c
-}
-
-/// Runs the binary with `args` to its end.
-fn shardctl(args: &[&str]) -> Out {
-    let mut child = command(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {BIN}: {e}"));
-    let mut so = child.stdout.take().expect("piped stdout");
-    let mut se = child.stderr.take().expect("piped stderr");
-    let out = std::thread::spawn(move || {
-        let mut s = Vec::new();
-        let _ = so.read_to_end(&mut s);
-        s
-    });
-    let err = std::thread::spawn(move || {
-        let mut s = Vec::new();
-        let _ = se.read_to_end(&mut s);
-        s
-    });
-    let deadline = Instant::now() + HANG_GUARD;
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("try_wait") {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            let stderr = String::from_utf8_lossy(&err.join().unwrap_or_default()).into_owned();
-            panic!("shardctl {args:?} hung; killed it. stderr:\n{stderr}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let stdout = String::from_utf8_lossy(&out.join().expect("stdout reader")).into_owned();
-    let stderr = String::from_utf8_lossy(&err.join().expect("stderr reader")).into_owned();
-    Out { status, stdout, stderr }
 }
 
 fn signal(pid: u32, sig: &str) {

@@ -15,8 +15,8 @@ use shardctl_testkit::TestRedis;
 pub const BIN: &str = env!("CARGO_BIN_EXE_shardctl");
 
 /// How long any one command may run before the test calls it hung (a guard, not an assertion
-/// about speed: a healthy command finishes far sooner).
-const HANG_GUARD: Duration = Duration::from_secs(60);
+/// about speed: a healthy command finishes far sooner, even on a loaded machine).
+const HANG_GUARD: Duration = Duration::from_secs(120);
 /// How long an executor may take to stop after SIGTERM: its grace (2 s here) and a margin.
 const STOP_GUARD: Duration = Duration::from_secs(15);
 
@@ -46,13 +46,14 @@ impl std::fmt::Debug for Out {
 }
 
 /// A command for the binary with no settings leaking in from the environment.
-fn command(args: &[&str]) -> Command {
+pub fn command(args: &[&str]) -> Command {
     let mut c = Command::new(BIN);
     c.args(args)
         .env_remove("SHARDCTL_REDIS")
         .env_remove("SHARDCTL_QUEUE")
         .env_remove("SHARDCTL_LOG")
         .env_remove("RUST_LOG")
+        .env("NO_COLOR", "1")
         .stdin(Stdio::null());
     c
 }
