@@ -118,15 +118,7 @@ pub async fn run(args: &Args, a: &BenchArgs) -> anyhow::Result<ExitCode> {
     }
     let interrupted = CancellationToken::new();
     shardctl_executor::shutdown::cancel_on_signal(interrupted.clone());
-    let server;
-    let url = match &args.redis {
-        Some(u) => u.clone(),
-        None => {
-            server = RedisServer::start()?;
-            eprintln!("started a private redis-server at {}", server.url);
-            server.url.clone()
-        }
-    };
+    let (_server, url) = RedisServer::unless_given(&args.redis)?;
     tokio::select! {
         r = bench(args, a, &selected, url) => r,
         _ = interrupted.cancelled() => bail!("interrupted"),

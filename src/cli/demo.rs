@@ -36,15 +36,7 @@ pub async fn run(args: &Args, a: &DemoArgs) -> anyhow::Result<ExitCode> {
     // on SIGINT/SIGTERM stop waiting and shut everything down (the private server too)
     let interrupted = CancellationToken::new();
     shardctl_executor::shutdown::cancel_on_signal(interrupted.clone());
-    let server;
-    let url = match &args.redis {
-        Some(u) => u.clone(),
-        None => {
-            server = RedisServer::start()?;
-            eprintln!("started a private redis-server at {}", server.url);
-            server.url.clone()
-        }
-    };
+    let (_server, url) = RedisServer::unless_given(&args.redis)?;
     let keys = Keys::new(&args.prefix, &args.queue);
     let client = conn::client(&url)?;
     let mut con = conn::manager(&client).await?;

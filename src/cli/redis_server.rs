@@ -13,6 +13,18 @@ pub struct RedisServer {
 }
 
 impl RedisServer {
+    /// The URL given with `--redis`, or a private server started now (kept alive by the guard
+    /// returned beside the URL).
+    pub fn unless_given(given: &Option<String>) -> anyhow::Result<(Option<RedisServer>, String)> {
+        if let Some(u) = given {
+            return Ok((None, u.clone()));
+        }
+        let server = RedisServer::start()?;
+        eprintln!("started a private redis-server at {}", server.url);
+        let url = server.url.clone();
+        Ok((Some(server), url))
+    }
+
     pub fn start() -> anyhow::Result<Self> {
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let dir = std::env::temp_dir().join(format!("shardctl-demo-{}", std::process::id()));
