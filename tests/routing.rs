@@ -691,8 +691,8 @@ fn a_dispatch_cut_short_is_completed_by_running_it_again() {
     let (id0, total0) = ("resume-none", 10u64);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
-        let client = shardctl_common::conn::client(&env.redis.url()).unwrap();
-        let mut con = shardctl_common::conn::manager(&client).await.unwrap();
+        let client = shardctl_common::conn::open(&env.redis.url()).unwrap();
+        let mut con = client.manager().await.unwrap();
         let keys = Keys::new("shardctl", &env.queue);
         let spec = TaskSpec { strategy: Strategy::ConsistentHash, ..TaskSpec::new(id, "mine", total) };
         shardctl_coordinator::dispatch::dispatch(&mut con, &keys, &spec).await.unwrap();

@@ -1,10 +1,12 @@
-//! Connecting to Redis: a [`ConnectionManager`] (reconnects by itself) for ordinary commands,
-//! and a dedicated connection for blocking waits whose response timeout outlasts the block.
+//! Connecting to Redis. An [`Endpoint`] is where a queue's Redis is (opened from a URL, nothing
+//! sent yet); a [`Conn`] is a connection to it: a manager that reconnects by itself for ordinary
+//! commands, or a dedicated connection for blocking waits whose response timeout outlasts the
+//! block. Every caller talks to a [`Conn`], so the kind of deployment behind it is decided here.
 
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
-use redis::{AsyncConnectionConfig, Client};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisFuture, Value};
 
 use crate::error::{Error, Result};
 
@@ -26,30 +28,99 @@ pub fn redact(url: &str) -> String {
     }
 }
 
-/// Opens a client for `url` (nothing is sent yet).
-pub fn client(url: &str) -> Result<Client> {
-    Client::open(url).map_err(|e| Error::invalid(format!("invalid redis URL '{}': {e}", redact(url))))
+/// Where a queue's Redis is. Cheap to clone.
+#[derive(Clone)]
+pub struct Endpoint {
+    client: Client,
+    redacted: String,
 }
 
-/// Connects a manager that reconnects with backoff whenever the connection drops.
-pub async fn manager(client: &Client) -> Result<ConnectionManager> {
-    let cfg = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(CONNECT_TIMEOUT))
-        .set_response_timeout(Some(RESPONSE_TIMEOUT))
-        .set_number_of_retries(3)
-        .set_max_delay(Duration::from_secs(2));
-    client.get_connection_manager_with_config(cfg).await.map_err(|e| unreachable_error(client, e))
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.redacted)
+    }
 }
 
-/// A connection of its own for a blocking command that waits up to `block`.
-pub async fn blocking(client: &Client, block: Duration) -> Result<MultiplexedConnection> {
-    let cfg = AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(CONNECT_TIMEOUT))
-        .set_response_timeout(Some(block + Duration::from_secs(5)));
-    client.get_multiplexed_async_connection_with_config(&cfg).await.map_err(|e| unreachable_error(client, e))
+/// Opens an endpoint for `url` (nothing is sent yet).
+pub fn open(url: &str) -> Result<Endpoint> {
+    let redacted = redact(url);
+    let client = Client::open(url).map_err(|e| Error::invalid(format!("invalid redis URL '{redacted}': {e}")))?;
+    Ok(Endpoint { client, redacted })
 }
 
-fn unreachable_error(client: &Client, e: redis::RedisError) -> Error {
-    let addr = client.get_connection_info().addr().to_string();
-    Error::Unreachable(format!("cannot connect to redis at {addr}: {e}"))
+impl Endpoint {
+    /// The URL with its password hidden.
+    pub fn redacted(&self) -> &str {
+        &self.redacted
+    }
+
+    /// Connects a manager that reconnects with backoff whenever the connection drops.
+    pub async fn manager(&self) -> Result<Conn> {
+        let cfg = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(Some(RESPONSE_TIMEOUT))
+            .set_number_of_retries(3)
+            .set_max_delay(Duration::from_secs(2));
+        let m = self.client.get_connection_manager_with_config(cfg).await.map_err(|e| self.unreachable(e))?;
+        Ok(Conn::Managed(m))
+    }
+
+    /// A manager that connects on first use: a server down now still counts (Redlock's quorum).
+    pub fn lazy(&self) -> Result<Conn> {
+        let m = ConnectionManager::new_lazy_with_config(self.client.clone(), ConnectionManagerConfig::new())
+            .map_err(|e| self.unreachable(e))?;
+        Ok(Conn::Managed(m))
+    }
+
+    /// A connection of its own for a blocking command that waits up to `block`.
+    pub async fn blocking(&self, block: Duration) -> Result<Conn> {
+        let cfg = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(Some(block + Duration::from_secs(5)));
+        let c =
+            self.client.get_multiplexed_async_connection_with_config(&cfg).await.map_err(|e| self.unreachable(e))?;
+        Ok(Conn::Plain(c))
+    }
+
+    fn unreachable(&self, e: redis::RedisError) -> Error {
+        let addr = self.client.get_connection_info().addr().to_string();
+        Error::Unreachable(format!("cannot connect to redis at {addr}: {e}"))
+    }
+}
+
+/// A connection to an [`Endpoint`]; clones share it.
+#[derive(Clone)]
+pub enum Conn {
+    /// Reconnects by itself.
+    Managed(ConnectionManager),
+    /// One connection, for blocking waits.
+    Plain(MultiplexedConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Managed(c) => c.req_packed_command(cmd),
+            Conn::Plain(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Managed(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Plain(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Managed(c) => c.get_db(),
+            Conn::Plain(c) => c.get_db(),
+        }
+    }
 }

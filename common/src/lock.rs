@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use redis::aio::ConnectionManager;
+use crate::conn::Conn;
 
 use crate::error::{Error, Result};
 use crate::scripts::scripts;
@@ -94,14 +94,14 @@ where
 /// A lock on one Redis server.
 #[derive(Clone)]
 pub struct RedisLock {
-    con: ConnectionManager,
+    con: Conn,
     keys: LockKeys,
     ttl: Duration,
 }
 
 impl RedisLock {
     /// Lock `keys` on the server behind `con`, held for `ttl` unless renewed.
-    pub fn new(con: ConnectionManager, keys: LockKeys, ttl: Duration) -> Self {
+    pub fn new(con: Conn, keys: LockKeys, ttl: Duration) -> Self {
         RedisLock { con, keys, ttl }
     }
 
@@ -167,7 +167,7 @@ impl RedisLock {
 /// Redlock over N independent Redis servers: held when a majority holds it.
 #[derive(Clone)]
 pub struct Redlock {
-    servers: Vec<ConnectionManager>,
+    servers: Vec<Conn>,
     keys: LockKeys,
     ttl: Duration,
 }
@@ -179,7 +179,7 @@ fn drift(ttl: Duration) -> Duration {
 
 impl Redlock {
     /// Redlock over `servers` (use an odd number: 3 or 5).
-    pub fn new(servers: Vec<ConnectionManager>, keys: LockKeys, ttl: Duration) -> Self {
+    pub fn new(servers: Vec<Conn>, keys: LockKeys, ttl: Duration) -> Self {
         Redlock { servers, keys, ttl }
     }
 

@@ -11,8 +11,8 @@ use shardctl_common::limiter::{Decision, Limiter};
 use shardctl_common::lock::{LockKeys, RedisLock, Redlock};
 use shardctl_testkit::TestRedis;
 
-async fn manager(r: &TestRedis) -> redis::aio::ConnectionManager {
-    conn::manager(&conn::client(&r.url()).unwrap()).await.unwrap()
+async fn manager(r: &TestRedis) -> shardctl_common::conn::Conn {
+    conn::open(&r.url()).unwrap().manager().await.unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -109,6 +109,6 @@ async fn script_errors_are_told_from_outages() {
     let e = shardctl_common::Error::from(r.unwrap_err());
     assert!(e.is_script_error(), "{e}");
     assert!(!e.is_retryable());
-    let down = shardctl_common::conn::manager(&shardctl_common::conn::client("redis://127.0.0.1:1").unwrap()).await;
+    let down = shardctl_common::conn::open("redis://127.0.0.1:1").unwrap().manager().await;
     assert!(!down.err().is_some_and(|e| e.is_script_error()));
 }

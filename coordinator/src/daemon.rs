@@ -15,7 +15,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use shardctl_common::conn::Conn;
 use shardctl_common::time::now_ms;
 use shardctl_common::{scripts, Keys, Result};
 use tokio_util::sync::CancellationToken;
@@ -120,7 +120,7 @@ pub struct Snapshot {
 
 /// Reads the queue's progress: the running tasks and those finished since `now - retention`.
 pub async fn snapshot(
-    con: &mut ConnectionManager,
+    con: &mut Conn,
     keys: &Keys,
     now_ms: u64,
     retention: Duration,
@@ -167,7 +167,7 @@ pub async fn snapshot(
 /// Runs the daemon until `stop`: the stalled sweep on its own interval; promotion, rebalancing
 /// and a reading published to the gauges every refresh. Redis errors are logged and the next
 /// refresh tries again (meanwhile the gauges age out: a silent daemon exports nothing stale).
-pub async fn run(mut con: ConnectionManager, keys: Keys, cfg: DaemonConfig, stop: CancellationToken) {
+pub async fn run(mut con: Conn, keys: Keys, cfg: DaemonConfig, stop: CancellationToken) {
     let sweeper = tokio::spawn(sweep::run(con.clone(), keys.clone(), cfg.sweep.clone(), stop.clone(), |_| {}));
     let mut tick = tokio::time::interval(cfg.refresh);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -181,7 +181,7 @@ pub async fn run(mut con: ConnectionManager, keys: Keys, cfg: DaemonConfig, stop
     let _ = sweeper.await;
 }
 
-async fn refresh(con: &mut ConnectionManager, keys: &Keys, cfg: &DaemonConfig) {
+async fn refresh(con: &mut Conn, keys: &Keys, cfg: &DaemonConfig) {
     match scripts::promote(con, keys, now_ms()).await {
         Ok(n) if n > 0 => tracing::debug!(promoted = n, "due retries promoted"),
         Ok(_) => {}

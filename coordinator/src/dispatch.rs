@@ -40,7 +40,7 @@ pub struct Dispatched {
 /// same dispatch (same id and spec) on a task whose placement was cut short completes it.
 /// `shard_keys` (one per shard) replaces the index as each shard's routing key.
 pub async fn dispatch_any(
-    con: &mut redis::aio::ConnectionManager,
+    con: &mut shardctl_common::conn::Conn,
     keys: &Keys,
     spec: &TaskSpec,
     shard_keys: Option<&[String]>,

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use shardctl_common::conn::Conn;
 use shardctl_common::scripts::{self, NodeHolder};
 use shardctl_common::time::now_ms;
 use shardctl_common::{Error, Keys, Result};
@@ -79,7 +79,7 @@ fn in_use(node: &str, h: &NodeHolder) -> Error {
 }
 
 /// Registers `m`, refused while another live executor holds its node id.
-pub async fn join(con: &mut ConnectionManager, keys: &Keys, m: &Member, cfg: &MembershipConfig) -> Result<()> {
+pub async fn join(con: &mut Conn, keys: &Keys, m: &Member, cfg: &MembershipConfig) -> Result<()> {
     let timeout = cfg.timeout.as_millis() as u64;
     match scripts::join(con, keys, &m.node, &m.instance, now_ms(), timeout, &fields(m)).await? {
         Ok(()) => Ok(()),
@@ -88,12 +88,12 @@ pub async fn join(con: &mut ConnectionManager, keys: &Keys, m: &Member, cfg: &Me
 }
 
 /// Leaves the membership (graceful shutdown).
-pub async fn leave(con: &mut ConnectionManager, keys: &Keys, m: &Member) -> Result<bool> {
+pub async fn leave(con: &mut Conn, keys: &Keys, m: &Member) -> Result<bool> {
     scripts::leave(con, keys, &m.node, &m.instance).await
 }
 
 /// The live node ids, sorted.
-pub async fn live(con: &mut ConnectionManager, keys: &Keys, timeout: Duration) -> Result<Vec<String>> {
+pub async fn live(con: &mut Conn, keys: &Keys, timeout: Duration) -> Result<Vec<String>> {
     let since = now_ms().saturating_sub(timeout.as_millis() as u64);
     let mut v: Vec<String> =
         redis::cmd("ZRANGEBYSCORE").arg(keys.nodes()).arg(since).arg("+inf").query_async(con).await?;
@@ -104,7 +104,7 @@ pub async fn live(con: &mut ConnectionManager, keys: &Keys, timeout: Duration) -
 /// Refreshes the heartbeat every `cfg.heartbeat` and rebalances after each, until `stop`.
 /// Returns an error when another executor took the node id over (this one must stop).
 pub async fn run(
-    mut con: ConnectionManager,
+    mut con: Conn,
     keys: Keys,
     m: Member,
     cfg: MembershipConfig,

@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
 use redis::AsyncCommands;
+use shardctl_common::conn::Conn;
 use shardctl_common::time::now_ms;
 use shardctl_common::{scripts, Keys, Result};
 
@@ -43,11 +43,7 @@ impl RebalanceReport {
 }
 
 /// Runs one rebalance unless another process holds the lock (`None`).
-pub async fn rebalance(
-    con: &mut ConnectionManager,
-    keys: &Keys,
-    member_timeout: Duration,
-) -> Result<Option<RebalanceReport>> {
+pub async fn rebalance(con: &mut Conn, keys: &Keys, member_timeout: Duration) -> Result<Option<RebalanceReport>> {
     let token = uuid::Uuid::new_v4().simple().to_string();
     let got: Option<String> = redis::cmd("SET")
         .arg(keys.rebalance_lock())
@@ -66,7 +62,7 @@ pub async fn rebalance(
     r.map(Some)
 }
 
-async fn run(con: &mut ConnectionManager, keys: &Keys, member_timeout: Duration) -> Result<RebalanceReport> {
+async fn run(con: &mut Conn, keys: &Keys, member_timeout: Duration) -> Result<RebalanceReport> {
     let mut report = RebalanceReport::default();
     let cutoff = now_ms().saturating_sub(member_timeout.as_millis() as u64);
     let stale: Vec<String> =

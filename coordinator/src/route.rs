@@ -4,8 +4,8 @@
 
 use std::collections::HashMap;
 
-use redis::aio::ConnectionManager;
 use redis::AsyncCommands;
+use shardctl_common::conn::Conn;
 use shardctl_common::model::{Part, ShardRef};
 use shardctl_common::ring::{Placement, Strategy};
 use shardctl_common::{scripts, Error, Keys, Result, ScriptCode};
@@ -49,7 +49,7 @@ impl Router {
         self.keep_alive_ttl = ttl;
     }
 
-    async fn renew(&self, con: &mut ConnectionManager) -> Result<()> {
+    async fn renew(&self, con: &mut Conn) -> Result<()> {
         if self.keep_alive.is_empty() {
             return Ok(());
         }
@@ -62,7 +62,7 @@ impl Router {
         Ok(())
     }
 
-    async fn task(&mut self, con: &mut ConnectionManager, keys: &Keys, id: &str) -> Result<Option<TaskRouting>> {
+    async fn task(&mut self, con: &mut Conn, keys: &Keys, id: &str) -> Result<Option<TaskRouting>> {
         if let Some(t) = self.tasks.get(id) {
             return Ok(t.clone());
         }
@@ -83,13 +83,7 @@ impl Router {
     }
 
     /// The owner of every shard index in `indexes` of task `id` (`None` if the task is gone).
-    async fn owners(
-        &mut self,
-        con: &mut ConnectionManager,
-        keys: &Keys,
-        id: &str,
-        indexes: &[u64],
-    ) -> Result<Option<Vec<String>>> {
+    async fn owners(&mut self, con: &mut Conn, keys: &Keys, id: &str, indexes: &[u64]) -> Result<Option<Vec<String>>> {
         let Some(t) = self.task(con, keys, id).await? else { return Ok(None) };
         let shard_keys: Vec<String> = if t.has_keys && !indexes.is_empty() {
             let v: Vec<Option<String>> =
@@ -110,7 +104,7 @@ impl Router {
     }
 
     /// Places the unplaced shards of routed task `id`; returns how many this call placed.
-    pub async fn route_task(&mut self, con: &mut ConnectionManager, keys: &Keys, id: &str) -> Result<u64> {
+    pub async fn route_task(&mut self, con: &mut Conn, keys: &Keys, id: &str) -> Result<u64> {
         let mut placed = 0;
         loop {
             let (routed, total): (Option<u64>, Option<u64>) =
@@ -136,13 +130,7 @@ impl Router {
     /// Moves refs from the head of list `source` to their owners: all of them (`limit` None, for a
     /// departed node's list or `reroute`), or the first `limit` (a live list being re-placed: a ref
     /// that stays goes to its back). Returns how many were moved to another list.
-    pub async fn rehome_list(
-        &mut self,
-        con: &mut ConnectionManager,
-        keys: &Keys,
-        source: &str,
-        limit: Option<u64>,
-    ) -> Result<u64> {
+    pub async fn rehome_list(&mut self, con: &mut Conn, keys: &Keys, source: &str, limit: Option<u64>) -> Result<u64> {
         let (mut done, mut moved) = (0u64, 0u64);
         let mut conflicts = 0;
         loop {
@@ -174,7 +162,7 @@ impl Router {
         }
     }
 
-    async fn destinations(&mut self, con: &mut ConnectionManager, keys: &Keys, refs: &[String]) -> Result<Vec<String>> {
+    async fn destinations(&mut self, con: &mut Conn, keys: &Keys, refs: &[String]) -> Result<Vec<String>> {
         // group by task, keep the order
         let mut by_task: HashMap<String, Vec<(usize, u64)>> = HashMap::new();
         let mut dest = vec![self.live[0].clone(); refs.len()];

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use shardctl_common::conn::Conn;
 use shardctl_common::scripts::{self, SweepReport};
 use shardctl_common::time::now_ms;
 use shardctl_common::Keys;
@@ -32,7 +32,7 @@ impl Default for SweepConfig {
 
 /// Runs the sweep every interval until `stop`; `on_report` sees each sweep that ran.
 pub async fn run(
-    mut con: ConnectionManager,
+    mut con: Conn,
     keys: Keys,
     cfg: SweepConfig,
     stop: CancellationToken,

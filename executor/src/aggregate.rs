@@ -2,15 +2,15 @@
 
 use std::collections::HashMap;
 
-use redis::aio::ConnectionManager;
 use serde_json::Value;
+use shardctl_common::conn::Conn;
 use shardctl_common::model::TaskInfo;
 use shardctl_common::{Keys, Result};
 
 use crate::handler::ShardOutcome;
 
 /// Scans a hash in chunks (a million entries must not block Redis in one reply).
-async fn scan_hash(con: &mut ConnectionManager, key: &str) -> Result<HashMap<u64, String>> {
+async fn scan_hash(con: &mut Conn, key: &str) -> Result<HashMap<u64, String>> {
     let mut out = HashMap::new();
     let mut cursor: u64 = 0;
     loop {
@@ -29,7 +29,7 @@ async fn scan_hash(con: &mut ConnectionManager, key: &str) -> Result<HashMap<u64
 }
 
 /// Every shard's outcome: its stored result (`null` when none was stored) or its failure.
-pub(crate) async fn outcomes(con: &mut ConnectionManager, keys: &Keys, task: &TaskInfo) -> Result<Vec<ShardOutcome>> {
+pub(crate) async fn outcomes(con: &mut Conn, keys: &Keys, task: &TaskInfo) -> Result<Vec<ShardOutcome>> {
     let results = scan_hash(con, &keys.results(&task.task_id)).await?;
     let errors = scan_hash(con, &keys.errors(&task.task_id)).await?;
     Ok((0..task.total)

@@ -8,8 +8,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
-use shardctl_common::conn;
+use shardctl_common::conn::Conn;
+
 use shardctl_common::scripts::{self, ClaimRequest};
 use shardctl_common::time::now_ms;
 use tokio::sync::Semaphore;
@@ -26,7 +26,7 @@ pub(crate) fn retry_delay(failures: u32) -> Duration {
 
 pub(crate) async fn run(shared: Arc<Shared>, tracker: &TaskTracker, shutdown: CancellationToken) {
     let permits = Arc::new(Semaphore::new(shared.cfg.concurrency));
-    let mut blocking: Option<MultiplexedConnection> = None;
+    let mut blocking: Option<Conn> = None;
     let mut failures = 0u32;
     let mut next_due: Option<u64> = None;
     loop {
@@ -149,7 +149,7 @@ async fn pause(d: Duration, shutdown: &CancellationToken) {
 /// Blocks on the marker for up to `wait`. Returns the due time a `delayed` marker announced.
 async fn wait_for_work(
     shared: &Shared,
-    blocking: &mut Option<MultiplexedConnection>,
+    blocking: &mut Option<Conn>,
     wait: Duration,
     shutdown: &CancellationToken,
 ) -> shardctl_common::Result<Option<u64>> {
@@ -157,7 +157,7 @@ async fn wait_for_work(
         return Ok(None);
     }
     if blocking.is_none() {
-        *blocking = Some(conn::blocking(&shared.client, shared.cfg.block_timeout).await?);
+        *blocking = Some(shared.client.blocking(shared.cfg.block_timeout).await?);
     }
     let con = blocking.as_mut().expect("just set");
     // BZPOPMIN takes seconds with decimals; 0 would block forever

@@ -6,10 +6,10 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use redis::aio::ConnectionManager;
-use redis::Client;
+use shardctl_common::conn::Conn;
+use shardctl_common::conn::Endpoint;
 use shardctl_common::scripts::Claimed;
-use shardctl_common::{conn, Keys, Result};
+use shardctl_common::{Keys, Result};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -39,8 +39,8 @@ pub(crate) struct Shared {
     pub(crate) cfg: ExecutorConfig,
     pub(crate) keys: Keys,
     pub(crate) registry: Registry,
-    pub(crate) client: Client,
-    pub(crate) con: ConnectionManager,
+    pub(crate) client: Endpoint,
+    pub(crate) con: Conn,
     /// ref → held shard. std Mutex: only short lookups, never held across an await.
     pub(crate) held: Mutex<HashMap<String, Held>>,
     pub(crate) tasks: TaskCache,
@@ -72,9 +72,9 @@ pub struct Executor {
 
 impl Executor {
     /// Connects to Redis; fails at once when it cannot be reached or the config is invalid.
-    pub async fn connect(client: Client, keys: Keys, cfg: ExecutorConfig, registry: Registry) -> Result<Self> {
+    pub async fn connect(client: Endpoint, keys: Keys, cfg: ExecutorConfig, registry: Registry) -> Result<Self> {
         cfg.validate().map_err(shardctl_common::Error::Invalid)?;
-        let con = conn::manager(&client).await?;
+        let con = client.manager().await?;
         let (tx, rx) = mpsc::unbounded_channel();
         let node_id: Arc<str> = Arc::from(cfg.node_id.as_str());
         let token_base = cfg.instance.clone();

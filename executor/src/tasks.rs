@@ -4,9 +4,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use redis::aio::ConnectionManager;
 use redis::AsyncCommands;
 use shardctl_common::backoff::Backoff;
+use shardctl_common::conn::Conn;
 use shardctl_common::model::TaskInfo;
 use shardctl_common::{Keys, Result};
 
@@ -32,12 +32,7 @@ pub(crate) struct TaskCache {
 
 impl TaskCache {
     /// The task's metadata, from the cache or Redis; `None` when the task is gone.
-    pub(crate) async fn get(
-        &self,
-        con: &mut ConnectionManager,
-        keys: &Keys,
-        id: &str,
-    ) -> Result<Option<Arc<TaskMeta>>> {
+    pub(crate) async fn get(&self, con: &mut Conn, keys: &Keys, id: &str) -> Result<Option<Arc<TaskMeta>>> {
         if let Some(m) = self.map.lock().unwrap().get(id) {
             return Ok(Some(m.clone()));
         }
@@ -61,7 +56,7 @@ impl TaskCache {
 }
 
 /// Reads a task from Redis, uncached.
-pub(crate) async fn load(con: &mut ConnectionManager, keys: &Keys, id: &str) -> Result<Option<TaskMeta>> {
+pub(crate) async fn load(con: &mut Conn, keys: &Keys, id: &str) -> Result<Option<TaskMeta>> {
     let h: HashMap<String, String> = con.hgetall(keys.task(id)).await?;
     let Some(info) = TaskInfo::from_hash(id, &h)? else { return Ok(None) };
     let backoff = info.backoff.parse().unwrap_or_default();

@@ -27,8 +27,8 @@ use std::process::ExitCode;
 
 use anyhow::bail;
 use clap::{Parser, ValueEnum};
-use redis::aio::ConnectionManager;
 use serde_json::json;
+use shardctl_common::conn::Conn;
 use shardctl_common::{conn, Keys};
 use tokio_util::sync::CancellationToken;
 
@@ -97,8 +97,8 @@ pub(crate) type Figures = BTreeMap<&'static str, f64>;
 /// What every scenario works with.
 pub(crate) struct Ctx {
     pub url: String,
-    pub client: redis::Client,
-    pub con: ConnectionManager,
+    pub client: shardctl_common::conn::Endpoint,
+    pub con: Conn,
     pub prefix: String,
     pub queue: String,
     pub keys: Keys,
@@ -126,8 +126,8 @@ pub async fn run(args: &Args, a: &BenchArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn bench(args: &Args, a: &BenchArgs, selected: &[Scenario], url: String) -> anyhow::Result<ExitCode> {
-    let client = conn::client(&url)?;
-    let mut con = conn::manager(&client).await?;
+    let client = conn::open(&url)?;
+    let mut con = client.manager().await?;
     if args.redis.is_some() && stats::dbsize(&mut con).await? > 0 {
         return Err(shardctl_common::Error::invalid(
             "the bench flushes its database between runs: point --redis at an empty database",

@@ -38,8 +38,8 @@ pub async fn run(args: &Args, a: &DemoArgs) -> anyhow::Result<ExitCode> {
     shardctl_executor::shutdown::cancel_on_signal(interrupted.clone());
     let (_server, url) = RedisServer::unless_given(&args.redis)?;
     let keys = Keys::new(&args.prefix, &args.queue);
-    let client = conn::client(&url)?;
-    let mut con = conn::manager(&client).await?;
+    let client = conn::open(&url)?;
+    let mut con = client.manager().await?;
     let spec = TaskSpec { items: a.items, ..TaskSpec::new(new_task_id(), "primes", a.shards) };
     dispatch(&mut con, &keys, &spec).await?;
     eprintln!(

@@ -5,7 +5,6 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::Context;
 use clap::Parser;
 use shardctl_common::lock::{Lease, LockKeys, RedisLock, Redlock};
 use shardctl_common::{conn, Error};
@@ -65,8 +64,8 @@ pub async fn run(args: &Args, a: &LockArgs) -> anyhow::Result<ExitCode> {
         return Err(Error::invalid("--ttl must be at least 30ms").into());
     }
     let lock = if a.redlock.is_empty() {
-        let client = conn::client(args.redis_url())?;
-        Held::One(RedisLock::new(conn::manager(&client).await?, keys, a.ttl))
+        let client = conn::open(args.redis_url())?;
+        Held::One(RedisLock::new(client.manager().await?, keys, a.ttl))
     } else {
         if a.redlock.len() < 3 {
             return Err(Error::invalid("--redlock needs at least 3 independent servers").into());
@@ -74,11 +73,8 @@ pub async fn run(args: &Args, a: &LockArgs) -> anyhow::Result<ExitCode> {
         let mut servers = Vec::new();
         for url in &a.redlock {
             // a server down at start still counts against the quorum: connect lazily
-            let client = conn::client(url)?;
-            servers.push(
-                redis::aio::ConnectionManager::new_lazy_with_config(client, Default::default())
-                    .with_context(|| format!("redis URL {}", conn::redact(url)))?,
-            );
+            let client = conn::open(url)?;
+            servers.push(client.lazy()?);
         }
         Held::Red(Redlock::new(servers, keys, a.ttl))
     };

@@ -151,8 +151,8 @@ pub fn task_id(id: &str) -> anyhow::Result<&str> {
 }
 
 /// Connects a manager, with the URL (password hidden) in the error.
-pub async fn connect(args: &Args) -> anyhow::Result<(redis::Client, redis::aio::ConnectionManager)> {
-    let client = shardctl_common::conn::client(args.redis_url())?;
-    let con = shardctl_common::conn::manager(&client).await?;
+pub async fn connect(args: &Args) -> anyhow::Result<(shardctl_common::conn::Endpoint, shardctl_common::conn::Conn)> {
+    let client = shardctl_common::conn::open(args.redis_url())?;
+    let con = client.manager().await?;
     Ok((client, con))
 }

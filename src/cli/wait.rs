@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use redis::aio::ConnectionManager;
+use shardctl_common::conn::Conn;
 use shardctl_common::model::{TaskInfo, TaskState};
 
 use super::{bar::Bar, connect, duration, Args, EXIT_TASK_FAILED};
@@ -28,7 +28,7 @@ pub async fn run(args: &Args, a: &WaitArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub async fn wait_and_print(
-    con: &mut ConnectionManager,
+    con: &mut Conn,
     args: &Args,
     id: &str,
     timeout: Option<Duration>,

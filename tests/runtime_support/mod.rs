@@ -7,7 +7,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::aio::ConnectionManager;
+use shardctl_common::conn::Conn;
 use shardctl_common::keys::ACTIVE_PIN;
 use shardctl_common::model::{TaskInfo, TaskSpec};
 use shardctl_common::{conn, Keys};
@@ -39,9 +39,9 @@ pub struct Env {
     /// Killed on drop.
     pub redis: TestRedis,
     /// For the executors.
-    pub client: redis::Client,
+    pub client: shardctl_common::conn::Endpoint,
     /// The test's own connection (cloned per call).
-    pub con: ConnectionManager,
+    pub con: Conn,
     /// The queue under test.
     pub keys: Keys,
 }
@@ -58,8 +58,8 @@ impl Env {
     }
 
     async fn with(redis: TestRedis) -> Self {
-        let client = conn::client(&redis.url()).expect("redis client");
-        let con = conn::manager(&client).await.expect("connection manager");
+        let client = conn::open(&redis.url()).expect("redis client");
+        let con = client.manager().await.expect("connection manager");
         Env { redis, client, con, keys: Keys::new("shardctl", "runtime") }
     }
 

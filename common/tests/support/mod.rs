@@ -6,8 +6,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
-use shardctl_common::conn::{client, manager};
+use shardctl_common::conn::open;
+use shardctl_common::conn::Conn;
 use shardctl_common::model::TaskSpec;
 use shardctl_common::scripts::{self, ClaimOutcome, ClaimRequest, Claimed, Finished, FinishedAs, SweepReport};
 use shardctl_common::{Keys, ScriptCode};
@@ -21,9 +21,9 @@ pub struct Env {
     /// Killed on drop.
     pub redis: TestRedis,
     /// For more managers (one per concurrent task).
-    pub client: redis::Client,
+    pub client: shardctl_common::conn::Endpoint,
     /// The connection of the test itself.
-    pub con: ConnectionManager,
+    pub con: Conn,
     /// The queue under test.
     pub keys: Keys,
 }
@@ -41,14 +41,14 @@ impl Env {
     /// Starts a server and connects to it; `queue` names the queue (one per test).
     pub async fn start(queue: &str) -> Self {
         let redis = TestRedis::start();
-        let client = client(&redis.url()).expect("redis client");
-        let con = manager(&client).await.expect("connection manager");
+        let client = open(&redis.url()).expect("redis client");
+        let con = client.manager().await.expect("connection manager");
         Env { redis, client, con, keys: Keys::new("shardctl", queue) }
     }
 
     /// Another connection manager to the same server.
-    pub async fn manager(&self) -> ConnectionManager {
-        manager(&self.client).await.expect("connection manager")
+    pub async fn manager(&self) -> Conn {
+        self.client.manager().await.expect("connection manager")
     }
 
     /// Runs a raw command on the test's connection.

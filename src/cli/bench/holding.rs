@@ -34,7 +34,7 @@ pub(crate) async fn idle(ctx: &mut Ctx) -> anyhow::Result<Figures> {
     let started = async {
         for i in 0..IDLE {
             let cfg = ExecutorConfig { node_id: format!("bench-idle-{i}"), ..Default::default() };
-            let client = conn::client(&ctx.url)?;
+            let client = conn::open(&ctx.url)?;
             let ex = Executor::connect(client, ctx.keys.clone(), cfg, Registry::with_builtins()).await?;
             running.push(tokio::spawn(ex.run(stop.clone())));
         }
@@ -136,7 +136,7 @@ pub(crate) async fn upkeep(ctx: &mut Ctx) -> anyhow::Result<Figures> {
 }
 
 /// Shards in `active` held by tokens of `instance`.
-async fn held_by(con: &mut redis::aio::ConnectionManager, keys: &Keys, instance: &str) -> anyhow::Result<u64> {
+async fn held_by(con: &mut shardctl_common::conn::Conn, keys: &Keys, instance: &str) -> anyhow::Result<u64> {
     let active: HashMap<String, String> = redis::cmd("HGETALL").arg(keys.active()).query_async(con).await?;
     let prefix = format!("{instance}:");
     Ok(active.iter().filter(|(r, t)| r.as_str() != ACTIVE_PIN && t.starts_with(&prefix)).count() as u64)
