@@ -3,7 +3,12 @@
   per claim call: a shard is never claimed twice by one call). Order: explicit refs (released and
   aggregation jobs at the front of `wait`, recovered and due retries at the back), then refs
   routed to this node, then fresh indexes from the runnable tasks' cursors. Refs whose task is
-  gone or that are already terminal are dropped. The claim also renews the executor's lease.
+  gone, cancelled or already terminal are dropped. The claim also renews the executor's lease.
+
+  The queue-wide rate limit (`meta` limit_max, limit_per_ms; set by `shardctl limit`) is a
+  sliding log in `limiter`: one entry per shard started, scored by Redis's own clock (TIME, in µs), so
+  that executors with skewed clocks share one window. In no window of limit_per_ms do more than
+  limit_max shards start; when the window is full the claim returns the exact time it frees.
 
   KEYS[1] wait          list    explicit refs ready now
   KEYS[2] tasks         zset    runnable tasks
@@ -13,6 +18,7 @@
   KEYS[6] node:<n>:wait list    refs routed to this executor's node
   KEYS[7] rebalancing   string  while set, node lists are being re-placed: leave them alone
   KEYS[8] lease:<inst>  string  this executor's lease
+  KEYS[9] limiter       zset    start times in the rate limit's window
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] now_ms
   ARGV[3] count       shards wanted (> 0)
@@ -20,16 +26,33 @@
   ARGV[5] token       `<instance>:<seq>`
 
   Returns { next, lapsed, ref_1, attempt_1, fails_1, ... }: `next` is 0 when shards were
-  claimed, -2 when the queue is paused, else the due time of the earliest delayed ref or -1 if
-  none; `lapsed` is 1 when this claim had to take the executor's lease again (it had expired:
+  claimed, -2 when the queue is paused, else the due time (caller's clock) of the earliest
+  delayed ref or task, or of the rate limit's next free slot, or -1 if none; `lapsed` is 1 when this claim had to take the executor's lease again (it had expired:
   the executor must check which of its shards are still its own, see extend.lua).
 ]]
 local prefix, now, count, lock_ms, token = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
 
-if rcall('HGET', KEYS[5], 'paused') == '1' then return { -2, 0 } end
+local m = rcall('HMGET', KEYS[5], 'paused', 'limit_max', 'limit_per_ms')
+if m[1] == '1' then return { -2, 0 } end
 
--- due retries become explicit refs (routed ones go back to their node's list)
+-- due retries become explicit refs (routed ones go back to their node's list), due tasks start
 promote_due(prefix, now)
+
+local limit_max, rnow = tonumber(m[2] or '0'), 0
+if limit_max > 0 then
+  -- in microseconds: a start exactly one window after another is allowed, none sooner
+  local per = tonumber(m[3]) * 1000
+  local t = rcall('TIME')
+  rnow = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  rcall('ZREMRANGEBYSCORE', KEYS[9], '-inf', rnow - per)
+  local free = limit_max - rcall('ZCARD', KEYS[9])
+  if free <= 0 then
+    local oldest = rcall('ZRANGE', KEYS[9], 0, 0, 'WITHSCORES')
+    -- when the oldest start leaves the window, in the caller's clock (ms, rounded up)
+    return { now + math.ceil((tonumber(oldest[2]) + per - rnow) / 1000), 0 }
+  end
+  count = math.min(count, free)
+end
 
 local out = { 0, 0 }
 local held = {}
@@ -53,9 +76,10 @@ local function try_ref(ref, lazy)
   local tid, idx = split_ref(ref)
   local tkey = prefix .. 'task:' .. (tid or '')
   local skey = prefix .. 'shard:' .. ref
-  local ok = tid and rcall('EXISTS', tkey) == 1
+  local state = tid and rcall('HGET', tkey, 'state')
+  local ok = state and state ~= 'cancelled'
   if ok and idx == 'agg' then
-    ok = rcall('HGET', tkey, 'state') == 'aggregating'
+    ok = state == 'aggregating'
   elseif ok then
     ok = rcall('GETBIT', tkey .. ':terminal', idx) == 0
   end
@@ -110,10 +134,16 @@ if n > 0 then
   held[#held + 1] = ACTIVE_PIN_VALUE
   call_chunked('HSET', KEYS[4], held)
   if rcall('SET', KEYS[8], 1, 'PX', lock_ms, 'GET') == false then out[2] = 1 end
+  if limit_max > 0 then
+    local log = {}
+    for i = 1, n do
+      log[#log + 1] = rnow
+      log[#log + 1] = token .. ':' .. i
+    end
+    call_chunked('ZADD', KEYS[9], log)
+  end
   -- pass the wake-up on to the next blocked executor while work remains
   if rcall('LLEN', KEYS[1]) > 0 or rcall('ZCARD', KEYS[2]) > 0 then wake(prefix) end
   return out
 end
-local first = rcall('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
-if #first == 0 then return { -1, 0 } end
-return { tonumber(first[2]), 0 }
+return { next_due(prefix) or -1, 0 }

@@ -7,27 +7,34 @@
 
   KEYS[1] lease:<instance>  string  the executor's lease
   KEYS[2] active            hash    ref -> token
+  KEYS[3] meta              hash    `cancels`
   ARGV[1] lock_ms
   ARGV[2] mode      `beat`, or `check` to compare the tokens even if the lease lived (after a
-                    claim had to take a lapsed lease again)
-  ARGV[3..] ref, token pairs (only needed when the lease expired, or to check)
+                    claim had to take a lapsed lease again, or tasks were cancelled)
+  ARGV[3] cancels   the `cancels` count the executor saw last
+  ARGV[4..] ref, token pairs (only needed when the lease expired, or to check)
 
-  Returns {} when all is kept, { -1 } when the lease expired and no pairs were given (call again
-  with them), else the 1-based pair numbers of the lost shards.
+  Returns { status, cancels, ... }: status 0 and the 1-based pair numbers of the lost shards
+  (none when all is kept), or status -1 when the lease expired or tasks were cancelled and no
+  pairs were given (call again with them, in `check` mode).
 ]]
-if rcall('PEXPIRE', KEYS[1], ARGV[1]) == 1 and ARGV[2] ~= 'check' then return {} end
-if #ARGV < 3 then
-  if ARGV[2] == 'check' then rcall('SET', KEYS[1], 1, 'PX', ARGV[1]) return {} end
-  return { -1 }
+local cancels = rcall('HGET', KEYS[3], 'cancels') or '0'
+if rcall('PEXPIRE', KEYS[1], ARGV[1]) == 1 and ARGV[2] ~= 'check' then
+  if cancels == ARGV[3] then return { 0, cancels } end
+  return { -1, cancels }
+end
+if #ARGV < 4 then
+  if ARGV[2] == 'check' then rcall('SET', KEYS[1], 1, 'PX', ARGV[1]) return { 0, cancels } end
+  return { -1, cancels }
 end
 local refs = {}
-for i = 3, #ARGV, 2 do refs[#refs + 1] = ARGV[i] end
-local lost = {}
+for i = 4, #ARGV, 2 do refs[#refs + 1] = ARGV[i] end
+local lost = { 0, cancels }
 for s = 1, #refs, 4000 do
   local cur = rcall('HMGET', KEYS[2], unpack(refs, s, math.min(s + 3999, #refs)))
   for j = 1, #cur do
     local pair = s + j - 1
-    if cur[j] ~= ARGV[2 * pair + 2] then lost[#lost + 1] = pair end
+    if cur[j] ~= ARGV[2 * pair + 3] then lost[#lost + 1] = pair end
   end
 end
 rcall('SET', KEYS[1], 1, 'PX', ARGV[1])

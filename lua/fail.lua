@@ -19,6 +19,8 @@ local prefix, now, node = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local codes = {}
 for i = 4, #ARGV, 5 do
   local ref, token, attempt, delay, reason = ARGV[i], ARGV[i + 1], ARGV[i + 2], tonumber(ARGV[i + 3]), ARGV[i + 4]
+  -- a failed shard always has a reason: `retry` finds the failed shards by it
+  if reason == '' then reason = 'failed' end
   local code = take(prefix, ref, token)
   if code == 0 then
     rcall('SREM', KEYS[2], ref)

@@ -135,7 +135,7 @@ fn dispatch_rejects_bad_backoff() {
 fn dispatch_usage_errors_exit_2() {
     let cli = Cli::start("usage");
     cli.rejects(&["dispatch"], 2, "--shards");
-    cli.rejects(&["dispatch", "--items", "10"], 2, "--shards <SHARDS>");
+    cli.rejects(&["dispatch", "--items", "10"], 2, "--shards N is required");
     cli.rejects(&["dispatch", "--shards", "-1"], 2, "'-1'");
     cli.rejects(&["dispatch", "--shards", "ten"], 2, "invalid value 'ten'");
     cli.rejects(&["dispatch", "--shards", "1", "--attempts", "0"], 2, "attempts must be at least 1");

@@ -83,6 +83,10 @@ pub enum ScriptCode {
     HeadChanged,
     /// -8: a dispatch outside the limits.
     InvalidSpec,
+    /// -9: the task already ended (cancel), or was cancelled (retry).
+    TaskEnded,
+    /// -10: the task's per-shard results were not kept (retry after it ended).
+    ResultsDiscarded,
     /// Any other negative code: a script and this binary disagree.
     Unknown(i64),
 }
@@ -100,6 +104,8 @@ impl ScriptCode {
             -6 => Some(ScriptCode::RouteMoved),
             -7 => Some(ScriptCode::HeadChanged),
             -8 => Some(ScriptCode::InvalidSpec),
+            -9 => Some(ScriptCode::TaskEnded),
+            -10 => Some(ScriptCode::ResultsDiscarded),
             c => Some(ScriptCode::Unknown(c)),
         }
     }
@@ -122,6 +128,8 @@ impl fmt::Display for ScriptCode {
             ScriptCode::InvalidSpec => {
                 f.write_str("task spec outside the limits (over 2^32 shards or |priority| > 10^6)")
             }
+            ScriptCode::TaskEnded => f.write_str("the task already ended"),
+            ScriptCode::ResultsDiscarded => f.write_str("the task's per-shard results were not kept"),
             ScriptCode::Unknown(c) => write!(f, "unknown script code {c}"),
         }
     }
@@ -143,7 +151,9 @@ mod tests {
         assert_eq!(ScriptCode::from_code(-6), Some(ScriptCode::RouteMoved));
         assert_eq!(ScriptCode::from_code(-7), Some(ScriptCode::HeadChanged));
         assert_eq!(ScriptCode::from_code(-8), Some(ScriptCode::InvalidSpec));
-        assert_eq!(ScriptCode::from_code(-9), Some(ScriptCode::Unknown(-9)));
+        assert_eq!(ScriptCode::from_code(-9), Some(ScriptCode::TaskEnded));
+        assert_eq!(ScriptCode::from_code(-10), Some(ScriptCode::ResultsDiscarded));
+        assert_eq!(ScriptCode::from_code(-11), Some(ScriptCode::Unknown(-11)));
         assert!(ScriptCode::LockMissing.is_lock_lost() && ScriptCode::LockMismatch.is_lock_lost());
         assert!(!ScriptCode::TaskMissing.is_lock_lost());
     }

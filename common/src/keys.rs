@@ -147,9 +147,33 @@ impl Keys {
         self.key("rebalancing")
     }
 
-    /// Every key a task owns (for removal).
-    pub fn task_keys(&self, id: &str) -> [String; 5] {
-        [self.task(id), self.terminal(id), self.results(id), self.errors(id), self.shard_keys(id)]
+    /// Zset: delayed tasks (`dispatch --delay`), task id → start time (ms).
+    pub fn scheduled(&self) -> String {
+        self.key("scheduled")
+    }
+    /// Zset: ended tasks with a retention, task id → expiry time (ms).
+    pub fn expiring(&self) -> String {
+        self.key("expiring")
+    }
+    /// Zset: the queue-wide rate limit's log, one entry per shard started → Redis time (µs).
+    pub fn limiter(&self) -> String {
+        self.key("limiter")
+    }
+    /// Hash: cron schedules, name → schedule JSON.
+    pub fn schedules(&self) -> String {
+        self.key("schedules")
+    }
+
+    /// Every key a task owns (for removal; the same list as `task_keys` in lua/include/lib.lua).
+    pub fn task_keys(&self, id: &str) -> [String; 6] {
+        [
+            self.task(id),
+            self.terminal(id),
+            self.results(id),
+            self.errors(id),
+            self.shard_keys(id),
+            self.shard(&format!("{id}:agg")),
+        ]
     }
 }
 

@@ -5,6 +5,7 @@
 //! # Layout
 //! - [`keys`]: every Redis key name of a queue, built in one place under the queue's hash tag.
 //! - [`scripts`]: the registry of Lua scripts (one per atomic operation) and their typed calls.
+//! - [`control`]: cancel, retry and clean tasks; the queue-wide rate limit.
 //! - [`lock`]: distributed locks, single Redis and Redlock, with fencing tokens.
 //! - [`limiter`]: fixed-window, sliding-log and token-bucket rate limiters.
 //! - [`model`]: task ids, shard refs, the task spec and its state.
@@ -27,6 +28,7 @@
 
 pub mod backoff;
 pub mod conn;
+pub mod control;
 pub mod error;
 pub mod keys;
 pub mod limiter;

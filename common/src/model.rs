@@ -18,6 +18,8 @@ pub const MAX_PAYLOAD_BYTES: usize = 1 << 20;
 pub const MAX_SHARDS: u64 = 1 << 32;
 /// Priorities range over ±this (the runnable-task score keeps submission order exactly).
 pub const MAX_PRIORITY: i64 = 1_000_000;
+/// How long an ended task's keys are kept by default: 7 days.
+pub const DEFAULT_RETAIN: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
 /// Default number of attempts per shard.
 pub const DEFAULT_ATTEMPTS: u32 = 3;
 
@@ -90,6 +92,8 @@ impl FromStr for ShardRef {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TaskState {
+    /// Dispatched with a delay: nothing is claimable before its start time.
+    Delayed,
     /// Shards are still running or waiting.
     Running,
     /// Every shard is terminal; the aggregation job is queued or running.
@@ -98,20 +102,24 @@ pub enum TaskState {
     Completed,
     /// Some shard failed for good, or the aggregation did.
     Failed,
+    /// Cancelled by `shardctl cancel`: no aggregation.
+    Cancelled,
 }
 
 impl TaskState {
     /// True once the task has ended.
     pub fn is_finished(self) -> bool {
-        matches!(self, TaskState::Completed | TaskState::Failed)
+        matches!(self, TaskState::Completed | TaskState::Failed | TaskState::Cancelled)
     }
     /// The name stored in Redis.
     pub fn as_str(self) -> &'static str {
         match self {
+            TaskState::Delayed => "delayed",
             TaskState::Running => "running",
             TaskState::Aggregating => "aggregating",
             TaskState::Completed => "completed",
             TaskState::Failed => "failed",
+            TaskState::Cancelled => "cancelled",
         }
     }
 }
@@ -120,10 +128,12 @@ impl FromStr for TaskState {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self, Error> {
         Ok(match s {
+            "delayed" => TaskState::Delayed,
             "running" => TaskState::Running,
             "aggregating" => TaskState::Aggregating,
             "completed" => TaskState::Completed,
             "failed" => TaskState::Failed,
+            "cancelled" => TaskState::Cancelled,
             other => return Err(Error::Protocol(format!("unknown task state '{other}'"))),
         })
     }
@@ -156,6 +166,12 @@ pub struct TaskSpec {
     pub has_keys: bool,
     /// An attempt running longer is cancelled and fails with "timed out"; `None`: no limit.
     pub shard_timeout: Option<std::time::Duration>,
+    /// Nothing is claimable before this time (ms since the epoch); `None`: at once.
+    pub start_ms: Option<u64>,
+    /// Per-shard results stay after the aggregation (else only its result does).
+    pub keep_results: bool,
+    /// How long the task's keys stay once it ended; `None`: until `shardctl clean`.
+    pub retain: Option<std::time::Duration>,
 }
 
 impl TaskSpec {
@@ -174,6 +190,9 @@ impl TaskSpec {
             vnodes: DEFAULT_VNODES,
             has_keys: false,
             shard_timeout: None,
+            start_ms: None,
+            keep_results: true,
+            retain: Some(DEFAULT_RETAIN),
         }
     }
 
@@ -204,6 +223,9 @@ impl TaskSpec {
         if self.shard_timeout.is_some_and(|d| d < std::time::Duration::from_millis(1)) {
             return Err(Error::invalid("shard timeout must be at least 1ms"));
         }
+        if self.retain.is_some_and(|d| d < std::time::Duration::from_secs(1)) {
+            return Err(Error::invalid("retention must be at least 1s (or 'forever')"));
+        }
         if self.attempts < 1 {
             return Err(Error::invalid("attempts must be at least 1"));
         }
@@ -232,6 +254,8 @@ impl TaskSpec {
             ("attempts", self.attempts.to_string()),
             ("backoff", self.backoff.to_string()),
             ("priority", self.priority.to_string()),
+            ("keep_results", u8::from(self.keep_results).to_string()),
+            ("retain_ms", self.retain.map_or(0, |d| d.as_millis() as u64).to_string()),
         ]
     }
 }
@@ -271,6 +295,12 @@ pub struct TaskInfo {
     pub has_keys: bool,
     /// Longest an attempt may run, in ms (0: no limit).
     pub shard_timeout_ms: u64,
+    /// Start time of a delayed task, ms since the epoch.
+    pub start_ms: Option<u64>,
+    /// Per-shard results stay after the aggregation.
+    pub keep_results: bool,
+    /// How long its keys stay once it ended, in ms (0: until cleaned).
+    pub retain_ms: u64,
     /// Creation time, ms since the epoch.
     pub created_ms: u64,
     /// End time, when finished.
@@ -314,6 +344,9 @@ impl TaskInfo {
             vnodes: h.get("vnodes").and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_VNODES),
             has_keys: h.get("has_keys").is_some_and(|v| v == "1"),
             shard_timeout_ms: h.get("shard_timeout_ms").and_then(|v| v.parse().ok()).unwrap_or(0),
+            start_ms: h.get("start_ms").and_then(|v| v.parse().ok()),
+            keep_results: h.get("keep_results").is_none_or(|v| v != "0"),
+            retain_ms: h.get("retain_ms").and_then(|v| v.parse().ok()).unwrap_or(0),
             created_ms: num("created_ms")?,
             finished_ms: h.get("finished_ms").and_then(|v| v.parse().ok()),
             result,

@@ -61,6 +61,12 @@ pub struct Scripts {
     pub limit_sliding: Script,
     /// `limit_bucket.lua`
     pub limit_bucket: Script,
+    /// `cancel.lua`
+    pub cancel: Script,
+    /// `retry.lua`
+    pub retry: Script,
+    /// `clean.lua`
+    pub clean: Script,
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
@@ -85,6 +91,9 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     limit_fixed: Script::new(lua!("limit_fixed.lua")),
     limit_sliding: Script::new(lua!("limit_sliding.lua")),
     limit_bucket: Script::new(lua!("limit_bucket.lua")),
+    cancel: Script::new(lua!("cancel.lua")),
+    retry: Script::new(lua!("retry.lua")),
+    clean: Script::new(lua!("clean.lua")),
 });
 
 /// The registry.
@@ -94,7 +103,7 @@ pub fn scripts() -> &'static Scripts {
 
 impl Scripts {
     /// Each script with its file name.
-    pub fn all(&self) -> [(&'static str, &Script); 21] {
+    pub fn all(&self) -> [(&'static str, &Script); 24] {
         [
             ("dispatch.lua", &self.dispatch),
             ("claim.lua", &self.claim),
@@ -117,6 +126,9 @@ impl Scripts {
             ("limit_fixed.lua", &self.limit_fixed),
             ("limit_sliding.lua", &self.limit_sliding),
             ("limit_bucket.lua", &self.limit_bucket),
+            ("cancel.lua", &self.cancel),
+            ("retry.lua", &self.retry),
+            ("clean.lua", &self.clean),
         ]
     }
 }
@@ -148,7 +160,8 @@ pub struct ClaimOutcome {
     pub shards: Vec<Claimed>,
     /// The queue is paused.
     pub paused: bool,
-    /// When nothing was claimed: the due time of the earliest delayed shard.
+    /// When nothing was claimed: the due time of the earliest delayed shard or task, or when the
+    /// queue's rate limit lets the next shard start.
     pub next_due_ms: Option<u64>,
     /// The claim had to take the executor's lease again (it had expired): some held shards may
     /// have been recovered meanwhile, so the executor must check its tokens (see [`extend`]).
@@ -201,10 +214,12 @@ pub async fn dispatch<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, spec: 
         .key(keys.meta())
         .key(keys.unrouted())
         .key(keys.running())
+        .key(keys.scheduled())
         .arg(keys.prefix())
         .arg(&spec.id)
         .arg(now_ms)
-        .arg(spec.priority);
+        .arg(spec.priority)
+        .arg(spec.start_ms.unwrap_or(0));
     for (f, v) in spec.fields() {
         inv.arg(f).arg(v);
     }
@@ -246,6 +261,7 @@ pub async fn claim<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, req: &Cla
         .key(keys.node_wait(req.node))
         .key(keys.rebalancing())
         .key(keys.lease(req.token_base))
+        .key(keys.limiter())
         .arg(keys.prefix())
         .arg(req.now_ms)
         .arg(req.count)
@@ -277,10 +293,19 @@ pub async fn claim<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, req: &Cla
     Ok(out)
 }
 
+/// What a heartbeat found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Beat {
+    /// Positions (0-based) in `held` of the shards lost.
+    pub lost: Vec<usize>,
+    /// The queue's cancellation count (pass it to the next [`extend`]).
+    pub cancels: String,
+}
+
 /// The heartbeat of executor `instance`: extends its lease by `lock_ms`, one call when the lease
-/// lived. If it had expired, or `check` asks for it (a claim took a lapsed lease again), a call
-/// with `held` (ref, token) compares the tokens and takes the lease again.
-/// Returns the positions (0-based) in `held` of the shards lost.
+/// lived and no task was cancelled since `cancels` was read. If the lease had expired, tasks were
+/// cancelled, or `check` asks for it (a claim took a lapsed lease again), a call with `held`
+/// (ref, token) compares the tokens and takes the lease again.
 pub async fn extend<C: ConnectionLike + Send>(
     con: &mut C,
     keys: &Keys,
@@ -288,26 +313,32 @@ pub async fn extend<C: ConnectionLike + Send>(
     lock_ms: u64,
     held: &[(String, String)],
     check: bool,
-) -> Result<Vec<usize>> {
+    cancels: &str,
+) -> Result<Beat> {
     let lease = keys.lease(instance);
+    let call = |mode: &str, pairs: &[(String, String)]| {
+        let mut inv = scripts().extend.key(&lease);
+        inv.key(keys.active()).key(keys.meta()).arg(lock_ms).arg(mode).arg(cancels);
+        for (r, t) in pairs {
+            inv.arg(r).arg(t);
+        }
+        inv
+    };
+    let parse = |v: Vec<Value>| -> Result<(i64, String, Vec<usize>)> {
+        let [status, cancels, lost @ ..] = v.as_slice() else {
+            return Err(Error::Protocol("short heartbeat reply".into()));
+        };
+        let lost = lost.iter().map(|p| int(p).map(|p| p as usize - 1)).collect::<Result<_>>()?;
+        Ok((int(status)?, string(cancels)?, lost))
+    };
     if !check {
-        let first: Vec<i64> =
-            scripts().extend.key(&lease).key(keys.active()).arg(lock_ms).arg("beat").invoke_async(con).await?;
-        if first.is_empty() {
-            return Ok(Vec::new());
+        let (status, cancels, _) = parse(call("beat", &[]).invoke_async(con).await?)?;
+        if status == 0 {
+            return Ok(Beat { lost: Vec::new(), cancels });
         }
     }
-    let mut inv = scripts().extend.key(&lease);
-    inv.key(keys.active()).arg(lock_ms).arg("check");
-    for (r, t) in held {
-        inv.arg(r).arg(t);
-    }
-    let lost: Vec<i64> = inv.invoke_async(con).await?;
-    if lost.first() == Some(&-1) {
-        // no shard held and no lease: take it again with nothing to check
-        return Ok(Vec::new());
-    }
-    Ok(lost.into_iter().map(|p| p as usize - 1).collect())
+    let (_, cancels, lost) = parse(call("check", held).invoke_async(con).await?)?;
+    Ok(Beat { lost, cancels })
 }
 
 /// Per-item result codes of the batch scripts: `Ok(n)` with n ≥ 0, or the refusal.

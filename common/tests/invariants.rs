@@ -759,11 +759,12 @@ async fn heartbeat_with_a_live_lease_is_one_call_and_keeps_every_shard() {
         .iter()
         .filter(|(name, _)| {
             let command = name.split('|').next().unwrap_or(name);
-            !["evalsha", "eval", "pexpire", "config", "info"].contains(&command)
+            !["evalsha", "eval", "pexpire", "hget", "config", "info"].contains(&command)
         })
         .collect();
     assert!(other.is_empty(), "a beat with a live lease only extends the lease, it reads no shard: {other:?}");
     assert_eq!(calls.get("pexpire"), Some(&1), "{calls:?}");
+    assert_eq!(calls.get("hget"), Some(&1), "one read of the cancellation count: {calls:?}");
 
     let ttl = env.lease_ttl("ex").await.expect("the lease lives");
     assert!(ttl > LONG_LOCK - 5_000, "the lease was extended to the new lock duration: {ttl} ms left");
@@ -792,15 +793,18 @@ async fn extend_after_the_lease_expired_keeps_the_shards_no_sweep_confirmed() {
     // the script alone, without the pairs, cannot vouch for the shards: it refuses to take the
     // lease back blindly
     let lease = env.keys.lease("ex");
-    let blind: Vec<i64> = scripts()
+    let blind: (i64, String) = scripts()
         .extend
         .key(&lease)
         .key(env.keys.active())
+        .key(env.keys.meta())
         .arg(LONG_LOCK)
+        .arg("beat")
+        .arg("0")
         .invoke_async(&mut env.con)
         .await
         .expect("extend without pairs");
-    assert_eq!(blind, [-1], "a lapsed lease and no pairs must ask for the pairs");
+    assert_eq!(blind.0, -1, "a lapsed lease and no pairs must ask for the pairs");
     assert_eq!(env.lease_ttl("ex").await, None, "without the pairs the lease must not come back");
 
     let lost = env.extend("ex", &held, LONG_LOCK).await;

@@ -90,6 +90,10 @@ pub async fn dispatch_any(
     if !resumed {
         dispatch(con, keys, spec).await?;
     }
+    if spec.start_ms.is_some_and(|s| s > now_ms()) {
+        // a delayed task is placed when it starts (lib.lua start_due_tasks, then a rebalancer)
+        return Ok(Dispatched { resumed, placed: 0, live: 0 });
+    }
     let live = crate::membership::live(con, keys, member_timeout).await?;
     if live.is_empty() {
         return Ok(Dispatched { resumed, placed: 0, live: 0 });

@@ -1,5 +1,6 @@
 //! Maintenance that any process may run: the stalled sweep, throttled in Redis so that one
-//! sweep runs per interval however many processes call it. What the sweeps of this process
+//! sweep runs per interval however many processes call it, and after each sweep the removal of
+//! ended tasks whose retention ran out. What the sweeps of this process
 //! recovered and failed is counted in [`crate::metrics`].
 
 use std::time::Duration;
@@ -49,6 +50,11 @@ pub async fn run(
                     tracing::info!(recovered = r.recovered, failed = r.failed, "stalled sweep");
                 }
                 on_report(r);
+                match shardctl_common::control::clean(&mut con, &keys, now_ms(), None).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(removed = n, "removed ended tasks past their retention"),
+                    Err(e) => tracing::warn!("removing expired tasks failed: {e}"),
+                }
             }
             Ok(None) => {}
             Err(e) => tracing::warn!("stalled sweep failed: {e}"),

@@ -54,8 +54,10 @@ pub(crate) async fn beat(shared: &Shared) -> bool {
     let lock_ms = shared.cfg.lock_duration.as_millis() as u64;
     // the lease is extended even with nothing held: an idle executor stays visibly alive
     let check = shared.must_check.swap(false, Ordering::SeqCst);
-    match scripts::extend(&mut con, &shared.keys, &shared.token_base, lock_ms, &held, check).await {
-        Ok(lost) => {
+    let cancels = shared.cancels.lock().unwrap().clone();
+    match scripts::extend(&mut con, &shared.keys, &shared.token_base, lock_ms, &held, check, &cancels).await {
+        Ok(scripts::Beat { lost, cancels }) => {
+            *shared.cancels.lock().unwrap() = cancels;
             shared.metrics.heartbeats.increment(1);
             shared.metrics.locks_extended.increment((held.len() - lost.len()) as u64);
             if lost.is_empty() {

@@ -61,6 +61,9 @@ pub(crate) struct Shared {
     pub(crate) claiming: AtomicU64,
     /// Set when a claim call failed: the next heartbeat reconciles at once.
     pub(crate) must_reconcile: AtomicBool,
+    /// The queue's cancellation count at the last heartbeat: when it moves, the heartbeat
+    /// compares every token (a cancelled task's shards lost theirs).
+    pub(crate) cancels: Mutex<String>,
     pub(crate) node_id: Arc<str>,
 }
 
@@ -97,6 +100,7 @@ impl Executor {
             check_tokens: tokio::sync::Notify::new(),
             claiming: AtomicU64::new(NO_CLAIM),
             must_reconcile: AtomicBool::new(false),
+            cancels: Mutex::new(String::new()),
             node_id,
         });
         Ok(Executor { shared, reports: rx })

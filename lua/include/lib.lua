@@ -15,6 +15,8 @@
     -6  route moved     the task's placement cursor moved: read it again
     -7  head changed    a list no longer starts with the refs read: read it again
     -8  invalid spec    a dispatch outside the limits (over 2^32 shards, |priority| > 10^6)
+    -9  task ended      cancel of a finished task, retry of a cancelled one
+    -10 results gone    retry of a finished task dispatched with keep_results off
 ]]
 local rcall = redis.call
 
@@ -36,9 +38,61 @@ local function call_chunked(cmd, key, args)
   end
 end
 
+-- Wakes one blocked executor; the claim script passes the wake-up along while work remains.
+local function wake(prefix)
+  rcall('ZADD', prefix .. 'marker', 0, '0')
+end
+
+-- Appends to the event log (best effort, capped); nothing counts from it.
+local function emit(prefix, ...)
+  local maxlen = rcall('HGET', prefix .. 'meta', 'events_maxlen') or '10000'
+  if maxlen ~= '0' then
+    rcall('XADD', prefix .. 'events', 'MAXLEN', '~', maxlen, '*', ...)
+  end
+end
+
+-- The score of a runnable task in `tasks`: higher priority first; among equals, first
+-- dispatched first (exact: |score| < 2^53 with |priority| <= 10^6 and seq < 2^32).
+local function runnable_score(priority, seq)
+  return -tonumber(priority) * 4294967296 + tonumber(seq)
+end
+
+-- Starts delayed tasks whose start time has come (at most 100): a pull task becomes runnable,
+-- a routed one waits in `unrouted` for a rebalancer to place it. Returns how many.
+local function start_due_tasks(prefix, now)
+  local key = prefix .. 'scheduled'
+  local due = rcall('ZRANGEBYSCORE', key, '-inf', now, 'LIMIT', 0, 100)
+  for _, tid in ipairs(due) do
+    rcall('ZREM', key, tid)
+    local tkey = prefix .. 'task:' .. tid
+    local t = rcall('HMGET', tkey, 'state', 'strategy', 'priority', 'seq')
+    if t[1] == 'delayed' then
+      rcall('HSET', tkey, 'state', 'running')
+      if t[2] == 'pull' then
+        rcall('ZADD', prefix .. 'tasks', runnable_score(t[3], t[4]), tid)
+        wake(prefix)
+      else
+        rcall('ZADD', prefix .. 'unrouted', now, tid)
+      end
+      emit(prefix, 'event', 'task_started', 'task', tid)
+    end
+  end
+  return #due
+end
+
+-- The earliest due time of a delayed shard or a delayed task, or nil.
+local function next_due(prefix)
+  local a = rcall('ZRANGE', prefix .. 'delayed', 0, 0, 'WITHSCORES')
+  local b = rcall('ZRANGE', prefix .. 'scheduled', 0, 0, 'WITHSCORES')
+  local d = a[2] and tonumber(a[2])
+  if b[2] and (not d or tonumber(b[2]) < d) then d = tonumber(b[2]) end
+  return d
+end
+
 -- Moves due retries from `delayed` (at most 1000): a routed shard's to the list of the node it
 -- failed on, the others to `wait`. Returns how many.
 local function promote_due(prefix, now)
+  start_due_tasks(prefix, now)
   local delayed = prefix .. 'delayed'
   local due = rcall('ZRANGEBYSCORE', delayed, '-inf', now, 'LIMIT', 0, 1000)
   if #due == 0 then return 0 end
@@ -59,19 +113,6 @@ local function promote_due(prefix, now)
     rcall('ZADD', prefix .. 'marker', 0, '0')
   end
   return #due
-end
-
--- Wakes one blocked executor; the claim script passes the wake-up along while work remains.
-local function wake(prefix)
-  rcall('ZADD', prefix .. 'marker', 0, '0')
-end
-
--- Appends to the event log (best effort, capped); nothing counts from it.
-local function emit(prefix, ...)
-  local maxlen = rcall('HGET', prefix .. 'meta', 'events_maxlen') or '10000'
-  if maxlen ~= '0' then
-    rcall('XADD', prefix .. 'events', 'MAXLEN', '~', maxlen, '*', ...)
-  end
 end
 
 -- Takes one shard away from its holder. 0 when `token` held it, else an error code.
@@ -131,6 +172,29 @@ local function mark_terminal(prefix, tid, idx, field, suffix, value, now)
   return 1
 end
 
+-- Every key a task owns (the same list as common::keys::Keys::task_keys).
+local function task_keys(prefix, tid)
+  local t = prefix .. 'task:' .. tid
+  return { t, t .. ':terminal', t .. ':results', t .. ':errors', t .. ':keys', prefix .. 'shard:' .. tid .. ':agg' }
+end
+
+-- Ends a task in `state` (completed, failed, cancelled): it leaves `running` for `finished`, its
+-- per-shard results go unless it keeps them, and its keys expire after its retention.
+local function end_task(prefix, tid, state, now)
+  local tkey = prefix .. 'task:' .. tid
+  rcall('HSET', tkey, 'state', state, 'finished_ms', now)
+  rcall('ZREM', prefix .. 'running', tid)
+  rcall('ZADD', prefix .. 'finished', now, tid)
+  local r = rcall('HMGET', tkey, 'keep_results', 'retain_ms')
+  if r[1] == '0' then rcall('DEL', tkey .. ':results') end
+  local retain = tonumber(r[2] or '0')
+  if retain > 0 then
+    for _, k in ipairs(task_keys(prefix, tid)) do rcall('PEXPIRE', k, retain) end
+    rcall('ZADD', prefix .. 'expiring', now + retain, tid)
+  end
+  emit(prefix, 'event', 'task_' .. state, 'task', tid)
+end
+
 -- Ends a task's aggregation: records the result (or the aggregation's failure) once.
 local function finish_task(prefix, tid, ok, value, now)
   local tkey = prefix .. 'task:' .. tid
@@ -143,9 +207,6 @@ local function finish_task(prefix, tid, ok, value, now)
   else
     rcall('HSET', tkey, 'agg_error', value)
   end
-  rcall('HSET', tkey, 'state', state, 'finished_ms', now)
-  rcall('ZREM', prefix .. 'running', tid)
-  rcall('ZADD', prefix .. 'finished', now, tid)
-  emit(prefix, 'event', 'task_' .. state, 'task', tid)
+  end_task(prefix, tid, state, now)
   return 1
 end

@@ -3,6 +3,7 @@
 mod bar;
 mod bench;
 mod config;
+mod control;
 mod coordinator;
 mod demo;
 mod dispatch;
@@ -13,6 +14,7 @@ mod pause;
 mod redis_server;
 mod ring;
 mod status;
+mod task_args;
 mod wait;
 mod watch;
 
@@ -24,6 +26,8 @@ use shardctl_common::Keys;
 
 /// Exit code: the task ended with failed shards or a failed aggregation.
 pub const EXIT_TASK_FAILED: u8 = 3;
+/// Exit code: the task was cancelled.
+pub const EXIT_TASK_CANCELLED: u8 = 4;
 
 /// Split one large batch task into shards and run them on many machines through Redis.
 #[derive(Debug, Parser)]
@@ -68,7 +72,7 @@ pub enum Command {
     Coordinator(coordinator::CoordinatorArgs),
     /// Show the queue's counts, or one task.
     Status(status::StatusArgs),
-    /// Wait for a task to end; exit 0 when it completed, 3 when it failed.
+    /// Wait for a task to end; exit 0 when it completed, 3 when it failed, 4 when cancelled.
     Wait(wait::WaitArgs),
     /// Run a primes task end to end on a private redis-server and check the result.
     Demo(demo::DemoArgs),
@@ -80,6 +84,14 @@ pub enum Command {
     Pause,
     /// Restart claims on the queue.
     Resume,
+    /// Cancel a task: no more claims, running shards stop, no aggregation.
+    Cancel(control::TaskIdArg),
+    /// Run a task's failed shards again (or its failed aggregation).
+    Retry(control::TaskIdArg),
+    /// Remove ended tasks past their retention, or all that ended before --older-than.
+    Clean(control::CleanArgs),
+    /// Show or set the queue-wide rate limit: at most --max shards start per --per.
+    Limit(control::LimitArgs),
     /// Tail the queue's event log live.
     Watch(watch::WatchArgs),
     /// Show or change the queue's settings (event log).
@@ -130,6 +142,10 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         Command::Lock(a) => lock::run(&args, a).await,
         Command::Pause => pause::run(&args, true).await,
         Command::Resume => pause::run(&args, false).await,
+        Command::Cancel(a) => control::cancel(&args, a).await,
+        Command::Retry(a) => control::retry(&args, a).await,
+        Command::Clean(a) => control::clean(&args, a).await,
+        Command::Limit(a) => control::limit(&args, a).await,
         Command::Watch(a) => watch::run(&args, a).await,
         Command::Config(a) => config::run(&args, a).await,
         Command::Bench(a) => bench::run(&args, a).await,

@@ -43,10 +43,10 @@ pub async fn wait_and_print(
 }
 
 pub fn final_code(t: &TaskInfo) -> ExitCode {
-    if t.state == TaskState::Completed {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(EXIT_TASK_FAILED)
+    match t.state {
+        TaskState::Completed => ExitCode::SUCCESS,
+        TaskState::Cancelled => ExitCode::from(super::EXIT_TASK_CANCELLED),
+        _ => ExitCode::from(EXIT_TASK_FAILED),
     }
 }
 

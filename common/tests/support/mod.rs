@@ -98,7 +98,7 @@ impl Env {
     /// The heartbeat, comparing every token when `check` (after a claim took a lapsed lease).
     pub async fn extend_checked(&mut self, instance: &str, held: &[&Claimed], lock_ms: u64, check: bool) -> Vec<usize> {
         let pairs: Vec<(String, String)> = held.iter().map(|c| (c.shard_ref.to_string(), c.token.clone())).collect();
-        scripts::extend(&mut self.con, &self.keys, instance, lock_ms, &pairs, check).await.expect("extend")
+        scripts::extend(&mut self.con, &self.keys, instance, lock_ms, &pairs, check, "0").await.expect("extend").lost
     }
 
     /// One stalled sweep; `None` when throttled.

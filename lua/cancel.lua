@@ -1,0 +1,34 @@
+--[[
+  Cancels a task: no shard of it is claimed again, its running shards lose their tokens (their
+  executors learn it at their next heartbeat, see extend.lua, and stop the handlers), and it
+  ends `cancelled` without aggregation. Refs of it still queued in `wait`, `delayed`, node lists
+  or `reroute` are dropped by the claim that meets them (claim.lua try_ref).
+
+  KEYS[1] task:<id>   hash
+  KEYS[2] active      hash    ref -> token
+  KEYS[3] meta        hash    `cancels` counts cancellations (executors watch it)
+  KEYS[4] stalled     set
+  ARGV[1] key prefix  `{P:Q}:`
+  ARGV[2] task id
+  ARGV[3] now_ms
+
+  Returns how many running shards were stopped, or -3 (task missing), -9 (task already ended).
+]]
+local prefix, tid, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local state = rcall('HGET', KEYS[1], 'state')
+if not state then return -3 end
+if state == 'completed' or state == 'failed' or state == 'cancelled' then return -9 end
+for _, set in ipairs({ 'tasks', 'unrouted', 'scheduled' }) do rcall('ZREM', prefix .. set, tid) end
+local pre = tid .. ':'
+local stopped = {}
+for _, ref in ipairs(rcall('HKEYS', KEYS[2])) do
+  if string.sub(ref, 1, #pre) == pre then stopped[#stopped + 1] = ref end
+end
+if #stopped > 0 then
+  call_chunked('HDEL', KEYS[2], stopped)
+  call_chunked('SREM', KEYS[4], stopped)
+  for _, ref in ipairs(stopped) do rcall('DEL', prefix .. 'shard:' .. ref) end
+end
+rcall('HINCRBY', KEYS[3], 'cancels', 1)
+end_task(prefix, tid, 'cancelled', now)
+return #stopped

@@ -1,0 +1,64 @@
+--[[
+  Runs a task's failed shards again: each failed shard loses its terminal bit and its reason,
+  gets a fresh set of attempts and goes back to `wait` (a routed task's to `reroute`, placed by
+  the current ring); `failed` drops by as many and the task is `running` again, so aggregation
+  follows once every shard is terminal. A task whose shards all completed but whose aggregation
+  failed runs its aggregation again. A finished task stops expiring.
+
+  KEYS[1] task:<id>   hash
+  KEYS[2] wait        list
+  ARGV[1] key prefix  `{P:Q}:`
+  ARGV[2] task id
+  ARGV[3] now_ms
+
+  Returns how many shards (or 1 for the aggregation) go again: 0 when nothing failed, or -3
+  (task missing), -9 (task cancelled), -10 (its results were not kept: aggregation would miss
+  them).
+]]
+local prefix, tid, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local tkey = KEYS[1]
+local t = rcall('HMGET', tkey, 'state', 'keep_results', 'failed', 'agg_error')
+local state = t[1]
+if not state then return -3 end
+if state == 'cancelled' then return -9 end
+local ended = state == 'completed' or state == 'failed'
+if ended and t[2] == '0' then return -10 end
+
+local again = {}
+for _, idx in ipairs(rcall('HKEYS', tkey .. ':errors')) do
+  -- a reason without the terminal bit belongs to a shard still retrying
+  if rcall('GETBIT', tkey .. ':terminal', idx) == 1 then again[#again + 1] = idx end
+end
+local agg_again = #again == 0 and state == 'failed' and t[4] ~= false
+if #again == 0 and not agg_again then return 0 end
+
+if ended then
+  rcall('HSET', tkey, 'state', 'running')
+  rcall('HDEL', tkey, 'finished_ms', 'result', 'agg_error')
+  rcall('ZREM', prefix .. 'finished', tid)
+  rcall('ZREM', prefix .. 'expiring', tid)
+  rcall('ZADD', prefix .. 'running', rcall('HGET', tkey, 'created_ms'), tid)
+  for _, k in ipairs(task_keys(prefix, tid)) do rcall('PERSIST', k) end
+end
+if agg_again then
+  rcall('DEL', prefix .. 'shard:' .. tid .. ':agg')
+  rcall('HSET', tkey, 'state', 'aggregating', 'aggregating_ms', now)
+  rcall('LPUSH', KEYS[2], tid .. ':agg')
+  wake(prefix)
+  emit(prefix, 'event', 'task_retried', 'task', tid, 'shards', 0)
+  return 1
+end
+if state == 'aggregating' then
+  -- its aggregation job, queued or running, no longer applies (finish_task checks the state)
+  rcall('HSET', tkey, 'state', 'running')
+end
+for _, idx in ipairs(again) do
+  rcall('SETBIT', tkey .. ':terminal', idx, 0)
+  rcall('DEL', prefix .. 'shard:' .. tid .. ':' .. idx)
+  requeue(prefix, tid .. ':' .. idx, false)
+end
+call_chunked('HDEL', tkey .. ':errors', again)
+rcall('HINCRBY', tkey, 'failed', -#again)
+wake(prefix)
+emit(prefix, 'event', 'task_retried', 'task', tid, 'shards', #again)
+return #again

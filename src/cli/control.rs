@@ -1,0 +1,92 @@
+//! `shardctl cancel`, `retry`, `clean` and `limit`: controls over dispatched tasks and the queue.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use shardctl_common::control::{self, RateLimit};
+use shardctl_common::time::now_ms;
+use shardctl_common::Error;
+
+use super::{connect, duration, Args};
+
+#[derive(Debug, Parser)]
+pub struct TaskIdArg {
+    /// The task id.
+    pub task: String,
+}
+
+#[derive(Debug, Parser)]
+pub struct CleanArgs {
+    /// Also remove every task that ended at least this long ago (default: only tasks whose
+    /// retention ran out).
+    #[arg(long, value_parser = duration)]
+    pub older_than: Option<Duration>,
+}
+
+#[derive(Debug, Parser)]
+pub struct LimitArgs {
+    /// At most this many shards start ...
+    #[arg(long, requires = "per", conflicts_with = "off")]
+    pub max: Option<u64>,
+    /// ... in any window of this length (across every executor of the queue).
+    #[arg(long, value_parser = duration, requires = "max")]
+    pub per: Option<Duration>,
+    /// Remove the limit.
+    #[arg(long)]
+    pub off: bool,
+}
+
+pub async fn cancel(args: &Args, a: &TaskIdArg) -> anyhow::Result<ExitCode> {
+    let id = super::task_id(&a.task)?;
+    let (_, mut con) = connect(args).await?;
+    let stopped = control::cancel(&mut con, &args.keys(), id, now_ms()).await?;
+    println!("task {id} cancelled: {stopped} running shards are told to stop at their executors' next heartbeat");
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn retry(args: &Args, a: &TaskIdArg) -> anyhow::Result<ExitCode> {
+    let id = super::task_id(&a.task)?;
+    let (_, mut con) = connect(args).await?;
+    let keys = args.keys();
+    let before = shardctl_coordinator::progress::task(&mut con, &keys, id).await?;
+    match control::retry(&mut con, &keys, id, now_ms()).await? {
+        0 => println!("task {id} has no failed shards: nothing to retry"),
+        n if before.failed == 0 => println!("task {id}: its aggregation runs again ({n} job)"),
+        n => println!("task {id}: {n} failed shards queued again; aggregation follows when all are done"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn clean(args: &Args, a: &CleanArgs) -> anyhow::Result<ExitCode> {
+    let (_, mut con) = connect(args).await?;
+    let n = control::clean(&mut con, &args.keys(), now_ms(), a.older_than).await?;
+    println!("removed {n} ended tasks and their keys");
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn limit(args: &Args, a: &LimitArgs) -> anyhow::Result<ExitCode> {
+    let (_, mut con) = connect(args).await?;
+    let keys = args.keys();
+    if a.off {
+        control::set_limit(&mut con, &keys, None).await?;
+        println!("queue {}: no rate limit", args.queue);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let (Some(max), Some(per)) = (a.max, a.per) {
+        if max == 0 {
+            return Err(Error::invalid("--max must be at least 1 (use --off to remove the limit)").into());
+        }
+        if per < Duration::from_millis(1) {
+            return Err(Error::invalid("--per must be at least 1ms").into());
+        }
+        control::set_limit(&mut con, &keys, Some(RateLimit { max, per })).await?;
+    }
+    match control::limit(&mut con, &keys).await? {
+        Some(l) => {
+            println!("queue {}: at most {} shards start per {}", args.queue, l.max, humantime::format_duration(l.per))
+        }
+        None => println!("queue {}: no rate limit", args.queue),
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,103 @@
+//! The options that describe a task, shared by `dispatch` and `schedule add`.
+
+use std::time::Duration;
+
+use clap::{ArgAction, Args as ClapArgs};
+use shardctl_common::backoff::Backoff;
+use shardctl_common::model::{TaskSpec, DEFAULT_ATTEMPTS};
+use shardctl_common::ring::{Strategy, DEFAULT_VNODES};
+use shardctl_common::Error;
+
+use super::duration;
+
+#[derive(Debug, Clone, ClapArgs)]
+pub struct TaskArgs {
+    /// Number of shards (dispatch --keys-file: the number of keys; if given it must match).
+    #[arg(long)]
+    pub shards: Option<u64>,
+    /// Number of items split over the shards (default: the number of shards).
+    #[arg(long)]
+    pub items: Option<u64>,
+    /// Which handler runs the shards: primes, noop, sleep, fail, or one of yours (--exec).
+    #[arg(long, default_value = "primes")]
+    pub kind: String,
+    /// Task payload, JSON, at most 1 MiB; handlers get it on stdin.
+    #[arg(long, default_value = "null", conflicts_with = "payload_file")]
+    pub payload: String,
+    /// Read the payload from this file (`-` for stdin) instead.
+    #[arg(long, value_name = "FILE")]
+    pub payload_file: Option<std::path::PathBuf>,
+    /// Attempts per shard before it fails for good.
+    #[arg(long, default_value_t = DEFAULT_ATTEMPTS)]
+    pub attempts: u32,
+    /// Delay between attempts: fixed:D or exponential:D (jittered).
+    #[arg(long, default_value = "exponential:1s", value_parser = |s: &str| s.parse::<Backoff>())]
+    pub backoff: Backoff,
+    /// Higher runs first; among equal priorities, first dispatched first (-1000000..=1000000).
+    #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
+    pub priority: i64,
+    /// An attempt running longer is cancelled and fails with "timed out" (default: no limit).
+    #[arg(long, value_parser = duration)]
+    pub shard_timeout: Option<Duration>,
+    /// Placement: pull (competitive, the default), consistent-hash, round-robin or hash-mod.
+    #[arg(long, default_value = "pull", value_parser = |s: &str| s.parse::<Strategy>())]
+    pub strategy: Strategy,
+    /// Virtual nodes per executor on the consistent-hash ring.
+    #[arg(long, default_value_t = DEFAULT_VNODES)]
+    pub vnodes: u32,
+    /// Keep each shard's result once the aggregation ran (false: keep only the aggregate).
+    #[arg(long, default_value_t = true, action = ArgAction::Set, value_name = "BOOL")]
+    pub keep_results: bool,
+    /// How long the task's keys stay after it ends, or `forever` (until `shardctl clean`).
+    #[arg(long, default_value = "7d", value_parser = retention, value_name = "D|forever")]
+    pub retain: Retention,
+}
+
+/// A task's retention: `None` keeps it until cleaned.
+#[derive(Debug, Clone, Copy)]
+pub struct Retention(pub Option<Duration>);
+
+fn retention(s: &str) -> Result<Retention, String> {
+    if s == "forever" {
+        return Ok(Retention(None));
+    }
+    duration(s).map(|d| Retention(Some(d)))
+}
+
+impl TaskArgs {
+    /// The spec of task `id` with `shards` shards (validated by the caller).
+    pub fn spec(&self, id: String, shards: u64) -> anyhow::Result<TaskSpec> {
+        Ok(TaskSpec {
+            id,
+            kind: self.kind.clone(),
+            shards,
+            items: self.items.unwrap_or(shards),
+            payload: self.payload()?,
+            attempts: self.attempts,
+            backoff: self.backoff,
+            priority: self.priority,
+            strategy: self.strategy,
+            vnodes: self.vnodes,
+            has_keys: false,
+            shard_timeout: self.shard_timeout,
+            start_ms: None,
+            keep_results: self.keep_results,
+            retain: self.retain.0,
+        })
+    }
+
+    /// The payload from `--payload` or `--payload-file` (read up to one byte past the limit).
+    fn payload(&self) -> anyhow::Result<String> {
+        use std::io::Read;
+        let Some(path) = &self.payload_file else { return Ok(self.payload.clone()) };
+        let limit = shardctl_common::model::MAX_PAYLOAD_BYTES as u64 + 1;
+        let mut buf = Vec::new();
+        let read = if path.as_os_str() == "-" {
+            std::io::stdin().take(limit).read_to_end(&mut buf)
+        } else {
+            std::fs::File::open(path).and_then(|f| f.take(limit).read_to_end(&mut buf))
+        };
+        read.map_err(|e| Error::invalid(format!("cannot read payload file {}: {e}", path.display())))?;
+        String::from_utf8(buf).map_err(|_| Error::invalid("payload file is not UTF-8").into())
+    }
+}
