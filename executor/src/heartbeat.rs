@@ -7,7 +7,7 @@ use std::sync::Arc;
 use shardctl_common::scripts;
 use tokio_util::sync::CancellationToken;
 
-use crate::runtime::Shared;
+use crate::runtime::{Shared, NO_CLAIM};
 use crate::stats::Stats;
 
 pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
@@ -42,6 +42,8 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
 
 /// Extends every held lock once; false when Redis could not be reached.
 pub(crate) async fn beat(shared: &Shared) -> bool {
+    // read before `held`: a claim in flight may have shards in `active` not yet in `held`
+    let claim_in_flight = shared.claiming.load(Ordering::SeqCst) != NO_CLAIM;
     let held: Vec<(String, String)> = shared
         .held
         .lock()
@@ -54,10 +56,10 @@ pub(crate) async fn beat(shared: &Shared) -> bool {
     let lock_ms = shared.cfg.lock_duration.as_millis() as u64;
     // the lease is extended even with nothing held: an idle executor stays visibly alive
     let check = shared.must_check.swap(false, Ordering::SeqCst);
-    let cancels = shared.cancels.lock().unwrap().clone();
-    match scripts::extend(&mut con, &shared.keys, &shared.token_base, lock_ms, &held, check, &cancels).await {
+    let sent = shared.cancels.lock().unwrap().clone();
+    match scripts::extend(&mut con, &shared.keys, &shared.token_base, lock_ms, &held, check, &sent).await {
         Ok(scripts::Beat { lost, cancels }) => {
-            *shared.cancels.lock().unwrap() = cancels;
+            *shared.cancels.lock().unwrap() = next_cancels(&sent, cancels, claim_in_flight);
             shared.metrics.heartbeats.increment(1);
             shared.metrics.locks_extended.increment((held.len() - lost.len()) as u64);
             if lost.is_empty() {
@@ -90,6 +92,21 @@ pub(crate) async fn beat(shared: &Shared) -> bool {
     }
 }
 
+/// The cancellation count to pass to the next beat, after one that sent `sent` and read `seen`.
+///
+/// A count that moved is first kept as `<count>?` (never equal to the count in Redis, so the next
+/// beat compares every token again), and only taken as seen by a beat that compared the tokens
+/// with no claim in flight. A claim whose script ran before the cancellation may not have put
+/// its shards in `held` when a beat read it: without the second comparison they would run on,
+/// their handlers never stopped.
+fn next_cancels(sent: &str, seen: String, claim_in_flight: bool) -> String {
+    if sent == seen || (sent.strip_suffix('?') == Some(seen.as_str()) && !claim_in_flight) {
+        seen
+    } else {
+        format!("{seen}?")
+    }
+}
+
 /// Every this many beats, compare what `active` holds under our tokens with what we know.
 const RECONCILE_EVERY: u64 = 4;
 
@@ -111,4 +128,23 @@ pub(crate) async fn reconcile(shared: &Shared) -> shardctl_common::Result<()> {
         tracing::warn!("gave back {n} shards of claims whose reply was lost");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::next_cancels;
+
+    #[test]
+    fn a_moved_cancellation_count_is_checked_twice_and_again_while_a_claim_is_in_flight() {
+        // unchanged: nothing to check
+        assert_eq!(next_cancels("3", "3".into(), true), "3");
+        // moved (or the first beat): the next beat checks again
+        assert_eq!(next_cancels("3", "4".into(), false), "4?");
+        assert_eq!(next_cancels("", "0".into(), false), "0?");
+        // the second check: taken as seen only with no claim in flight
+        assert_eq!(next_cancels("4?", "4".into(), true), "4?");
+        assert_eq!(next_cancels("4?", "4".into(), false), "4");
+        // moved again meanwhile
+        assert_eq!(next_cancels("4?", "5".into(), false), "5?");
+    }
 }
