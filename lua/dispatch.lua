@@ -19,39 +19,8 @@
   ARGV[6..] field, value pairs of the task hash
 
   Returns 1, or -4 (task exists), -8 (invalid spec: over 2^32 shards or |priority| > 10^6).
+  The work is lib.lua create_task (schedules create tasks the same way, see fire.lua).
 ]]
-if rcall('EXISTS', KEYS[1]) == 1 then return -4 end
-local prefix, tid, now, priority, start = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
--- the terminal bitmap addresses 2^32 bits; |priority| <= 10^6 keeps the score below 2^53
-if math.abs(priority) > 1000000 then return -8 end
-for i = 6, #ARGV - 1, 2 do
-  if ARGV[i] == 'total' and tonumber(ARGV[i + 1]) > 4294967296 then
-    return -8
-  end
-end
 local fields = {}
 for i = 6, #ARGV do fields[#fields + 1] = ARGV[i] end
-rcall('HSET', KEYS[1], 'state', 'running', 'cursor', 0, 'done', 0, 'failed', 0, 'created_ms', now,
-  unpack(fields))
-local seq = rcall('HINCRBY', KEYS[4], 'seq', 1)
-rcall('HSET', KEYS[1], 'seq', seq)
-rcall('ZADD', KEYS[3], now, tid)
-rcall('ZADD', KEYS[6], now, tid)
-local pull = rcall('HGET', KEYS[1], 'strategy') == 'pull'
-if not pull then
-  -- routed: placed chunk by chunk (route.lua) by the dispatcher or, if it dies, a rebalancer
-  rcall('HSET', KEYS[1], 'cursor', rcall('HGET', KEYS[1], 'total'), 'routed', 0)
-end
-if start > now then
-  rcall('HSET', KEYS[1], 'state', 'delayed', 'start_ms', start)
-  rcall('ZADD', KEYS[7], start, tid)
-  rcall('ZADD', prefix .. 'marker', 'LT', start, 'delayed')
-elseif pull then
-  rcall('ZADD', KEYS[2], runnable_score(priority, seq), tid)
-  wake(prefix)
-else
-  rcall('ZADD', KEYS[5], now, tid)
-end
-local t = rcall('HMGET', KEYS[1], 'kind', 'total')
-emit(prefix, 'event', 'task_dispatched', 'task', tid, 'kind', t[1], 'total', t[2])
-return 1
+return create_task(ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), fields)

@@ -163,6 +163,10 @@ impl Keys {
     pub fn schedules(&self) -> String {
         self.key("schedules")
     }
+    /// Hash: per schedule, `<name>:last` (last handled fire time, ms) and `<name>:task`.
+    pub fn schedule_state(&self) -> String {
+        self.key("schedule-state")
+    }
 
     /// Every key a task owns (for removal; the same list as `task_keys` in lua/include/lib.lua).
     pub fn task_keys(&self, id: &str) -> [String; 6] {

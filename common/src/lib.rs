@@ -6,9 +6,11 @@
 //! - [`keys`]: every Redis key name of a queue, built in one place under the queue's hash tag.
 //! - [`scripts`]: the registry of Lua scripts (one per atomic operation) and their typed calls.
 //! - [`control`]: cancel, retry and clean tasks; the queue-wide rate limit.
+//! - [`cron`]: cron expressions and their fire times in IANA time zones.
 //! - [`lock`]: distributed locks, single Redis and Redlock, with fencing tokens.
 //! - [`limiter`]: fixed-window, sliding-log and token-bucket rate limiters.
 //! - [`model`]: task ids, shard refs, the task spec and its state.
+//! - [`schedule`]: cron schedules fired once per fire time by any number of coordinators.
 //! - [`ring`]: consistent hashing with virtual nodes, the static strategies, `ring simulate`.
 //! - [`split`]: balanced item ranges of shards.
 //! - [`backoff`]: retry delays (fixed or exponential, with jitter).
@@ -29,12 +31,14 @@
 pub mod backoff;
 pub mod conn;
 pub mod control;
+pub mod cron;
 pub mod error;
 pub mod keys;
 pub mod limiter;
 pub mod lock;
 pub mod model;
 pub mod ring;
+pub mod schedule;
 pub mod scripts;
 pub mod split;
 pub mod time;

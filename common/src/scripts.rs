@@ -67,6 +67,8 @@ pub struct Scripts {
     pub retry: Script,
     /// `clean.lua`
     pub clean: Script,
+    /// `fire.lua`
+    pub fire: Script,
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
@@ -94,6 +96,7 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     cancel: Script::new(lua!("cancel.lua")),
     retry: Script::new(lua!("retry.lua")),
     clean: Script::new(lua!("clean.lua")),
+    fire: Script::new(lua!("fire.lua")),
 });
 
 /// The registry.
@@ -103,7 +106,7 @@ pub fn scripts() -> &'static Scripts {
 
 impl Scripts {
     /// Each script with its file name.
-    pub fn all(&self) -> [(&'static str, &Script); 24] {
+    pub fn all(&self) -> [(&'static str, &Script); 25] {
         [
             ("dispatch.lua", &self.dispatch),
             ("claim.lua", &self.claim),
@@ -129,6 +132,7 @@ impl Scripts {
             ("cancel.lua", &self.cancel),
             ("retry.lua", &self.retry),
             ("clean.lua", &self.clean),
+            ("fire.lua", &self.fire),
         ]
     }
 }

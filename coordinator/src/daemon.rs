@@ -164,11 +164,13 @@ pub async fn snapshot(
     Ok(out)
 }
 
-/// Runs the daemon until `stop`: the stalled sweep on its own interval; promotion, rebalancing
+/// Runs the daemon until `stop`: the stalled sweep on its own interval, the cron schedules at
+/// their fire times; promotion, rebalancing
 /// and a reading published to the gauges every refresh. Redis errors are logged and the next
 /// refresh tries again (meanwhile the gauges age out: a silent daemon exports nothing stale).
 pub async fn run(mut con: Conn, keys: Keys, cfg: DaemonConfig, stop: CancellationToken) {
     let sweeper = tokio::spawn(sweep::run(con.clone(), keys.clone(), cfg.sweep.clone(), stop.clone(), |_| {}));
+    let scheduler = tokio::spawn(crate::scheduler::run(con.clone(), keys.clone(), stop.clone()));
     let mut tick = tokio::time::interval(cfg.refresh);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -179,6 +181,7 @@ pub async fn run(mut con: Conn, keys: Keys, cfg: DaemonConfig, stop: Cancellatio
         refresh(&mut con, &keys, &cfg).await;
     }
     let _ = sweeper.await;
+    let _ = scheduler.await;
 }
 
 async fn refresh(con: &mut Conn, keys: &Keys, cfg: &DaemonConfig) {

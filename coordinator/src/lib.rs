@@ -10,9 +10,11 @@
 //! - [`membership`]: executors joining, heartbeating and leaving; the live node set.
 //! - [`route`]: owners of routed refs, chunked placement of a task, moving a list's refs.
 //! - [`rebalance`]: failover and rebalancing under a short lock.
+//! - [`scheduler`]: firing cron schedules (each fire time's task created once).
 //! - [`progress`]: one task's state and counts, a queue's counts, failed shards.
 //! - [`wait`]: waiting for a task to end, with a progress callback.
-//! - [`daemon`]: `shardctl coordinator`: maintenance every refresh, progress for the metrics.
+//! - [`daemon`]: `shardctl coordinator`: maintenance every refresh, schedules, progress for the
+//!   metrics.
 //! - [`metrics`]: the Prometheus metrics (names, descriptions, publishing the progress gauges).
 //!
 //! # Example
@@ -29,5 +31,6 @@ pub mod metrics;
 pub mod progress;
 pub mod rebalance;
 pub mod route;
+pub mod scheduler;
 pub mod sweep;
 pub mod wait;

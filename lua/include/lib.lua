@@ -210,3 +210,38 @@ local function finish_task(prefix, tid, ok, value, now)
   end_task(prefix, tid, state, now)
   return 1
 end
+
+-- Creates task `tid` from its hash fields (a flat field, value list): see dispatch.lua. Returns
+-- 1, -4 (task exists) or -8 (invalid spec).
+local function create_task(prefix, tid, now, priority, start, fields)
+  local tkey = prefix .. 'task:' .. tid
+  if rcall('EXISTS', tkey) == 1 then return -4 end
+  -- the terminal bitmap addresses 2^32 bits; |priority| <= 10^6 keeps the score below 2^53
+  if math.abs(priority) > 1000000 then return -8 end
+  for i = 1, #fields - 1, 2 do
+    if fields[i] == 'total' and tonumber(fields[i + 1]) > 4294967296 then return -8 end
+  end
+  rcall('HSET', tkey, 'state', 'running', 'cursor', 0, 'done', 0, 'failed', 0, 'created_ms', now, unpack(fields))
+  local seq = rcall('HINCRBY', prefix .. 'meta', 'seq', 1)
+  rcall('HSET', tkey, 'seq', seq)
+  rcall('ZADD', prefix .. 'index', now, tid)
+  rcall('ZADD', prefix .. 'running', now, tid)
+  local pull = rcall('HGET', tkey, 'strategy') == 'pull'
+  if not pull then
+    -- routed: placed chunk by chunk (route.lua) by the dispatcher or, if it dies, a rebalancer
+    rcall('HSET', tkey, 'cursor', rcall('HGET', tkey, 'total'), 'routed', 0)
+  end
+  if start > now then
+    rcall('HSET', tkey, 'state', 'delayed', 'start_ms', start)
+    rcall('ZADD', prefix .. 'scheduled', start, tid)
+    rcall('ZADD', prefix .. 'marker', 'LT', start, 'delayed')
+  elseif pull then
+    rcall('ZADD', prefix .. 'tasks', runnable_score(priority, seq), tid)
+    wake(prefix)
+  else
+    rcall('ZADD', prefix .. 'unrouted', now, tid)
+  end
+  local t = rcall('HMGET', tkey, 'kind', 'total')
+  emit(prefix, 'event', 'task_dispatched', 'task', tid, 'kind', t[1], 'total', t[2])
+  return 1
+end

@@ -13,6 +13,7 @@ mod metrics;
 mod pause;
 mod redis_server;
 mod ring;
+mod schedule;
 mod status;
 mod task_args;
 mod wait;
@@ -92,6 +93,8 @@ pub enum Command {
     Clean(control::CleanArgs),
     /// Show or set the queue-wide rate limit: at most --max shards start per --per.
     Limit(control::LimitArgs),
+    /// Cron schedules of tasks, fired by `shardctl coordinator`: add, list, remove.
+    Schedule(schedule::ScheduleArgs),
     /// Tail the queue's event log live.
     Watch(watch::WatchArgs),
     /// Show or change the queue's settings (event log).
@@ -146,6 +149,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         Command::Retry(a) => control::retry(&args, a).await,
         Command::Clean(a) => control::clean(&args, a).await,
         Command::Limit(a) => control::limit(&args, a).await,
+        Command::Schedule(a) => schedule::run(&args, a).await,
         Command::Watch(a) => watch::run(&args, a).await,
         Command::Config(a) => config::run(&args, a).await,
         Command::Bench(a) => bench::run(&args, a).await,

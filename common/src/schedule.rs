@@ -1,0 +1,385 @@
+//! Cron schedules: a named task template fired at the times of a cron expression. Schedules live
+//! in the queue (`schedules`, one JSON per name); coordinators fire them through `fire.lua`, which
+//! creates each fire time's task once however many coordinators race, under the deterministic id
+//! `<name>-<fire time, UTC, YYYYMMDDTHHMMSSZ>`.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use redis::aio::ConnectionLike;
+use serde::{Deserialize, Serialize};
+
+use crate::cron::{zone, Cron};
+use crate::error::{Error, Result};
+use crate::keys::Keys;
+use crate::model::TaskSpec;
+use crate::scripts::scripts;
+
+/// Longest schedule name: the task ids `<name>-YYYYMMDDTHHMMSSZ` stay within 64 bytes.
+pub const MAX_NAME_LEN: usize = 40;
+/// Default lateness after which a fire time counts as missed.
+pub const DEFAULT_MISFIRE_GRACE: Duration = Duration::from_secs(60);
+
+/// What a fire time does while the schedule's previous task is unfinished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Overlap {
+    /// No task for this fire time.
+    Skip,
+    /// A task for every fire time.
+    Allow,
+}
+
+/// What happens to fire times missed while no coordinator ran (later than the grace).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Misfire {
+    /// They are skipped; the schedule goes on at its next fire time.
+    Skip,
+    /// The latest of them runs once, as soon as a coordinator runs.
+    RunOnce,
+}
+
+impl Overlap {
+    /// The name used on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Overlap::Skip => "skip",
+            Overlap::Allow => "allow",
+        }
+    }
+}
+
+impl Misfire {
+    /// The name used on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Misfire::Skip => "skip",
+            Misfire::RunOnce => "run-once",
+        }
+    }
+}
+
+impl std::str::FromStr for Overlap {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "skip" => Ok(Overlap::Skip),
+            "allow" => Ok(Overlap::Allow),
+            _ => Err(Error::invalid(format!("--overlap '{s}': expected skip or allow"))),
+        }
+    }
+}
+
+impl std::str::FromStr for Misfire {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "skip" => Ok(Misfire::Skip),
+            "run-once" => Ok(Misfire::RunOnce),
+            _ => Err(Error::invalid(format!("--misfire '{s}': expected skip or run-once"))),
+        }
+    }
+}
+
+/// A schedule as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Schedule {
+    /// Its name (1-40 of `[A-Za-z0-9._-]`).
+    pub name: String,
+    /// The cron expression.
+    pub cron: String,
+    /// The IANA time zone the expression is read in.
+    pub tz: String,
+    /// While the previous task runs.
+    pub overlap: Overlap,
+    /// Fire times missed while no coordinator ran.
+    pub misfire: Misfire,
+    /// A fire time handled later than this counts as missed.
+    pub misfire_grace_ms: u64,
+    /// The task's priority.
+    pub priority: i64,
+    /// The task hash fields (as [`TaskSpec::fields`]).
+    pub fields: Vec<(String, String)>,
+    /// When the schedule was added (ms): fire times before it never count.
+    pub created_ms: u64,
+}
+
+/// A schedule's progress, for `schedule list`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ScheduleState {
+    /// The last fire time handled (fired or skipped), ms.
+    pub last_fire_ms: Option<u64>,
+    /// The task of the last fire.
+    pub last_task: Option<String>,
+    /// The next fire time, ms.
+    pub next_fire_ms: Option<u64>,
+}
+
+/// How one fire time was handled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fired {
+    /// This call created the task.
+    Created,
+    /// Another coordinator had handled it (or the schedule was removed).
+    AlreadyHandled,
+    /// Skipped: it was missed and the schedule skips misfires.
+    Missed,
+    /// Skipped: the previous task is unfinished and the schedule skips overlaps.
+    Overlapping,
+    /// The task id existed already (left alone).
+    Exists,
+}
+
+/// Checks a schedule name.
+pub fn validate_name(name: &str) -> Result<()> {
+    if name.is_empty()
+        || name.len() > MAX_NAME_LEN
+        || !name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+    {
+        return Err(Error::invalid(format!(
+            "schedule name '{name}' must be 1 to {MAX_NAME_LEN} characters of A-Z a-z 0-9 . _ -"
+        )));
+    }
+    Ok(())
+}
+
+/// The task id of a fire time: `<name>-YYYYMMDDTHHMMSSZ` (UTC).
+pub fn task_id(name: &str, fire_ms: u64) -> String {
+    let ts = jiff::Timestamp::from_millisecond(fire_ms as i64).unwrap_or(jiff::Timestamp::UNIX_EPOCH);
+    format!("{name}-{}", ts.strftime("%Y%m%dT%H%M%SZ"))
+}
+
+impl Schedule {
+    /// A schedule of `spec` (its id is ignored) at the times of `cron` in `tz`; every part is
+    /// checked, with a message that says what is wrong.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        name: &str,
+        cron: &str,
+        tz: &str,
+        overlap: Overlap,
+        misfire: Misfire,
+        misfire_grace: Duration,
+        spec: &TaskSpec,
+        now_ms: u64,
+    ) -> Result<Self> {
+        validate_name(name)?;
+        let parsed: Cron = cron.parse()?;
+        let z = zone(tz)?;
+        if parsed.next_after(now_ms, &z).is_none() {
+            return Err(Error::invalid(format!("cron expression '{cron}' never fires in the next five years")));
+        }
+        if spec.has_keys || spec.start_ms.is_some() {
+            return Err(Error::invalid("a schedule's task cannot have a keys file or a delay"));
+        }
+        let mut probe = spec.clone();
+        probe.id = task_id(name, now_ms);
+        probe.validate()?;
+        Ok(Schedule {
+            name: name.to_owned(),
+            cron: parsed.to_string(),
+            tz: tz.to_owned(),
+            overlap,
+            misfire,
+            misfire_grace_ms: misfire_grace.as_millis() as u64,
+            priority: spec.priority,
+            fields: spec.fields().into_iter().map(|(f, v)| (f.to_owned(), v)).collect(),
+            created_ms: now_ms,
+        })
+    }
+
+    fn parts(&self) -> Result<(Cron, jiff::tz::TimeZone)> {
+        Ok((self.cron.parse()?, zone(&self.tz)?))
+    }
+
+    /// The next fire time after `after_ms`.
+    pub fn next_after(&self, after_ms: u64) -> Option<u64> {
+        let (c, z) = self.parts().ok()?;
+        c.next_after(after_ms, &z)
+    }
+
+    /// What a coordinator does at `now_ms` when `last_ms` is the last fire time handled (or the
+    /// creation time): `None` when no fire time is due, else the latest due fire time and
+    /// whether it runs. Earlier due fire times are skipped; the latest runs unless it is later
+    /// than the grace and misfires are skipped.
+    pub fn due(&self, last_ms: u64, now_ms: u64) -> Option<(u64, bool)> {
+        let (c, z) = self.parts().ok()?;
+        let latest = c.last_at_or_before(now_ms, &z).filter(|&t| t > last_ms)?;
+        let late = now_ms.saturating_sub(latest) > self.misfire_grace_ms;
+        Some((latest, !late || self.misfire == Misfire::RunOnce))
+    }
+
+    /// Handles fire time `fire_ms` (see `fire.lua`).
+    pub async fn fire<C: ConnectionLike + Send>(
+        &self,
+        con: &mut C,
+        keys: &Keys,
+        fire_ms: u64,
+        run: bool,
+        now_ms: u64,
+    ) -> Result<Fired> {
+        let id = task_id(&self.name, fire_ms);
+        let mut inv = scripts().fire.key(keys.schedules());
+        inv.key(keys.schedule_state())
+            .key(keys.task(&id))
+            .arg(keys.prefix())
+            .arg(&self.name)
+            .arg(fire_ms)
+            .arg(u8::from(run))
+            .arg(self.overlap.as_str())
+            .arg(&id)
+            .arg(now_ms)
+            .arg(self.priority);
+        for (f, v) in &self.fields {
+            inv.arg(f).arg(v);
+        }
+        inv.arg("schedule").arg(&self.name).arg("fire_ms").arg(fire_ms);
+        let code: i64 = inv.invoke_async(con).await?;
+        Ok(match code {
+            1 => Fired::Created,
+            0 => Fired::AlreadyHandled,
+            2 => Fired::Missed,
+            3 => Fired::Overlapping,
+            -4 => Fired::Exists,
+            c => return Err(Error::Protocol(format!("fire.lua returned {c}"))),
+        })
+    }
+}
+
+/// Adds `s`; a schedule of that name is refused unless `replace`.
+pub async fn add<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, s: &Schedule, replace: bool) -> Result<()> {
+    let json = serde_json::to_string(s).expect("a schedule serializes");
+    let cmd = if replace { "HSET" } else { "HSETNX" };
+    let added: i64 = redis::cmd(cmd).arg(keys.schedules()).arg(&s.name).arg(json).query_async(con).await?;
+    if !replace && added == 0 {
+        return Err(Error::invalid(format!(
+            "a schedule named '{}' exists (remove it first, or add with --replace)",
+            s.name
+        )));
+    }
+    Ok(())
+}
+
+/// Removes schedule `name` and its progress; false when there was none.
+pub async fn remove<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, name: &str) -> Result<bool> {
+    let (n, _): (i64, i64) = redis::pipe()
+        .atomic()
+        .hdel(keys.schedules(), name)
+        .hdel(keys.schedule_state(), &[format!("{name}:last"), format!("{name}:task")])
+        .query_async(con)
+        .await?;
+    Ok(n == 1)
+}
+
+/// Every schedule with its progress, by name.
+pub async fn list<C: ConnectionLike + Send>(
+    con: &mut C,
+    keys: &Keys,
+    now_ms: u64,
+) -> Result<Vec<(Schedule, ScheduleState)>> {
+    let (all, state): (HashMap<String, String>, HashMap<String, String>) =
+        redis::pipe().hgetall(keys.schedules()).hgetall(keys.schedule_state()).query_async(con).await?;
+    let mut out = Vec::with_capacity(all.len());
+    for (name, json) in all {
+        let s: Schedule = serde_json::from_str(&json)
+            .map_err(|e| Error::Protocol(format!("schedule '{name}' is not readable: {e}")))?;
+        let st = ScheduleState {
+            last_fire_ms: state.get(&format!("{name}:last")).and_then(|v| v.parse().ok()),
+            last_task: state.get(&format!("{name}:task")).cloned(),
+            next_fire_ms: s.next_after(now_ms),
+        };
+        out.push((s, st));
+    }
+    out.sort_by(|a, b| a.0.name.cmp(&b.0.name));
+    Ok(out)
+}
+
+/// One round of a coordinator: handles the due fire time of every schedule. Returns what was
+/// done, by schedule name, and the next fire time of any schedule.
+pub async fn tick<C: ConnectionLike + Send>(
+    con: &mut C,
+    keys: &Keys,
+    now_ms: u64,
+) -> Result<(Vec<(String, u64, Fired)>, Option<u64>)> {
+    let mut done = Vec::new();
+    let mut next: Option<u64> = None;
+    for (s, st) in list(con, keys, now_ms).await? {
+        let last = st.last_fire_ms.unwrap_or(s.created_ms).max(s.created_ms);
+        if let Some((fire_ms, run)) = s.due(last, now_ms) {
+            done.push((s.name.clone(), fire_ms, s.fire(con, keys, fire_ms, run, now_ms).await?));
+        }
+        next = match (next, st.next_fire_ms) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+    Ok((done, next))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: &str) -> u64 {
+        s.parse::<jiff::Timestamp>().unwrap().as_millisecond() as u64
+    }
+
+    fn hourly(misfire: Misfire) -> Schedule {
+        let spec = TaskSpec::new("x", "noop", 4);
+        Schedule::new(
+            "h",
+            "0 * * * *",
+            "UTC",
+            Overlap::Allow,
+            misfire,
+            DEFAULT_MISFIRE_GRACE,
+            &spec,
+            at("2026-11-30T00:30:00Z"),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn task_ids_name_the_fire_time() {
+        assert_eq!(task_id("nightly", at("2026-11-30T03:00:00Z")), "nightly-20261130T030000Z");
+        assert!(crate::model::validate_task_id(&task_id(&"n".repeat(MAX_NAME_LEN), 0)).is_ok());
+    }
+
+    #[test]
+    fn due_fire_times_and_misfires() {
+        let s = hourly(Misfire::Skip);
+        let created = s.created_ms;
+        assert_eq!(s.due(created, at("2026-11-30T00:59:59Z")), None);
+        // on time (within the grace): runs
+        assert_eq!(s.due(created, at("2026-11-30T01:00:00.200Z")), Some((at("2026-11-30T01:00:00Z"), true)));
+        // handled already
+        assert_eq!(s.due(at("2026-11-30T01:00:00Z"), at("2026-11-30T01:00:30Z")), None);
+        // no coordinator for hours: the missed fire times are skipped...
+        assert_eq!(s.due(created, at("2026-11-30T05:20:00Z")), Some((at("2026-11-30T05:00:00Z"), false)));
+        // ... or the latest runs once
+        let r = hourly(Misfire::RunOnce);
+        assert_eq!(r.due(created, at("2026-11-30T05:20:00Z")), Some((at("2026-11-30T05:00:00Z"), true)));
+    }
+
+    #[test]
+    fn bad_schedules_are_refused() {
+        let spec = TaskSpec::new("x", "noop", 4);
+        let g = DEFAULT_MISFIRE_GRACE;
+        let e = |r: Result<Schedule>| r.unwrap_err().to_string();
+        assert!(e(Schedule::new("a b", "* * * * *", "UTC", Overlap::Skip, Misfire::Skip, g, &spec, 0))
+            .contains("schedule name"));
+        assert!(
+            e(Schedule::new("a", "* * *", "UTC", Overlap::Skip, Misfire::Skip, g, &spec, 0)).contains("invalid cron")
+        );
+        assert!(e(Schedule::new("a", "* * * * *", "Nowhere/City", Overlap::Skip, Misfire::Skip, g, &spec, 0))
+            .contains("unknown time zone"));
+        assert!(e(Schedule::new("a", "0 0 31 2 *", "UTC", Overlap::Skip, Misfire::Skip, g, &spec, 0))
+            .contains("never fires"));
+        let mut bad = spec.clone();
+        bad.payload = "{".into();
+        assert!(e(Schedule::new("a", "* * * * *", "UTC", Overlap::Skip, Misfire::Skip, g, &bad, 0)).contains("JSON"));
+        assert!("sometimes".parse::<Overlap>().unwrap_err().to_string().contains("skip or allow"));
+        assert!("later".parse::<Misfire>().unwrap_err().to_string().contains("skip or run-once"));
+    }
+}

@@ -1,0 +1,45 @@
+//! The cron scheduler loop of `shardctl coordinator`: wakes at the next fire time of any schedule
+//! (and at least every second, to see schedules added meanwhile) and handles the due fire times.
+//! Several coordinators race harmlessly: `fire.lua` creates each fire time's task once.
+
+use std::time::Duration;
+
+use shardctl_common::conn::Conn;
+use shardctl_common::schedule::{self, Fired};
+use shardctl_common::time::now_ms;
+use shardctl_common::Keys;
+use tokio_util::sync::CancellationToken;
+
+/// Longest sleep between two rounds.
+const MAX_SLEEP: Duration = Duration::from_secs(1);
+
+/// Runs until `stop`.
+pub async fn run(mut con: Conn, keys: Keys, stop: CancellationToken) {
+    loop {
+        let sleep = match schedule::tick(&mut con, &keys, now_ms()).await {
+            Ok((done, next)) => {
+                for (name, fire_ms, how) in done {
+                    let id = schedule::task_id(&name, fire_ms);
+                    match how {
+                        Fired::Created => tracing::info!(schedule = %name, task = %id, "schedule fired"),
+                        Fired::Missed => tracing::warn!(schedule = %name, task = %id, "fire time missed: skipped"),
+                        Fired::Overlapping => {
+                            tracing::info!(schedule = %name, task = %id, "previous run unfinished: skipped")
+                        }
+                        Fired::AlreadyHandled | Fired::Exists => {}
+                    }
+                }
+                next.map_or(MAX_SLEEP, |n| Duration::from_millis(n.saturating_sub(now_ms())).min(MAX_SLEEP))
+            }
+            Err(e) => {
+                tracing::warn!("schedules: {e}");
+                MAX_SLEEP
+            }
+        };
+        tokio::select! {
+            // a few ms past the fire time: the clock has surely reached it
+            _ = tokio::time::sleep(sleep + Duration::from_millis(2)) => {}
+            _ = stop.cancelled() => return,
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! `shardctl schedule add | list | remove`: cron schedules of tasks, fired by `shardctl
+//! coordinator` processes (each fire time's task created once however many run).
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use shardctl_common::schedule::{self, Misfire, Overlap, Schedule, DEFAULT_MISFIRE_GRACE};
+use shardctl_common::time::now_ms;
+use shardctl_common::Error;
+
+use super::task_args::TaskArgs;
+use super::{connect, duration, Args};
+
+#[derive(Debug, Parser)]
+pub struct ScheduleArgs {
+    #[command(subcommand)]
+    pub command: ScheduleCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ScheduleCommand {
+    /// Add a schedule: a task (dispatch options) created at each fire time of a cron expression.
+    Add(Box<AddArgs>),
+    /// List the schedules with their last and next fire times.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a schedule (its tasks stay).
+    Remove {
+        /// The schedule's name.
+        name: String,
+    },
+}
+
+#[derive(Debug, Parser)]
+pub struct AddArgs {
+    /// The schedule's name (1-40 of A-Z a-z 0-9 . _ -); its tasks are `<name>-<UTC fire time>`.
+    pub name: String,
+    /// Cron expression: `min hour day month weekday`, or with seconds first; @daily, @hourly ...
+    #[arg(long)]
+    pub cron: String,
+    /// IANA time zone the expression is read in.
+    #[arg(long, default_value = "UTC")]
+    pub tz: String,
+    /// While the previous task of the schedule is unfinished: skip a fire time, or allow it.
+    #[arg(long, default_value = "skip", value_parser = |s: &str| s.parse::<Overlap>())]
+    pub overlap: Overlap,
+    /// Fire times missed while no coordinator ran: skip them, or run the latest once.
+    #[arg(long, default_value = "skip", value_parser = |s: &str| s.parse::<Misfire>())]
+    pub misfire: Misfire,
+    /// A fire time handled later than this counts as missed.
+    #[arg(long, value_parser = duration)]
+    pub misfire_grace: Option<Duration>,
+    /// Replace a schedule of the same name.
+    #[arg(long)]
+    pub replace: bool,
+    #[command(flatten)]
+    pub task: TaskArgs,
+}
+
+pub async fn run(args: &Args, a: &ScheduleArgs) -> anyhow::Result<ExitCode> {
+    match &a.command {
+        ScheduleCommand::Add(add) => run_add(args, add).await,
+        ScheduleCommand::List { json } => run_list(args, *json).await,
+        ScheduleCommand::Remove { name } => {
+            schedule::validate_name(name)?;
+            let (_, mut con) = connect(args).await?;
+            if !schedule::remove(&mut con, &args.keys(), name).await? {
+                return Err(Error::invalid(format!("no schedule named '{name}'")).into());
+            }
+            println!("schedule {name} removed");
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+async fn run_add(args: &Args, a: &AddArgs) -> anyhow::Result<ExitCode> {
+    let shards = a.task.shards.ok_or_else(|| Error::invalid("--shards N is required"))?;
+    let spec = a.task.spec(String::new(), shards)?;
+    let now = now_ms();
+    let grace = a.misfire_grace.unwrap_or(DEFAULT_MISFIRE_GRACE);
+    // checked before connecting: a bad expression or zone is reported as such even without Redis
+    let s = Schedule::new(&a.name, &a.cron, &a.tz, a.overlap, a.misfire, grace, &spec, now)?;
+    let (_, mut con) = connect(args).await?;
+    schedule::add(&mut con, &args.keys(), &s, a.replace).await?;
+    let next = s.next_after(now).map_or_else(|| "never".to_owned(), |t| show(t, &s.tz));
+    println!("schedule {} added: '{}' in {}; next fire {next}", s.name, s.cron, s.tz);
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn run_list(args: &Args, json: bool) -> anyhow::Result<ExitCode> {
+    let (_, mut con) = connect(args).await?;
+    let all = schedule::list(&mut con, &args.keys(), now_ms()).await?;
+    if json {
+        let v: Vec<serde_json::Value> = all
+            .iter()
+            .map(|(s, st)| {
+                let mut v = serde_json::to_value(s).expect("json");
+                v["state"] = serde_json::to_value(st).expect("json");
+                v
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(v));
+        return Ok(ExitCode::SUCCESS);
+    }
+    if all.is_empty() {
+        println!("no schedules");
+    }
+    for (s, st) in &all {
+        let field = |f: &str| s.fields.iter().find(|(k, _)| k == f).map_or("?", |(_, v)| v.as_str()).to_owned();
+        println!(
+            "{}  '{}' {}  {} × {} shards  overlap {}, misfire {}  next {}  last {}",
+            s.name,
+            s.cron,
+            s.tz,
+            field("kind"),
+            field("total"),
+            s.overlap.as_str(),
+            s.misfire.as_str(),
+            st.next_fire_ms.map_or_else(|| "never".to_owned(), |t| show(t, &s.tz)),
+            st.last_task.as_deref().unwrap_or("-"),
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A time in the schedule's zone, to the second.
+fn show(ms: u64, tz: &str) -> String {
+    let Ok(z) = shardctl_common::cron::zone(tz) else { return ms.to_string() };
+    let ts = jiff::Timestamp::from_millisecond(ms as i64).unwrap_or(jiff::Timestamp::UNIX_EPOCH);
+    ts.to_zoned(z).strftime("%Y-%m-%d %H:%M:%S %Z").to_string()
+}
