@@ -14,22 +14,26 @@
   Returns how many tasks were removed.
 ]]
 local prefix, now, cutoff, limit = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local victims = rcall('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
+local victims, seen = {}, {}
+for _, tid in ipairs(rcall('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)) do
+  victims[#victims + 1] = tid
+  seen[tid] = true
+end
 if cutoff >= 0 and #victims < limit then
-  for _, tid in ipairs(rcall('ZRANGEBYSCORE', KEYS[1], '-inf', cutoff, 'LIMIT', 0, limit - #victims)) do
-    victims[#victims + 1] = tid
+  -- expired tasks are in `finished` too: read as many more as may be taken already, so that a
+  -- full batch is removed whenever there are that many (the caller stops at a short one)
+  for _, tid in ipairs(rcall('ZRANGEBYSCORE', KEYS[1], '-inf', cutoff, 'LIMIT', 0, limit)) do
+    if #victims >= limit then break end
+    if not seen[tid] then
+      victims[#victims + 1] = tid
+      seen[tid] = true
+    end
   end
 end
-local removed, seen = 0, {}
 for _, tid in ipairs(victims) do
-  if not seen[tid] then
-    seen[tid] = true
-    rcall('ZREM', KEYS[1], tid)
-    local keys = task_keys(prefix, tid)
-    rcall('DEL', unpack(keys))
-    rcall('ZREM', KEYS[2], tid)
-    rcall('ZREM', KEYS[3], tid)
-    removed = removed + 1
-  end
+  rcall('ZREM', KEYS[1], tid)
+  rcall('DEL', unpack(task_keys(prefix, tid)))
+  rcall('ZREM', KEYS[2], tid)
+  rcall('ZREM', KEYS[3], tid)
 end
-return removed
+return #victims

@@ -49,8 +49,17 @@ if agg_again then
   return 1
 end
 if state == 'aggregating' then
-  -- its aggregation job, queued or running, no longer applies (finish_task checks the state)
+  -- its aggregation job, queued or running, no longer applies: the queued one leaves `wait` (the
+  -- retried shards enqueue a new one), the running one loses its lock, so that its result, read
+  -- before the retry, cannot end the task; its executor stops it at the next heartbeat
   rcall('HSET', tkey, 'state', 'running')
+  local aref = tid .. ':agg'
+  rcall('LREM', KEYS[2], 0, aref)
+  if rcall('HDEL', prefix .. 'active', aref) == 1 then
+    rcall('SREM', prefix .. 'stalled', aref)
+    rcall('HINCRBY', prefix .. 'meta', 'cancels', 1)
+  end
+  rcall('DEL', prefix .. 'shard:' .. aref)
 end
 for _, idx in ipairs(again) do
   rcall('SETBIT', tkey .. ':terminal', idx, 0)

@@ -1,0 +1,127 @@
+//! The controls of `shardctl_common::control` (cancel, retry, clean) at the script level, with the
+//! fake clock T0: the interleavings the CLI tests cannot time (a retry while the aggregation
+//! runs, a heartbeat after a cancellation) and the batches of `clean`.
+
+mod support;
+
+use std::time::Duration;
+
+use shardctl_common::control;
+use shardctl_common::model::TaskSpec;
+use shardctl_common::scripts;
+use shardctl_common::ScriptCode;
+use support::{Env, T0};
+
+/// A lease long enough never to expire during a test.
+const LONG_LOCK: u64 = 60_000;
+
+#[tokio::test]
+async fn a_retry_while_the_aggregation_runs_voids_that_aggregation() {
+    let mut env = Env::start("retry_agg_race").await;
+    let mut spec = TaskSpec::new("t", "noop", 3);
+    spec.attempts = 1;
+    env.dispatch(&spec, T0).await;
+    let c = env.claim("a", 0, 3, LONG_LOCK, T0).await.shards;
+    assert_eq!(c.len(), 3);
+    assert_eq!(env.complete(&c[0], "1", T0 + 1).await, Ok(1));
+    assert_eq!(env.complete(&c[1], "1", T0 + 1).await, Ok(1));
+    assert_eq!(env.fail(&c[2], 0, "boom", T0 + 1).await, Ok(1));
+    assert_eq!(env.field("t", "state").await.as_deref(), Some("aggregating"));
+    // the aggregation job runs (it read 2 done, 1 failed) ...
+    let stale = env.claim("b", 0, 1, LONG_LOCK, T0 + 2).await.shards.remove(0);
+    assert!(stale.shard_ref.is_aggregate());
+    // ... when the failed shard is retried, and completes at once
+    assert_eq!(control::retry(&mut env.con, &env.keys, "t", T0 + 3).await.unwrap(), 1);
+    assert_eq!(env.field("t", "state").await.as_deref(), Some("running"));
+    let again = env.claim("a", 1, 1, LONG_LOCK, T0 + 4).await.shards.remove(0);
+    assert_eq!(again.shard_ref.to_string(), "t:2");
+    assert_eq!(env.complete(&again, "1", T0 + 5).await, Ok(1));
+    assert_eq!(env.field("t", "state").await.as_deref(), Some("aggregating"));
+    // the stale aggregation may not end the task with what it read before the retry
+    let code = env.complete(&stale, r#"{"completed":2,"failed":1}"#, T0 + 6).await;
+    assert_eq!(code, Err(ScriptCode::LockMissing), "the aggregation started before the retry was counted");
+    assert_eq!(env.field("t", "state").await.as_deref(), Some("aggregating"));
+    let fresh = env.claim("b", 1, 1, LONG_LOCK, T0 + 7).await.shards;
+    assert_eq!(fresh.len(), 1, "the new aggregation job is claimable");
+    assert!(fresh[0].shard_ref.is_aggregate());
+    assert_eq!(env.complete(&fresh[0], r#"{"completed":3,"failed":0}"#, T0 + 8).await, Ok(1));
+    assert_eq!(env.field("t", "state").await.as_deref(), Some("completed"));
+    assert_eq!(env.field("t", "result").await.as_deref(), Some(r#"{"completed":3,"failed":0}"#));
+}
+
+#[tokio::test]
+async fn a_retry_before_the_aggregation_is_claimed_leaves_one_aggregation_job() {
+    let mut env = Env::start("retry_agg_queued").await;
+    let mut spec = TaskSpec::new("t", "noop", 2);
+    spec.attempts = 1;
+    env.dispatch(&spec, T0).await;
+    let c = env.claim("a", 0, 2, LONG_LOCK, T0).await.shards;
+    assert_eq!(env.complete(&c[0], "1", T0 + 1).await, Ok(1));
+    assert_eq!(env.fail(&c[1], 0, "boom", T0 + 1).await, Ok(1));
+    assert_eq!(env.wait_list().await, ["t:agg"]);
+    assert_eq!(control::retry(&mut env.con, &env.keys, "t", T0 + 2).await.unwrap(), 1);
+    assert_eq!(env.wait_list().await, ["t:1"], "the queued aggregation no longer applies");
+    let again = env.claim("a", 1, 2, LONG_LOCK, T0 + 3).await.shards;
+    assert_eq!(again.len(), 1);
+    assert_eq!(env.complete(&again[0], "1", T0 + 4).await, Ok(1));
+    assert_eq!(env.wait_list().await, ["t:agg"], "one aggregation job");
+    assert_eq!((env.count("t", "done").await, env.count("t", "failed").await), (2, 0));
+}
+
+#[tokio::test]
+async fn after_a_cancel_the_heartbeat_reports_exactly_the_cancelled_tasks_shards_lost() {
+    let mut env = Env::start("cancel_beat").await;
+    env.dispatch(&TaskSpec::new("x", "noop", 2), T0).await;
+    env.dispatch(&TaskSpec::new("y", "noop", 2), T0).await;
+    let held = env.claim("a", 0, 4, LONG_LOCK, T0).await.shards;
+    assert_eq!(held.len(), 4);
+    let pairs: Vec<(String, String)> = held.iter().map(|c| (c.shard_ref.to_string(), c.token.clone())).collect();
+    let beat = scripts::extend(&mut env.con, &env.keys, "a", LONG_LOCK, &pairs, false, "0").await.unwrap();
+    assert!(beat.lost.is_empty());
+    assert_eq!(control::cancel(&mut env.con, &env.keys, "x", T0 + 1).await.unwrap(), 2);
+    let beat = scripts::extend(&mut env.con, &env.keys, "a", LONG_LOCK, &pairs, false, &beat.cancels).await.unwrap();
+    let mut lost: Vec<&str> = beat.lost.iter().map(|&i| pairs[i].0.as_str()).collect();
+    lost.sort();
+    assert_eq!(lost, ["x:0", "x:1"]);
+    assert_eq!(beat.cancels, "1");
+    // the count seen: plain beats again, nothing lost
+    let beat = scripts::extend(&mut env.con, &env.keys, "a", LONG_LOCK, &pairs[..0], false, &beat.cancels).await;
+    assert!(beat.unwrap().lost.is_empty());
+    // y runs on and completes; x's holders are refused
+    let (x, y): (Vec<_>, Vec<_>) = held.iter().partition(|c| c.shard_ref.to_string().starts_with("x:"));
+    assert_eq!(env.complete(x[0], "1", T0 + 2).await, Err(ScriptCode::LockMissing));
+    for c in y {
+        assert_eq!(env.complete(c, "1", T0 + 2).await, Ok(1));
+    }
+    assert_eq!(env.field("x", "state").await.as_deref(), Some("cancelled"));
+    assert_eq!(env.field("y", "state").await.as_deref(), Some("aggregating"));
+}
+
+#[tokio::test]
+async fn clean_older_than_removes_every_ended_task_over_several_batches() {
+    let mut env = Env::start("clean_batches").await;
+    // 10 tasks with a short retention end first, then 250 kept forever
+    let mut ids = Vec::new();
+    for i in 0..260u64 {
+        let mut spec = TaskSpec::new(format!("t{i}"), "noop", 1);
+        spec.retain = if i < 10 { Some(Duration::from_secs(1)) } else { None };
+        env.dispatch(&spec, T0).await;
+        let c = env.claim("a", i * 2, 1, LONG_LOCK, T0 + i).await.shards.remove(0);
+        assert_eq!(env.complete(&c, "1", T0 + i).await, Ok(1));
+        let agg = env.claim("a", i * 2 + 1, 1, LONG_LOCK, T0 + i).await.shards.remove(0);
+        assert_eq!(env.complete(&agg, "{}", T0 + i).await, Ok(1));
+        ids.push(spec.id);
+    }
+    env.dispatch(&TaskSpec::new("live", "noop", 1), T0 + 300).await;
+    let finished: u64 = env.cmd(redis::cmd("ZCARD").arg(env.keys.finished())).await;
+    assert_eq!(finished, 260);
+    // the 10 expired ones are both in `expiring` and among the oldest of `finished`
+    let now = T0 + 5_000;
+    let removed = control::clean(&mut env.con, &env.keys, now, Some(Duration::ZERO)).await.unwrap();
+    assert_eq!(removed, 260, "every ended task goes, whatever the batches");
+    let finished: u64 = env.cmd(redis::cmd("ZCARD").arg(env.keys.finished())).await;
+    let index: Vec<String> = env.cmd(redis::cmd("ZRANGE").arg(env.keys.index()).arg(0).arg(-1)).await;
+    assert_eq!((finished, index), (0, vec!["live".to_owned()]));
+    let left: Vec<String> = env.cmd(redis::cmd("KEYS").arg(format!("{}task:t*", env.keys.prefix()))).await;
+    assert!(left.is_empty(), "{left:?}");
+}
