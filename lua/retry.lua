@@ -1,6 +1,6 @@
 --[[
   Runs a task's failed shards again: each failed shard loses its terminal bit and its reason,
-  gets a fresh set of attempts and goes back to `wait` (a routed task's to `reroute`, placed by
+  gets a fresh set of attempts (numbered on from the task's `attempts`) and goes back to `wait` (a routed task's to `reroute`, placed by
   the current ring); `failed` drops by as many and the task is `running` again, so aggregation
   follows once every shard is terminal. A task whose shards all completed but whose aggregation
   failed runs its aggregation again. A finished task stops expiring.
@@ -61,10 +61,16 @@ if state == 'aggregating' then
   end
   rcall('DEL', prefix .. 'shard:' .. aref)
 end
+-- fresh attempts: no failure counts against the shard; its attempt numbers go on past the
+-- task's attempts, so that a handler never sees the number of an attempt it already made (the
+-- `fail` kind decides by it) and the claim knows the shard has state
+local attempts = rcall('HGET', tkey, 'attempts') or '1'
 for _, idx in ipairs(again) do
+  local skey = prefix .. 'shard:' .. tid .. ':' .. idx
   rcall('SETBIT', tkey .. ':terminal', idx, 0)
-  rcall('DEL', prefix .. 'shard:' .. tid .. ':' .. idx)
+  rcall('DEL', skey)
   requeue(prefix, tid .. ':' .. idx, false)
+  rcall('HSET', skey, 'attempt', attempts)
 end
 call_chunked('HDEL', tkey .. ':errors', again)
 rcall('HINCRBY', tkey, 'failed', -#again)

@@ -328,6 +328,10 @@ fn retry_reruns_only_the_failed_shards_with_fresh_attempts_and_aggregation_follo
     let mut idx: Vec<&str> = again.iter().map(|l| l.split(' ').nth(1).unwrap()).collect();
     idx.sort();
     assert_eq!(idx, ["1", "1", "3", "3"], "only the failed shards ran again: {again:?}");
+    // numbered on, never an attempt number the handler already saw
+    let mut attempts: Vec<&str> = again.iter().map(|l| l.split(' ').nth(2).unwrap()).collect();
+    attempts.sort();
+    assert_eq!(attempts, ["3", "3", "4", "4"], "{again:?}");
     let s = status(&cli, "rt");
     assert_eq!(s["state"], "completed", "{s}");
     assert_eq!((s["done"].as_u64(), s["failed"].as_u64()), (Some(5), Some(0)), "{s}");
