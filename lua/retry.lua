@@ -2,8 +2,9 @@
   Runs a task's failed shards again: each failed shard loses its terminal bit and its reason,
   gets a fresh set of attempts (numbered on from the task's `attempts`) and goes back to `wait`
   (a routed task's to `reroute`, placed by the current ring); `failed` drops by as many and the
-  task is `running` again, so aggregation follows once every shard is terminal. A task whose shards all completed but whose aggregation
-  failed runs its aggregation again. A finished task stops expiring.
+  task is `running` again, so aggregation follows once every shard is terminal. A task whose
+  shards all completed but whose aggregation failed runs its aggregation again. A finished task
+  stops expiring.
 
   KEYS[1] task:<id>   hash
   KEYS[2] wait        list
