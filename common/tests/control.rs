@@ -2,6 +2,7 @@
 //! fake clock T0: the interleavings the CLI tests cannot time (a retry while the aggregation
 //! runs, a heartbeat after a cancellation) and the batches of `clean`.
 
+#[allow(dead_code)]
 mod support;
 
 use std::time::Duration;
