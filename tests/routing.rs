@@ -715,6 +715,8 @@ fn a_dispatch_cut_short_is_completed_by_running_it_again() {
         vec!["--strategy", "consistent-hash", "--shards", "61"],
         vec!["--strategy", "round-robin", "--shards", "60"],
         vec!["--strategy", "consistent-hash", "--shards", "60", "--items", "120"],
+        vec!["--strategy", "consistent-hash", "--shards", "60", "--payload", "{\"other\":1}"],
+        vec!["--strategy", "consistent-hash", "--shards", "60", "--attempts", "7"],
     ] {
         let mut args = vec!["dispatch", "--kind", "mine", "--task-id", id];
         args.extend(other.iter().copied());

@@ -70,7 +70,11 @@ pub async fn dispatch_any(
             let same = t.kind == spec.kind
                 && t.total == spec.shards
                 && t.items == spec.items
-                && t.strategy == spec.strategy.as_str();
+                && t.strategy == spec.strategy.as_str()
+                && t.payload == spec.payload
+                && t.attempts == spec.attempts
+                && t.vnodes == spec.vnodes
+                && t.has_keys == spec.has_keys;
             if !same || t.routed.is_none_or(|r| r >= t.total) {
                 return Err(Error::invalid(format!("a task with id '{}' already exists in this queue", spec.id)));
             }
