@@ -6,33 +6,34 @@
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisFuture, Value};
 
 use crate::error::{Error, Result};
+use crate::redis_url;
 
 /// How long a connection attempt may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long an ordinary command may take before it counts as failed.
 pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A Redis URL with its password replaced by `***`, safe for logs and errors.
-pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
-    let (auth, host) = match rest.rsplit_once('@') {
-        Some(p) => p,
-        None => return url.to_owned(),
-    };
-    match auth.split_once(':') {
-        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
-        None => format!("{scheme}://***@{host}"),
-    }
-}
+pub use crate::redis_url::redact;
 
 /// Where a queue's Redis is. Cheap to clone.
 #[derive(Clone)]
 pub struct Endpoint {
-    client: Client,
+    client: Target,
     redacted: String,
+}
+
+// a process holds a handful of endpoints: the size of the larger variant costs nothing
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone)]
+enum Target {
+    Single(Client),
+    // the seed nodes make the blocking connection's client, which has timeouts of its own
+    Cluster(ClusterClient, Vec<String>),
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -41,11 +42,28 @@ impl std::fmt::Debug for Endpoint {
     }
 }
 
-/// Opens an endpoint for `url` (nothing is sent yet).
+/// Opens an endpoint for `url`, one server or a `redis+cluster://` list of seed nodes (see
+/// [`crate::redis_url`]). Nothing is sent yet.
 pub fn open(url: &str) -> Result<Endpoint> {
     let redacted = redact(url);
-    let client = Client::open(url).map_err(|e| Error::invalid(format!("invalid redis URL '{redacted}': {e}")))?;
+    let invalid = |e: redis::RedisError| Error::invalid(format!("invalid redis URL '{redacted}': {e}"));
+    let client = match redis_url::parse(url)? {
+        redis_url::Target::Single(url) => Target::Single(Client::open(url).map_err(invalid)?),
+        redis_url::Target::Cluster(nodes) => {
+            Target::Cluster(cluster_client(nodes.clone(), RESPONSE_TIMEOUT).map_err(invalid)?, nodes)
+        }
+    };
     Ok(Endpoint { client, redacted })
+}
+
+fn cluster_client(nodes: Vec<String>, response_timeout: Duration) -> redis::RedisResult<ClusterClient> {
+    // the overall timeout bounds a call with its MOVED/ASK redirections and the retries while a
+    // failover elects a new master (a few seconds with cluster-node-timeout 5 s)
+    ClusterClient::builder(nodes)
+        .connection_timeout(CONNECT_TIMEOUT)
+        .response_timeout(response_timeout)
+        .overall_response_timeout(Some(response_timeout + Duration::from_secs(10)))
+        .build()
 }
 
 impl Endpoint {
@@ -54,37 +72,74 @@ impl Endpoint {
         &self.redacted
     }
 
-    /// Connects a manager that reconnects with backoff whenever the connection drops.
+    /// True for a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.client, Target::Cluster(..))
+    }
+
+    /// Connects a manager that reconnects with backoff whenever the connection drops. For a
+    /// cluster: a cluster connection, which reconnects by itself, follows MOVED/ASK and refreshes
+    /// its slot map after a resharding or a failover.
     pub async fn manager(&self) -> Result<Conn> {
-        let cfg = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(CONNECT_TIMEOUT))
-            .set_response_timeout(Some(RESPONSE_TIMEOUT))
-            .set_number_of_retries(3)
-            .set_max_delay(Duration::from_secs(2));
-        let m = self.client.get_connection_manager_with_config(cfg).await.map_err(|e| self.unreachable(e))?;
-        Ok(Conn::Managed(m))
+        match &self.client {
+            Target::Single(client) => {
+                let cfg = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                    .set_response_timeout(Some(RESPONSE_TIMEOUT))
+                    .set_number_of_retries(3)
+                    .set_max_delay(Duration::from_secs(2));
+                let m = client.get_connection_manager_with_config(cfg).await.map_err(|e| self.unreachable(e))?;
+                Ok(Conn::Managed(m))
+            }
+            Target::Cluster(client, _) => {
+                Ok(Conn::Cluster(client.get_async_connection().await.map_err(|e| self.unreachable(e))?))
+            }
+        }
     }
 
     /// A manager that connects on first use: a server down now still counts (Redlock's quorum).
+    /// Redlock wants independent servers, so a cluster is refused.
     pub fn lazy(&self) -> Result<Conn> {
-        let m = ConnectionManager::new_lazy_with_config(self.client.clone(), ConnectionManagerConfig::new())
+        let Target::Single(client) = &self.client else {
+            return Err(Error::invalid(format!(
+                "'{}' is a cluster; Redlock takes independent single servers",
+                self.redacted
+            )));
+        };
+        let m = ConnectionManager::new_lazy_with_config(client.clone(), ConnectionManagerConfig::new())
             .map_err(|e| self.unreachable(e))?;
         Ok(Conn::Managed(m))
     }
 
-    /// A connection of its own for a blocking command that waits up to `block`.
+    /// A connection of its own for a blocking command that waits up to `block`. For a cluster:
+    /// a cluster connection of its own (the blocking command goes to the node owning its keys),
+    /// so a wait never holds up the ordinary commands of the manager.
     pub async fn blocking(&self, block: Duration) -> Result<Conn> {
-        let cfg = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(CONNECT_TIMEOUT))
-            .set_response_timeout(Some(block + Duration::from_secs(5)));
-        let c =
-            self.client.get_multiplexed_async_connection_with_config(&cfg).await.map_err(|e| self.unreachable(e))?;
-        Ok(Conn::Plain(c))
+        let timeout = block + Duration::from_secs(5);
+        match &self.client {
+            Target::Single(client) => {
+                let cfg = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                    .set_response_timeout(Some(timeout));
+                let c =
+                    client.get_multiplexed_async_connection_with_config(&cfg).await.map_err(|e| self.unreachable(e))?;
+                Ok(Conn::Plain(c))
+            }
+            Target::Cluster(_, nodes) => {
+                let client = cluster_client(nodes.clone(), timeout).map_err(|e| self.unreachable(e))?;
+                let c = client.get_async_connection().await.map_err(|e| self.unreachable(e))?;
+                Ok(Conn::Cluster(c))
+            }
+        }
     }
 
     fn unreachable(&self, e: redis::RedisError) -> Error {
-        let addr = self.client.get_connection_info().addr().to_string();
-        Error::Unreachable(format!("cannot connect to redis at {addr}: {e}"))
+        let what = match &self.client {
+            Target::Single(client) => format!("redis at {}", client.get_connection_info().addr()),
+            Target::Cluster(..) => format!("redis cluster {}", self.redacted),
+        };
+        // a server's reply never holds the password; the URL is only ever shown redacted
+        Error::Unreachable(format!("cannot connect to {what}: {e}"))
     }
 }
 
@@ -95,6 +150,8 @@ pub enum Conn {
     Managed(ConnectionManager),
     /// One connection, for blocking waits.
     Plain(MultiplexedConnection),
+    /// A Redis Cluster: routes each command by its keys' slot, follows MOVED/ASK.
+    Cluster(ClusterConnection),
 }
 
 impl ConnectionLike for Conn {
@@ -102,6 +159,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Managed(c) => c.req_packed_command(cmd),
             Conn::Plain(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -114,6 +172,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Managed(c) => c.req_packed_commands(pipeline, offset, count),
             Conn::Plain(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -121,6 +180,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Managed(c) => c.get_db(),
             Conn::Plain(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
         }
     }
 }

@@ -41,7 +41,16 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::Redis(e) => {
-                e.is_io_error() || e.is_connection_dropped() || e.is_timeout() || e.is_connection_refusal()
+                use redis::ServerErrorKind as K;
+                e.is_io_error()
+                    || e.is_connection_dropped()
+                    || e.is_timeout()
+                    || e.is_connection_refusal()
+                    // a cluster in a failover: no master for the slot yet, or an old master demoted
+                    || matches!(
+                        e.kind(),
+                        redis::ErrorKind::Server(K::ClusterDown | K::TryAgain | K::MasterDown | K::ReadOnly)
+                    )
             }
             _ => false,
         }

@@ -14,7 +14,9 @@
 //! - [`ring`]: consistent hashing with virtual nodes, the static strategies, `ring simulate`.
 //! - [`split`]: balanced item ranges of shards.
 //! - [`backoff`]: retry delays (fixed or exponential, with jitter).
-//! - [`conn`]: connecting to Redis, a dedicated connection for blocking waits, redacted URLs.
+//! - [`conn`]: connecting to Redis (one server or a cluster), a dedicated connection for blocking
+//!   waits.
+//! - [`redis_url`]: single-server and `redis+cluster://` URLs, and their redacted form.
 //! - [`error`]: the error enum and the script error codes.
 //! - [`time`]: wall-clock milliseconds and duration parsing.
 //!
@@ -37,6 +39,7 @@ pub mod keys;
 pub mod limiter;
 pub mod lock;
 pub mod model;
+pub mod redis_url;
 pub mod ring;
 pub mod schedule;
 pub mod scripts;
