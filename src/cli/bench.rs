@@ -118,7 +118,8 @@ pub async fn run(args: &Args, a: &BenchArgs) -> anyhow::Result<ExitCode> {
     }
     let interrupted = CancellationToken::new();
     shardctl_executor::shutdown::cancel_on_signal(interrupted.clone());
-    let (_server, url) = RedisServer::unless_given(&args.redis)?;
+    let given = args.given_redis()?;
+    let (_server, url) = RedisServer::unless_given(&given)?;
     tokio::select! {
         r = bench(args, a, &selected, url) => r,
         _ = interrupted.cancelled() => bail!("interrupted"),
@@ -126,9 +127,16 @@ pub async fn run(args: &Args, a: &BenchArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn bench(args: &Args, a: &BenchArgs, selected: &[Scenario], url: String) -> anyhow::Result<ExitCode> {
+    let given = args.given_redis()?;
     let client = conn::open(&url)?;
+    if client.is_cluster() {
+        // INFO, FLUSHDB and CONFIG would reach one random node of a cluster
+        return Err(
+            shardctl_common::Error::invalid("the bench measures one redis-server: give a single-server URL").into()
+        );
+    }
     let mut con = client.manager().await?;
-    if args.redis.is_some() && stats::dbsize(&mut con).await? > 0 {
+    if given.is_some() && stats::dbsize(&mut con).await? > 0 {
         return Err(shardctl_common::Error::invalid(
             "the bench flushes its database between runs: point --redis at an empty database",
         )
@@ -155,7 +163,7 @@ async fn bench(args: &Args, a: &BenchArgs, selected: &[Scenario], url: String) -
         );
     }
     let measured = measure(a, selected, &mut ctx, &version, notes).await;
-    if let (Some(v), true) = (tracking, args.redis.is_some()) {
+    if let (Some(v), true) = (tracking, given.is_some()) {
         if let Err(e) = stats::set_latency_tracking(&mut restore, &v).await {
             eprintln!("could not restore latency-tracking {v}: {e:#}");
         }

@@ -36,7 +36,8 @@ pub async fn run(args: &Args, a: &DemoArgs) -> anyhow::Result<ExitCode> {
     // on SIGINT/SIGTERM stop waiting and shut everything down (the private server too)
     let interrupted = CancellationToken::new();
     shardctl_executor::shutdown::cancel_on_signal(interrupted.clone());
-    let (_server, url) = RedisServer::unless_given(&args.redis)?;
+    let given = args.given_redis()?;
+    let (_server, url) = RedisServer::unless_given(&given)?;
     let keys = Keys::new(&args.prefix, &args.queue);
     let client = conn::open(&url)?;
     let mut con = client.manager().await?;

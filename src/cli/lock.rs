@@ -64,7 +64,7 @@ pub async fn run(args: &Args, a: &LockArgs) -> anyhow::Result<ExitCode> {
         return Err(Error::invalid("--ttl must be at least 30ms").into());
     }
     let lock = if a.redlock.is_empty() {
-        let client = conn::open(args.redis_url())?;
+        let client = conn::open(&args.redis_url()?)?;
         Held::One(RedisLock::new(client.manager().await?, keys, a.ttl))
     } else {
         if a.redlock.len() < 3 {

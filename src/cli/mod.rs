@@ -34,9 +34,14 @@ pub const EXIT_TASK_CANCELLED: u8 = 4;
 #[derive(Debug, Parser)]
 #[command(name = "shardctl", version, about, propagate_version = true)]
 pub struct Args {
-    /// Redis URL.
+    /// Redis URL: `redis://[user:password@]host:port[/db]`, `rediss://…` for TLS, or a cluster
+    /// `redis+cluster://[user:password@]host:port,host:port` (`rediss+cluster://` for TLS).
     #[arg(long, global = true, env = "SHARDCTL_REDIS")]
     pub redis: Option<String>,
+    /// Read the Redis URL from this file (its first line), so a password stays out of the
+    /// process list; takes the place of `--redis`.
+    #[arg(long, global = true, value_name = "FILE", conflicts_with = "redis")]
+    pub redis_url_file: Option<std::path::PathBuf>,
     /// Queue name: executors serve one queue.
     #[arg(long, global = true, env = "SHARDCTL_QUEUE", default_value = "default", value_parser = queue_name)]
     pub queue: String,
@@ -54,8 +59,24 @@ pub struct Args {
 pub const DEFAULT_REDIS: &str = "redis://127.0.0.1:6379";
 
 impl Args {
-    fn redis_url(&self) -> &str {
-        self.redis.as_deref().unwrap_or(DEFAULT_REDIS)
+    /// The Redis URL given by `--redis` or `--redis-url-file`, if any. An unreadable or empty
+    /// file is bad usage (exit 2); the error names the file, never its content.
+    pub(crate) fn given_redis(&self) -> anyhow::Result<Option<String>> {
+        let Some(path) = &self.redis_url_file else { return Ok(self.redis.clone()) };
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            shardctl_common::Error::invalid(format!("cannot read --redis-url-file {}: {e}", path.display()))
+        })?;
+        match text.lines().next().map(str::trim).filter(|l| !l.is_empty()) {
+            Some(url) => Ok(Some(url.to_owned())),
+            None => Err(shardctl_common::Error::invalid(format!(
+                "--redis-url-file {} holds no URL on its first line",
+                path.display()
+            ))
+            .into()),
+        }
+    }
+    fn redis_url(&self) -> anyhow::Result<String> {
+        Ok(self.given_redis()?.unwrap_or_else(|| DEFAULT_REDIS.to_owned()))
     }
     fn keys(&self) -> Keys {
         Keys::new(&self.prefix, &self.queue)
@@ -172,7 +193,7 @@ pub fn task_id(id: &str) -> anyhow::Result<&str> {
 
 /// Connects a manager, with the URL (password hidden) in the error.
 pub async fn connect(args: &Args) -> anyhow::Result<(shardctl_common::conn::Endpoint, shardctl_common::conn::Conn)> {
-    let client = shardctl_common::conn::open(args.redis_url())?;
+    let client = shardctl_common::conn::open(&args.redis_url()?)?;
     let con = client.manager().await?;
     Ok((client, con))
 }
