@@ -2,7 +2,10 @@
 //! answers, and kills it on drop. Tests never touch a shared Redis on 6379.
 //!
 //! # Layout
-//! Everything is in this file: the guard, its restart (for outage tests) and port picking.
+//! - this file: [`TestRedis`], its restart (for outage tests), port and directory picking.
+//! - [`cluster`]: [`TestCluster`], a real 3-master Redis Cluster, and slot checks.
+//! - [`secure`]: [`SecureRedis`], a server behind a password, ACL users and optionally TLS (with
+//!   a throwaway CA made by `openssl`).
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -18,10 +21,27 @@ pub struct TestRedis {
     persistent: bool,
 }
 
+pub mod cluster;
+pub mod secure;
+
+pub use cluster::TestCluster;
+pub use secure::SecureRedis;
+
 static SEQ: AtomicU64 = AtomicU64::new(0);
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").expect("bind a free port").local_addr().unwrap().port()
+}
+
+/// A fresh directory for one server or cluster of this test process.
+fn temp_dir(what: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "shardctl-test-{what}-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
 }
 
 impl TestRedis {
@@ -36,12 +56,7 @@ impl TestRedis {
     }
 
     fn start_with(persistent: bool) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "shardctl-test-{}-{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).expect("temp dir");
+        let dir = temp_dir("redis");
         // a port picked free can be taken before redis binds it: try a few
         for _ in 0..5 {
             let mut r = TestRedis { child: None, port: free_port(), dir: dir.clone(), persistent };

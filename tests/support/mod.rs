@@ -95,22 +95,34 @@ pub fn shardctl(args: &[&str]) -> Out {
     Out { status, stdout, stderr }
 }
 
-/// One private redis-server and one queue on it.
-pub struct Cli {
+/// One private Redis (a redis-server by default, or a cluster, or a secured server) and one
+/// queue on it.
+pub struct Cli<R = TestRedis> {
     /// Killed on drop.
-    pub redis: TestRedis,
+    pub redis: R,
     /// The queue every command of this test uses.
     pub queue: String,
+    /// The `--redis` URL every command gets.
+    url: String,
 }
 
 impl Cli {
     /// Starts a server for a test; `queue` names the test's queue.
     pub fn start(queue: &str) -> Self {
-        Cli { redis: TestRedis::start(), queue: queue.to_owned() }
+        let redis = TestRedis::start();
+        Cli { url: redis.url(), redis, queue: queue.to_owned() }
+    }
+}
+
+impl<R> Cli<R> {
+    /// Commands of queue `queue` against `redis` reached at `url`.
+    #[allow(dead_code)] // tests/cli.rs runs on its own server; tests/cluster.rs and tests/auth.rs use it
+    pub fn on(redis: R, url: &str, queue: &str) -> Self {
+        Cli { redis, queue: queue.to_owned(), url: url.to_owned() }
     }
 
     fn global(&self) -> Vec<String> {
-        vec!["--redis".into(), self.redis.url(), "--queue".into(), self.queue.clone()]
+        vec!["--redis".into(), self.url.clone(), "--queue".into(), self.queue.clone()]
     }
 
     /// Runs `shardctl --redis URL --queue Q <args>`.
@@ -134,33 +146,6 @@ impl Cli {
         assert_eq!(out.code(), code, "shardctl {args:?}: {out:?}");
         serde_json::from_str(out.stdout.trim())
             .unwrap_or_else(|e| panic!("stdout of {args:?} is not JSON ({e}): {out:?}"))
-    }
-
-    /// A blocking connection to the test's server.
-    pub fn con(&self) -> redis::Connection {
-        self.redis.con()
-    }
-
-    /// The number of keys in the server.
-    pub fn dbsize(&self) -> i64 {
-        redis::cmd("DBSIZE").query(&mut self.con()).expect("DBSIZE")
-    }
-
-    /// The full name of key `suffix` of the test's queue (default prefix).
-    pub fn key(&self, suffix: &str) -> String {
-        format!("{{shardctl:{}}}:{suffix}", self.queue)
-    }
-
-    /// Runs `args`, expecting a rejection: exit `code`, `needle` in stderr, nothing on stdout and
-    /// no key written.
-    pub fn rejects(&self, args: &[&str], code: i32, needle: &str) -> Out {
-        let before = self.dbsize();
-        let out = self.run(args);
-        assert_eq!(out.code(), code, "shardctl {args:?}: {out:?}");
-        assert!(out.stderr.contains(needle), "shardctl {args:?}: stderr lacks {needle:?}: {out:?}");
-        assert!(out.stdout.trim().is_empty(), "shardctl {args:?}: a rejection printed on stdout: {out:?}");
-        assert_eq!(self.dbsize(), before, "shardctl {args:?} wrote to redis: {out:?}");
-        out
     }
 
     /// Starts `shardctl executor --node-id <node>` with short timings for tests, plus `extra`.
@@ -204,6 +189,35 @@ impl Cli {
     }
 }
 
+impl Cli {
+    /// A blocking connection to the test's server.
+    pub fn con(&self) -> redis::Connection {
+        self.redis.con()
+    }
+
+    /// The number of keys in the server.
+    pub fn dbsize(&self) -> i64 {
+        redis::cmd("DBSIZE").query(&mut self.con()).expect("DBSIZE")
+    }
+
+    /// The full name of key `suffix` of the test's queue (default prefix).
+    pub fn key(&self, suffix: &str) -> String {
+        format!("{{shardctl:{}}}:{suffix}", self.queue)
+    }
+
+    /// Runs `args`, expecting a rejection: exit `code`, `needle` in stderr, nothing on stdout and
+    /// no key written.
+    pub fn rejects(&self, args: &[&str], code: i32, needle: &str) -> Out {
+        let before = self.dbsize();
+        let out = self.run(args);
+        assert_eq!(out.code(), code, "shardctl {args:?}: {out:?}");
+        assert!(out.stderr.contains(needle), "shardctl {args:?}: stderr lacks {needle:?}: {out:?}");
+        assert!(out.stdout.trim().is_empty(), "shardctl {args:?}: a rejection printed on stdout: {out:?}");
+        assert_eq!(self.dbsize(), before, "shardctl {args:?} wrote to redis: {out:?}");
+        out
+    }
+}
+
 /// A running `shardctl executor` (or other long-running command), SIGKILLed on drop unless it
 /// already ended.
 pub struct Executor {
@@ -215,6 +229,13 @@ impl Executor {
     /// Its stderr so far (the logs), for assertion messages.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends SIGKILL and waits for the process to end: a crash, nothing released.
+    #[allow(dead_code)] // used by tests/cluster.rs
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// Sends SIGTERM and waits for the process to end.

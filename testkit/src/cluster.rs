@@ -1,0 +1,226 @@
+//! [`TestCluster`]: a real Redis Cluster of N masters (no replicas) on free ports, made with
+//! `redis-cli --cluster create`, ready when every node reports `cluster_state:ok` and knows every
+//! other; every node killed on drop. Also the checks the cluster tests need: which master owns a
+//! slot, a key's slot (`CLUSTER KEYSLOT`), every key of a node, and moving one slot to another
+//! master mid-run (the `MIGRATING`/`IMPORTING` protocol, so clients see ASK and then MOVED).
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::{free_port, temp_dir};
+
+/// A private Redis Cluster, killed on drop.
+pub struct TestCluster {
+    nodes: Vec<Node>,
+    dir: PathBuf,
+}
+
+struct Node {
+    child: Child,
+    port: u16,
+}
+
+impl TestCluster {
+    /// Starts `masters` redis-servers in cluster mode (at least 3, as `redis-cli --cluster
+    /// create` requires), joins them and waits until the cluster is ok on every node.
+    pub fn start(masters: usize) -> Self {
+        let dir = temp_dir("cluster");
+        let mut c = TestCluster { nodes: Vec::new(), dir };
+        for i in 0..masters {
+            let node = c.spawn(i);
+            c.nodes.push(node);
+        }
+        let mut create = Command::new("redis-cli");
+        create.arg("--cluster").arg("create");
+        for n in &c.nodes {
+            create.arg(format!("127.0.0.1:{}", n.port));
+        }
+        let out = create
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run redis-cli ({e}); install it: apt-get install -y redis-tools"));
+        assert!(out.status.success(), "redis-cli --cluster create failed: {}", String::from_utf8_lossy(&out.stdout));
+        c.wait_until_ok();
+        c
+    }
+
+    fn spawn(&self, i: usize) -> Node {
+        let dir = self.dir.join(format!("node{i}"));
+        std::fs::create_dir_all(&dir).expect("node dir");
+        // the bus port is chosen too: port + 10000 (the default) may be taken
+        for _ in 0..5 {
+            let (port, bus) = (free_port(), free_port());
+            let child = Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--cluster-port", &bus.to_string(), "--bind", "127.0.0.1"])
+                .args(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"])
+                .args(["--cluster-node-timeout", "2000", "--save", "", "--appendonly", "no"])
+                .args(["--dir", dir.to_str().unwrap(), "--logfile", "redis.log", "--protected-mode", "no"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| panic!("cannot start redis-server ({e})"));
+            let mut node = Node { child, port };
+            if wait_for_ping(&mut node) {
+                return node;
+            }
+            let _ = node.child.kill();
+            let _ = node.child.wait();
+        }
+        panic!("redis-server (cluster node {i}) did not start");
+    }
+
+    fn wait_until_ok(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let ok = self.nodes.iter().all(|n| {
+                let info: String =
+                    redis::cmd("CLUSTER").arg("INFO").query(&mut self.node_con(n.port)).unwrap_or_default();
+                info.contains("cluster_state:ok")
+                    && info.contains(&format!("cluster_known_nodes:{}", self.nodes.len()))
+                    && info.contains("cluster_slots_ok:16384")
+            });
+            if ok {
+                return;
+            }
+            assert!(Instant::now() < deadline, "the cluster did not become ok; logs:\n{}", self.logs());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The seed URL shardctl takes: `redis+cluster://127.0.0.1:p1,127.0.0.1:p2,…`.
+    pub fn url(&self) -> String {
+        let seeds: Vec<String> = self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        format!("redis+cluster://{}", seeds.join(","))
+    }
+
+    /// The masters' ports, in start order.
+    pub fn ports(&self) -> Vec<u16> {
+        self.nodes.iter().map(|n| n.port).collect()
+    }
+
+    /// A blocking connection to the node on `port` (no redirections followed).
+    pub fn node_con(&self, port: u16) -> redis::Connection {
+        redis::Client::open(format!("redis://127.0.0.1:{port}"))
+            .unwrap()
+            .get_connection_with_timeout(Duration::from_secs(2))
+            .expect("connect to a cluster node")
+    }
+
+    /// The slot of `key`, as the cluster computes it (`CLUSTER KEYSLOT`).
+    pub fn keyslot(&self, key: &str) -> u16 {
+        redis::cmd("CLUSTER").arg("KEYSLOT").arg(key).query(&mut self.node_con(self.nodes[0].port)).expect("KEYSLOT")
+    }
+
+    /// The port of the master that owns `slot`, as the first node sees it.
+    pub fn owner(&self, slot: u16) -> u16 {
+        let port = self.nodes[0].port;
+        // each range: [first, last, [ip, port, id, …], replicas…]
+        let ranges: Vec<Vec<redis::Value>> =
+            redis::cmd("CLUSTER").arg("SLOTS").query(&mut self.node_con(port)).expect("CLUSTER SLOTS");
+        for r in ranges {
+            let lo: u16 = redis::from_redis_value(r[0].clone()).expect("first slot");
+            let hi: u16 = redis::from_redis_value(r[1].clone()).expect("last slot");
+            if (lo..=hi).contains(&slot) {
+                let master: Vec<redis::Value> = redis::from_redis_value(r[2].clone()).expect("master");
+                return redis::from_redis_value(master[1].clone()).expect("master port");
+            }
+        }
+        panic!("slot {slot} has no owner")
+    }
+
+    /// Every key held by the node on `port`.
+    pub fn keys_on(&self, port: u16) -> Vec<String> {
+        redis::cmd("KEYS").arg("*").query(&mut self.node_con(port)).expect("KEYS")
+    }
+
+    fn node_id(&self, port: u16) -> String {
+        redis::cmd("CLUSTER").arg("MYID").query(&mut self.node_con(port)).expect("CLUSTER MYID")
+    }
+
+    /// Moves `slot` with its keys to the master on `to`, while clients keep using it: the
+    /// source answers ASK for keys already moved, then every node answers MOVED.
+    pub fn migrate_slot(&self, slot: u16, to: u16) {
+        let from = self.owner(slot);
+        if from == to {
+            return;
+        }
+        let (from_id, to_id) = (self.node_id(from), self.node_id(to));
+        let (mut src, mut dst) = (self.node_con(from), self.node_con(to));
+        let setslot = |con: &mut redis::Connection, state: &str, id: &str| {
+            let () = redis::cmd("CLUSTER").arg("SETSLOT").arg(slot).arg(state).arg(id).query(con).expect("SETSLOT");
+        };
+        setslot(&mut dst, "IMPORTING", &from_id);
+        setslot(&mut src, "MIGRATING", &to_id);
+        loop {
+            let keys: Vec<String> =
+                redis::cmd("CLUSTER").arg("GETKEYSINSLOT").arg(slot).arg(10).query(&mut src).expect("GETKEYSINSLOT");
+            if keys.is_empty() {
+                break;
+            }
+            let () = redis::cmd("MIGRATE")
+                .arg("127.0.0.1")
+                .arg(to)
+                .arg("")
+                .arg(0)
+                .arg(5000)
+                .arg("KEYS")
+                .arg(&keys)
+                .query(&mut src)
+                .expect("MIGRATE");
+        }
+        setslot(&mut dst, "NODE", &to_id);
+        setslot(&mut src, "NODE", &to_id);
+        for n in &self.nodes {
+            if n.port != from && n.port != to {
+                setslot(&mut self.node_con(n.port), "NODE", &to_id);
+            }
+        }
+    }
+
+    /// Every node's log, for panic messages.
+    pub fn logs(&self) -> String {
+        (0..self.nodes.len())
+            .map(|i| {
+                let log = std::fs::read_to_string(self.dir.join(format!("node{i}/redis.log"))).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(15).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                format!("--- node {i} ---\n{}", tail.join("\n"))
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+fn wait_for_ping(node: &mut Node) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let url = format!("redis://127.0.0.1:{}", node.port);
+    while Instant::now() < deadline {
+        if let Ok(mut con) =
+            redis::Client::open(url.as_str()).unwrap().get_connection_with_timeout(Duration::from_millis(200))
+        {
+            if redis::cmd("PING").query::<String>(&mut con).is_ok() {
+                return true;
+            }
+        }
+        if let Ok(Some(_)) = node.child.try_wait() {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- redis cluster logs ---\n{}", self.logs());
+        }
+        for n in &mut self.nodes {
+            let _ = n.child.kill();
+            let _ = n.child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

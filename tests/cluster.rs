@@ -1,0 +1,222 @@
+//! shardctl on a real Redis Cluster (issue 7): three masters started by the test
+//! (`shardctl_testkit::TestCluster`), real `shardctl executor` processes, exact results. Queues
+//! whose hash tags land on different masters run at the same time; every key a run leaves is read
+//! back from the nodes and must sit in its queue's one slot, on that slot's master; an executor
+//! SIGKILLed mid-run loses nothing and nothing is counted twice; a queue's slot moved to another
+//! master while its task runs (ASK, then MOVED) changes nothing in the result.
+//!
+//! Nothing here asserts an elapsed time: waits poll for a state under a hang guard.
+
+#[allow(dead_code)] // shared with tests/cli.rs, which uses all of it
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use shardctl_testkit::TestCluster;
+use support::{shardctl, Cli};
+
+/// How long a state may take to show before the test calls it hung (a guard, not a timing).
+const GUARD: Duration = Duration::from_secs(60);
+
+/// π(10⁶): 100 shards of 10,000 items.
+const PRIMES_BELOW_1E6: u64 = 78_498;
+/// π(4·10⁷): enough work (a few seconds in a debug build) that a crash finds shards in flight.
+const PRIMES_BELOW_4E7: u64 = 2_433_654;
+
+/// Short timings, as the crash tests use, and a stall count that repeated crashes never reach.
+const EXECUTOR_ARGS: &[&str] = &[
+    "--concurrency",
+    "2",
+    "--block-timeout",
+    "200ms",
+    "--grace",
+    "1s",
+    "--lock-duration",
+    "1s",
+    "--lock-renew",
+    "300ms",
+    "--stalled-interval",
+    "300ms",
+    "--max-stalled-count",
+    "1000",
+    "--member-heartbeat",
+    "200ms",
+    "--member-timeout",
+    "1s",
+];
+
+/// The hash tag of queue `q` under the default prefix, as `common::keys` builds it.
+fn tag(q: &str) -> String {
+    format!("{{shardctl:{q}}}")
+}
+
+/// One queue name per master: `<stem>-<n>` for the first n whose slot that master owns.
+fn queues_on_every_master(cluster: &TestCluster, stem: &str) -> BTreeMap<u16, String> {
+    let mut by_master = BTreeMap::new();
+    for n in 0..1000 {
+        let q = format!("{stem}-{n}");
+        by_master.entry(cluster.owner(cluster.keyslot(&tag(&q)))).or_insert(q);
+        if by_master.len() == cluster.ports().len() {
+            return by_master;
+        }
+    }
+    panic!("no queue names spread over every master");
+}
+
+/// Starts `shardctl executor --node-id <node>` with [`EXECUTOR_ARGS`].
+fn executor(cli: &Cli<&TestCluster>, node: &str) -> support::Executor {
+    cli.background(node, &[&["executor", "--node-id", node][..], EXECUTOR_ARGS].concat())
+}
+
+fn task_json(cli: &Cli<&TestCluster>, id: &str) -> Value {
+    cli.json(&["status", id, "--json"], 0)
+}
+
+fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + GUARD;
+    while !ok() {
+        assert!(Instant::now() < deadline, "hung waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Every key of queue `q` found on any node: (node port, key).
+fn keys_of(cluster: &TestCluster, q: &str) -> Vec<(u16, String)> {
+    let t = tag(q);
+    let mut out = Vec::new();
+    for port in cluster.ports() {
+        out.extend(cluster.keys_on(port).into_iter().filter(|k| k.starts_with(&t)).map(|k| (port, k)));
+    }
+    out
+}
+
+/// Asserts that every key of `q` is in the queue's slot, on the master that owns it; returns
+/// that master.
+fn assert_one_slot(cluster: &TestCluster, q: &str) -> u16 {
+    let slot = cluster.keyslot(&tag(q));
+    let owner = cluster.owner(slot);
+    let keys = keys_of(cluster, q);
+    assert!(keys.len() >= 5, "queue {q} left only {keys:?}");
+    for (port, k) in &keys {
+        assert_eq!(cluster.keyslot(k), slot, "key {k} of queue {q} is outside the queue's slot {slot}");
+        assert_eq!(*port, owner, "key {k} of queue {q} is on {port}, its slot's master is {owner}");
+    }
+    owner
+}
+
+#[test]
+fn queues_on_different_masters_run_at_once_and_keep_their_keys_in_one_slot() {
+    let cluster = TestCluster::start(3);
+    let queues = queues_on_every_master(&cluster, "spread");
+    let clis: Vec<Cli<&TestCluster>> = queues.values().map(|q| Cli::on(&cluster, &cluster.url(), q)).collect();
+    // one executor per queue, and a second on the first queue for the routed task's ring
+    let mut executors: Vec<_> = clis.iter().map(|c| executor(c, &format!("{}-a", c.queue))).collect();
+    executors.push(executor(&clis[0], "routed-b"));
+
+    // every queue gets a pull task at once; the first also a consistent-hash one
+    let runs: Vec<(usize, Value)> = std::thread::scope(|s| {
+        let mut handles = Vec::new();
+        for (i, cli) in clis.iter().enumerate() {
+            handles.push(s.spawn(move || {
+                let args = ["dispatch", "--shards", "100", "--items", "1000000", "--wait", "--json"];
+                (i, cli.json(&args, 0))
+            }));
+        }
+        let routed = s.spawn(|| {
+            let args = ["dispatch", "--shards", "30", "--items", "1000000", "--strategy", "consistent-hash"];
+            (0, clis[0].json(&[&args[..], &["--wait", "--json"]].concat(), 0))
+        });
+        handles.push(routed);
+        handles.into_iter().map(|h| h.join().expect("dispatch thread")).collect()
+    });
+    for (i, w) in &runs {
+        let total = w["total"].as_u64().unwrap();
+        assert_eq!(w["state"], "completed", "queue {}: {w}", clis[*i].queue);
+        assert_eq!((w["done"].as_u64(), w["failed"].as_u64()), (Some(total), Some(0)), "{w}");
+        assert_eq!(w["result"]["primes"], PRIMES_BELOW_1E6, "queue {}: {w}", clis[*i].queue);
+    }
+
+    // status (both forms), watch (XREAD BLOCK) and the event log work per queue
+    for cli in &clis {
+        let q = cli.json(&["status", "--json"], 0);
+        assert_eq!(q["queue"], cli.queue.as_str(), "{q}");
+        assert!(!q["nodes"].as_array().unwrap().is_empty(), "no live executor in status: {q}");
+        let id = runs.iter().find(|(i, _)| clis[*i].queue == cli.queue).unwrap().1["task_id"].as_str().unwrap();
+        assert_eq!(task_json(cli, id)["state"], "completed");
+        let out = cli.run(&["watch", "--from-start", "--count", "2", "--json"]);
+        assert_eq!(out.code(), 0, "{out:?}");
+        assert!(out.stdout.contains("task_dispatched"), "{out:?}");
+    }
+    for e in &mut executors {
+        e.terminate();
+    }
+
+    // every key left by the runs (tasks, results, index, events, nodes, markers, …) sits in its
+    // queue's slot on that slot's master, and the three queues live on three masters
+    let masters: BTreeSet<u16> = queues.values().map(|q| assert_one_slot(&cluster, q)).collect();
+    assert_eq!(masters.len(), 3, "queues {queues:?} did not spread over the masters");
+}
+
+#[test]
+fn an_executor_killed_mid_run_on_a_cluster_loses_nothing() {
+    let cluster = TestCluster::start(3);
+    let cli = Cli::on(&cluster, &cluster.url(), "crash");
+    let mut a = executor(&cli, "crash-a");
+    let mut b = executor(&cli, "crash-b");
+    let id = cli.ok(&["dispatch", "--shards", "400", "--items", "40000000"]).trim().to_owned();
+
+    wait_until("a tenth of the shards", || task_json(&cli, &id)["done"].as_u64().unwrap() >= 40);
+    a.kill();
+    let at_kill = task_json(&cli, &id);
+    assert!(at_kill["done"].as_u64().unwrap() < 400, "the task ended before the crash: {at_kill}");
+    let _c = executor(&cli, "crash-c");
+
+    let w = cli.json(&["wait", &id, "--json", "--timeout", "60s"], 0);
+    assert_eq!(w["state"], "completed", "{w}");
+    assert_eq!((w["done"].as_u64(), w["failed"].as_u64()), (Some(400), Some(0)), "counted once: {w}");
+    assert_eq!(w["result"]["primes"], PRIMES_BELOW_4E7, "{w}; log b:\n{}", b.log());
+    b.terminate();
+    assert_one_slot(&cluster, "crash");
+}
+
+#[test]
+fn a_queue_moved_to_another_master_mid_run_finishes_exactly() {
+    let cluster = TestCluster::start(3);
+    let cli = Cli::on(&cluster, &cluster.url(), "moved");
+    let slot = cluster.keyslot(&tag("moved"));
+    let from = cluster.owner(slot);
+    let to = *cluster.ports().iter().find(|&&p| p != from).unwrap();
+    let mut a = executor(&cli, "moved-a");
+    let id = cli.ok(&["dispatch", "--shards", "200", "--items", "40000000"]).trim().to_owned();
+
+    wait_until("the first shards", || task_json(&cli, &id)["done"].as_u64().unwrap() >= 10);
+    cluster.migrate_slot(slot, to);
+    assert_eq!(cluster.owner(slot), to);
+    let after = task_json(&cli, &id);
+    assert!(after["done"].as_u64().unwrap() < 200, "the task ended before the move did: {after}");
+
+    let w = cli.json(&["wait", &id, "--json", "--timeout", "60s"], 0);
+    assert_eq!((w["done"].as_u64(), w["failed"].as_u64()), (Some(200), Some(0)), "{w}; log:\n{}", a.log());
+    assert_eq!(w["result"]["primes"], PRIMES_BELOW_4E7, "{w}");
+    a.terminate();
+    assert_eq!(assert_one_slot(&cluster, "moved"), to);
+}
+
+#[test]
+fn bad_cluster_urls_are_clear_errors() {
+    for (url, code, needle) in [
+        ("redis+cluster://", 2, "no seed node"),
+        ("redis+cluster://app:hunter2@127.0.0.1", 2, "is not host:port"),
+        ("redis+cluster://127.0.0.1:1", 1, "cannot connect to redis cluster"),
+    ] {
+        let out = shardctl(&["--redis", url, "status"]);
+        assert_eq!(out.code(), code, "{url}: {out:?}");
+        assert!(out.stderr.contains(needle), "{url}: {out:?}");
+        assert!(!out.stderr.contains("hunter2"), "password shown: {out:?}");
+    }
+    // Redlock needs independent servers
+    let out = shardctl(&["lock", "n", "--redlock", "redis+cluster://a:1,redis://b:2,redis://c:3", "--", "true"]);
+    assert_eq!(out.code(), 2, "{out:?}");
+}
