@@ -149,6 +149,15 @@ fn queues_on_different_masters_run_at_once_and_keep_their_keys_in_one_slot() {
         assert_eq!(out.code(), 0, "{out:?}");
         assert!(out.stdout.contains("task_dispatched"), "{out:?}");
     }
+    // scripts are called by SHA: after SCRIPT FLUSH on every node, NOSCRIPT makes the client
+    // load them (SCRIPT LOAD goes to every master) and retry on the key's node
+    for port in cluster.ports() {
+        let () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut cluster.node_con(port)).expect("SCRIPT FLUSH");
+    }
+    for cli in &clis {
+        let w = cli.json(&["dispatch", "--shards", "4", "--items", "1000", "--wait", "--json"], 0);
+        assert_eq!(w["result"]["primes"], 168, "after SCRIPT FLUSH: {w}");
+    }
     for e in &mut executors {
         e.terminate();
     }

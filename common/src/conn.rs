@@ -135,7 +135,15 @@ impl Endpoint {
 
     fn unreachable(&self, e: redis::RedisError) -> Error {
         let what = match &self.client {
-            Target::Single(client) => format!("redis at {}", client.get_connection_info().addr()),
+            Target::Single(client) => {
+                let addr = client.get_connection_info().addr().to_string();
+                // with credentials, say whose (the password hidden): a wrong user is a common slip
+                if self.redacted.contains('@') {
+                    format!("redis at {addr} ({})", self.redacted)
+                } else {
+                    format!("redis at {addr}")
+                }
+            }
             Target::Cluster(..) => format!("redis cluster {}", self.redacted),
         };
         // a server's reply never holds the password; the URL is only ever shown redacted

@@ -60,11 +60,13 @@ pub fn command(args: &[&str]) -> Command {
 
 /// Runs the binary with `args` to its end.
 pub fn shardctl(args: &[&str]) -> Out {
-    let mut child = command(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {BIN}: {e}"));
+    run_to_end(command(args), args)
+}
+
+/// Runs `cmd` (the binary with `args`) to its end.
+fn run_to_end(mut cmd: Command, args: &[&str]) -> Out {
+    let mut child =
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap_or_else(|e| panic!("cannot run {BIN}: {e}"));
     let mut so = child.stdout.take().expect("piped stdout");
     let mut se = child.stderr.take().expect("piped stderr");
     let out = std::thread::spawn(move || {
@@ -104,13 +106,17 @@ pub struct Cli<R = TestRedis> {
     pub queue: String,
     /// The `--redis` URL every command gets.
     url: String,
+    /// Environment variables every command gets.
+    env: Vec<(String, String)>,
+    /// What replaces `--redis URL`, if anything.
+    redis_args: Option<Vec<String>>,
 }
 
 impl Cli {
     /// Starts a server for a test; `queue` names the test's queue.
     pub fn start(queue: &str) -> Self {
         let redis = TestRedis::start();
-        Cli { url: redis.url(), redis, queue: queue.to_owned() }
+        Cli { url: redis.url(), redis, queue: queue.to_owned(), env: Vec::new(), redis_args: None }
     }
 }
 
@@ -118,11 +124,33 @@ impl<R> Cli<R> {
     /// Commands of queue `queue` against `redis` reached at `url`.
     #[allow(dead_code)] // tests/cli.rs runs on its own server; tests/cluster.rs and tests/auth.rs use it
     pub fn on(redis: R, url: &str, queue: &str) -> Self {
-        Cli { redis, queue: queue.to_owned(), url: url.to_owned() }
+        Cli { redis, queue: queue.to_owned(), url: url.to_owned(), env: Vec::new(), redis_args: None }
+    }
+
+    /// Every command also gets `key=value` in its environment.
+    #[allow(dead_code)] // used by tests/auth.rs
+    pub fn with_env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// Replaces the global `--redis URL` by `args` (for example `--redis-url-file F`).
+    #[allow(dead_code)] // used by tests/auth.rs
+    pub fn with_redis_args(mut self, args: &[&str]) -> Self {
+        self.redis_args = Some(args.iter().map(|s| s.to_string()).collect());
+        self
     }
 
     fn global(&self) -> Vec<String> {
-        vec!["--redis".into(), self.url.clone(), "--queue".into(), self.queue.clone()]
+        let mut g = self.redis_args.clone().unwrap_or_else(|| vec!["--redis".into(), self.url.clone()]);
+        g.extend(["--queue".into(), self.queue.clone()]);
+        g
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut c = command(args);
+        c.envs(self.env.iter().map(|(k, v)| (k, v)));
+        c
     }
 
     /// Runs `shardctl --redis URL --queue Q <args>`.
@@ -130,7 +158,7 @@ impl<R> Cli<R> {
         let global = self.global();
         let mut all: Vec<&str> = global.iter().map(String::as_str).collect();
         all.extend_from_slice(args);
-        shardctl(&all)
+        run_to_end(self.command(&all), &all)
     }
 
     /// Runs `args`, expecting exit 0; returns stdout.
@@ -180,7 +208,8 @@ impl<R> Cli<R> {
         let file = File::create(&log).expect("log file");
         let mut all = self.global();
         all.extend(args.iter().map(|s| s.to_string()));
-        let child = command(&all.iter().map(String::as_str).collect::<Vec<_>>())
+        let child = self
+            .command(&all.iter().map(String::as_str).collect::<Vec<_>>())
             .stdout(Stdio::null())
             .stderr(Stdio::from(file))
             .spawn()
@@ -236,6 +265,12 @@ impl Executor {
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// The process id.
+    #[allow(dead_code)] // used by tests/auth.rs
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Sends SIGTERM and waits for the process to end.
