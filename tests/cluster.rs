@@ -149,6 +149,17 @@ fn queues_on_different_masters_run_at_once_and_keep_their_keys_in_one_slot() {
         assert_eq!(out.code(), 0, "{out:?}");
         assert!(out.stdout.contains("task_dispatched"), "{out:?}");
     }
+    // the other commands an operator runs, on the first queue's master
+    let cli = &clis[0];
+    let mut coordinator =
+        cli.background("coord", &["coordinator", "--metrics-addr", "127.0.0.1:0", "--refresh", "200ms"]);
+    for args in [&["pause"][..], &["resume"], &["config", "--events-maxlen", "500"], &["lock", "nightly", "--", "true"]]
+    {
+        cli.ok(args);
+    }
+    assert!(coordinator.terminate().success(), "coordinator: {}", coordinator.log());
+    assert!(!coordinator.log().contains("ERROR"), "coordinator: {}", coordinator.log());
+
     // scripts are called by SHA: after SCRIPT FLUSH on every node, NOSCRIPT makes the client
     // load them (SCRIPT LOAD goes to every master) and retry on the key's node
     for port in cluster.ports() {
