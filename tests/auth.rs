@@ -1,7 +1,8 @@
 //! Production Redis settings (issue 7): a redis-server behind a password with an ACL user holding
 //! exactly the minimal ACL of README "Production Redis", and the same over TLS with a throwaway CA
-//! (`shardctl_testkit::SecureRedis`). Real `shardctl` processes: executor, dispatch, status, wait,
-//! watch, pause/resume, config, coordinator. The password never shows in the process list, logs,
+//! (`shardctl_testkit::SecureRedis`). Real `shardctl` processes: executor, coordinator (firing a
+//! schedule), dispatch (pull, routed, delayed, failing), status, wait, watch, pause/resume, config,
+//! limit, cancel, retry, schedule, clean. The password never shows in the process list, logs,
 //! errors, metrics or `status`; bad credentials and unreadable URL files are clear errors.
 
 #[allow(dead_code)] // shared with tests/cli.rs, which uses all of it
@@ -19,10 +20,11 @@ use support::{shardctl, Cli};
 /// The rules of the minimal ACL user, exactly as README "Production Redis" gives them (the test
 /// below checks the README holds this line): the queue's keys under the default prefix, no
 /// channels, and only the commands shardctl sends or its scripts call.
-const MINIMAL_ACL: &str = "resetkeys ~{shardctl:* resetchannels -@all +evalsha +script|load +bzpopmin +xread \
-+xadd +bitfield +del +exists +get +getbit +hdel +hexists +hget +hgetall +hincrby +hlen +hmget +hscan +hset \
-+hsetnx +incr +llen +lpop +lpush +lrange +ltrim +pexpire +rpush +sadd +scard +set +setbit +smembers +srem +zadd \
-+zcard +zrange +zrangebyscore +zrem +zremrangebyscore +zrevrange +zscore";
+const MINIMAL_ACL: &str =
+    "resetkeys ~{shardctl:* resetchannels -@all +evalsha +script|load +multi +exec +bzpopmin +xread \
++xadd +bitfield +del +exists +get +getbit +hdel +hexists +hget +hgetall +hincrby +hlen +hmget +hmset +hscan +hset \
++hsetnx +hkeys +incr +llen +lpop +lpush +lrange +lrem +ltrim +pexpire +persist +rpush +sadd +scard +set +setbit \
++smembers +srem +time +zadd +zcard +zrange +zrangebyscore +zrem +zremrangebyscore +zrevrange +zscore";
 
 const ADMIN_PASSWORD: &str = "admin-Secret-1";
 const PASSWORD: &str = "app-Secret-7f3a";
@@ -69,6 +71,9 @@ fn run_everything(server: SecureRedis, env: Option<(&str, String)>) {
     if let Some((k, v)) = &env {
         cli = cli.with_env(k, v);
     }
+    // a schedule firing every second, and a rate limit every claim goes through
+    cli.ok(&["schedule", "add", "tick", "--cron", "* * * * * *", "--shards", "1", "--kind", "noop"]);
+    cli.ok(&["limit", "--max", "100000", "--per", "1s"]);
     let metrics = free_addr();
     let mut a = cli.executor("acl-a", &["--metrics-addr", &metrics, "--member-heartbeat", "200ms"]);
     let mut b = cli.executor("acl-b", &["--member-heartbeat", "200ms"]);
@@ -95,6 +100,21 @@ fn run_everything(server: SecureRedis, env: Option<(&str, String)>) {
     );
     assert_eq!(f["failed"].as_u64(), Some(2), "{f}");
 
+    let d = cli.json(&["dispatch", "--shards", "2", "--items", "100", "--delay", "200ms", "--wait", "--json"], 0);
+    assert_eq!(d["result"]["primes"], 25, "{d}");
+    let sleepy = cli.ok(&["dispatch", "--shards", "2", "--kind", "sleep", "--payload", r#"{"ms":20000}"#]);
+    let sleepy = sleepy.trim();
+    cli.ok(&["cancel", sleepy]);
+    assert_eq!(cli.run(&["wait", sleepy, "--json"]).code(), 4);
+    let failed = f["task_id"].as_str().unwrap();
+    cli.ok(&["retry", failed]);
+    assert_eq!(cli.run(&["wait", failed, "--json"]).code(), 3);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !coordinator.log().contains("schedule fired") {
+        assert!(Instant::now() < deadline, "the schedule never fired: {}", coordinator.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
     let mut shown = vec![
         cli.ok(&["status"]),
         cli.ok(&["status", "--json"]),
@@ -105,6 +125,10 @@ fn run_everything(server: SecureRedis, env: Option<(&str, String)>) {
         cli.ok(&["pause"]),
         cli.ok(&["resume"]),
         cli.ok(&["config", "--events-maxlen", "500"]),
+        cli.ok(&["limit"]),
+        cli.ok(&["schedule", "list"]),
+        cli.ok(&["schedule", "remove", "tick"]),
+        cli.ok(&["clean", "--older-than", "0s"]),
         scrape(&metrics),
         scrape(&coordinator_metrics),
     ];

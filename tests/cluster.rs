@@ -153,10 +153,18 @@ fn queues_on_different_masters_run_at_once_and_keep_their_keys_in_one_slot() {
     let cli = &clis[0];
     let mut coordinator =
         cli.background("coord", &["coordinator", "--metrics-addr", "127.0.0.1:0", "--refresh", "200ms"]);
+    cli.ok(&["schedule", "add", "tick", "--cron", "* * * * * *", "--shards", "1", "--kind", "noop"]);
     for args in [&["pause"][..], &["resume"], &["config", "--events-maxlen", "500"], &["lock", "nightly", "--", "true"]]
     {
         cli.ok(args);
     }
+    cli.ok(&["limit", "--max", "100000", "--per", "1s"]);
+    let sleepy = cli.ok(&["dispatch", "--shards", "2", "--kind", "sleep", "--payload", r#"{"ms":20000}"#]);
+    cli.ok(&["cancel", sleepy.trim()]);
+    assert_eq!(cli.run(&["wait", sleepy.trim(), "--json"]).code(), 4);
+    wait_until("a schedule fired", || coordinator.log().contains("schedule fired"));
+    cli.ok(&["schedule", "remove", "tick"]);
+    cli.ok(&["limit", "--off"]);
     assert!(coordinator.terminate().success(), "coordinator: {}", coordinator.log());
     assert!(!coordinator.log().contains("ERROR"), "coordinator: {}", coordinator.log());
 
