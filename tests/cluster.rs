@@ -3,7 +3,8 @@
 //! whose hash tags land on different masters run at the same time; every key a run leaves is read
 //! back from the nodes and must sit in its queue's one slot, on that slot's master; an executor
 //! SIGKILLed mid-run loses nothing and nothing is counted twice; a queue's slot moved to another
-//! master while its task runs (ASK, then MOVED) changes nothing in the result.
+//! master while its task runs (ASK, then MOVED), or its master killed so that a replica takes
+//! over (failover), changes nothing in the result.
 //!
 //! Nothing here asserts an elapsed time: waits poll for a state under a hang guard.
 
@@ -230,6 +231,36 @@ fn a_queue_moved_to_another_master_mid_run_finishes_exactly() {
     assert_eq!(w["result"]["primes"], PRIMES_BELOW_4E7, "{w}");
     a.terminate();
     assert_eq!(assert_one_slot(&cluster, "moved"), to);
+}
+
+#[test]
+fn a_queue_whose_master_dies_finishes_exactly_on_the_promoted_replica() {
+    let mut cluster = TestCluster::start_with_replicas(3, 1);
+    let cli = Cli::on(&cluster, &cluster.url(), "failover");
+    let slot = cluster.keyslot(&tag("failover"));
+    let mut a = executor(&cli, "failover-a");
+    let mut b = executor(&cli, "failover-b");
+    let id = cli.ok(&["dispatch", "--shards", "400", "--items", "40000000"]).trim().to_owned();
+    wait_until("the first shards", || task_json(&cli, &id)["done"].as_u64().unwrap() >= 10);
+    let before = task_json(&cli, &id);
+    assert!(before["done"].as_u64().unwrap() < 400, "the task ended before the failover: {before}");
+    drop(cli);
+
+    // the master dies with shards in flight; its replica is promoted (cluster-node-timeout 2 s)
+    let dead = cluster.kill_owner(slot);
+    let promoted = cluster.wait_for_failover(slot);
+    assert_ne!(promoted, dead);
+
+    // the executors carry on through the new master: writes the replica had not received are
+    // lost, so their shards run again, but every shard is counted once and the result is exact
+    let cli = Cli::on(&cluster, &cluster.url(), "failover");
+    let w = cli.json(&["wait", &id, "--json", "--timeout", "60s"], 0);
+    assert_eq!(w["state"], "completed", "{w}; log a:\n{}", a.log());
+    assert_eq!((w["done"].as_u64(), w["failed"].as_u64()), (Some(400), Some(0)), "counted once: {w}");
+    assert_eq!(w["result"]["primes"], PRIMES_BELOW_4E7, "{w}");
+    a.terminate();
+    b.terminate();
+    assert_eq!(assert_one_slot(&cluster, "failover"), promoted);
 }
 
 #[test]

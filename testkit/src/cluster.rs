@@ -1,8 +1,9 @@
 //! [`TestCluster`]: a real Redis Cluster of N masters (no replicas) on free ports, made with
 //! `redis-cli --cluster create`, ready when every node reports `cluster_state:ok` and knows every
-//! other; every node killed on drop. Also the checks the cluster tests need: which master owns a
+//! other (and replicas their masters); every node killed on drop. Also the checks the cluster tests need: which master owns a
 //! slot, a key's slot (`CLUSTER KEYSLOT`), every key of a node, and moving one slot to another
-//! master mid-run (the `MIGRATING`/`IMPORTING` protocol, so clients see ASK and then MOVED).
+//! master mid-run (the `MIGRATING`/`IMPORTING` protocol, so clients see ASK and then MOVED),
+//! and killing a master so that its replica takes over (failover).
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -13,21 +14,28 @@ use crate::{free_port, temp_dir};
 /// A private Redis Cluster, killed on drop.
 pub struct TestCluster {
     nodes: Vec<Node>,
+    masters: usize,
     dir: PathBuf,
 }
 
 struct Node {
     child: Child,
     port: u16,
+    alive: bool,
 }
 
 impl TestCluster {
     /// Starts `masters` redis-servers in cluster mode (at least 3, as `redis-cli --cluster
     /// create` requires), joins them and waits until the cluster is ok on every node.
     pub fn start(masters: usize) -> Self {
+        Self::start_with_replicas(masters, 0)
+    }
+
+    /// Like [`TestCluster::start`], with `replicas` replicas per master (for failover tests).
+    pub fn start_with_replicas(masters: usize, replicas: usize) -> Self {
         let dir = temp_dir("cluster");
-        let mut c = TestCluster { nodes: Vec::new(), dir };
-        for i in 0..masters {
+        let mut c = TestCluster { nodes: Vec::new(), masters, dir };
+        for i in 0..masters * (1 + replicas) {
             let node = c.spawn(i);
             c.nodes.push(node);
         }
@@ -37,7 +45,7 @@ impl TestCluster {
             create.arg(format!("127.0.0.1:{}", n.port));
         }
         let out = create
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdin(Stdio::null())
             .output()
             .unwrap_or_else(|e| panic!("cannot run redis-cli ({e}); install it: apt-get install -y redis-tools"));
@@ -61,7 +69,7 @@ impl TestCluster {
                 .stderr(Stdio::null())
                 .spawn()
                 .unwrap_or_else(|e| panic!("cannot start redis-server ({e})"));
-            let mut node = Node { child, port };
+            let mut node = Node { child, port, alive: true };
             if wait_for_ping(&mut node) {
                 return node;
             }
@@ -79,9 +87,19 @@ impl TestCluster {
                     redis::cmd("CLUSTER").arg("INFO").query(&mut self.node_con(n.port)).unwrap_or_default();
                 info.contains("cluster_state:ok")
                     && info.contains(&format!("cluster_known_nodes:{}", self.nodes.len()))
+                    && replicas_synced(&mut self.node_con(n.port))
                     && info.contains("cluster_slots_ok:16384")
             });
-            if ok {
+            let linked = self
+                .nodes
+                .iter()
+                .filter(|n| {
+                    let info: String =
+                        redis::cmd("INFO").arg("replication").query(&mut self.node_con(n.port)).unwrap_or_default();
+                    info.contains("role:slave") && info.contains("master_link_status:up")
+                })
+                .count();
+            if ok && linked == self.nodes.len() - self.masters {
                 return;
             }
             assert!(Instant::now() < deadline, "the cluster did not become ok; logs:\n{}", self.logs());
@@ -95,9 +113,47 @@ impl TestCluster {
         format!("redis+cluster://{}", seeds.join(","))
     }
 
-    /// The masters' ports, in start order.
+    /// The ports of the live masters, in start order.
     pub fn ports(&self) -> Vec<u16> {
-        self.nodes.iter().map(|n| n.port).collect()
+        self.nodes
+            .iter()
+            .filter(|n| n.alive)
+            .filter(|n| {
+                let info: String =
+                    redis::cmd("INFO").arg("replication").query(&mut self.node_con(n.port)).unwrap_or_default();
+                info.contains("role:master")
+            })
+            .map(|n| n.port)
+            .collect()
+    }
+
+    /// Kills (SIGKILL) the master that owns `slot`; returns its port.
+    pub fn kill_owner(&mut self, slot: u16) -> u16 {
+        let port = self.owner(slot);
+        let node = self.nodes.iter_mut().find(|n| n.port == port).expect("owner is a node");
+        let _ = node.child.kill();
+        let _ = node.child.wait();
+        node.alive = false;
+        port
+    }
+
+    /// Waits until a live node owns `slot` again (a replica was promoted) and the cluster is ok
+    /// on every live node; returns the new owner.
+    pub fn wait_for_failover(&self, slot: u16) -> u16 {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let live: Vec<u16> = self.nodes.iter().filter(|n| n.alive).map(|n| n.port).collect();
+            let owner = self.owner(slot);
+            let ok = live.iter().all(|&p| {
+                let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut self.node_con(p)).unwrap_or_default();
+                info.contains("cluster_state:ok")
+            });
+            if live.contains(&owner) && ok {
+                return owner;
+            }
+            assert!(Instant::now() < deadline, "no failover of slot {slot}; logs:\n{}", self.logs());
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// A blocking connection to the node on `port` (no redirections followed).
@@ -110,12 +166,13 @@ impl TestCluster {
 
     /// The slot of `key`, as the cluster computes it (`CLUSTER KEYSLOT`).
     pub fn keyslot(&self, key: &str) -> u16 {
-        redis::cmd("CLUSTER").arg("KEYSLOT").arg(key).query(&mut self.node_con(self.nodes[0].port)).expect("KEYSLOT")
+        let port = self.nodes.iter().find(|n| n.alive).expect("a live node").port;
+        redis::cmd("CLUSTER").arg("KEYSLOT").arg(key).query(&mut self.node_con(port)).expect("KEYSLOT")
     }
 
-    /// The port of the master that owns `slot`, as the first node sees it.
+    /// The port of the master that owns `slot`, as the first live node sees it.
     pub fn owner(&self, slot: u16) -> u16 {
-        let port = self.nodes[0].port;
+        let port = self.nodes.iter().find(|n| n.alive).expect("a live node").port;
         // each range: [first, last, [ip, port, id, …], replicas…]
         let ranges: Vec<Vec<redis::Value>> =
             redis::cmd("CLUSTER").arg("SLOTS").query(&mut self.node_con(port)).expect("CLUSTER SLOTS");
@@ -191,6 +248,18 @@ impl TestCluster {
             .collect::<Vec<_>>()
             .join("\n")
     }
+}
+
+/// A master sees all its replicas online, a replica has its link to the master up.
+fn replicas_synced(con: &mut redis::Connection) -> bool {
+    let info: String = redis::cmd("INFO").arg("replication").query(con).unwrap_or_default();
+    if info.contains("role:slave") {
+        return info.contains("master_link_status:up");
+    }
+    let want =
+        info.lines().find_map(|l| l.strip_prefix("connected_slaves:")).and_then(|v| v.trim().parse::<usize>().ok());
+    let online = info.lines().filter(|l| l.starts_with("slave") && l.contains("state=online")).count();
+    want == Some(online)
 }
 
 fn wait_for_ping(node: &mut Node) -> bool {
