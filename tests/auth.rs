@@ -136,6 +136,7 @@ fn run_everything(server: SecureRedis, env: Option<(&str, String)>) {
     a.terminate();
     b.terminate();
     coordinator.terminate();
+    assert!(a.log().contains("shardctl:***@127.0.0.1"), "the executor logs its redis redacted: {}", a.log());
     shown.extend([a.log(), b.log(), coordinator.log()]);
     for text in &shown {
         assert!(!text.contains(PASSWORD), "the password shows in: {text}");

@@ -1,7 +1,9 @@
 //! Connecting to Redis. An [`Endpoint`] is where a queue's Redis is (opened from a URL, nothing
 //! sent yet); a [`Conn`] is a connection to it: a manager that reconnects by itself for ordinary
 //! commands, or a dedicated connection for blocking waits whose response timeout outlasts the
-//! block. Every caller talks to a [`Conn`], so the kind of deployment behind it is decided here.
+//! block. Every caller talks to a [`Conn`], so the kind of deployment behind it is decided here:
+//! one server (plain or TLS, any ACL user) or a Redis Cluster, where a queue's keys share one slot
+//! and the cluster connection routes every command and script to that slot's master.
 
 use std::time::Duration;
 

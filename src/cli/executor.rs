@@ -97,6 +97,7 @@ pub async fn run(args: &Args, a: &ExecutorArgs) -> anyhow::Result<ExitCode> {
     membership::join(&mut con, &keys, &member, &mcfg).await?;
     let shutdown = CancellationToken::new();
     shardctl_executor::shutdown::cancel_on_signal(shutdown.clone());
+    let redis = client.redacted().to_owned();
     let executor = Executor::connect(client, keys.clone(), config, registry).await?;
     let stop = CancellationToken::new();
     let sweep_cfg = SweepConfig { interval: a.stalled_interval, max_stalled: a.max_stalled_count };
@@ -113,7 +114,7 @@ pub async fn run(args: &Args, a: &ExecutorArgs) -> anyhow::Result<ExitCode> {
             r
         })
     };
-    tracing::info!(node = %member.node, queue = %args.queue, "executor started");
+    tracing::info!(node = %member.node, queue = %args.queue, %redis, "executor started");
     let stats = executor.run(shutdown).await?;
     stop.cancel();
     let _ = sweeper.await;
