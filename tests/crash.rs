@@ -27,7 +27,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 use shardctl_common::keys::ACTIVE_PIN;
-use shardctl_testkit::TestRedis;
+use shardctl_testkit::{TestCluster, TestRedis};
 
 const SHARDS: u64 = 2000;
 /// 200,000 items a shard: a shard takes a few tens of milliseconds in a debug build, so that
@@ -75,11 +75,13 @@ struct Setup {
     /// `--strategy` of the dispatch; `None` leaves the default (pull).
     strategy: Option<&'static str>,
     extra_executor_args: &'static [&'static str],
+    /// Run on a 3-master Redis Cluster instead of one redis-server.
+    on_cluster: bool,
 }
 
 /// The pull rounds: the default strategy and the executor arguments alone.
 fn pull(test: &'static str) -> Setup {
-    Setup { test, strategy: None, extra_executor_args: &[] }
+    Setup { test, strategy: None, extra_executor_args: &[], on_cluster: false }
 }
 
 #[test]
@@ -100,8 +102,52 @@ fn crash_round_consistent_hash() {
             test: "crash_round_consistent_hash",
             strategy: Some("consistent-hash"),
             extra_executor_args: &["--member-heartbeat", "200ms", "--member-timeout", "1s"],
+            on_cluster: false,
         },
     );
+}
+
+/// The same round, unchanged, on a Redis Cluster: the monitor and the final checks read the
+/// master that owns the queue's slot.
+#[test]
+fn crash_round_on_a_cluster() {
+    crash_round(5, Setup { on_cluster: true, ..pull("crash_round_on_a_cluster") });
+}
+
+/// Where a round's queue lives: one redis-server, or the master of its slot in a cluster.
+enum Server {
+    Single(TestRedis),
+    Cluster(TestCluster),
+}
+
+impl Server {
+    /// The URL the executors get.
+    fn url(&self) -> String {
+        match self {
+            Server::Single(r) => r.url(),
+            Server::Cluster(c) => c.url(),
+        }
+    }
+    /// The port of the node holding `queue`.
+    fn port(&self, queue: &str) -> u16 {
+        match self {
+            Server::Single(r) => r.port(),
+            Server::Cluster(c) => c.owner(c.keyslot(&format!("{{shardctl:{queue}}}"))),
+        }
+    }
+    /// A connection to the node holding `queue`.
+    fn con(&self, queue: &str) -> redis::Connection {
+        match self {
+            Server::Single(r) => r.con(),
+            Server::Cluster(c) => c.node_con(self.port(queue)),
+        }
+    }
+    fn log(&self) -> String {
+        match self {
+            Server::Single(r) => r.log(),
+            Server::Cluster(c) => c.logs(),
+        }
+    }
 }
 
 struct XorShift(u64);
@@ -170,7 +216,7 @@ struct Cluster {
     unexpected_exits: Vec<String>,
     extra_executor_args: &'static [&'static str],
     // last: dropped after the children are gone
-    redis: TestRedis,
+    redis: Server,
 }
 
 fn signal(pid: u32, sig: &str) {
@@ -179,7 +225,7 @@ fn signal(pid: u32, sig: &str) {
 }
 
 impl Cluster {
-    fn new(round: u32) -> Self {
+    fn new(round: u32, on_cluster: bool) -> Self {
         let dir = std::env::temp_dir().join(format!("shardctl-crash-{}-{round}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("log dir");
@@ -190,7 +236,7 @@ impl Cluster {
             execs: Vec::new(),
             unexpected_exits: Vec::new(),
             extra_executor_args: &[],
-            redis: TestRedis::start(),
+            redis: if on_cluster { Server::Cluster(TestCluster::start(3)) } else { Server::Single(TestRedis::start()) },
         }
     }
 
@@ -518,13 +564,13 @@ fn crash_round(round: u32, setup: Setup) {
     let mut rng = XorShift::new(seed);
     let expected = EXPECTED;
 
-    let mut c = Cluster::new(round);
+    let mut c = Cluster::new(round, setup.on_cluster);
     c.extra_executor_args = setup.extra_executor_args;
-    let mut con = c.redis.con();
+    let mut con = c.redis.con(&c.queue);
     let task = format!("primes-{round}");
     let prefix = format!("{{shardctl:{}}}:", c.queue);
     let tkey = format!("{prefix}task:{task}");
-    let watch = monitor(c.redis.port(), &prefix, &task);
+    let watch = monitor(c.redis.port(&c.queue), &prefix, &task);
 
     for _ in 0..EXECUTORS {
         c.spawn();
@@ -813,7 +859,7 @@ impl ExecStats {
 #[test]
 fn completed_shards_are_not_reported_as_lost_locks() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut c = Cluster::new(3);
+    let mut c = Cluster::new(3, false);
     let node = "quiet-0".to_owned();
     let log = c.dir.join(format!("{node}.log"));
     let child = c
