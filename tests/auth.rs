@@ -188,7 +188,7 @@ fn bad_credentials_and_url_files_are_clear_errors() {
     // no password at all
     let out = shardctl(&["--redis", &format!("redis://127.0.0.1:{}", server.port()), "status"]);
     assert_eq!(out.code(), 1, "{out:?}");
-    // a user without the rights gets the server's refusal, not a crash
+    // an unreadable or empty URL file is bad usage: exit 2, the file named
     let missing = std::env::temp_dir().join(format!("shardctl-no-such-file-{}", std::process::id()));
     let out = shardctl(&["--redis-url-file", missing.to_str().unwrap(), "status"]);
     assert_eq!(out.code(), 2, "{out:?}");
@@ -200,4 +200,13 @@ fn bad_credentials_and_url_files_are_clear_errors() {
     let _ = std::fs::remove_file(empty);
     let out = shardctl(&["--redis", "redis://x:1", "--redis-url-file", "/dev/null", "status"]);
     assert_eq!(out.code(), 2, "both given: {out:?}");
+    assert!(out.stderr.contains("not both"), "{out:?}");
+    // the file overrides SHARDCTL_REDIS
+    let file = url_file(&server.url(Some("shardctl"), PASSWORD));
+    let out = support::command(&["--redis-url-file", file.to_str().unwrap(), "status"])
+        .env("SHARDCTL_REDIS", "redis://127.0.0.1:1")
+        .output()
+        .expect("run shardctl");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let _ = std::fs::remove_file(file);
 }

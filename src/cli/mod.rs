@@ -39,8 +39,8 @@ pub struct Args {
     #[arg(long, global = true, env = "SHARDCTL_REDIS")]
     pub redis: Option<String>,
     /// Read the Redis URL from this file (its first line), so a password stays out of the
-    /// process list; takes the place of `--redis`.
-    #[arg(long, global = true, value_name = "FILE", conflicts_with = "redis")]
+    /// process list; takes the place of `--redis` (and of SHARDCTL_REDIS).
+    #[arg(long, global = true, value_name = "FILE")]
     pub redis_url_file: Option<std::path::PathBuf>,
     /// Queue name: executors serve one queue.
     #[arg(long, global = true, env = "SHARDCTL_QUEUE", default_value = "default", value_parser = queue_name)]
@@ -63,6 +63,10 @@ impl Args {
     /// file is bad usage (exit 2); the error names the file, never its content.
     pub(crate) fn given_redis(&self) -> anyhow::Result<Option<String>> {
         let Some(path) = &self.redis_url_file else { return Ok(self.redis.clone()) };
+        // the file overrides SHARDCTL_REDIS, but both on the command line is a mistake
+        if self.redis.is_some() && self.redis != std::env::var("SHARDCTL_REDIS").ok() {
+            return Err(shardctl_common::Error::invalid("give --redis or --redis-url-file, not both").into());
+        }
         let text = std::fs::read_to_string(path).map_err(|e| {
             shardctl_common::Error::invalid(format!("cannot read --redis-url-file {}: {e}", path.display()))
         })?;
