@@ -3,8 +3,9 @@
   executors learn it at their next heartbeat, see extend.lua, and stop the handlers), and it
   ends `cancelled` without aggregation. Its refs waiting out a retry backoff leave `delayed` now;
   refs of it still queued in `wait`, node lists or `reroute` are dropped by the claim that meets
-  them (claim.lua try_ref). The per-shard state (`shard:<ref>`) of refs in `delayed`, `wait` and
-  `reroute` goes now: nothing else would remove it once the task is cleaned or expired.
+  them (claim.lua try_ref), which deletes their per-shard state (`shard:<ref>`) too; that of the
+  refs leaving `delayed` goes now. Nothing here is proportional to the queued work: only `active`
+  and `delayed` are read.
 
   KEYS[1] task:<id>   hash
   KEYS[2] active      hash    ref -> token
@@ -37,12 +38,6 @@ for _, ref in ipairs(rcall('ZRANGE', prefix .. 'delayed', 0, -1)) do
   if string.sub(ref, 1, #pre) == pre then gone[#gone + 1] = ref end
 end
 if #gone > 0 then call_chunked('ZREM', prefix .. 'delayed', gone) end
--- released or recovered refs carry state too; the refs themselves are left for claims to drop
-for _, list in ipairs({ 'wait', 'reroute' }) do
-  for _, ref in ipairs(rcall('LRANGE', prefix .. list, 0, -1)) do
-    if string.sub(ref, 1, #pre) == pre then gone[#gone + 1] = ref end
-  end
-end
 for i = 1, #gone do gone[i] = prefix .. 'shard:' .. gone[i] end
 for s = 1, #gone, 4000 do rcall('DEL', unpack(gone, s, math.min(s + 3999, #gone))) end
 rcall('HINCRBY', KEYS[3], 'cancels', 1)

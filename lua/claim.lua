@@ -3,7 +3,7 @@
   per claim call: a shard is never claimed twice by one call). Order: explicit refs (released and
   aggregation jobs at the front of `wait`, recovered and due retries at the back), then refs
   routed to this node, then fresh indexes from the runnable tasks' cursors. Refs whose task is
-  gone, cancelled or already terminal are dropped. The claim also renews the executor's lease.
+  gone, cancelled, not started or already terminal are dropped. The claim also renews the executor's lease.
 
   The queue-wide rate limit (`meta` limit_max, limit_per_ms; set by `shardctl limit`) is a
   sliding log in `limiter`: one entry per shard started, scored by Redis's own clock (TIME, in µs), so
@@ -76,12 +76,15 @@ local function try_ref(ref, lazy)
   local tid, idx = split_ref(ref)
   local tkey = prefix .. 'task:' .. (tid or '')
   local skey = prefix .. 'shard:' .. ref
-  local state = tid and rcall('HGET', tkey, 'state')
-  local ok = state and state ~= 'cancelled'
+  local t = tid and rcall('HMGET', tkey, 'state', 'total')
+  local state = t and t[1]
+  local ok = state and state ~= 'cancelled' and state ~= 'delayed'
   if ok and idx == 'agg' then
     ok = state == 'aggregating'
   elseif ok then
-    ok = rcall('GETBIT', tkey .. ':terminal', idx) == 0
+    -- an index past the total is a stale ref of an earlier task under the same id
+    local i = tonumber(idx)
+    ok = i ~= nil and i < tonumber(t[2]) and rcall('GETBIT', tkey .. ':terminal', idx) == 0
   end
   if not ok then
     rcall('DEL', skey)

@@ -11,7 +11,10 @@
   ARGV[3] cutoff_ms   remove tasks ended at or before this; -1: only expired ones
   ARGV[4] limit
 
-  Returns how many tasks were removed.
+  An entry of a task that is not ended (a later task under the same id, dispatched after the
+  earlier one's keys expired) is stale: it leaves the list and the task stays.
+
+  Returns { entries read, tasks removed }.
 ]]
 local prefix, now, cutoff, limit = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local victims, seen = {}, {}
@@ -30,10 +33,16 @@ if cutoff >= 0 and #victims < limit then
     end
   end
 end
+local removed = 0
 for _, tid in ipairs(victims) do
   rcall('ZREM', KEYS[1], tid)
-  rcall('DEL', unpack(task_keys(prefix, tid)))
   rcall('ZREM', KEYS[2], tid)
-  rcall('ZREM', KEYS[3], tid)
+  -- listed as ended but running: a later task under the same id (the entry is stale)
+  local state = rcall('HGET', prefix .. 'task:' .. tid, 'state')
+  if not state or state == 'completed' or state == 'failed' or state == 'cancelled' then
+    rcall('DEL', unpack(task_keys(prefix, tid)))
+    rcall('ZREM', KEYS[3], tid)
+    removed = removed + 1
+  end
 end
-return #victims
+return { #victims, removed }

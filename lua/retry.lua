@@ -42,6 +42,7 @@ if ended then
   for _, k in ipairs(task_keys(prefix, tid)) do rcall('PERSIST', k) end
 end
 if agg_again then
+  rcall('ZREM', prefix .. 'delayed', tid .. ':agg')
   rcall('DEL', prefix .. 'shard:' .. tid .. ':agg')
   rcall('HSET', tkey, 'state', 'aggregating', 'aggregating_ms', now)
   rcall('LPUSH', KEYS[2], tid .. ':agg')
@@ -56,6 +57,7 @@ if state == 'aggregating' then
   rcall('HSET', tkey, 'state', 'running')
   local aref = tid .. ':agg'
   rcall('LREM', KEYS[2], 0, aref)
+  rcall('ZREM', prefix .. 'delayed', aref)
   if rcall('HDEL', prefix .. 'active', aref) == 1 then
     rcall('SREM', prefix .. 'stalled', aref)
     rcall('HINCRBY', prefix .. 'meta', 'cancels', 1)

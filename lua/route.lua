@@ -12,11 +12,18 @@
   ARGV[3] from        first shard index of the chunk
   ARGV[4] node count  k, then k node ids, then one node number (1..k) per shard of the chunk
 
-  Returns the new `routed` value, or -3 (task missing), -6 (routed moved: read it again).
+  Returns the new `routed` value, or -3 (task missing), -6 (routed moved: read it again), -9
+  (task cancelled, or delayed: nothing to place now).
 ]]
 local prefix, tid, from, k = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local routed = rcall('HGET', KEYS[1], 'routed')
 if not routed then return -3 end
+-- a cancelled task places nothing more; a delayed one is placed once it starts
+local state = rcall('HGET', KEYS[1], 'state')
+if state == 'cancelled' or state == 'delayed' then
+  if state == 'cancelled' then rcall('ZREM', KEYS[2], tid) end
+  return -9
+end
 if tonumber(routed) ~= from then return -6 end
 local lists = {}
 for j = 1, k do lists[j] = {} end

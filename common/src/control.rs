@@ -78,7 +78,7 @@ pub async fn clean<C: ConnectionLike + Send>(
     let cutoff = older_than.map_or(-1, |d| now_ms.saturating_sub(d.as_millis() as u64) as i64);
     let mut removed = 0;
     loop {
-        let n: u64 = scripts()
+        let (listed, n): (u64, u64) = scripts()
             .clean
             .key(keys.finished())
             .key(keys.expiring())
@@ -90,7 +90,8 @@ pub async fn clean<C: ConnectionLike + Send>(
             .invoke_async(con)
             .await?;
         removed += n;
-        if n < CLEAN_BATCH {
+        // entries read, stale ones included: a short batch means none is left
+        if listed < CLEAN_BATCH {
             return Ok(removed);
         }
     }

@@ -3,12 +3,12 @@
 //! Five fields `minute hour day-of-month month day-of-week` (fires at second 0), or six with
 //! seconds first. Each field takes `*` (or `?`), numbers, ranges `a-b`, steps `*/n`, `a-b/n`,
 //! `a/n`, and lists of those; months `JAN`-`DEC`, weekdays `SUN`-`SAT` (0 or 7 is Sunday). When
-//! both day fields are restricted a day matches either (Vixie cron). `@yearly`, `@annually`,
+//! both day fields are restricted (neither starts with `*`) a day matches either (Vixie cron). `@yearly`, `@annually`,
 //! `@monthly`, `@weekly`, `@daily`, `@midnight` and `@hourly` stand for the usual expressions.
 //!
 //! Fire times are found in civil time of the zone: a time skipped by a daylight-saving jump
-//! fires at the first instant after the gap; a time repeated by a fall-back fires once, at its
-//! first occurrence.
+//! fires shifted by the gap (02:30 in a 02:00-03:00 gap fires at 03:30); a time repeated by a
+//! fall-back fires once, at its first occurrence.
 
 use std::fmt;
 use std::str::FromStr;
@@ -148,7 +148,7 @@ impl FromStr for Cron {
         if weekdays & (1 << 7) != 0 {
             weekdays = (weekdays | 1) & !(1 << 7);
         }
-        let restricted = |f: &str| f != "*" && f != "?";
+        let restricted = |f: &str| !f.starts_with('*') && !f.starts_with('?');
         Ok(Cron {
             seconds: SECOND.parse(expr, sec)?,
             minutes: MINUTE.parse(expr, rest[0])?,
@@ -217,20 +217,31 @@ impl Cron {
         None
     }
 
-    /// The last fire time at or before `now_ms` in `tz`, looking back at most about five years.
+    /// The last fire time at or before `now_ms` in `tz`, looking back at most about five years:
+    /// the mirror of [`Cron::next_after`], walking civil time backwards field by field.
     pub fn last_at_or_before(&self, now_ms: u64, tz: &TimeZone) -> Option<u64> {
-        const DAY_MS: u64 = 86_400_000;
-        // widen the look-back until it holds a fire time, then walk forward to the last one: the
-        // walk is short because the window that first holds one is the smallest that does
-        for back in [60_000, 3_600_000, DAY_MS, 32 * DAY_MS, 367 * DAY_MS, 5 * 367 * DAY_MS] {
-            let Some(mut t) = self.next_after(now_ms.saturating_sub(back + 1), tz) else { continue };
-            if t > now_ms {
-                continue;
-            }
-            while let Some(n) = self.next_after(t, tz).filter(|&n| n <= now_ms) {
-                t = n;
-            }
-            return Some(t);
+        let now = ts_ms(now_ms);
+        let mut dt = tz.to_datetime(now).with().subsec_nanosecond(0).build().ok()?;
+        let limit = dt.year() - 5;
+        let before = |d: DateTime| d.checked_sub(1.second()).ok();
+        while dt.year() >= limit {
+            dt = if !has(self.months, dt.month()) {
+                before(dt.first_of_month().start_of_day())?
+            } else if !self.day_matches(dt) {
+                before(dt.start_of_day())?
+            } else if !has(self.hours, dt.hour()) {
+                before(dt.with().minute(0).second(0).build().ok()?)?
+            } else if !has(self.minutes, dt.minute()) {
+                before(dt.with().second(0).build().ok()?)?
+            } else if !has(self.seconds, dt.second()) {
+                before(dt)?
+            } else {
+                let ts = tz.to_ambiguous_timestamp(dt).compatible().ok()?;
+                if ts <= now {
+                    return Some(ts.as_millisecond() as u64);
+                }
+                before(dt)?
+            };
         }
         None
     }
@@ -265,6 +276,8 @@ mod tests {
         assert_eq!(next("30 2 1,15 * *", "2026-12-01T03:00:00Z", "UTC"), "2026-12-15T02:30:00");
         // both day fields restricted: either matches (the 13th, or a Friday)
         assert_eq!(next("0 0 13 * 5", "2026-11-01T00:00:00Z", "UTC"), "2026-11-06T00:00:00");
+        // a day field starting with `*` is not a restriction: `*/2` and Monday means odd Mondays
+        assert_eq!(next("0 0 */2 * MON", "2026-11-30T00:00:01Z", "UTC"), "2026-12-07T00:00:00");
         // 7 is Sunday too
         assert_eq!(next("0 0 * * 7", "2026-11-30T00:00:00Z", "UTC"), "2026-12-06T00:00:00");
     }
@@ -292,6 +305,15 @@ mod tests {
         assert_eq!(c.last_at_or_before(at("2026-11-30T02:59:59Z"), &utc), Some(at("2026-11-29T03:00:00Z")));
         let every: Cron = "* * * * * *".parse().unwrap();
         assert_eq!(every.last_at_or_before(at("2026-11-30T03:00:07.300Z"), &utc), Some(at("2026-11-30T03:00:07Z")));
+        // a sparse expression: one step per skipped month or day, not per minute
+        let feb: Cron = "* * * 2 *".parse().unwrap();
+        assert_eq!(feb.last_at_or_before(at("2026-11-30T00:00:00Z"), &utc), Some(at("2026-02-28T23:59:00Z")));
+        let leap: Cron = "0 12 29 2 *".parse().unwrap();
+        assert_eq!(leap.last_at_or_before(at("2026-11-30T00:00:00Z"), &utc), Some(at("2024-02-29T12:00:00Z")));
+        // it agrees with next_after around a daylight-saving gap
+        let berlin = zone("Europe/Berlin").unwrap();
+        let c: Cron = "30 2 * * *".parse().unwrap();
+        assert_eq!(c.last_at_or_before(at("2026-03-29T12:00:00Z"), &berlin), Some(at("2026-03-29T01:30:00Z")));
         let yearly: Cron = "@yearly".parse().unwrap();
         assert_eq!(yearly.last_at_or_before(at("2026-11-30T00:00:00Z"), &utc), Some(at("2026-01-01T00:00:00Z")));
     }

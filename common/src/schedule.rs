@@ -129,6 +129,9 @@ pub enum Fired {
     Overlapping,
     /// The task id existed already (left alone).
     Exists,
+    /// The task was refused (its spec is outside this version's limits); the fire time counts
+    /// as handled.
+    Refused,
 }
 
 /// Checks a schedule name.
@@ -230,7 +233,8 @@ impl Schedule {
             .arg(self.overlap.as_str())
             .arg(&id)
             .arg(now_ms)
-            .arg(self.priority);
+            .arg(self.priority)
+            .arg(self.created_ms);
         for (f, v) in &self.fields {
             inv.arg(f).arg(v);
         }
@@ -242,6 +246,7 @@ impl Schedule {
             2 => Fired::Missed,
             3 => Fired::Overlapping,
             -4 => Fired::Exists,
+            -8 => Fired::Refused,
             c => return Err(Error::Protocol(format!("fire.lua returned {c}"))),
         })
     }
@@ -282,8 +287,14 @@ pub async fn list<C: ConnectionLike + Send>(
         redis::pipe().hgetall(keys.schedules()).hgetall(keys.schedule_state()).query_async(con).await?;
     let mut out = Vec::with_capacity(all.len());
     for (name, json) in all {
-        let s: Schedule = serde_json::from_str(&json)
-            .map_err(|e| Error::Protocol(format!("schedule '{name}' is not readable: {e}")))?;
+        // one unreadable schedule (written by another version) must not stop the others
+        let s: Schedule = match serde_json::from_str(&json) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(schedule = %name, "schedule not readable, left alone: {e}");
+                continue;
+            }
+        };
         let st = ScheduleState {
             last_fire_ms: state.get(&format!("{name}:last")).and_then(|v| v.parse().ok()),
             last_task: state.get(&format!("{name}:task")).cloned(),

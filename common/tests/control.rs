@@ -126,3 +126,86 @@ async fn clean_older_than_removes_every_ended_task_over_several_batches() {
     let left: Vec<String> = env.cmd(redis::cmd("KEYS").arg(format!("{}task:t*", env.keys.prefix()))).await;
     assert!(left.is_empty(), "{left:?}");
 }
+
+#[tokio::test]
+async fn stale_refs_of_a_cancelled_task_are_never_counted_by_a_new_task_under_its_id() {
+    let mut env = Env::start("reused_id").await;
+    let mut spec = TaskSpec::new("x", "noop", 8);
+    spec.retain = None;
+    env.dispatch(&spec, T0).await;
+    let c = env.claim("a", 0, 8, LONG_LOCK, T0).await.shards;
+    // shutdown released two of them to `wait`; then the task is cancelled and cleaned
+    assert_eq!(env.release(&c[5]).await, Ok(1));
+    assert_eq!(env.release(&c[6]).await, Ok(1));
+    control::cancel(&mut env.con, &env.keys, "x", T0 + 1).await.unwrap();
+    assert_eq!(control::clean(&mut env.con, &env.keys, T0 + 2, Some(Duration::ZERO)).await.unwrap(), 1);
+    assert_eq!(env.wait_list().await, ["x:6", "x:5"], "queued refs are left for claims to drop");
+    // the fixed task is dispatched again under the same id, with fewer shards
+    env.dispatch(&TaskSpec::new("x", "noop", 3), T0 + 3).await;
+    let got = env.claim("b", 0, 8, LONG_LOCK, T0 + 4).await.shards;
+    let refs: Vec<String> = got.iter().map(|c| c.shard_ref.to_string()).collect();
+    assert_eq!(refs, ["x:0", "x:1", "x:2"], "the stale refs past the new total are dropped");
+    for c in &got {
+        assert_eq!(env.complete(c, "1", T0 + 5).await, Ok(1));
+    }
+    assert_eq!((env.count("x", "done").await, env.count("x", "failed").await), (3, 0));
+    assert_eq!(env.wait_list().await, ["x:agg"], "aggregation once every shard of the new task ran");
+}
+
+#[tokio::test]
+async fn clean_leaves_a_new_task_under_an_id_whose_old_keys_expired() {
+    let mut env = Env::start("expired_id").await;
+    let mut spec = TaskSpec::new("y", "noop", 1);
+    spec.retain = Some(Duration::from_secs(60));
+    env.dispatch(&spec, T0).await;
+    let c = env.claim("a", 0, 1, LONG_LOCK, T0).await.shards;
+    assert_eq!(env.complete(&c[0], "1", T0 + 1).await, Ok(1));
+    let agg = env.claim("a", 1, 1, LONG_LOCK, T0 + 2).await.shards;
+    assert_eq!(env.complete(&agg[0], "1", T0 + 3).await, Ok(1));
+    assert_eq!(env.field("y", "state").await.as_deref(), Some("completed"));
+    // its keys expire (as their TTL would) before any clean ran, and the id is used again
+    for k in env.keys.task_keys("y") {
+        env.cmd::<()>(redis::cmd("DEL").arg(k)).await;
+    }
+    env.dispatch(&TaskSpec::new("y", "noop", 2), T0 + 4).await;
+    assert_eq!(control::clean(&mut env.con, &env.keys, T0 + 120_000, Some(Duration::ZERO)).await.unwrap(), 0);
+    assert_eq!(env.field("y", "state").await.as_deref(), Some("running"), "the running task must stay");
+    let index: Vec<String> = env.cmd(redis::cmd("ZRANGE").arg(env.keys.index()).arg(0).arg(-1)).await;
+    assert_eq!(index, ["y"]);
+}
+
+#[tokio::test]
+async fn a_retry_while_the_aggregation_waits_out_its_backoff_leaves_one_aggregation_job() {
+    let mut env = Env::start("retry_agg_delayed").await;
+    let mut spec = TaskSpec::new("z", "noop", 2);
+    spec.attempts = 2;
+    env.dispatch(&spec, T0).await;
+    let c = env.claim("a", 0, 2, LONG_LOCK, T0).await.shards;
+    assert_eq!(env.complete(&c[0], "1", T0 + 1).await, Ok(1));
+    assert_eq!(env.fail(&c[1], 0, "boom", T0 + 1).await, Ok(2));
+    let again = env.claim("a", 1, 1, LONG_LOCK, T0 + 2).await.shards;
+    assert_eq!(env.fail(&again[0], 0, "boom", T0 + 2).await, Ok(1), "failed for good");
+    let agg = env.claim("a", 2, 1, LONG_LOCK, T0 + 3).await.shards;
+    assert!(agg[0].shard_ref.is_aggregate());
+    assert_eq!(env.fail(&agg[0], 60_000, "agg down", T0 + 4).await, Ok(2), "the aggregation waits to retry");
+    assert_eq!(control::retry(&mut env.con, &env.keys, "z", T0 + 5).await.unwrap(), 1);
+    let shard = env.claim("b", 0, 4, LONG_LOCK, T0 + 6).await.shards;
+    assert_eq!(shard.len(), 1);
+    assert_eq!(env.complete(&shard[0], "1", T0 + 7).await, Ok(1));
+    // long past the old aggregation's backoff: one job only
+    let aggs = env.claim("b", 1, 4, LONG_LOCK, T0 + 120_000).await.shards;
+    let refs: Vec<String> = aggs.iter().map(|c| c.shard_ref.to_string()).collect();
+    assert_eq!(refs, ["z:agg"], "the aggregation is enqueued once");
+}
+
+#[tokio::test]
+async fn a_cancelled_routed_task_places_nothing_more() {
+    let mut env = Env::start("route_cancelled").await;
+    let spec = TaskSpec { strategy: shardctl_common::ring::Strategy::RoundRobin, ..TaskSpec::new("r", "noop", 4) };
+    env.dispatch(&spec, T0).await;
+    control::cancel(&mut env.con, &env.keys, "r", T0 + 1).await.unwrap();
+    let r = scripts::route(&mut env.con, &env.keys, "r", 0, &["n1", "n2", "n1", "n2"]).await;
+    assert!(matches!(r, Err(shardctl_common::Error::Script(ScriptCode::TaskEnded))), "{r:?}");
+    let listed: Vec<String> = env.cmd(redis::cmd("LRANGE").arg(env.keys.node_wait("n1")).arg(0).arg(-1)).await;
+    assert!(listed.is_empty(), "{listed:?}");
+}

@@ -172,3 +172,19 @@ async fn schedules_are_listed_replaced_and_removed() {
     let fired = s.fire(&mut con, &keys, T0 + MINUTE, true, T0 + MINUTE).await.unwrap();
     assert_eq!(fired, Fired::AlreadyHandled);
 }
+
+#[tokio::test]
+async fn a_coordinator_holding_a_replaced_definition_fires_nothing() {
+    let r = TestRedis::start();
+    let keys = Keys::new("t", "stale");
+    let mut con = manager(&r).await;
+    let old = every_minute("s", Overlap::Allow, Misfire::Skip);
+    schedule::add(&mut con, &keys, &old, false).await.unwrap();
+    // replaced after a coordinator read the old definition, before it fired
+    let mut new = schedule_of("s", "*/5 * * * *", Overlap::Allow, Misfire::Skip);
+    new.created_ms = T0 + 30_000;
+    schedule::add(&mut con, &keys, &new, true).await.unwrap();
+    assert_eq!(old.fire(&mut con, &keys, T0 + MINUTE, true, T0 + MINUTE).await.unwrap(), Fired::AlreadyHandled);
+    assert!(task_ids(&mut con, &keys).await.is_empty());
+    assert_eq!(new.fire(&mut con, &keys, T0 + 5 * MINUTE, true, T0 + 5 * MINUTE).await.unwrap(), Fired::Created);
+}

@@ -122,6 +122,8 @@ impl Router {
                 Ok(_) => placed += to - from,
                 // another router placed this chunk first: read the cursor again
                 Err(Error::Script(ScriptCode::RouteMoved | ScriptCode::TaskMissing)) => {}
+                // cancelled meanwhile, or not started yet
+                Err(Error::Script(ScriptCode::TaskEnded)) => return Ok(placed),
                 Err(e) => return Err(e),
             }
         }

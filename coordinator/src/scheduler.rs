@@ -26,6 +26,9 @@ pub async fn run(mut con: Conn, keys: Keys, stop: CancellationToken) {
                         Fired::Overlapping => {
                             tracing::info!(schedule = %name, task = %id, "previous run unfinished: skipped")
                         }
+                        Fired::Refused => {
+                            tracing::warn!(schedule = %name, task = %id, "task refused: spec out of limits")
+                        }
                         Fired::AlreadyHandled | Fired::Exists => {}
                     }
                 }

@@ -157,6 +157,8 @@ end
 -- Enqueues the aggregation job when this was the last shard. Returns 1 if counted, 0 if not.
 local function mark_terminal(prefix, tid, idx, field, suffix, value, now)
   local tkey = prefix .. 'task:' .. tid
+  -- an index past the total belongs to an earlier task under the same id: never counted
+  if idx >= tonumber(rcall('HGET', tkey, 'total') or '0') then return 0 end
   if rcall('SETBIT', tkey .. ':terminal', idx, 1) == 1 then return 0 end
   rcall('HINCRBY', tkey, field, 1)
   if value and value ~= '' then
@@ -224,6 +226,9 @@ local function create_task(prefix, tid, now, priority, start, fields)
   rcall('HSET', tkey, 'state', 'running', 'cursor', 0, 'done', 0, 'failed', 0, 'created_ms', now, unpack(fields))
   local seq = rcall('HINCRBY', prefix .. 'meta', 'seq', 1)
   rcall('HSET', tkey, 'seq', seq)
+  -- an earlier task under this id whose keys expired may still be listed as ended
+  rcall('ZREM', prefix .. 'expiring', tid)
+  rcall('ZREM', prefix .. 'finished', tid)
   rcall('ZADD', prefix .. 'index', now, tid)
   rcall('ZADD', prefix .. 'running', now, tid)
   local pull = rcall('HGET', tkey, 'strategy') == 'pull'

@@ -61,7 +61,7 @@ pub async fn run(args: &Args, a: &DispatchArgs) -> anyhow::Result<ExitCode> {
     }
     let (_, mut con) = connect(args).await?;
     let d = dispatch_any(&mut con, &args.keys(), &spec, shard_keys.as_deref(), a.member_timeout).await?;
-    if spec.start_ms.is_some() {
+    if a.delay.is_some_and(|d| !d.is_zero()) {
         eprintln!(
             "delayed: nothing of it is claimable for {}",
             humantime::format_duration(a.delay.unwrap_or_default())

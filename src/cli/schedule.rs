@@ -112,7 +112,7 @@ async fn run_list(args: &Args, json: bool) -> anyhow::Result<ExitCode> {
     for (s, st) in &all {
         let field = |f: &str| s.fields.iter().find(|(k, _)| k == f).map_or("?", |(_, v)| v.as_str()).to_owned();
         println!(
-            "{}  '{}' {}  {} × {} shards  overlap {}, misfire {}  next {}  last {}",
+            "{}  '{}' {}  {} × {} shards  overlap {}, misfire {}  next {}  last {} ({})",
             s.name,
             s.cron,
             s.tz,
@@ -121,7 +121,8 @@ async fn run_list(args: &Args, json: bool) -> anyhow::Result<ExitCode> {
             s.overlap.as_str(),
             s.misfire.as_str(),
             st.next_fire_ms.map_or_else(|| "never".to_owned(), |t| show(t, &s.tz)),
-            st.last_task.as_deref().unwrap_or("-"),
+            st.last_fire_ms.map_or_else(|| "-".to_owned(), |t| show(t, &s.tz)),
+            st.last_task.as_deref().unwrap_or("no task"),
         );
     }
     Ok(ExitCode::SUCCESS)
