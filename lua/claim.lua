@@ -6,8 +6,9 @@
   gone, cancelled, not started or already terminal are dropped. The claim also renews the executor's lease.
 
   The queue-wide rate limit (`meta` limit_max, limit_per_ms; set by `shardctl limit`) is a
-  sliding log in `limiter`: one entry per shard started, scored by Redis's own clock (TIME, in µs), so
-  that executors with skewed clocks share one window. In no window of limit_per_ms do more than
+  sliding log in `limiter`: one entry `<token>|<k>` per claim call that started k shards, scored
+  by Redis's own clock (TIME, in µs), so that executors with skewed clocks share one window;
+  `meta` limit_used is the sum of k over the log. In no window of limit_per_ms do more than
   limit_max shards start; when the window is full the claim returns the exact time it frees.
 
   KEYS[1] wait          list    explicit refs ready now
@@ -18,7 +19,7 @@
   KEYS[6] node:<n>:wait list    refs routed to this executor's node
   KEYS[7] rebalancing   string  while set, node lists are being re-placed: leave them alone
   KEYS[8] lease:<inst>  string  this executor's lease
-  KEYS[9] limiter       zset    start times in the rate limit's window
+  KEYS[9] limiter       zset    claim calls in the rate limit's window, by start time (µs)
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] now_ms
   ARGV[3] count       shards wanted (> 0)
@@ -32,7 +33,7 @@
 ]]
 local prefix, now, count, lock_ms, token = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
 
-local m = rcall('HMGET', KEYS[5], 'paused', 'limit_max', 'limit_per_ms')
+local m = rcall('HMGET', KEYS[5], 'paused', 'limit_max', 'limit_per_ms', 'limit_used')
 if m[1] == '1' then return { -2, 0 } end
 
 -- due retries become explicit refs (routed ones go back to their node's list), due tasks start
@@ -44,8 +45,20 @@ if limit_max > 0 then
   local per = tonumber(m[3]) * 1000
   local t = rcall('TIME')
   rnow = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  rcall('ZREMRANGEBYSCORE', KEYS[9], '-inf', rnow - per)
-  local free = limit_max - rcall('ZCARD', KEYS[9])
+  local used = tonumber(m[4] or '0')
+  local old = rcall('ZRANGEBYSCORE', KEYS[9], '-inf', rnow - per)
+  if #old > 0 then
+    local gone = 0
+    for _, e in ipairs(old) do gone = gone + tonumber(string.match(e, '|(%d+)$') or '0') end
+    rcall('ZREMRANGEBYSCORE', KEYS[9], '-inf', rnow - per)
+    used = rcall('HINCRBY', KEYS[5], 'limit_used', -gone)
+  end
+  if used ~= 0 and rcall('EXISTS', KEYS[9]) == 0 then
+    -- the log is empty (removed by hand, or by `limit --off` racing this claim): so is the window
+    used = 0
+    rcall('HDEL', KEYS[5], 'limit_used')
+  end
+  local free = limit_max - used
   if free <= 0 then
     local oldest = rcall('ZRANGE', KEYS[9], 0, 0, 'WITHSCORES')
     -- when the oldest start leaves the window, in the caller's clock (ms, rounded up)
@@ -138,12 +151,8 @@ if n > 0 then
   call_chunked('HSET', KEYS[4], held)
   if rcall('SET', KEYS[8], 1, 'PX', lock_ms, 'GET') == false then out[2] = 1 end
   if limit_max > 0 then
-    local log = {}
-    for i = 1, n do
-      log[#log + 1] = rnow
-      log[#log + 1] = token .. ':' .. i
-    end
-    call_chunked('ZADD', KEYS[9], log)
+    rcall('ZADD', KEYS[9], rnow, token .. '|' .. n)
+    rcall('HINCRBY', KEYS[5], 'limit_used', n)
   end
   -- pass the wake-up on to the next blocked executor while work remains
   if rcall('LLEN', KEYS[1]) > 0 or rcall('ZCARD', KEYS[2]) > 0 then wake(prefix) end

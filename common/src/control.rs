@@ -125,7 +125,7 @@ pub async fn set_limit<C: ConnectionLike + Send + Sync>(
                 .await?;
         }
         None => {
-            let () = con.hdel(keys.meta(), &["limit_max", "limit_per_ms"]).await?;
+            let () = con.hdel(keys.meta(), &["limit_max", "limit_per_ms", "limit_used"]).await?;
             let () = con.del(keys.limiter()).await?;
         }
     }

@@ -155,7 +155,8 @@ impl Keys {
     pub fn expiring(&self) -> String {
         self.key("expiring")
     }
-    /// Zset: the queue-wide rate limit's log, one entry per shard started → Redis time (µs).
+    /// Zset: the queue-wide rate limit's log, one entry `<token>|<k>` per claim call that started
+    /// k shards → Redis time (µs); `meta.limit_used` is the sum of k.
     pub fn limiter(&self) -> String {
         self.key("limiter")
     }

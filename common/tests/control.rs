@@ -209,3 +209,26 @@ async fn a_cancelled_routed_task_places_nothing_more() {
     let listed: Vec<String> = env.cmd(redis::cmd("LRANGE").arg(env.keys.node_wait("n1")).arg(0).arg(-1)).await;
     assert!(listed.is_empty(), "{listed:?}");
 }
+
+#[tokio::test]
+async fn the_rate_limit_logs_one_entry_per_claim_call_and_hands_out_exactly_the_rest() {
+    let mut env = Env::start("limit_log").await;
+    env.dispatch(&TaskSpec::new("t", "noop", 100), T0).await;
+    let limit = control::RateLimit { max: 10, per: Duration::from_secs(60) };
+    control::set_limit(&mut env.con, &env.keys, Some(limit)).await.unwrap();
+    let mut got = Vec::new();
+    for seq in 0..3 {
+        got.push(env.claim("a", seq, 4, LONG_LOCK, T0).await.shards.len());
+    }
+    assert_eq!(got, [4, 4, 2], "ten starts in the window, then none");
+    let full = env.claim("a", 3, 4, LONG_LOCK, T0).await;
+    assert!(full.shards.is_empty());
+    let wait = full.next_due_ms.expect("the time the window frees") - T0;
+    assert!((59_000..=60_001).contains(&wait), "the oldest start leaves the window in about 60 s: {wait} ms");
+    let log: Vec<String> = env.cmd(redis::cmd("ZRANGE").arg(env.keys.limiter()).arg(0).arg(-1)).await;
+    assert_eq!(log.len(), 3, "one entry per claim call, not per shard: {log:?}");
+    assert_eq!(env.cmd::<Option<u64>>(redis::cmd("HGET").arg(env.keys.meta()).arg("limit_used")).await, Some(10));
+    control::set_limit(&mut env.con, &env.keys, None).await.unwrap();
+    assert_eq!(env.claim("a", 4, 4, LONG_LOCK, T0).await.shards.len(), 4, "no limit any more");
+    assert_eq!(env.cmd::<u64>(redis::cmd("EXISTS").arg(env.keys.limiter())).await, 0);
+}
