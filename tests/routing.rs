@@ -143,6 +143,8 @@ struct Env {
     dir: PathBuf,
     /// What the shard handler sleeps, in seconds (`sleep` argument).
     sleep: &'static str,
+    /// The executors' `--member-heartbeat` and `--member-timeout`.
+    membership: [&'static str; 2],
     redis: TestRedis,
 }
 
@@ -151,7 +153,14 @@ impl Env {
         let dir = std::env::temp_dir().join(format!("shardctl-routing-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("test dir");
-        Env { nodes: Vec::new(), queue: format!("routing-{name}"), dir, sleep, redis: TestRedis::start() }
+        Env {
+            nodes: Vec::new(),
+            queue: format!("routing-{name}"),
+            dir,
+            sleep,
+            membership: ["200ms", "1s"],
+            redis: TestRedis::start(),
+        }
     }
 
     fn global(&self) -> Vec<String> {
@@ -206,9 +215,9 @@ impl Env {
                 "--node-id",
                 id,
                 "--member-heartbeat",
-                "200ms",
+                self.membership[0],
                 "--member-timeout",
-                "1s",
+                self.membership[1],
                 "--lock-duration",
                 "1s",
                 "--stalled-interval",
@@ -986,6 +995,42 @@ fn a_retried_routed_shard_runs_on_its_owner_again() {
         })
         .collect();
     assert!(elsewhere.is_empty(), "{} of {} runs off their owner: {elsewhere:?}", elsewhere.len(), runs.len());
+}
+
+/// Routed work that becomes claimable between two membership heartbeats (a delayed task that
+/// starts, failed shards retried) is placed at once: the script leaves a `route` marker and the
+/// idle executor that pops it rebalances. The heartbeat here is 30 s and each wait gives up
+/// after 15 s, so only that wake-up lets them complete.
+#[test]
+fn routed_work_that_becomes_claimable_is_placed_without_waiting_for_a_heartbeat() {
+    let _s = serial();
+    let mut env = Env::start("route-wake", "0.01");
+    env.membership = ["30s", "90s"];
+    for n in ["a", "b"] {
+        env.node(n);
+    }
+    env.wait_members(&["a", "b"]);
+    // a heartbeat passes before the first claim: let the startup rebalances settle
+    std::thread::sleep(Duration::from_millis(300));
+
+    env.dispatch(&["--strategy", "consistent-hash", "--shards", "12", "--task-id", "later", "--delay", "1s"]);
+    assert_eq!(env.task_field("later", "state").as_deref(), Some("delayed"));
+    let out = env.run(&["wait", "later", "--timeout", "15s", "--json"]);
+    assert_eq!(out.code(), 0, "a delayed routed task is placed when it starts: {out:?}\n{}", env.tails());
+
+    // every first attempt fails, and one attempt is all a shard has: the task fails, then is retried
+    env.dispatch_kind(
+        "flaky",
+        &["--strategy", "round-robin", "--shards", "8", "--task-id", "again", "--attempts", "1"],
+    );
+    let out = env.run(&["wait", "again", "--timeout", "15s", "--json"]);
+    assert_eq!(out.code(), 3, "{out:?}");
+    let out = env.run(&["retry", "again"]);
+    assert_eq!(out.code(), 0, "{out:?}");
+    let out = env.run(&["wait", "again", "--timeout", "15s", "--json"]);
+    assert_eq!(out.code(), 0, "retried routed shards are placed at once: {out:?}\n{}", env.tails());
+    let t: Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert_eq!((t["done"].clone(), t["failed"].clone()), (json!(8), json!(0)), "{t}");
 }
 
 /// An executor frozen (SIGSTOP) past the member timeout has lost its node id: a new executor may

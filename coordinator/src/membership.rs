@@ -101,7 +101,8 @@ pub async fn live(con: &mut Conn, keys: &Keys, timeout: Duration) -> Result<Vec<
     Ok(v)
 }
 
-/// Refreshes the heartbeat every `cfg.heartbeat` and rebalances after each, until `stop`.
+/// Refreshes the heartbeat every `cfg.heartbeat` and rebalances after each, until `stop`; a
+/// notification of `wake` rebalances at once (routed work is waiting).
 /// Returns an error when another executor took the node id over (this one must stop).
 pub async fn run(
     mut con: Conn,
@@ -109,13 +110,18 @@ pub async fn run(
     m: Member,
     cfg: MembershipConfig,
     stop: CancellationToken,
+    wake: std::sync::Arc<tokio::sync::Notify>,
     on_rebalance: impl Fn(&RebalanceReport) + Send,
 ) -> Result<()> {
+    let mut next_beat = tokio::time::Instant::now();
     loop {
-        match join(&mut con, &keys, &m, &cfg).await {
-            Ok(()) => {}
-            Err(e @ Error::Invalid(_)) => return Err(e),
-            Err(e) => tracing::warn!("membership heartbeat failed: {e}"),
+        if tokio::time::Instant::now() >= next_beat {
+            next_beat += cfg.heartbeat;
+            match join(&mut con, &keys, &m, &cfg).await {
+                Ok(()) => {}
+                Err(e @ Error::Invalid(_)) => return Err(e),
+                Err(e) => tracing::warn!("membership heartbeat failed: {e}"),
+            }
         }
         match rebalance::rebalance(&mut con, &keys, cfg.timeout).await {
             Ok(Some(r)) if r.changed() => {
@@ -126,7 +132,8 @@ pub async fn run(
             Err(e) => tracing::warn!("rebalance failed: {e}"),
         }
         tokio::select! {
-            _ = tokio::time::sleep(cfg.heartbeat) => {}
+            _ = tokio::time::sleep_until(next_beat) => {}
+            _ = wake.notified() => {}
             _ = stop.cancelled() => return Ok(()),
         }
     }

@@ -146,7 +146,8 @@ async fn pause(d: Duration, shutdown: &CancellationToken) {
     }
 }
 
-/// Blocks on the marker for up to `wait`. Returns the due time a `delayed` marker announced.
+/// Blocks on the marker for up to `wait`. Returns the due time a `delayed` marker announced; a
+/// `route` marker wakes the membership loop for a rebalance.
 async fn wait_for_work(
     shared: &Shared,
     blocking: &mut Option<Conn>,
@@ -168,5 +169,13 @@ async fn wait_for_work(
         r = cmd.query_async(con) => r?,
         _ = shutdown.cancelled() => return Ok(None),
     };
-    Ok(popped.and_then(|(_, member, score)| (member == "delayed").then_some(score as u64)))
+    Ok(popped.and_then(|(_, member, score)| match member.as_str() {
+        "delayed" => Some(score as u64),
+        "route" => {
+            // routed work waits for a rebalance: the membership loop runs one now
+            shared.routing_wanted.notify_one();
+            None
+        }
+        _ => None,
+    }))
 }

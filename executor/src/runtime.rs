@@ -56,6 +56,8 @@ pub(crate) struct Shared {
     pub(crate) must_check: AtomicBool,
     /// Wakes the heartbeat for that check at once.
     pub(crate) check_tokens: tokio::sync::Notify,
+    /// Notified when a `route` marker was popped: routed work waits for a rebalance.
+    pub(crate) routing_wanted: Arc<tokio::sync::Notify>,
     /// The seq of the claim call in flight ([`NO_CLAIM`] when none): its shards may be in `active`
     /// before they are in `held`, so reconciling leaves them alone.
     pub(crate) claiming: AtomicU64,
@@ -98,12 +100,18 @@ impl Executor {
             seq: AtomicU64::new(0),
             must_check: AtomicBool::new(false),
             check_tokens: tokio::sync::Notify::new(),
+            routing_wanted: Arc::new(tokio::sync::Notify::new()),
             claiming: AtomicU64::new(NO_CLAIM),
             must_reconcile: AtomicBool::new(false),
             cancels: Mutex::new(String::new()),
             node_id,
         });
         Ok(Executor { shared, reports: rx })
+    }
+
+    /// Notified when routed work waits for a rebalance (whoever rebalances should do it now).
+    pub fn routing_wanted(&self) -> Arc<tokio::sync::Notify> {
+        self.shared.routing_wanted.clone()
     }
 
     /// Live counters of this executor.

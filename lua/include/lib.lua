@@ -51,6 +51,13 @@ local function emit(prefix, ...)
   end
 end
 
+-- Asks for a rebalance soon: routed work waits in `unrouted` or `reroute` for the current ring.
+-- The blocked executor that pops this marker rebalances at once instead of at its next
+-- membership heartbeat.
+local function want_routing(prefix)
+  rcall('ZADD', prefix .. 'marker', 0, 'route')
+end
+
 -- The score of a runnable task in `tasks`: higher priority first; among equals, first
 -- dispatched first (exact: |score| < 2^53 with |priority| <= 10^6 and seq < 2^32).
 local function runnable_score(priority, seq)
@@ -73,6 +80,7 @@ local function start_due_tasks(prefix, now)
         wake(prefix)
       else
         rcall('ZADD', prefix .. 'unrouted', now, tid)
+        want_routing(prefix)
       end
       emit(prefix, 'event', 'task_started', 'task', tid)
     end
@@ -132,6 +140,7 @@ local function requeue(prefix, ref, front)
   local tid, idx = split_ref(ref)
   if idx ~= 'agg' and rcall('HGET', prefix .. 'task:' .. tid, 'strategy') ~= 'pull' then
     rcall('RPUSH', prefix .. 'reroute', ref)
+    want_routing(prefix)
   elseif front then
     rcall('LPUSH', prefix .. 'wait', ref)
   else

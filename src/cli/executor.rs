@@ -99,6 +99,7 @@ pub async fn run(args: &Args, a: &ExecutorArgs) -> anyhow::Result<ExitCode> {
     shardctl_executor::shutdown::cancel_on_signal(shutdown.clone());
     let redis = client.redacted().to_owned();
     let executor = Executor::connect(client, keys.clone(), config, registry).await?;
+    let routing_wanted = executor.routing_wanted();
     let stop = CancellationToken::new();
     let sweep_cfg = SweepConfig { interval: a.stalled_interval, max_stalled: a.max_stalled_count };
     let sweeper = tokio::spawn(sweep::run(con.clone(), keys.clone(), sweep_cfg, stop.clone(), |_| {}));
@@ -106,7 +107,7 @@ pub async fn run(args: &Args, a: &ExecutorArgs) -> anyhow::Result<ExitCode> {
         let (con, keys, member, stop, shutdown) =
             (con.clone(), keys.clone(), member.clone(), stop.clone(), shutdown.clone());
         tokio::spawn(async move {
-            let r = membership::run(con, keys, member, mcfg, stop, |_| {}).await;
+            let r = membership::run(con, keys, member, mcfg, stop, routing_wanted, |_| {}).await;
             if r.is_err() {
                 // another executor took our node id over: stop claiming as that node
                 shutdown.cancel();
