@@ -628,3 +628,61 @@ async fn aborting_the_run_future_lets_its_locks_expire() {
     waiting.sort();
     assert_eq!(waiting, ["ab:0", "ab:1", "ab:2", "ab:3"]);
 }
+
+/// Counts handlers running at once and the most ever seen; each run takes `ms`.
+struct Gauge {
+    now: Arc<std::sync::atomic::AtomicUsize>,
+    most: Arc<std::sync::atomic::AtomicUsize>,
+    ms: u64,
+}
+
+impl Handler for Gauge {
+    fn run(&self, _ctx: ShardContext) -> BoxFuture<Result<Value, ShardError>> {
+        let (now, most, ms) = (self.now.clone(), self.most.clone(), self.ms);
+        Box::pin(async move {
+            let n = now.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(n, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            now.fetch_sub(1, Ordering::SeqCst);
+            Ok(Value::Null)
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn prefetched_shards_wait_for_a_slot_and_are_given_back_at_shutdown() {
+    let env = Env::start().await;
+    let now = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let most = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let registry = |ms| {
+        let mut r = Registry::with_builtins();
+        r.handler("gauge", Gauge { now: now.clone(), most: most.clone(), ms });
+        r
+    };
+    // concurrency 2, prefetch 3: five shards held, never more than two running
+    let cfg = ExecutorConfig { concurrency: 2, prefetch: 3, grace: Duration::from_millis(100), ..config("a") };
+    let a = env.executor(cfg.clone(), registry(60_000)).await;
+    env.dispatch(&spec("p", "gauge", 20, Value::Null)).await;
+    eventually("five shards held", || async { env.active().await == 5 }).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(most.load(Ordering::SeqCst), 2, "only `concurrency` handlers run");
+    assert_eq!(env.active().await, 5, "no more than concurrency + prefetch held");
+    // shutdown: the three waiting are given back at once, the two running after the grace
+    let stats = a.stop().await;
+    assert_eq!((stats.claimed, stats.released, stats.completed), (5, 5, 0), "{stats:?}");
+    assert_eq!(env.active().await, 0);
+    assert_eq!(env.wait_list().await.len(), 5, "all five claimable at once");
+    let t = env.task("p").await;
+    assert_eq!((t.done, t.failed), (0, 0), "{t:?}");
+
+    // run to the end with quick shards: each counted once, still two at a time (the running two
+    // were dropped mid-sleep by the shutdown: the gauge starts again from zero)
+    most.store(0, Ordering::SeqCst);
+    now.store(0, Ordering::SeqCst);
+    let b = env.executor(ExecutorConfig { grace: Duration::from_secs(5), ..cfg }, registry(5)).await;
+    let t = env.wait("p").await;
+    assert_eq!((t.state, t.done, t.failed), (TaskState::Completed, 20, 0), "{t:?}");
+    assert!(most.load(Ordering::SeqCst) <= 2, "{} ran at once", most.load(Ordering::SeqCst));
+    b.stop().await;
+    assert_queue_is_clean(&env).await;
+}

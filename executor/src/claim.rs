@@ -1,6 +1,7 @@
-//! The claim loop: take a concurrency permit first (never claim what cannot start now: the lock
-//! clock is already running), then as many more as are free, claim that many shards in one
-//! script call, and start each. With nothing to claim, block on the queue's marker on a
+//! The claim loop: take a slot first (a concurrency permit, or with `prefetch` one of the
+//! concurrency + prefetch slots), then as many more as are free, claim that many shards in one
+//! script call, and start each. A prefetched shard waits, held under the executor's lease, until
+//! a running one ends; at shutdown it is given back at once, never started. With nothing to claim, block on the queue's marker on a
 //! dedicated connection (no polling) until work arrives, a delayed shard falls due, or the
 //! block timeout passes.
 
@@ -25,7 +26,9 @@ pub(crate) fn retry_delay(failures: u32) -> Duration {
 }
 
 pub(crate) async fn run(shared: Arc<Shared>, tracker: &TaskTracker, shutdown: CancellationToken) {
-    let permits = Arc::new(Semaphore::new(shared.cfg.concurrency));
+    let permits = Arc::new(Semaphore::new(shared.cfg.concurrency + shared.cfg.prefetch));
+    // with prefetch, a claimed shard also needs one of `concurrency` run permits to start
+    let running = (shared.cfg.prefetch > 0).then(|| Arc::new(Semaphore::new(shared.cfg.concurrency)));
     let mut blocking: Option<Conn> = None;
     let mut failures = 0u32;
     let mut next_due: Option<u64> = None;
@@ -90,7 +93,26 @@ pub(crate) async fn run(shared: Arc<Shared>, tracker: &TaskTracker, shutdown: Ca
                         // its old claim is still held replaces it
                         shared.metrics.in_flight.set(held.len() as f64);
                     }
-                    tracker.spawn(crate::run::shard(shared.clone(), claim, cancel, permit));
+                    match &running {
+                        None => {
+                            tracker.spawn(crate::run::shard(shared.clone(), claim, cancel, permit));
+                        }
+                        Some(running) => {
+                            let (shared, running, shutdown) = (shared.clone(), running.clone(), shutdown.clone());
+                            tracker.spawn(async move {
+                                tokio::select! {
+                                    biased;
+                                    _ = shutdown.cancelled() => crate::run::unstarted(&shared, claim, &cancel, permit),
+                                    // lost (its task cancelled, or claimed again) before it started
+                                    _ = cancel.cancelled() => crate::run::unstarted(&shared, claim, &cancel, permit),
+                                    p = running.acquire_owned() => {
+                                        let p = p.expect("semaphore never closes");
+                                        crate::run::shard(shared, claim, cancel, (permit, p)).await
+                                    }
+                                }
+                            });
+                        }
+                    }
                 }
                 shared.claiming.store(NO_CLAIM, Ordering::SeqCst);
             }

@@ -22,6 +22,9 @@ pub struct ExecutorConfig {
     pub node_id: String,
     /// Shards run at once.
     pub concurrency: usize,
+    /// Shards claimed ahead of a free slot: each waits, held, until a running shard ends, so the
+    /// claim's round trip overlaps the work (for short shards). 0: claim only for a free slot.
+    pub prefetch: usize,
     /// Lock time to live; a crashed executor's shards are recovered after it.
     pub lock_duration: Duration,
     /// Heartbeat period: every held lock is extended this often.
@@ -44,6 +47,7 @@ impl Default for ExecutorConfig {
         ExecutorConfig {
             node_id: default_node_id(),
             concurrency: DEFAULT_CONCURRENCY,
+            prefetch: 0,
             lock_duration: DEFAULT_LOCK_DURATION,
             lock_renew: DEFAULT_LOCK_RENEW,
             block_timeout: DEFAULT_BLOCK_TIMEOUT,
@@ -78,6 +82,9 @@ impl ExecutorConfig {
         }
         if self.concurrency < 1 {
             return Err("concurrency must be at least 1".into());
+        }
+        if self.prefetch > 10_000 {
+            return Err(format!("prefetch {} is too large: at most 10000", self.prefetch));
         }
         if self.lock_duration < Duration::from_millis(100) {
             return Err(format!("lock duration {:?} is too short: at least 100ms", self.lock_duration));

@@ -16,13 +16,20 @@ use crate::report::{Outcome, Report};
 use crate::runtime::Shared;
 use crate::tasks::TaskMeta;
 
-pub(crate) async fn shard(
-    shared: Arc<Shared>,
-    claim: Claimed,
-    cancel: CancellationToken,
-    permit: OwnedSemaphorePermit,
-) {
+pub(crate) async fn shard<P: Send>(shared: Arc<Shared>, claim: Claimed, cancel: CancellationToken, permit: P) {
     let outcome = run(&shared, &claim, &cancel).await;
+    report(&shared, claim, outcome, &cancel);
+    drop(permit);
+}
+
+/// A prefetched shard that waited for a slot until shutdown: given back, no attempt used up.
+pub(crate) fn unstarted(shared: &Shared, claim: Claimed, cancel: &CancellationToken, permit: OwnedSemaphorePermit) {
+    report(shared, claim, Outcome::Release, cancel);
+    drop(permit);
+}
+
+/// Hands an outcome to the reporter, unless the shard is no longer ours.
+fn report(shared: &Shared, claim: Claimed, outcome: Outcome, cancel: &CancellationToken) {
     // only our own claim's entry: a later claim of the same ref may have replaced it
     let lost = match shared.held.lock().unwrap().get_mut(&claim.shard_ref.to_string()) {
         Some(h) if h.claim.token == claim.token => {
@@ -42,7 +49,6 @@ pub(crate) async fn shard(
     };
     // the report channel closes only after every shard task ended
     let _ = shared.reports.send(Report { claim, outcome });
-    drop(permit);
 }
 
 async fn run(shared: &Shared, claim: &Claimed, cancel: &CancellationToken) -> Outcome {

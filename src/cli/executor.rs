@@ -23,6 +23,10 @@ pub struct ExecutorArgs {
     /// Shards run at once.
     #[arg(long, default_value_t = cfg::DEFAULT_CONCURRENCY)]
     pub concurrency: usize,
+    /// Claim up to this many shards ahead of a free slot, so that the claim's round trip overlaps
+    /// the work (for shards of a few ms or less); they wait held and are given back at shutdown.
+    #[arg(long, default_value_t = 0)]
+    pub prefetch: usize,
     /// Run every kind that is not built in with this command (no shell): shard facts in
     /// SHARDCTL_* variables, payload on stdin, result on stdout.
     #[arg(long)]
@@ -67,6 +71,7 @@ pub async fn run(args: &Args, a: &ExecutorArgs) -> anyhow::Result<ExitCode> {
     let config = ExecutorConfig {
         node_id: a.node_id.clone().unwrap_or_else(cfg::default_node_id),
         concurrency: a.concurrency,
+        prefetch: a.prefetch,
         lock_duration: a.lock_duration,
         lock_renew: a.lock_renew.unwrap_or(a.lock_duration / 2),
         block_timeout: a.block_timeout,

@@ -23,7 +23,27 @@ const WORKERS: usize = 2;
 
 pub(crate) async fn run(ctx: &mut Ctx) -> anyhow::Result<Figures> {
     let (plain_secs, expected) = tokio::task::spawn_blocking(plain).await?;
+    let (secs, redis) = executors(ctx, expected, 0).await?;
+    let (prefetch_secs, _) = executors(ctx, expected, 1).await?;
+    // per shard, in one worker's time: the work, and what the executors spent on top of it
+    let per_shard = |s: f64| s * WORKERS as f64 / SHARDS as f64 * 1e6;
+    Ok(Figures::from([
+        ("executors_secs", secs),
+        ("plain_secs", plain_secs),
+        ("ratio_pct", plain_secs / secs * 100.0),
+        ("prefetch_secs", prefetch_secs),
+        ("prefetch_ratio_pct", plain_secs / prefetch_secs * 100.0),
+        ("work_us_per_shard", per_shard(plain_secs)),
+        ("overhead_us_per_shard", per_shard(secs - plain_secs)),
+        ("prefetch_overhead_us_per_shard", per_shard(prefetch_secs - plain_secs)),
+        ("cpu_us_per_shard", redis.cpu_us / SHARDS as f64),
+        ("script_calls_per_shard", redis.scripts() as f64 / SHARDS as f64),
+    ]))
+}
 
+/// One primes task on WORKERS executor processes of concurrency 1 claiming `prefetch` ahead:
+/// its time and what Redis did meanwhile.
+async fn executors(ctx: &mut Ctx, expected: u64, prefetch: usize) -> anyhow::Result<(f64, stats::Delta)> {
     let exe = std::env::current_exe().context("finding this program to start executors")?;
     let mut children = Vec::new();
     let measured = async {
@@ -31,6 +51,7 @@ pub(crate) async fn run(ctx: &mut Ctx) -> anyhow::Result<Figures> {
             let child = Command::new(&exe)
                 .args(["--redis", &ctx.url, "--prefix", &ctx.prefix, "--queue", &ctx.queue, "--log", "error"])
                 .args(["executor", "--concurrency", "1", "--node-id", &format!("bench-primes-{i}")])
+                .args(["--prefetch", &prefetch.to_string()])
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .kill_on_drop(true)
@@ -62,18 +83,7 @@ pub(crate) async fn run(ctx: &mut Ctx) -> anyhow::Result<Figures> {
     for c in &mut children {
         terminate(c).await;
     }
-    let (secs, redis) = measured?;
-    // per shard, in one worker's time: the work, and what the executors spent on top of it
-    let per_shard = |s: f64| s * WORKERS as f64 / SHARDS as f64 * 1e6;
-    Ok(Figures::from([
-        ("executors_secs", secs),
-        ("plain_secs", plain_secs),
-        ("ratio_pct", plain_secs / secs * 100.0),
-        ("work_us_per_shard", per_shard(plain_secs)),
-        ("overhead_us_per_shard", per_shard(secs - plain_secs)),
-        ("cpu_us_per_shard", redis.cpu_us / SHARDS as f64),
-        ("script_calls_per_shard", redis.scripts() as f64 / SHARDS as f64),
-    ]))
+    measured
 }
 
 /// The plain program: WORKERS threads over the same ranges. Returns its time and the count.
