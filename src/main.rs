@@ -1,18 +1,23 @@
 //! `shardctl`: the command line. Splits a task into shards (`dispatch`), runs them (`executor`),
-//! keeps the queue maintained and exports its progress (`coordinator`), shows progress (`status`,
-//! `wait`, `watch`) and demonstrates it all on a private Redis (`demo`).
+//! keeps the queue maintained, fires its cron schedules and exports its progress
+//! (`coordinator`), controls tasks and queues (`cancel`, `retry`, `clean`, `limit`, `pause`,
+//! `resume`, `schedule`), shows progress (`status`, `wait`, `watch`) and demonstrates it all on a
+//! private Redis (`demo`).
 //!
 //! # Layout
 //! - `cli/mod.rs`: the argument model (clap derive; its doc comments are the `--help` text).
 //! - `cli/dispatch.rs`, `cli/executor.rs`, `cli/coordinator.rs`, `cli/status.rs`, `cli/wait.rs`,
-//!   `cli/watch.rs`, `cli/config.rs`, `cli/bench.rs`, `cli/demo.rs`: one file per command.
+//!   `cli/watch.rs`, `cli/config.rs`, `cli/bench.rs`, `cli/demo.rs`, `cli/lock.rs`,
+//!   `cli/pause.rs`, `cli/schedule.rs`: one file per command.
+//! - `cli/control.rs`: `cancel`, `retry`, `clean` and `limit`.
+//! - `cli/task_args.rs`: the options describing a task, shared by `dispatch` and `schedule add`.
 //! - `cli/metrics.rs`: the Prometheus exporter (`--metrics-addr`).
 //! - `cli/ring.rs`: `ring simulate`.
 //! - `cli/bar.rs`: the progress bar.
 //! - `cli/redis_server.rs`: a private redis-server for the demo.
 //!
 //! Exit codes: 0 success, 1 error, 2 bad usage, 3 the task ended with failed shards or a failed
-//! aggregation.
+//! aggregation, 4 the task was cancelled (`wait`) or the lock was lost (`lock`).
 
 mod cli;
 
