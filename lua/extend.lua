@@ -14,8 +14,8 @@
   ARGV[3] cancels   the `cancels` count the executor saw last
   ARGV[4..] ref, token pairs (only needed when the lease expired, or to check)
 
-  Returns { status, cancels, ... }: status 0 and the 1-based pair numbers of the lost shards
-  (none when all is kept), or status -1 when the lease expired or tasks were cancelled and no
+  Returns { status, cancels, ... }: status 0 and the 1-based pair numbers of the lost shards,
+  negated for a shard of a cancelled task (none when all is kept), or status -1 when the lease expired or tasks were cancelled and no
   pairs were given (call again with them, in `check` mode).
 ]]
 local cancels = rcall('HGET', KEYS[3], 'cancels') or '0'
@@ -29,12 +29,21 @@ if #ARGV < 4 then
 end
 local refs = {}
 for i = 4, #ARGV, 2 do refs[#refs + 1] = ARGV[i] end
+-- the queue's key prefix `{P:Q}:`, from the meta key's name
+local prefix = string.sub(KEYS[3], 1, #KEYS[3] - #'meta')
 local lost = { 0, cancels }
 for s = 1, #refs, 4000 do
   local cur = rcall('HMGET', KEYS[2], unpack(refs, s, math.min(s + 3999, #refs)))
   for j = 1, #cur do
     local pair = s + j - 1
-    if cur[j] ~= ARGV[2 * pair + 3] then lost[#lost + 1] = pair end
+    if cur[j] ~= ARGV[2 * pair + 3] then
+      local tid = split_ref(refs[pair])
+      if tid and rcall('HGET', prefix .. 'task:' .. tid, 'state') == 'cancelled' then
+        lost[#lost + 1] = -pair
+      else
+        lost[#lost + 1] = pair
+      end
+    end
   end
 end
 rcall('SET', KEYS[1], 1, 'PX', ARGV[1])

@@ -231,6 +231,9 @@ fn cancel_kills_running_handlers_drops_queued_refs_and_ends_the_task_cancelled()
         t.elapsed(),
         b.log()
     );
+    let log = b.log();
+    assert_eq!(log.matches("task cancelled: stopping its handler").count(), 2, "{log}");
+    assert!(!log.contains("lock lost"), "a cancellation is not a lost lock: {log}");
     let s = status(&cli, "doomed");
     assert_eq!(s["state"], "cancelled", "{s}");
     assert!(s["done"].as_u64().unwrap() + s["failed"].as_u64().unwrap() < 8, "{s}");

@@ -302,6 +302,8 @@ pub async fn claim<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, req: &Cla
 pub struct Beat {
     /// Positions (0-based) in `held` of the shards lost.
     pub lost: Vec<usize>,
+    /// Positions (0-based) in `held` of shards lost because their task was cancelled.
+    pub cancelled: Vec<usize>,
     /// The queue's cancellation count (pass it to the next [`extend`]).
     pub cancels: String,
 }
@@ -328,21 +330,28 @@ pub async fn extend<C: ConnectionLike + Send>(
         }
         inv
     };
-    let parse = |v: Vec<Value>| -> Result<(i64, String, Vec<usize>)> {
+    let parse = |v: Vec<Value>| -> Result<(i64, Beat)> {
         let [status, cancels, lost @ ..] = v.as_slice() else {
             return Err(Error::Protocol("short heartbeat reply".into()));
         };
-        let lost = lost.iter().map(|p| int(p).map(|p| p as usize - 1)).collect::<Result<_>>()?;
-        Ok((int(status)?, string(cancels)?, lost))
+        let mut beat = Beat { cancels: string(cancels)?, ..Default::default() };
+        for p in lost {
+            // a negative pair number: lost because its task was cancelled
+            match int(p)? {
+                p if p > 0 => beat.lost.push(p as usize - 1),
+                p if p < 0 => beat.cancelled.push((-p) as usize - 1),
+                _ => return Err(Error::Protocol("pair number 0 in a heartbeat reply".into())),
+            }
+        }
+        Ok((int(status)?, beat))
     };
     if !check {
-        let (status, cancels, _) = parse(call("beat", &[]).invoke_async(con).await?)?;
+        let (status, beat) = parse(call("beat", &[]).invoke_async(con).await?)?;
         if status == 0 {
-            return Ok(Beat { lost: Vec::new(), cancels });
+            return Ok(beat);
         }
     }
-    let (_, cancels, lost) = parse(call("check", held).invoke_async(con).await?)?;
-    Ok(Beat { lost, cancels })
+    Ok(parse(call("check", held).invoke_async(con).await?)?.1)
 }
 
 /// Per-item result codes of the batch scripts: `Ok(n)` with n ≥ 0, or the refusal.

@@ -81,13 +81,15 @@ async fn after_a_cancel_the_heartbeat_reports_exactly_the_cancelled_tasks_shards
     assert!(beat.lost.is_empty());
     assert_eq!(control::cancel(&mut env.con, &env.keys, "x", T0 + 1).await.unwrap(), 2);
     let beat = scripts::extend(&mut env.con, &env.keys, "a", LONG_LOCK, &pairs, false, &beat.cancels).await.unwrap();
-    let mut lost: Vec<&str> = beat.lost.iter().map(|&i| pairs[i].0.as_str()).collect();
-    lost.sort();
-    assert_eq!(lost, ["x:0", "x:1"]);
+    let mut stopped: Vec<&str> = beat.cancelled.iter().map(|&i| pairs[i].0.as_str()).collect();
+    stopped.sort();
+    assert_eq!(stopped, ["x:0", "x:1"], "reported as cancelled");
+    assert!(beat.lost.is_empty(), "a cancelled shard is not a lost lock: {:?}", beat.lost);
     assert_eq!(beat.cancels, "1");
     // the count seen: plain beats again, nothing lost
     let beat = scripts::extend(&mut env.con, &env.keys, "a", LONG_LOCK, &pairs[..0], false, &beat.cancels).await;
-    assert!(beat.unwrap().lost.is_empty());
+    let beat = beat.unwrap();
+    assert!(beat.lost.is_empty() && beat.cancelled.is_empty(), "{beat:?}");
     // y runs on and completes; x's holders are refused
     let (x, y): (Vec<_>, Vec<_>) = held.iter().partition(|c| c.shard_ref.to_string().starts_with("x:"));
     assert_eq!(env.complete(x[0], "1", T0 + 2).await, Err(ScriptCode::LockMissing));

@@ -58,23 +58,30 @@ pub(crate) async fn beat(shared: &Shared) -> bool {
     let check = shared.must_check.swap(false, Ordering::SeqCst);
     let sent = shared.cancels.lock().unwrap().clone();
     match scripts::extend(&mut con, &shared.keys, &shared.token_base, lock_ms, &held, check, &sent).await {
-        Ok(scripts::Beat { lost, cancels }) => {
+        Ok(scripts::Beat { lost, cancelled, cancels }) => {
             *shared.cancels.lock().unwrap() = next_cancels(&sent, cancels, claim_in_flight);
             shared.metrics.heartbeats.increment(1);
-            shared.metrics.locks_extended.increment((held.len() - lost.len()) as u64);
-            if lost.is_empty() {
+            shared.metrics.locks_extended.increment((held.len() - lost.len() - cancelled.len()) as u64);
+            if lost.is_empty() && cancelled.is_empty() {
                 return true;
             }
             let mut map = shared.held.lock().unwrap();
-            for i in lost {
+            let stopped = lost.into_iter().map(|i| (i, false)).chain(cancelled.into_iter().map(|i| (i, true)));
+            for (i, by_cancel) in stopped {
                 let (r, token) = &held[i];
                 // a reported shard's lock may just have been deleted by its own completion
                 if let Some(h) = map.get_mut(r).filter(|h| &h.claim.token == token && !h.reporting) {
-                    tracing::warn!(shard = %r, "lock lost: cancelling its handler");
                     h.lost = true;
                     h.cancel.cancel();
-                    Stats::add(&shared.stats.locks_lost, 1);
-                    shared.metrics.locks_lost.increment(1);
+                    if by_cancel {
+                        tracing::info!(shard = %r, "task cancelled: stopping its handler");
+                        Stats::add(&shared.stats.cancelled, 1);
+                        shared.metrics.cancelled.increment(1);
+                    } else {
+                        tracing::warn!(shard = %r, "lock lost: cancelling its handler");
+                        Stats::add(&shared.stats.locks_lost, 1);
+                        shared.metrics.locks_lost.increment(1);
+                    }
                 }
             }
             true

@@ -6,7 +6,8 @@
 //!
 //! Every claimed ref (shard or aggregation job) ends in exactly one of: completed, failed, an
 //! aggregation, retried, released, or lost; so once nothing is in flight,
-//! `claimed = completed + failed + aggregations + retried + released + locks_lost` (apart from
+//! `claimed = completed + failed + aggregations + retried + released + locks_lost + cancelled`
+//! (apart from
 //! the rare report of a shard already terminal, or of a task removed meanwhile).
 
 use metrics::{describe_counter, describe_gauge, describe_histogram, Counter, Gauge, Histogram, Label, Unit};
@@ -29,6 +30,8 @@ pub const LOCK_HEARTBEATS: &str = "shardctl_lock_heartbeats_total";
 pub const LOCKS_EXTENDED: &str = "shardctl_locks_extended_total";
 /// Counter: refs found no longer held: by the heartbeat, or refused when reported.
 pub const LOCKS_LOST: &str = "shardctl_locks_lost_total";
+/// Counter: running shards stopped because their task was cancelled.
+pub const SHARDS_CANCELLED: &str = "shardctl_shards_cancelled_total";
 /// Histogram: handler run time of one shard attempt, seconds.
 pub const SHARD_RUN_SECONDS: &str = "shardctl_shard_run_seconds";
 /// Histogram: round trip of one claim call, seconds.
@@ -65,6 +68,7 @@ pub fn describe() {
     describe_counter!(LOCK_HEARTBEATS, "Heartbeats that extended this executor's lease (one per beat).");
     describe_counter!(LOCKS_EXTENDED, "Held refs kept alive by the heartbeats (one per held ref per beat).");
     describe_counter!(LOCKS_LOST, "Refs no longer held: found by the heartbeat or refused when reported.");
+    describe_counter!(SHARDS_CANCELLED, "Running shards stopped because their task was cancelled.");
     describe_histogram!(SHARD_RUN_SECONDS, Unit::Seconds, "Run time of one shard attempt.");
     describe_histogram!(CLAIM_SECONDS, Unit::Seconds, "Round trip of one claim call.");
     describe_gauge!(SHARDS_IN_FLIGHT, "Refs held now: claimed, outcome not yet recorded.");
@@ -107,6 +111,7 @@ pub(crate) struct Metrics {
     pub(crate) heartbeats: Counter,
     pub(crate) locks_extended: Counter,
     pub(crate) locks_lost: Counter,
+    pub(crate) cancelled: Counter,
     pub(crate) run_seconds: Histogram,
     pub(crate) claim_seconds: Histogram,
     pub(crate) in_flight: Gauge,
@@ -133,6 +138,7 @@ impl Metrics {
             heartbeats: metrics::counter!(LOCK_HEARTBEATS, base.clone()),
             locks_extended: metrics::counter!(LOCKS_EXTENDED, base.clone()),
             locks_lost: metrics::counter!(LOCKS_LOST, base.clone()),
+            cancelled: metrics::counter!(SHARDS_CANCELLED, base.clone()),
             run_seconds: metrics::histogram!(SHARD_RUN_SECONDS, base.clone()),
             claim_seconds: metrics::histogram!(CLAIM_SECONDS, base.clone()),
             in_flight: metrics::gauge!(SHARDS_IN_FLIGHT, base.clone()),

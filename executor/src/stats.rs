@@ -11,6 +11,7 @@ pub struct Stats {
     pub(crate) retried: AtomicU64,
     pub(crate) released: AtomicU64,
     pub(crate) locks_lost: AtomicU64,
+    pub(crate) cancelled: AtomicU64,
     pub(crate) refused: AtomicU64,
     pub(crate) duplicates: AtomicU64,
     pub(crate) aggregated: AtomicU64,
@@ -32,6 +33,8 @@ pub struct StatsSnapshot {
     pub released: u64,
     /// Locks found lost by the heartbeat (handlers cancelled).
     pub locks_lost: u64,
+    /// Shards stopped because their task was cancelled (`shardctl cancel`).
+    pub cancelled: u64,
     /// Reports refused because the lock was no longer ours.
     pub refused: u64,
     /// Completions of shards already terminal.
@@ -57,6 +60,7 @@ impl Stats {
             retried: g(&self.retried),
             released: g(&self.released),
             locks_lost: g(&self.locks_lost),
+            cancelled: g(&self.cancelled),
             refused: g(&self.refused),
             duplicates: g(&self.duplicates),
             aggregated: g(&self.aggregated),
