@@ -26,6 +26,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    quiet_on_closed_stdout();
     let args = cli::Args::parse();
     cli::init_logging(&args);
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
@@ -38,8 +39,26 @@ fn main() -> ExitCode {
     match rt.block_on(cli::run(args)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", cli::describe(&e));
             ExitCode::from(cli::exit_code(&e))
         }
     }
+}
+
+/// `shardctl status | head -1`: the reader went away, which is no error of ours. Rust ignores
+/// SIGPIPE and `println!` panics on the closed pipe instead; end quietly as a filter would. Any
+/// other failure to write stdout (a full disk) is an error with a message, not a panic.
+fn quiet_on_closed_stdout() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info.payload_as_str().unwrap_or("");
+        if msg.starts_with("failed printing to stdout") {
+            if msg.contains("Broken pipe") {
+                std::process::exit(0);
+            }
+            eprintln!("error: {msg}");
+            std::process::exit(1);
+        }
+        default(info)
+    }));
 }

@@ -185,9 +185,16 @@ fn bad_credentials_and_url_files_are_clear_errors() {
         assert!(out.stderr.contains("cannot connect") && out.stderr.contains("***"), "{out:?}");
         assert!(!out.stderr.contains("wrong-Pass-9"), "password shown: {out:?}");
     }
-    // no password at all
+    // no password at all: one sentence that says what to do
     let out = shardctl(&["--redis", &format!("redis://127.0.0.1:{}", server.port()), "status"]);
     assert_eq!(out.code(), 1, "{out:?}");
+    assert!(out.stderr.contains("redis requires authentication"), "{out:?}");
+    assert_eq!(out.stderr.lines().count(), 1, "{out:?}");
+    // the ACL user under another prefix than its key pattern allows
+    let url = server.url(Some("shardctl"), PASSWORD);
+    let out = shardctl(&["--redis", &url, "--prefix", "other", "status"]);
+    assert_eq!(out.code(), 1, "{out:?}");
+    assert!(out.stderr.contains("lacks a permission") && out.stderr.contains("Production Redis"), "{out:?}");
     // an unreadable or empty URL file is bad usage: exit 2, the file named
     let missing = std::env::temp_dir().join(format!("shardctl-no-such-file-{}", std::process::id()));
     let out = shardctl(&["--redis-url-file", missing.to_str().unwrap(), "status"]);

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use shardctl_common::split::shard_range;
-use support::{shardctl, Cli};
+use support::{shardctl, Cli, BIN};
 
 // ---------------------------------------------------------------------------------------------
 // 1. dispatch rejections: a clear message, exit 2, nothing written to Redis
@@ -481,4 +481,20 @@ fn demo_stopped_by_sigterm_leaves_no_redis_server() {
     let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!("shardctl-demo-{pid}")));
     // Regression: the demo once had no signal handler, so SIGTERM orphaned its redis-server.
     assert!(!left_behind, "the demo's redis-server at {url} outlived the demo stopped by SIGTERM");
+}
+
+#[test]
+fn a_reader_that_goes_away_ends_the_output_quietly() {
+    let cli = Cli::start("pipe");
+    for i in 0..5 {
+        cli.ok(&["dispatch", "--shards", "1", "--kind", "noop", "--task-id", &format!("p{i}")]);
+    }
+    // `head -c 0` exits at once: the first line status prints meets a closed pipe
+    let line = format!(
+        "set -o pipefail; {BIN} --redis {} --queue pipe status | head -c 0; echo \"exit ${{PIPESTATUS[0]}}\" >&2",
+        cli.redis.url()
+    );
+    let out = std::process::Command::new("bash").args(["-c", &line]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.trim(), "exit 0", "no panic, no error on a closed stdout: {stderr}");
 }

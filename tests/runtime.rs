@@ -686,3 +686,27 @@ async fn prefetched_shards_wait_for_a_slot_and_are_given_back_at_shutdown() {
     b.stop().await;
     assert_queue_is_clean(&env).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_timed_out_handler_is_stopped_with_everything_it_started() {
+    let env = Env::start().await;
+    let dir = std::env::temp_dir().join(format!("shardctl-group-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pids = dir.join("pids");
+    // the handler's shell starts a grandchild and waits for it
+    let line = format!("sh -c 'sleep 30 & echo $! >> {}; wait'", pids.display());
+    let a = env.executor(config("a"), exec(&line, 1000)).await;
+    let mut s = spec("g", "ext", 2, Value::Null);
+    s.attempts = 1;
+    s.shard_timeout = Some(Duration::from_millis(300));
+    env.dispatch(&s).await;
+    let t = env.wait("g").await;
+    assert_eq!((t.state, t.failed), (TaskState::Failed, 2), "{t:?}");
+    let started = std::fs::read_to_string(&pids).unwrap();
+    let started: Vec<&str> = started.split_whitespace().collect();
+    assert_eq!(started.len(), 2, "{started:?}");
+    let alive = |pid: &str| std::process::Command::new("kill").args(["-0", pid]).status().unwrap().success();
+    eventually("the handlers' grandchildren to be gone", || async { started.iter().all(|p| !alive(p)) }).await;
+    a.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -80,6 +80,9 @@ fn three_coordinators_fire_each_second_once_and_executors_run_the_tasks() {
 fn schedule_commands_refuse_bad_input_and_list() {
     let cli = Cli::start("cron-cli");
     cli.rejects(&["schedule", "add", "x", "--cron", "* * *", "--shards", "1"], 2, "invalid cron expression '* * *'");
+    // the schedule's own faults are named even when the task options are incomplete too
+    cli.rejects(&["schedule", "add", "x", "--cron", "61 * * * *"], 2, "minute 61 is outside 0-59");
+    cli.rejects(&["schedule", "add", "x", "--cron", "@daily", "--tz", "Mars/Base"], 2, "unknown time zone");
     cli.rejects(&["schedule", "add", "x", "--cron", "61 * * * *", "--shards", "1"], 2, "minute 61 is outside 0-59");
     cli.rejects(
         &["schedule", "add", "x", "--cron", "@daily", "--tz", "Mars/Base", "--shards", "1"],
@@ -95,7 +98,7 @@ fn schedule_commands_refuse_bad_input_and_list() {
     cli.rejects(&["schedule", "add", "x", "--cron", "@daily", "--shards", "1", "--misfire", "later"], 2, "run-once");
     cli.rejects(&["schedule", "add", "x", "--cron", "@daily"], 2, "--shards");
     cli.rejects(&["schedule", "add", "x", "--cron", "@daily", "--shards", "1", "--payload", "{"], 2, "JSON");
-    cli.rejects(&["schedule", "remove", "nothing"], 2, "no schedule named 'nothing'");
+    cli.rejects(&["schedule", "remove", "nothing"], 1, "no schedule named 'nothing'");
 
     let out = cli.ok(&["schedule", "add", "nightly", "--cron", "0 3 * * *", "--tz", "Europe/Berlin", "--shards", "8"]);
     assert!(out.contains("Europe/Berlin") && out.contains("03:00:00"), "{out}");

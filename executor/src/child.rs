@@ -106,8 +106,11 @@ impl ExecCommand {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
+            // a group of its own: cancelling the handler stops what it started too
+            .process_group(0)
             .spawn()
             .map_err(|e| ShardError(format!("cannot start handler command '{}': {e}", self.program)))?;
+        let mut group = GroupKill(child.id());
         let mut input = child.stdin.take().expect("piped stdin");
         let writer = tokio::spawn(async move {
             // a child that does not read its stdin closes the pipe: not an error
@@ -125,6 +128,8 @@ impl ExecCommand {
             _ = cancel.cancelled() => return Err(ShardError::new("cancelled: handler process killed")),
         };
         writer.abort();
+        // it ended by itself: what it left running in its group is its own business
+        group.disarm();
         let status = status.map_err(|e| ShardError(format!("handler command '{}' failed: {e}", self.program)))?;
         let out = out.map_err(|e| ShardError(format!("reading handler output: {e}")))?;
         if !status.success() {
@@ -244,6 +249,31 @@ impl Aggregator for ExecAggregator {
             ];
             cmd.run(env, stdin, ctx.cancel.clone()).await
         })
+    }
+}
+
+/// Kills a handler's process group when dropped before the handler ended (cancelled, timed out,
+/// lock lost, shutdown past the grace): `kill_on_drop` alone reaches only the direct child, and
+/// what it started (a shell's children, a script's subprocesses) would run on as orphans.
+struct GroupKill(Option<u32>);
+
+impl GroupKill {
+    fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for GroupKill {
+    fn drop(&mut self) {
+        if let Some(pgid) = self.0 {
+            // through kill(1): the workspace forbids the unsafe a direct killpg would need
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", "--", &format!("-{pgid}")])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
     }
 }
 

@@ -61,7 +61,11 @@ pub async fn retry(args: &Args, a: &TaskIdArg) -> anyhow::Result<ExitCode> {
 pub async fn clean(args: &Args, a: &CleanArgs) -> anyhow::Result<ExitCode> {
     let (_, mut con) = connect(args).await?;
     let n = control::clean(&mut con, &args.keys(), now_ms(), a.older_than).await?;
-    println!("removed {n} ended tasks and their keys");
+    println!(
+        "removed {n} ended task{} and {} keys",
+        if n == 1 { "" } else { "s" },
+        if n == 1 { "its" } else { "their" }
+    );
     Ok(ExitCode::SUCCESS)
 }
 

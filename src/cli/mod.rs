@@ -181,6 +181,23 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// The message of an error for the terminal: Redis's refusals of authentication and
+/// permission (repeated once per pipelined command) become one sentence that says what to do.
+pub fn describe(e: &anyhow::Error) -> String {
+    let text = format!("{e:#}");
+    if text.contains("NOAUTH") {
+        return "redis requires authentication: put the user and password in the URL \
+                (redis://user:password@host:port), best through --redis-url-file F"
+            .into();
+    }
+    if text.contains("NoPerm") || text.contains("NOPERM") {
+        return "the redis user lacks a permission shardctl needs (a command, or the keys ~{PREFIX:*): \
+                see README, 'Production Redis', for the minimal ACL"
+            .into();
+    }
+    text
+}
+
 /// Bad input exits 2, everything else 1.
 pub fn exit_code(e: &anyhow::Error) -> u8 {
     match e.downcast_ref::<shardctl_common::Error>() {

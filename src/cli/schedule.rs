@@ -69,7 +69,8 @@ pub async fn run(args: &Args, a: &ScheduleArgs) -> anyhow::Result<ExitCode> {
             schedule::validate_name(name)?;
             let (_, mut con) = connect(args).await?;
             if !schedule::remove(&mut con, &args.keys(), name).await? {
-                return Err(Error::invalid(format!("no schedule named '{name}'")).into());
+                // like a missing task: an error (1), not bad usage
+                anyhow::bail!("no schedule named '{name}'");
             }
             println!("schedule {name} removed");
             Ok(ExitCode::SUCCESS)
@@ -78,6 +79,10 @@ pub async fn run(args: &Args, a: &ScheduleArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn run_add(args: &Args, a: &AddArgs) -> anyhow::Result<ExitCode> {
+    // the schedule's own parts first: their messages say more than a missing --shards
+    schedule::validate_name(&a.name)?;
+    a.cron.parse::<shardctl_common::cron::Cron>()?;
+    shardctl_common::cron::zone(&a.tz)?;
     let shards = a.task.shards.ok_or_else(|| Error::invalid("--shards N is required"))?;
     let spec = a.task.spec(String::new(), shards)?;
     let now = now_ms();

@@ -61,7 +61,7 @@ fn retention(s: &str) -> Result<Retention, String> {
     if s == "forever" {
         return Ok(Retention(None));
     }
-    duration(s).map(|d| Retention(Some(d)))
+    duration(s).map(|d| Retention(Some(d))).map_err(|e| format!("{e}, or 'forever'"))
 }
 
 impl TaskArgs {
