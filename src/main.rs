@@ -51,7 +51,12 @@ fn main() -> ExitCode {
 fn quiet_on_closed_stdout() {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
-        let msg = info.payload_as_str().unwrap_or("");
+        let payload = info.payload();
+        let msg = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
         if msg.starts_with("failed printing to stdout") {
             if msg.contains("Broken pipe") {
                 std::process::exit(0);
