@@ -1,23 +1,27 @@
 --[[
   Registers an executor in the membership, or refreshes its heartbeat. Refused while another
   live instance holds the same node id: two executors must not both count as that node.
+  The node's score is the time it counts as alive until: its heartbeat plus its own member
+  timeout, so every reader (dispatch, status, rebalancers, coordinators) judges each executor by
+  the timeout it runs with.
 
-  KEYS[1] nodes       zset   node id -> last heartbeat (ms)
-  KEYS[2] node:<n>    hash   instance, host, pid, concurrency, version, started_ms
+  KEYS[1] nodes       zset   node id -> alive until (ms): last heartbeat + timeout_ms
+  KEYS[2] node:<n>    hash   instance, host, pid, concurrency, version, started_ms, timeout_ms
   ARGV[1] node id
   ARGV[2] instance    unique per process
   ARGV[3] now_ms
-  ARGV[4] timeout_ms  a heartbeat older than this is a departed node
+  ARGV[4] timeout_ms  silent this long after a heartbeat, the node has departed
   ARGV[5..] field, value pairs describing the executor
 
-  Returns { 1 } (joined or refreshed), or { -5, host, pid, age_ms } of the live holder.
+  Returns { 1 } (joined or refreshed), or { -5, host, pid, age_ms } of the live holder (age: since
+  its last heartbeat).
 ]]
 local node, instance, now, timeout = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local score = rcall('ZSCORE', KEYS[1], node)
 local holder = rcall('HGET', KEYS[2], 'instance')
-if score and holder and holder ~= instance and tonumber(score) > now - timeout then
-  local h = rcall('HMGET', KEYS[2], 'host', 'pid')
-  return { -5, h[1] or '', h[2] or '', now - tonumber(score) }
+if score and holder and holder ~= instance and tonumber(score) > now then
+  local h = rcall('HMGET', KEYS[2], 'host', 'pid', 'timeout_ms')
+  return { -5, h[1] or '', h[2] or '', now - (tonumber(score) - tonumber(h[3] or '0')) }
 end
 if holder ~= instance then
   rcall('DEL', KEYS[2])
@@ -25,5 +29,6 @@ if holder ~= instance then
   for i = 5, #ARGV do fields[#fields + 1] = ARGV[i] end
   rcall('HSET', KEYS[2], 'instance', instance, 'started_ms', now, unpack(fields))
 end
-rcall('ZADD', KEYS[1], now, node)
+rcall('HSET', KEYS[2], 'timeout_ms', timeout)
+rcall('ZADD', KEYS[1], now + timeout, node)
 return { 1 }

@@ -688,10 +688,17 @@ fn a_dispatch_cut_short_is_completed_by_running_it_again() {
     let mut env = Env::start("resume", "0.02");
     let members = ["a", "b"];
     // a live membership without executors: no rebalancer runs, so only dispatches place shards
+    // (a node's score is the time it is alive until)
     let fake_members = |env: &Env| {
-        let now = shardctl_common::time::now_ms();
-        let _: () =
-            redis::cmd("ZADD").arg(env.key("nodes")).arg(now).arg("a").arg(now).arg("b").query(&mut env.con()).unwrap();
+        let until = shardctl_common::time::now_ms() + 15_000;
+        let _: () = redis::cmd("ZADD")
+            .arg(env.key("nodes"))
+            .arg(until)
+            .arg("a")
+            .arg(until)
+            .arg("b")
+            .query(&mut env.con())
+            .unwrap();
     };
     fake_members(&env);
 
@@ -917,7 +924,7 @@ fn status_lists_the_live_nodes_with_their_waiting_and_active_shards() {
     let pids: BTreeMap<String, u64> = env.nodes.iter().map(|n| (n.id.clone(), u64::from(n.pid()))).collect();
     env.dispatch(&["--strategy", "consistent-hash", "--shards", "40", "--task-id", "watched"]);
     let status = |env: &Env| -> Value {
-        let out = env.run(&["status", "--json", "--member-timeout", "1s"]);
+        let out = env.run(&["status", "--json"]);
         assert_eq!(out.code(), 0, "{out:?}");
         serde_json::from_str(out.stdout.trim()).unwrap_or_else(|e| panic!("status --json ({e}): {out:?}"))
     };
@@ -1077,4 +1084,36 @@ fn a_frozen_node_loses_its_id_and_stops_when_it_wakes() {
     env.dispatch(&["--strategy", "consistent-hash", "--shards", "4", "--task-id", "after-freeze"]);
     let t = env.wait("after-freeze");
     env.check_completed(&t, 4);
+}
+
+/// Liveness is judged by each executor's own `--member-timeout`, not by the reader's: a node that
+/// beat 30 s ago is live under a 60 s timeout and gone under a 20 s one, for `dispatch`,
+/// `status`, coordinators and rebalancers alike.
+#[test]
+fn each_node_is_live_for_its_own_member_timeout() {
+    use shardctl_coordinator::membership;
+    let redis = TestRedis::start();
+    let keys = Keys::new("shardctl", "own-timeout");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let client = shardctl_common::conn::open(&redis.url()).unwrap();
+        let mut con = client.manager().await.unwrap();
+        let beat = shardctl_common::time::now_ms() - 30_000;
+        for (node, timeout) in [("patient", 60_000), ("hasty", 20_000)] {
+            let fields = [("host", "h".to_owned())];
+            let joined = scripts::join(&mut con, &keys, node, node, beat, timeout, &fields).await.unwrap();
+            assert!(joined.is_ok());
+        }
+        assert_eq!(membership::live(&mut con, &keys).await.unwrap(), ["patient"]);
+        let nodes = shardctl_coordinator::progress::nodes(&mut con, &keys).await.unwrap();
+        assert_eq!(nodes.len(), 1);
+        assert!((29_000..60_000).contains(&nodes[0].heartbeat_age_ms), "{nodes:?}");
+        // a rebalance reaps the hasty one only
+        let r = shardctl_coordinator::rebalance::rebalance(&mut con, &keys).await.unwrap().unwrap();
+        assert_eq!((r.departed, r.live), (vec!["hasty".to_owned()], vec!["patient".to_owned()]));
+        // and a second process under the patient node's id is refused while it lives
+        let again = scripts::join(&mut con, &keys, "patient", "other", beat + 30_000, 60_000, &[]).await.unwrap();
+        let holder = again.unwrap_err();
+        assert!((29_000..31_000).contains(&holder.age_ms), "{}", holder.age_ms);
+    });
 }

@@ -20,7 +20,7 @@ use shardctl_common::time::now_ms;
 use shardctl_common::{scripts, Keys, Result};
 use tokio_util::sync::CancellationToken;
 
-use crate::membership::{self, DEFAULT_MEMBER_TIMEOUT};
+use crate::membership;
 use crate::progress::{self, ShardCounts};
 use crate::rebalance;
 use crate::sweep::{self, SweepConfig};
@@ -41,8 +41,6 @@ pub struct DaemonConfig {
     pub finished_retention: Duration,
     /// The stalled sweep.
     pub sweep: SweepConfig,
-    /// Executors whose membership heartbeat is older than this are gone.
-    pub member_timeout: Duration,
 }
 
 impl Default for DaemonConfig {
@@ -51,7 +49,6 @@ impl Default for DaemonConfig {
             refresh: DEFAULT_REFRESH,
             finished_retention: DEFAULT_FINISHED_RETENTION,
             sweep: SweepConfig::default(),
-            member_timeout: DEFAULT_MEMBER_TIMEOUT,
         }
     }
 }
@@ -61,9 +58,6 @@ impl DaemonConfig {
     pub fn validate(&self) -> std::result::Result<(), String> {
         if self.refresh < Duration::from_millis(10) {
             return Err(format!("refresh ({:?}) must be at least 10ms", self.refresh));
-        }
-        if self.member_timeout < Duration::from_millis(10) {
-            return Err(format!("member timeout ({:?}) must be at least 10ms", self.member_timeout));
         }
         Ok(())
     }
@@ -119,13 +113,7 @@ pub struct Snapshot {
 }
 
 /// Reads the queue's progress: the running tasks and those finished since `now - retention`.
-pub async fn snapshot(
-    con: &mut Conn,
-    keys: &Keys,
-    now_ms: u64,
-    retention: Duration,
-    member_timeout: Duration,
-) -> Result<Snapshot> {
+pub async fn snapshot(con: &mut Conn, keys: &Keys, now_ms: u64, retention: Duration) -> Result<Snapshot> {
     let since = now_ms.saturating_sub(retention.as_millis() as u64);
     let (running, finished): (Vec<String>, Vec<String>) = redis::pipe()
         .zrange(keys.running(), 0, -1)
@@ -160,7 +148,7 @@ pub async fn snapshot(
         }
     }
     out.counts = progress::shard_counts(con, keys).await?;
-    out.live = membership::live(con, keys, member_timeout).await?.len();
+    out.live = membership::live(con, keys).await?.len();
     Ok(out)
 }
 
@@ -190,12 +178,12 @@ async fn refresh(con: &mut Conn, keys: &Keys, cfg: &DaemonConfig) {
         Ok(_) => {}
         Err(e) => tracing::warn!("promoting due retries: {e}"),
     }
-    match rebalance::rebalance(con, keys, cfg.member_timeout).await {
+    match rebalance::rebalance(con, keys).await {
         Ok(Some(r)) if r.changed() => tracing::info!(?r, "rebalanced"),
         Ok(_) => {}
         Err(e) => tracing::warn!("rebalance failed: {e}"),
     }
-    match snapshot(con, keys, now_ms(), cfg.finished_retention, cfg.member_timeout).await {
+    match snapshot(con, keys, now_ms(), cfg.finished_retention).await {
         Ok(s) => crate::metrics::publish(keys.queue(), &s),
         Err(e) => tracing::warn!("reading progress: {e}"),
     }

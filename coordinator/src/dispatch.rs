@@ -44,7 +44,6 @@ pub async fn dispatch_any(
     keys: &Keys,
     spec: &TaskSpec,
     shard_keys: Option<&[String]>,
-    member_timeout: std::time::Duration,
 ) -> Result<Dispatched> {
     use redis::AsyncCommands;
     use shardctl_common::ring::Strategy;
@@ -98,7 +97,7 @@ pub async fn dispatch_any(
         // a delayed task is placed when it starts (lib.lua start_due_tasks, then a rebalancer)
         return Ok(Dispatched { resumed, placed: 0, live: 0 });
     }
-    let live = crate::membership::live(con, keys, member_timeout).await?;
+    let live = crate::membership::live(con, keys).await?;
     if live.is_empty() {
         return Ok(Dispatched { resumed, placed: 0, live: 0 });
     }

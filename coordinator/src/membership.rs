@@ -92,11 +92,14 @@ pub async fn leave(con: &mut Conn, keys: &Keys, m: &Member) -> Result<bool> {
     scripts::leave(con, keys, &m.node, &m.instance).await
 }
 
-/// The live node ids, sorted.
-pub async fn live(con: &mut Conn, keys: &Keys, timeout: Duration) -> Result<Vec<String>> {
-    let since = now_ms().saturating_sub(timeout.as_millis() as u64);
-    let mut v: Vec<String> =
-        redis::cmd("ZRANGEBYSCORE").arg(keys.nodes()).arg(since).arg("+inf").query_async(con).await?;
+/// The live node ids, sorted: those whose last heartbeat is within their own member timeout.
+pub async fn live(con: &mut Conn, keys: &Keys) -> Result<Vec<String>> {
+    let mut v: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+        .arg(keys.nodes())
+        .arg(format!("({}", now_ms()))
+        .arg("+inf")
+        .query_async(con)
+        .await?;
     v.sort();
     Ok(v)
 }
@@ -123,7 +126,7 @@ pub async fn run(
                 Err(e) => tracing::warn!("membership heartbeat failed: {e}"),
             }
         }
-        match rebalance::rebalance(&mut con, &keys, cfg.timeout).await {
+        match rebalance::rebalance(&mut con, &keys).await {
             Ok(Some(r)) if r.changed() => {
                 tracing::info!(?r, "rebalanced");
                 on_rebalance(&r);

@@ -157,18 +157,19 @@ pub struct NodeStatus {
 }
 
 /// The live executors with their routed waiting and active shards.
-pub async fn nodes<C: ConnectionLike + Send>(
-    con: &mut C,
-    keys: &Keys,
-    member_timeout: std::time::Duration,
-) -> Result<Vec<NodeStatus>> {
+pub async fn nodes<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Result<Vec<NodeStatus>> {
     let now = shardctl_common::time::now_ms();
-    let since = now.saturating_sub(member_timeout.as_millis() as u64);
-    let live: Vec<(String, f64)> =
-        redis::cmd("ZRANGEBYSCORE").arg(keys.nodes()).arg(since).arg("+inf").arg("WITHSCORES").query_async(con).await?;
+    // scores are "alive until": the heartbeat plus the node's own timeout
+    let live: Vec<(String, f64)> = redis::cmd("ZRANGEBYSCORE")
+        .arg(keys.nodes())
+        .arg(format!("({now}"))
+        .arg("+inf")
+        .arg("WITHSCORES")
+        .query_async(con)
+        .await?;
     let mut out = Vec::new();
     let mut by_instance = HashMap::new();
-    for (node, beat) in live {
+    for (node, until) in live {
         let h: HashMap<String, String> = redis::cmd("HGETALL").arg(keys.node(&node)).query_async(con).await?;
         let waiting: u64 = redis::cmd("LLEN").arg(keys.node_wait(&node)).query_async(con).await?;
         if let Some(i) = h.get("instance") {
@@ -179,7 +180,7 @@ pub async fn nodes<C: ConnectionLike + Send>(
             host: get("host"),
             pid: get("pid").parse().ok(),
             concurrency: get("concurrency").parse().ok(),
-            heartbeat_age_ms: now.saturating_sub(beat as u64),
+            heartbeat_age_ms: now.saturating_sub((until as u64).saturating_sub(get("timeout_ms").parse().unwrap_or(0))),
             node,
             waiting,
             active: 0,

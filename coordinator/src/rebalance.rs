@@ -43,7 +43,7 @@ impl RebalanceReport {
 }
 
 /// Runs one rebalance unless another process holds the lock (`None`).
-pub async fn rebalance(con: &mut Conn, keys: &Keys, member_timeout: Duration) -> Result<Option<RebalanceReport>> {
+pub async fn rebalance(con: &mut Conn, keys: &Keys) -> Result<Option<RebalanceReport>> {
     let token = uuid::Uuid::new_v4().simple().to_string();
     let got: Option<String> = redis::cmd("SET")
         .arg(keys.rebalance_lock())
@@ -56,23 +56,23 @@ pub async fn rebalance(con: &mut Conn, keys: &Keys, member_timeout: Duration) ->
     if got.is_none() {
         return Ok(None);
     }
-    let r = run(con, keys, member_timeout).await;
+    let r = run(con, keys).await;
     let _ = con.del::<_, ()>(keys.rebalancing()).await;
     scripts::unlock(con, &keys.rebalance_lock(), &token).await?;
     r.map(Some)
 }
 
-async fn run(con: &mut Conn, keys: &Keys, member_timeout: Duration) -> Result<RebalanceReport> {
+async fn run(con: &mut Conn, keys: &Keys) -> Result<RebalanceReport> {
     let mut report = RebalanceReport::default();
-    let cutoff = now_ms().saturating_sub(member_timeout.as_millis() as u64);
+    // each node's score is the time it is alive until (its heartbeat plus its own timeout)
     let stale: Vec<String> =
-        redis::cmd("ZRANGEBYSCORE").arg(keys.nodes()).arg("-inf").arg(format!("({cutoff}")).query_async(con).await?;
+        redis::cmd("ZRANGEBYSCORE").arg(keys.nodes()).arg("-inf").arg(now_ms()).query_async(con).await?;
     for n in stale {
         // a node that beats again after this simply joins again
         let _: () = redis::pipe().zrem(keys.nodes(), &n).del(keys.node(&n)).query_async(con).await?;
         report.departed.push(n);
     }
-    report.live = membership::live(con, keys, member_timeout).await?;
+    report.live = membership::live(con, keys).await?;
     if report.live.is_empty() {
         // nothing can be placed: unplaced tasks and reroutes wait for the first executor
         return Ok(report);

@@ -31,9 +31,6 @@ pub struct CoordinatorArgs {
     /// Stalls a shard survives; one more fails it.
     #[arg(long, default_value_t = DEFAULT_MAX_STALLED)]
     pub max_stalled_count: u32,
-    /// An executor whose membership heartbeat is older than this is gone (its routed shards move).
-    #[arg(long, default_value = "15s", value_parser = duration)]
-    pub member_timeout: Duration,
 }
 
 pub async fn run(args: &Args, a: &CoordinatorArgs) -> anyhow::Result<ExitCode> {
@@ -41,7 +38,6 @@ pub async fn run(args: &Args, a: &CoordinatorArgs) -> anyhow::Result<ExitCode> {
         refresh: a.refresh,
         finished_retention: a.finished_retention,
         sweep: SweepConfig { interval: a.stalled_interval, max_stalled: a.max_stalled_count },
-        member_timeout: a.member_timeout,
     };
     cfg.validate().map_err(shardctl_common::Error::Invalid)?;
     let (_, con) = connect(args).await?;

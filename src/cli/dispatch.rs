@@ -25,9 +25,6 @@ pub struct DispatchArgs {
     /// One routing key per line, one shard per key (routed strategies).
     #[arg(long, value_name = "FILE")]
     pub keys_file: Option<std::path::PathBuf>,
-    /// Executors whose membership heartbeat is older than this are not given shards.
-    #[arg(long, default_value = "15s", value_parser = duration)]
-    pub member_timeout: Duration,
     /// Wait for the task to end (progress bar on stderr), then print its result.
     #[arg(long)]
     pub wait: bool,
@@ -60,7 +57,7 @@ pub async fn run(args: &Args, a: &DispatchArgs) -> anyhow::Result<ExitCode> {
         );
     }
     let (_, mut con) = connect(args).await?;
-    let d = dispatch_any(&mut con, &args.keys(), &spec, shard_keys.as_deref(), a.member_timeout).await?;
+    let d = dispatch_any(&mut con, &args.keys(), &spec, shard_keys.as_deref()).await?;
     if a.delay.is_some_and(|d| !d.is_zero()) {
         eprintln!(
             "delayed: nothing of it is claimable for {}",

@@ -84,7 +84,6 @@ pub async fn run(args: &Args, a: &ExecutorArgs) -> anyhow::Result<ExitCode> {
     let mcfg =
         MembershipConfig { heartbeat: a.member_heartbeat, timeout: a.member_timeout.unwrap_or(a.member_heartbeat * 3) };
     mcfg.validate().map_err(shardctl_common::Error::Invalid)?;
-    let member_timeout = mcfg.timeout;
     let registry = registry(a.exec.as_deref(), a.aggregate_exec.as_deref(), a.max_result_bytes)?;
     let (client, mut con) = connect(args).await?;
     if let Some(addr) = a.metrics_addr {
@@ -130,7 +129,7 @@ pub async fn run(args: &Args, a: &ExecutorArgs) -> anyhow::Result<ExitCode> {
         if let Err(e) = membership::leave(&mut con, &keys, &member).await {
             tracing::warn!("leaving the membership: {e}");
         }
-        let _ = shardctl_coordinator::rebalance::rebalance(&mut con, &keys, member_timeout).await;
+        let _ = shardctl_coordinator::rebalance::rebalance(&mut con, &keys).await;
     }
     tracing::info!(?stats, "executor stopped");
     match taken_over {

@@ -18,9 +18,6 @@ pub struct StatusArgs {
     /// With a task: list its failed shards and their reasons.
     #[arg(long)]
     pub failed: bool,
-    /// Executors whose membership heartbeat is older than this are not shown.
-    #[arg(long, default_value = "15s", value_parser = super::duration)]
-    pub member_timeout: std::time::Duration,
 }
 
 pub async fn run(args: &Args, a: &StatusArgs) -> anyhow::Result<ExitCode> {
@@ -31,7 +28,7 @@ pub async fn run(args: &Args, a: &StatusArgs) -> anyhow::Result<ExitCode> {
     let keys = args.keys();
     let Some(id) = &a.task else {
         let q = progress::queue(&mut con, &keys, &args.queue, 10).await?;
-        let nodes = progress::nodes(&mut con, &keys, a.member_timeout).await?;
+        let nodes = progress::nodes(&mut con, &keys).await?;
         if a.json {
             let mut v = serde_json::to_value(&q)?;
             v["nodes"] = serde_json::to_value(&nodes)?;

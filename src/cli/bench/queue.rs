@@ -6,7 +6,7 @@ use anyhow::{bail, ensure};
 use shardctl_common::model::TaskSpec;
 use shardctl_common::ring::Strategy;
 use shardctl_coordinator::dispatch::{dispatch, dispatch_any, new_task_id};
-use shardctl_coordinator::membership::{self, Member, MembershipConfig, DEFAULT_MEMBER_TIMEOUT};
+use shardctl_coordinator::membership::{self, Member, MembershipConfig};
 use shardctl_coordinator::sweep::{self, SweepConfig};
 use shardctl_executor::{Executor, ExecutorConfig, Registry};
 use tokio_util::sync::CancellationToken;
@@ -118,7 +118,7 @@ pub(crate) async fn dispatch_routed(ctx: &mut Ctx) -> anyhow::Result<Figures> {
     stats::reset_stats(&mut con).await?;
     let before = stats::info(&mut con).await?;
     let start = Instant::now();
-    let d = dispatch_any(&mut con, &ctx.keys, &spec, None, DEFAULT_MEMBER_TIMEOUT).await?;
+    let d = dispatch_any(&mut con, &ctx.keys, &spec, None).await?;
     let secs = start.elapsed().as_secs_f64();
     let after = stats::info(&mut con).await?;
     ensure!(
