@@ -498,3 +498,9 @@ fn a_reader_that_goes_away_ends_the_output_quietly() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr.trim(), "exit 0", "no panic, no error on a closed stdout: {stderr}");
 }
+
+#[test]
+fn status_failed_needs_a_task() {
+    let cli = Cli::start("failed-flag");
+    cli.rejects(&["status", "--failed"], 2, "<TASK>");
+}

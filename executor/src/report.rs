@@ -172,11 +172,13 @@ fn count(shared: &Shared, finished: &[Finished<'_>], codes: &scripts::ItemCodes)
                 Stats::add(&s.completed, 1);
                 m.completed.increment(1);
             }
-            (FinishedAs::Failed { .. }, Ok(2)) => {
+            (FinishedAs::Failed { reason, delay_ms }, Ok(2)) => {
                 Stats::add(&s.retried, 1);
                 m.retried.increment(1);
+                tracing::info!(shard = %f.claim.shard_ref, attempt = f.claim.attempt, retry_in_ms = delay_ms, "shard failed: {reason}");
             }
             (FinishedAs::Failed { reason, .. }, Ok(1)) => {
+                tracing::warn!(shard = %f.claim.shard_ref, attempt = f.claim.attempt, "failed for good: {reason}");
                 Stats::add(&s.failed, 1);
                 if agg {
                     m.aggregations_failed.increment(1);

@@ -16,7 +16,7 @@ pub struct StatusArgs {
     #[arg(long)]
     pub json: bool,
     /// With a task: list its failed shards and their reasons.
-    #[arg(long)]
+    #[arg(long, requires = "task")]
     pub failed: bool,
 }
 
