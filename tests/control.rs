@@ -117,6 +117,37 @@ fn alive(pid: &str) -> bool {
 }
 
 /// Start times (ms since the epoch) of the records `<task> <index> <ns>` of task `id`.
+/// A handler script in `dir` that appends `<task> <index> <ns>` to a records file when it
+/// starts; returns the records file and the `--exec` line.
+fn start_recorder(dir: &Path) -> (PathBuf, String) {
+    let rec = dir.join("starts");
+    let exec = script(
+        dir,
+        "h.sh",
+        &format!("echo \"$SHARDCTL_TASK_ID $SHARDCTL_SHARD_INDEX $(date +%s%N)\" >> {}", rec.display()),
+    );
+    (rec, exec)
+}
+
+/// The recorded start times (ms) of task `id`, sorted.
+fn sorted_starts(rec: &Path, id: &str) -> Vec<u64> {
+    let mut t = starts_ms(&lines(rec), id);
+    t.sort();
+    t
+}
+
+/// No `window_ms` holds more than `n` of the sorted start times `t`.
+fn assert_at_most_per_window(t: &[u64], n: usize, window_ms: u64) {
+    for i in 0..t.len().saturating_sub(n) {
+        assert!(
+            t[i + n] - t[i] >= window_ms,
+            "starts {i} and {} are {} ms apart: more than {n} within {window_ms} ms: {t:?}",
+            i + n,
+            t[i + n] - t[i]
+        );
+    }
+}
+
 fn starts_ms(records: &[String], id: &str) -> Vec<u64> {
     records
         .iter()
@@ -134,12 +165,7 @@ fn starts_ms(records: &[String], id: &str) -> Vec<u64> {
 fn a_delayed_task_starts_after_its_delay_and_undelayed_work_runs_first() {
     let cli = Cli::start("delay");
     let d = dir("delay");
-    let rec = d.join("starts");
-    let exec = script(
-        &d,
-        "h.sh",
-        &format!("echo \"$SHARDCTL_TASK_ID $SHARDCTL_SHARD_INDEX $(date +%s%N)\" >> {}", rec.display()),
-    );
+    let (rec, exec) = start_recorder(&d);
     let t0 = now_ms();
     cli.ok(&["dispatch", "--kind", "rec", "--shards", "2", "--task-id", "later", "--delay", "1500ms"]);
     let s = status(&cli, "later");
@@ -164,12 +190,7 @@ fn a_delayed_task_starts_after_its_delay_and_undelayed_work_runs_first() {
 fn a_blocked_executor_wakes_at_a_delayed_tasks_start_not_at_its_block_timeout() {
     let cli = Cli::start("wake");
     let d = dir("wake");
-    let rec = d.join("starts");
-    let exec = script(
-        &d,
-        "h.sh",
-        &format!("echo \"$SHARDCTL_TASK_ID $SHARDCTL_SHARD_INDEX $(date +%s%N)\" >> {}", rec.display()),
-    );
+    let (rec, exec) = start_recorder(&d);
     let _e = executor(&cli, "w1", &["--block-timeout", "30s", "--exec", &exec]);
     // once it beats (its lease exists) it has claimed nothing and blocks on the marker, for up
     // to 30 s
@@ -418,12 +439,7 @@ fn retry_of_a_failed_aggregation_runs_only_the_aggregation_again() {
 fn the_rate_limit_holds_across_three_executors_and_is_used_in_full() {
     let cli = Cli::start("limit");
     let d = dir("limit");
-    let rec = d.join("starts");
-    let exec = script(
-        &d,
-        "h.sh",
-        &format!("echo \"$SHARDCTL_TASK_ID $SHARDCTL_SHARD_INDEX $(date +%s%N)\" >> {}", rec.display()),
-    );
+    let (rec, exec) = start_recorder(&d);
     // bad values are refused before anything is written
     cli.rejects(&["limit", "--max", "0", "--per", "1s"], 2, "--max");
     cli.rejects(&["limit", "--max", "3", "--per", "0s"], 2, "--per");
@@ -442,22 +458,14 @@ fn the_rate_limit_holds_across_three_executors_and_is_used_in_full() {
     std::thread::sleep(Duration::from_millis(500));
     cli.ok(&["dispatch", "--kind", "rec", "--shards", &TOTAL.to_string(), "--task-id", "lim"]);
     cli.ok(&["wait", "lim", "--timeout", "30s"]);
-    let mut t = starts_ms(&lines(&rec), "lim");
-    t.sort();
+    let t = sorted_starts(&rec, "lim");
     assert_eq!(t.len(), TOTAL);
     // The limiter counts claims by Redis's clock; the records are taken when the handler script
     // runs, some ms later (fork/exec of sh, on a loaded machine). Two starts N apart in the log
     // were claimed at least D apart; their records can be closer by the difference of two such
     // delays, so they are checked against D minus a 100 ms margin. Without the limit the 12
     // slots start 12 shards within a few ms of each other, far inside any such window.
-    for i in 0..t.len() - N {
-        assert!(
-            t[i + N] - t[i] >= D - 100,
-            "starts {i} and {} are {} ms apart: more than {N} in a window of {D} ms: {t:?}",
-            i + N,
-            t[i + N] - t[i]
-        );
-    }
+    assert_at_most_per_window(&t, N, D - 100);
     // and the limit is used: 14 shards at 4 per window start in 4 windows, the last starts
     // 3 windows (2.1 s) after the first, not much later (a loose bound: at least half the allowed throughput)
     let span = t[TOTAL - 1] - t[0];
@@ -472,8 +480,7 @@ fn the_rate_limit_holds_across_three_executors_and_is_used_in_full() {
     assert_eq!(meta, None);
     cli.ok(&["dispatch", "--kind", "rec", "--shards", "12", "--task-id", "free"]);
     cli.ok(&["wait", "free", "--timeout", "30s"]);
-    let mut f = starts_ms(&lines(&rec), "free");
-    f.sort();
+    let f = sorted_starts(&rec, "free");
     assert_eq!(f.len(), 12);
     assert!(f[N] - f[0] < D - 100, "without a limit {} shards started within {} ms: {f:?}", N + 1, f[N] - f[0]);
     let _ = std::fs::remove_dir_all(&d);
@@ -483,12 +490,7 @@ fn the_rate_limit_holds_across_three_executors_and_is_used_in_full() {
 fn a_limited_executor_waits_the_exact_time_the_limiter_returns_not_its_block_timeout() {
     let cli = Cli::start("limit-exact");
     let d = dir("limit-exact");
-    let rec = d.join("starts");
-    let exec = script(
-        &d,
-        "h.sh",
-        &format!("echo \"$SHARDCTL_TASK_ID $SHARDCTL_SHARD_INDEX $(date +%s%N)\" >> {}", rec.display()),
-    );
+    let (rec, exec) = start_recorder(&d);
     cli.ok(&["limit", "--max", "2", "--per", "400ms"]);
     let _e = executor(&cli, "x1", &["--concurrency", "4", "--block-timeout", "30s", "--exec", &exec]);
     std::thread::sleep(Duration::from_millis(300));
@@ -496,12 +498,9 @@ fn a_limited_executor_waits_the_exact_time_the_limiter_returns_not_its_block_tim
     // a full window is waited out by the time the claim returned: with a 30 s block timeout and
     // no other wake-up, a poll or a missed due time would take 30 s
     cli.ok(&["wait", "ex", "--timeout", "10s"]);
-    let mut t = starts_ms(&lines(&rec), "ex");
-    t.sort();
+    let t = sorted_starts(&rec, "ex");
     assert_eq!(t.len(), 6);
-    for i in 0..4 {
-        assert!(t[i + 2] - t[i] >= 300, "more than 2 starts in 400 ms: {t:?}");
-    }
+    assert_at_most_per_window(&t, 2, 300);
     assert!(t[5] - t[0] < 800 + 700, "3 windows of 400 ms took {} ms: {t:?}", t[5] - t[0]);
     let _ = std::fs::remove_dir_all(&d);
 }

@@ -145,13 +145,17 @@ impl TestRedis {
     }
 }
 
+/// Prints the last lines of a redis-server's log (when a test panics, before the server goes).
+pub(crate) fn print_log_tail(port: u16, log: &str) {
+    let tail: Vec<&str> = log.lines().rev().take(30).collect();
+    let tail: Vec<&str> = tail.into_iter().rev().collect();
+    eprintln!("--- redis-server log (port {port}), last lines ---\n{}", tail.join("\n"));
+}
+
 impl Drop for TestRedis {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            let log = self.log();
-            let tail: Vec<&str> = log.lines().rev().take(30).collect();
-            let tail: Vec<&str> = tail.into_iter().rev().collect();
-            eprintln!("--- redis-server log (port {}), last lines ---\n{}", self.port, tail.join("\n"));
+            print_log_tail(self.port, &self.log());
         }
         self.stop();
         let _ = std::fs::remove_dir_all(&self.dir);

@@ -183,10 +183,7 @@ impl SecureRedis {
 impl Drop for SecureRedis {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            let log = self.log();
-            let tail: Vec<&str> = log.lines().rev().take(30).collect();
-            let tail: Vec<&str> = tail.into_iter().rev().collect();
-            eprintln!("--- redis-server log (port {}), last lines ---\n{}", self.port, tail.join("\n"));
+            crate::print_log_tail(self.port, &self.log());
         }
         self.stop();
         let _ = std::fs::remove_dir_all(&self.dir);
