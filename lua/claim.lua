@@ -28,8 +28,9 @@
 
   Returns { next, lapsed, ref_1, attempt_1, fails_1, ... }: `next` is 0 when shards were
   claimed, -2 when the queue is paused, else the due time (caller's clock) of the earliest
-  delayed ref or task, or of the rate limit's next free slot, or -1 if none; `lapsed` is 1 when this claim had to take the executor's lease again (it had expired:
-  the executor must check which of its shards are still its own, see extend.lua).
+  delayed ref or task, or of the rate limit's next free slot, or -1 if none; `lapsed` is 1 when
+  this claim had to take the executor's lease again (it had expired: the executor must check
+  which of its shards are still its own, see extend.lua).
 ]]
 local prefix, now, count, lock_ms, token = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
 

@@ -1,16 +1,15 @@
 //! The claim loop: take a slot first (a concurrency permit, or with `prefetch` one of the
 //! concurrency + prefetch slots), then as many more as are free, claim that many shards in one
 //! script call, and start each. A prefetched shard waits, held under the executor's lease, until
-//! a running one ends; at shutdown it is given back at once, never started. With nothing to claim, block on the queue's marker on a
-//! dedicated connection (no polling) until work arrives, a delayed shard falls due, or the
-//! block timeout passes.
+//! a running one ends; at shutdown it is given back at once, never started. With nothing to
+//! claim, block on the queue's marker on a dedicated connection (no polling) until work arrives,
+//! a delayed shard falls due, or the block timeout passes.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use shardctl_common::conn::Conn;
-
 use shardctl_common::scripts::{self, ClaimRequest};
 use shardctl_common::time::now_ms;
 use tokio::sync::Semaphore;
