@@ -1032,6 +1032,14 @@ fn routed_work_that_becomes_claimable_is_placed_without_waiting_for_a_heartbeat(
     );
     let out = env.run(&["wait", "again", "--timeout", "15s", "--json"]);
     assert_eq!(out.code(), 3, "{out:?}");
+    // another process holds the rebalance lock when the wake-up comes: it is tried again shortly
+    let _: () = redis::cmd("SET")
+        .arg(env.key("rebalance-lock"))
+        .arg("someone-else")
+        .arg("PX")
+        .arg(600)
+        .query(&mut env.con())
+        .unwrap();
     let out = env.run(&["retry", "again"]);
     assert_eq!(out.code(), 0, "{out:?}");
     let out = env.run(&["wait", "again", "--timeout", "15s", "--json"]);

@@ -105,7 +105,8 @@ pub async fn live(con: &mut Conn, keys: &Keys) -> Result<Vec<String>> {
 }
 
 /// Refreshes the heartbeat every `cfg.heartbeat` and rebalances after each, until `stop`; a
-/// notification of `wake` rebalances at once (routed work is waiting).
+/// notification of `wake` rebalances at once (routed work is waiting), trying again shortly
+/// while another process holds the rebalance lock (it may have passed the waiting work by).
 /// Returns an error when another executor took the node id over (this one must stop).
 pub async fn run(
     mut con: Conn,
@@ -117,9 +118,13 @@ pub async fn run(
     on_rebalance: impl Fn(&RebalanceReport) + Send,
 ) -> Result<()> {
     let mut next_beat = tokio::time::Instant::now();
+    // rebalances still owed to a wake-up that found the lock taken
+    let mut owed = 0u32;
     loop {
-        if tokio::time::Instant::now() >= next_beat {
-            next_beat += cfg.heartbeat;
+        let now = tokio::time::Instant::now();
+        if now >= next_beat {
+            // from now, not from the missed beat: a pause or a slow call leaves no burst behind
+            next_beat = now + cfg.heartbeat;
             match join(&mut con, &keys, &m, &cfg).await {
                 Ok(()) => {}
                 Err(e @ Error::Invalid(_)) => return Err(e),
@@ -127,17 +132,25 @@ pub async fn run(
             }
         }
         match rebalance::rebalance(&mut con, &keys).await {
-            Ok(Some(r)) if r.changed() => {
-                tracing::info!(?r, "rebalanced");
-                on_rebalance(&r);
+            Ok(Some(r)) => {
+                owed = 0;
+                if r.changed() {
+                    tracing::info!(?r, "rebalanced");
+                    on_rebalance(&r);
+                }
             }
-            Ok(_) => {}
+            Ok(None) => owed = owed.saturating_sub(1),
             Err(e) => tracing::warn!("rebalance failed: {e}"),
         }
+        let until = if owed > 0 { next_beat.min(tokio::time::Instant::now() + WAKE_RETRY) } else { next_beat };
         tokio::select! {
-            _ = tokio::time::sleep_until(next_beat) => {}
-            _ = wake.notified() => {}
+            _ = tokio::time::sleep_until(until) => {}
+            _ = wake.notified() => owed = WAKE_RETRIES,
             _ = stop.cancelled() => return Ok(()),
         }
     }
 }
+
+/// After a wake-up, how often and how long apart a rebalance is tried while the lock is taken.
+const WAKE_RETRIES: u32 = 20;
+const WAKE_RETRY: Duration = Duration::from_millis(100);

@@ -25,6 +25,7 @@ pub struct ExecutorArgs {
     pub concurrency: usize,
     /// Claim up to this many shards ahead of a free slot, so that the claim's round trip overlaps
     /// the work (for shards of a few ms or less); they wait held and are given back at shutdown.
+    /// Not with a queue rate limit: it counts claims, and a prefetched shard starts later.
     #[arg(long, default_value_t = 0)]
     pub prefetch: usize,
     /// Run every kind that is not built in with this command (no shell): shard facts in

@@ -191,9 +191,12 @@ pub fn describe(e: &anyhow::Error) -> String {
             .into();
     }
     if text.contains("NoPerm") || text.contains("NOPERM") {
-        return "the redis user lacks a permission shardctl needs (a command, or the keys ~{PREFIX:*): \
-                see README, 'Production Redis', for the minimal ACL"
-            .into();
+        // redis's own words name the command or key; once, not once per pipelined command
+        let said = text.split("error: ").nth(1).and_then(|s| s.split(')').next()).unwrap_or("");
+        return format!(
+            "the redis user lacks a permission shardctl needs (a command, or the keys ~{{PREFIX:*): \
+             see README, 'Production Redis', for the minimal ACL (redis said: {said})"
+        );
     }
     text
 }
