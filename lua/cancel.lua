@@ -3,9 +3,8 @@
   executors learn it at their next heartbeat, see extend.lua, and stop the handlers), and it
   ends `cancelled` without aggregation. Its refs waiting out a retry backoff leave `delayed` now;
   refs of it still queued in `wait`, node lists or `reroute` are dropped by the claim that meets
-  them (claim.lua try_ref), which deletes their per-shard state (`shard:<ref>`) too; that of the
-  refs leaving `delayed` goes now. Nothing here is proportional to the queued work: only `active`
-  and `delayed` are read.
+  them (claim.lua try_ref). Its per-shard state (`task:<id>:shards`) goes now. Nothing here is
+  proportional to the queued work: only `active` and `delayed` are read.
 
   KEYS[1] task:<id>   hash
   KEYS[2] active      hash    ref -> token
@@ -30,16 +29,14 @@ end
 if #stopped > 0 then
   call_chunked('HDEL', KEYS[2], stopped)
   call_chunked('SREM', KEYS[4], stopped)
-  for _, ref in ipairs(stopped) do rcall('DEL', prefix .. 'shard:' .. ref) end
 end
--- retries in their backoff: out of `delayed` (no executor wakes for them), their state gone
+-- retries in their backoff: out of `delayed` (no executor wakes for them)
 local gone = {}
 for _, ref in ipairs(rcall('ZRANGE', prefix .. 'delayed', 0, -1)) do
   if string.sub(ref, 1, #pre) == pre then gone[#gone + 1] = ref end
 end
 if #gone > 0 then call_chunked('ZREM', prefix .. 'delayed', gone) end
-for i = 1, #gone do gone[i] = prefix .. 'shard:' .. gone[i] end
-for s = 1, #gone, 4000 do rcall('DEL', unpack(gone, s, math.min(s + 3999, #gone))) end
+rcall('DEL', shards_key(prefix, tid))
 rcall('HINCRBY', KEYS[3], 'cancels', 1)
 end_task(prefix, tid, 'cancelled', now)
 return #stopped

@@ -2,8 +2,10 @@
   Claims up to `count` shards for one executor, all under one token `<instance>:<seq>` (one token
   per claim call: a shard is never claimed twice by one call). Order: explicit refs (released and
   aggregation jobs at the front of `wait`, recovered and due retries at the back), then refs
-  routed to this node, then fresh indexes from the runnable tasks' cursors. Refs whose task is
-  gone, cancelled, not started or already terminal are dropped. The claim also renews the executor's lease.
+  routed to this node, then fresh indexes from the runnable tasks' cursors. Refs are
+  `<task>:<seq>:<index>`: a ref of another incarnation (its task's `seq` differs), of a task
+  gone, cancelled or not started, of a terminal shard, or one already held (in `active`, or taken
+  earlier in this call) is dropped. The claim also renews the executor's lease.
 
   The queue-wide rate limit (`meta` limit_max, limit_per_ms; set by `shardctl limit`) is a
   sliding log in `limiter`: one entry `<token>|<k>` per claim call that started k shards, scored
@@ -84,29 +86,42 @@ local function take_ref(ref, attempt, fails)
   n = n + 1
 end
 
--- an explicit or routed ref, if its task still wants it; `lazy` refs have state only when
--- they were recovered or released before
+-- refs taken by this call: one call never hands out a ref twice
+local taken = {}
+
+-- an explicit or routed ref, if the current incarnation of its task still wants it and nobody
+-- holds it; `lazy` refs have state only when they were recovered or released before. A ref of
+-- another incarnation has no state to remove: state lives in the current incarnation's `:shards`.
 local function try_ref(ref, lazy)
-  local tid, idx = split_ref(ref)
+  local tid, inc, idx = split_ref(ref)
   local tkey = prefix .. 'task:' .. (tid or '')
-  local skey = prefix .. 'shard:' .. ref
-  local t = tid and rcall('HMGET', tkey, 'state', 'total')
-  local state = t and t[1]
+  local t = tid and not taken[ref] and rcall('HMGET', tkey, 'state', 'total', 'seq')
+  local state = t and t[3] == inc and t[1]
   local ok = state and state ~= 'cancelled' and state ~= 'delayed'
   if ok and idx == 'agg' then
     ok = state == 'aggregating'
   elseif ok then
-    -- an index past the total is a stale ref of an earlier task under the same id
     local i = tonumber(idx)
-    ok = i ~= nil and i < tonumber(t[2]) and rcall('GETBIT', tkey .. ':terminal', idx) == 0
+    ok = i ~= nil and i < tonumber(t[2])
+    if ok and rcall('GETBIT', tkey .. ':terminal', idx) == 1 then
+      -- terminal (requeued after it finished): its state, if any, goes with the ref
+      drop_state(prefix, tid, idx)
+      ok = false
+    end
   end
+  -- a held ref stays its holder's, with its state
+  if ok then ok = rcall('HEXISTS', KEYS[4], ref) == 0 end
   if not ok then
-    rcall('DEL', skey)
     junk_left = junk_left - 1
-  elseif lazy and rcall('EXISTS', skey) == 0 then
+    return
+  end
+  taken[ref] = true
+  local skey = shards_key(prefix, tid)
+  local s = rcall('HMGET', skey, idx .. ':attempt', idx .. ':fails')
+  if lazy and not s[1] then
     take_ref(ref, 1, 0)
   else
-    take_ref(ref, rcall('HINCRBY', skey, 'attempt', 1), tonumber(rcall('HGET', skey, 'fails') or '0'))
+    take_ref(ref, rcall('HINCRBY', skey, idx .. ':attempt', 1), tonumber(s[2] or '0'))
   end
 end
 
@@ -129,7 +144,7 @@ while n < count do
   if #head == 0 then break end
   local tid = head[1]
   local tkey = prefix .. 'task:' .. tid
-  local t = rcall('HMGET', tkey, 'cursor', 'total')
+  local t = rcall('HMGET', tkey, 'cursor', 'total', 'seq')
   if not t[1] then
     rcall('ZREM', KEYS[2], tid)
   else
@@ -137,7 +152,7 @@ while n < count do
     local k = math.min(count - n, total - cursor)
     if k > 0 then rcall('HINCRBY', tkey, 'cursor', k) end
     if cursor + k >= total then rcall('ZREM', KEYS[2], tid) end
-    local pre = tid .. ':'
+    local pre = tid .. ':' .. t[3] .. ':'
     for i = cursor, cursor + k - 1 do
       take_ref(pre .. i, 1, 0)
     end

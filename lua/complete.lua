@@ -4,15 +4,22 @@
   bitmap decides (BITFIELD returns each old bit). The last terminal shard of a task enqueues
   `<task>:agg`; completing that records the result.
 
+  A shard of another incarnation (its task's `seq` is not the one given), past the task's total,
+  or of a task gone is refused (-3) and let go. Writes come in an order that an abort part-way
+  (a derived key of a slot being migrated) leaves repairable: terminal bits and counters first,
+  then the shards leave `active` (a shard left terminal and held is let go by its holder's retry,
+  which finds it terminal, or by the sweep, whose requeued ref the claim drops).
+
   KEYS[1] active      hash    ref -> token
   KEYS[2] stalled     set
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] now_ms
-  ARGV[3..] per task: task id, m, then m groups of 4: index (or `agg`), token,
-            has_state (1 when shard:<ref> may exist), result (JSON text; empty for none)
+  ARGV[3..] per task: task id, seq (its incarnation), m, then m groups of 4: index (or `agg`),
+            token, has_state (1 when the shard may have state in `task:<id>:shards`), result
+            (JSON text; empty for none)
 
   Returns one code per shard, in the order given: 1 counted, 0 already terminal (finished
-  twice), -1 lock missing, -2 lock mismatch, -3 task missing.
+  twice), -1 lock missing, -2 lock mismatch, -3 task missing (or another incarnation).
 ]]
 local prefix, now = ARGV[1], tonumber(ARGV[2])
 
@@ -21,16 +28,16 @@ local tids, idxs, tokens, states, results, refs = {}, {}, {}, {}, {}, {}
 local groups = {}
 local a = 3
 while a <= #ARGV do
-  local tid, m = ARGV[a], tonumber(ARGV[a + 1])
+  local tid, inc, m = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
   local first = #refs + 1
-  a = a + 2
+  a = a + 3
   for _ = 1, m do
     local i = #refs + 1
     tids[i], idxs[i], tokens[i], states[i], results[i] = tid, ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
-    refs[i] = tid .. ':' .. ARGV[a]
+    refs[i] = tid .. ':' .. inc .. ':' .. ARGV[a]
     a = a + 4
   end
-  groups[#groups + 1] = { tid, first, #refs }
+  groups[#groups + 1] = { tid, first, #refs, inc }
 end
 local n = #refs
 local cur = {}
@@ -39,7 +46,7 @@ for s = 1, n, 4000 do
   for j = 1, #part do cur[s + j - 1] = part[j] end
 end
 
-local codes, taken, shard_keys = {}, {}, {}
+local codes, taken = {}, {}
 for i = 1, n do
   if not cur[i] then
     codes[i] = -1
@@ -48,32 +55,36 @@ for i = 1, n do
   else
     codes[i] = true
     taken[#taken + 1] = refs[i]
-    if states[i] == '1' then shard_keys[#shard_keys + 1] = prefix .. 'shard:' .. refs[i] end
   end
 end
 if #taken == 0 then return codes end
-call_chunked('HDEL', KEYS[1], taken)
-if rcall('SCARD', KEYS[2]) > 0 then call_chunked('SREM', KEYS[2], taken) end
-for s = 1, #shard_keys, 4000 do rcall('DEL', unpack(shard_keys, s, math.min(s + 3999, #shard_keys))) end
 
 local per_shard_events = rcall('HGET', prefix .. 'meta', 'events_completions') == '1'
 for _, g in ipairs(groups) do
-  local tid, first, last = g[1], g[2], g[3]
+  local tid, first, last, inc = g[1], g[2], g[3], g[4]
   local tkey = prefix .. 'task:' .. tid
-  local exists = rcall('EXISTS', tkey) == 1
-  local ops, mine = {}, {}
+  local t = rcall('HMGET', tkey, 'seq', 'total')
+  local live = t[1] == inc
+  local total = tonumber(t[2] or '0')
+  local ops, mine, dropped = {}, {}, {}
   for i = first, last do
     if codes[i] == true then
-      if not exists then
+      if not live then
         codes[i] = -3
       elseif idxs[i] == 'agg' then
+        if states[i] == '1' then dropped[#dropped + 1] = 'agg' end
         codes[i] = finish_task(prefix, tid, true, results[i], now)
       else
-        mine[#mine + 1] = i
-        ops[#ops + 1] = 'SET'
-        ops[#ops + 1] = 'u1'
-        ops[#ops + 1] = idxs[i]
-        ops[#ops + 1] = 1
+        local idx = tonumber(idxs[i])
+        if idx == nil or idx >= total then
+          codes[i] = -3
+        else
+          mine[#mine + 1] = i
+          ops[#ops + 1] = 'SET'
+          ops[#ops + 1] = 'u1'
+          ops[#ops + 1] = idx
+          ops[#ops + 1] = 1
+        end
       end
     end
   end
@@ -97,6 +108,7 @@ for _, g in ipairs(groups) do
         else
           codes[i] = 0
         end
+        if states[i] == '1' then dropped[#dropped + 1] = idxs[i] end
       end
     end
     if counted > 0 then
@@ -106,5 +118,9 @@ for _, g in ipairs(groups) do
       maybe_aggregate(prefix, tid, now)
     end
   end
+  for _, idx in ipairs(dropped) do drop_state(prefix, tid, idx) end
 end
+-- last: the shards leave `active` (see the header on the order of writes)
+call_chunked('HDEL', KEYS[1], taken)
+if rcall('SCARD', KEYS[2]) > 0 then call_chunked('SREM', KEYS[2], taken) end
 return codes

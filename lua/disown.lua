@@ -19,9 +19,10 @@ local n = 0
 for i = 2, #ARGV, 2 do
   local ref, token = ARGV[i], ARGV[i + 1]
   if ref ~= ACTIVE_PIN and rcall('HGET', KEYS[1], ref) == token then
+    -- a ref of another incarnation is let go, not requeued
+    requeue(prefix, ref, true)
     rcall('HDEL', KEYS[1], ref)
     rcall('SREM', KEYS[4], ref)
-    requeue(prefix, ref, true)
     n = n + 1
   end
 end

@@ -12,6 +12,9 @@
   ARGV[4..] groups of 5: ref, token, attempt (of this claim), delay_ms (backoff before the next
             attempt), reason
 
+  Refs are `<task>:<seq>:<index>`: one of another incarnation, or outside the task, is refused
+  (-3) and let go, nothing recorded.
+
   Returns one code per group: 2 retry scheduled, 1 failed for good (counted), 0 failed for good
   but already terminal, -1 lock missing, -2 lock mismatch, -3 task missing.
 ]]
@@ -21,21 +24,21 @@ for i = 4, #ARGV, 5 do
   local ref, token, attempt, delay, reason = ARGV[i], ARGV[i + 1], ARGV[i + 2], tonumber(ARGV[i + 3]), ARGV[i + 4]
   -- a failed shard always has a reason: `retry` finds the failed shards by it
   if reason == '' then reason = 'failed' end
-  local code = take(prefix, ref, token)
+  local code = holds(prefix, ref, token)
   if code == 0 then
-    rcall('SREM', KEYS[2], ref)
-    local tid, idx = split_ref(ref)
-    local tkey = prefix .. 'task:' .. tid
-    local skey = prefix .. 'shard:' .. ref
-    local max = tonumber(rcall('HGET', tkey, 'attempts') or '0')
-    if max == 0 then
-      rcall('DEL', skey)
+    local tid, inc, idx = split_ref(ref)
+    local tkey = prefix .. 'task:' .. (tid or '')
+    local t = rcall('HMGET', tkey, 'attempts', 'seq', 'total', 'strategy')
+    local max = tonumber(t[1] or '0')
+    if not tid or t[2] ~= inc or (idx ~= 'agg' and not (tonumber(idx) and tonumber(idx) < tonumber(t[3]))) then
+      -- another incarnation's shard (or one outside the task): let go, nothing recorded
       code = -3
     else
-      local fails = rcall('HINCRBY', skey, 'fails', 1)
+      local skey = shards_key(prefix, tid)
+      local fails = rcall('HINCRBY', skey, idx .. ':fails', 1)
       if fails < max then
-        rcall('HSET', skey, 'attempt', attempt)
-        if idx ~= 'agg' and rcall('HGET', tkey, 'strategy') ~= 'pull' then rcall('HSET', skey, 'node', node) end
+        rcall('HSET', skey, idx .. ':attempt', attempt)
+        if idx ~= 'agg' and t[4] ~= 'pull' then rcall('HSET', skey, idx .. ':node', node) end
         if idx ~= 'agg' then rcall('HSET', tkey .. ':errors', idx, reason) end
         local due = now + delay
         rcall('ZADD', KEYS[3], due, ref)
@@ -44,7 +47,7 @@ for i = 4, #ARGV, 5 do
         emit(prefix, 'event', 'shard_retried', 'task', tid, 'shard', idx, 'attempt', attempt, 'reason', reason)
         code = 2
       else
-        rcall('DEL', skey)
+        drop_state(prefix, tid, idx)
         if idx == 'agg' then
           code = finish_task(prefix, tid, false, reason, now)
         else
@@ -52,6 +55,9 @@ for i = 4, #ARGV, 5 do
         end
       end
     end
+    -- last: the shard leaves `active` (an abort before this leaves it held, for a retry or the sweep)
+    rcall('HDEL', KEYS[1], ref)
+    rcall('SREM', KEYS[2], ref)
   end
   codes[#codes + 1] = code
 end

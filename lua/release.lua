@@ -18,11 +18,12 @@ local codes = {}
 local released = 0
 for i = 2, #ARGV, 2 do
   local ref, token = ARGV[i], ARGV[i + 1]
-  local code = take(prefix, ref, token)
+  local code = holds(prefix, ref, token)
   if code == 0 then
+    -- a ref of another incarnation is let go, not requeued
+    if requeue(prefix, ref, true) then released = released + 1 end
+    rcall('HDEL', KEYS[1], ref)
     rcall('SREM', KEYS[2], ref)
-    requeue(prefix, ref, true)
-    released = released + 1
     code = 1
   end
   codes[#codes + 1] = code

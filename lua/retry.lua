@@ -41,11 +41,12 @@ if ended then
   rcall('ZADD', prefix .. 'running', rcall('HGET', tkey, 'created_ms'), tid)
   for _, k in ipairs(task_keys(prefix, tid)) do rcall('PERSIST', k) end
 end
+local aref = tid .. ':' .. rcall('HGET', tkey, 'seq') .. ':agg'
 if agg_again then
-  rcall('ZREM', prefix .. 'delayed', tid .. ':agg')
-  rcall('DEL', prefix .. 'shard:' .. tid .. ':agg')
+  rcall('ZREM', prefix .. 'delayed', aref)
+  drop_state(prefix, tid, 'agg')
   rcall('HSET', tkey, 'state', 'aggregating', 'aggregating_ms', now)
-  rcall('LPUSH', KEYS[2], tid .. ':agg')
+  rcall('LPUSH', KEYS[2], aref)
   wake(prefix)
   emit(prefix, 'event', 'task_retried', 'task', tid, 'shards', 0)
   return 1
@@ -55,25 +56,25 @@ if state == 'aggregating' then
   -- retried shards enqueue a new one), the running one loses its lock, so that its result, read
   -- before the retry, cannot end the task; its executor stops it at the next heartbeat
   rcall('HSET', tkey, 'state', 'running')
-  local aref = tid .. ':agg'
   rcall('LREM', KEYS[2], 0, aref)
   rcall('ZREM', prefix .. 'delayed', aref)
   if rcall('HDEL', prefix .. 'active', aref) == 1 then
     rcall('SREM', prefix .. 'stalled', aref)
     rcall('HINCRBY', prefix .. 'meta', 'cancels', 1)
   end
-  rcall('DEL', prefix .. 'shard:' .. aref)
+  drop_state(prefix, tid, 'agg')
 end
 -- fresh attempts: no failure counts against the shard; its attempt numbers go on past the
 -- task's attempts, so that a handler never sees the number of an attempt it already made (the
 -- `fail` kind decides by it) and the claim knows the shard has state
 local attempts = rcall('HGET', tkey, 'attempts') or '1'
+local pre = tid .. ':' .. rcall('HGET', tkey, 'seq') .. ':'
+local skey = shards_key(prefix, tid)
 for _, idx in ipairs(again) do
-  local skey = prefix .. 'shard:' .. tid .. ':' .. idx
   rcall('SETBIT', tkey .. ':terminal', idx, 0)
-  rcall('DEL', skey)
-  requeue(prefix, tid .. ':' .. idx, false)
-  rcall('HSET', skey, 'attempt', attempts)
+  drop_state(prefix, tid, idx)
+  requeue(prefix, pre .. idx, false)
+  rcall('HSET', skey, idx .. ':attempt', attempts)
 end
 call_chunked('HDEL', tkey .. ':errors', again)
 rcall('HINCRBY', tkey, 'failed', -#again)

@@ -28,10 +28,12 @@ if tonumber(routed) ~= from then return -6 end
 local lists = {}
 for j = 1, k do lists[j] = {} end
 local n = #ARGV - 4 - k
+-- refs carry the task's incarnation (lib.lua split_ref)
+local pre = tid .. ':' .. rcall('HGET', KEYS[1], 'seq') .. ':'
 for i = 1, n do
   local j = tonumber(ARGV[4 + k + i])
   local l = lists[j]
-  l[#l + 1] = tid .. ':' .. (from + i - 1)
+  l[#l + 1] = pre .. (from + i - 1)
 end
 for j = 1, k do
   local node = ARGV[4 + j]

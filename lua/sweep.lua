@@ -38,13 +38,11 @@ rcall('DEL', KEYS[2])
 for _, ref in ipairs(candidates) do
   local token = rcall('HGET', KEYS[3], ref)
   if token and not holder_alive(token) then
-    rcall('HDEL', KEYS[3], ref)
-    local tid, idx = split_ref(ref)
-    local skey = prefix .. 'shard:' .. ref
-    if rcall('EXISTS', prefix .. 'task:' .. tid) == 0 then
-      rcall('DEL', skey)
-    elseif rcall('HINCRBY', skey, 'stalled', 1) > max_stalled then
-      rcall('DEL', skey)
+    local tid, inc, idx = split_ref(ref)
+    if not current(prefix, tid, inc) then
+      -- another incarnation's shard: let go, nothing recorded
+    elseif rcall('HINCRBY', shards_key(prefix, tid), idx .. ':stalled', 1) > max_stalled then
+      drop_state(prefix, tid, idx)
       if idx == 'agg' then
         finish_task(prefix, tid, false, reason, now)
       else
@@ -56,6 +54,8 @@ for _, ref in ipairs(candidates) do
       emit(prefix, 'event', 'shard_stalled', 'task', tid, 'shard', idx)
       recovered = recovered + 1
     end
+    -- last: the shard leaves `active` (an abort before this leaves it held, for the next sweep)
+    rcall('HDEL', KEYS[3], ref)
   end
 end
 if recovered > 0 then wake(prefix) end

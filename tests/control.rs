@@ -87,11 +87,11 @@ fn status(cli: &Cli, id: &str) -> Value {
     cli.json(&["status", id, "--json"], 0)
 }
 
-/// Every key of task `id` left in the server: `task:<id>*` and `shard:<id>:*`.
+/// Every key of task `id` left in the server: `task:<id>` and `task:<id>:*`.
 fn keys_of(cli: &Cli, id: &str) -> Vec<String> {
     let mut con = cli.con();
     let mut all: Vec<String> = Vec::new();
-    for pat in [cli.key(&format!("task:{id}*")), cli.key(&format!("shard:{id}:*"))] {
+    for pat in [cli.key(&format!("task:{id}")), cli.key(&format!("task:{id}:*"))] {
         let found: Vec<String> = redis::cmd("KEYS").arg(&pat).query(&mut con).unwrap();
         all.extend(found);
     }
@@ -267,7 +267,7 @@ fn cancel_kills_running_handlers_drops_queued_refs_and_ends_the_task_cancelled()
     let active: Vec<String> = redis::cmd("HKEYS").arg(cli.key("active")).query(&mut con).unwrap();
     assert!(active.iter().all(|r| !r.starts_with("doomed:")), "{active:?}");
     assert!(
-        cli.key("x").len() > 1 && keys_of(&cli, "doomed").iter().all(|k| !k.contains("shard:doomed:")),
+        cli.key("x").len() > 1 && keys_of(&cli, "doomed").iter().all(|k| !k.ends_with(":shards")),
         "shard state left: {:?}",
         keys_of(&cli, "doomed")
     );
@@ -650,4 +650,38 @@ fn clean_older_than_zero_removes_every_ended_task_and_leaves_running_ones() {
     // the queued pull task still runs to its end afterwards
     let _e2 = executor(&cli, "c2", &[]);
     cli.ok(&["wait", "run1", "--timeout", "20s"]);
+}
+
+/// Issue 11, defect 1: the executor cached a task's spec by id alone, so a task id dispatched
+/// again after cancel and clean ran with the old task's kind and size (shard 0 slept as the old
+/// `sleep` task, shards 1–3 failed "outside the task") and `wait` never succeeded. Refs now carry
+/// the task's incarnation and the cache is keyed by it.
+#[test]
+fn a_task_id_dispatched_again_runs_the_new_tasks_spec() {
+    let cli = Cli::start("reused-id");
+    let mut e = executor(&cli, "a", &["--lock-renew", "250ms"]);
+    cli.ok(&["dispatch", "--task-id", "x", "--kind", "sleep", "--shards", "1", "--payload", r#"{"ms":600000}"#]);
+    let mut con = cli.con();
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let held: Vec<String> = redis::cmd("HKEYS").arg(cli.key("active")).query(&mut con).unwrap();
+            held.iter().any(|r| r.starts_with("x:"))
+        }),
+        "the sleep shard never started\n{}",
+        e.log()
+    );
+    cli.ok(&["cancel", "x"]);
+    cli.ok(&["clean", "--older-than", "0s"]);
+    cli.ok(&["dispatch", "--task-id", "x", "--kind", "noop", "--shards", "4", "--attempts", "1"]);
+    let out = cli.run(&["wait", "x", "--timeout", "20s", "--json"]);
+    let log = e.log();
+    assert_eq!(out.code(), 0, "the new task under the id must complete: {out:?}\n{log}");
+    let s = status(&cli, "x");
+    assert_eq!(
+        (s["state"].as_str(), s["done"].as_u64(), s["failed"].as_u64()),
+        (Some("completed"), Some(4), Some(0)),
+        "{s}"
+    );
+    assert!(!log.contains("outside the task"), "a shard ran with the old task's size: {log}");
+    e.terminate();
 }

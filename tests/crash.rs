@@ -463,11 +463,13 @@ fn monitor(port: u16, prefix: &str, task: &str) -> JoinHandle<Observed> {
     r.read_line(&mut line).expect("MONITOR reply");
     assert!(line.starts_with("+OK"), "MONITOR: {line}");
     let tkey = format!("\"{prefix}task:{task}\"");
-    let shard = format!("\"{prefix}shard:{task}:");
-    let agg_shard = format!("\"{prefix}shard:{task}:agg\"");
+    // per-shard state: one hash per task, fields `<index>:attempt|fails|stalled` (`agg:*`)
+    let shards = format!("\"{prefix}task:{task}:shards\"");
     let wait = format!("\"{prefix}wait\"");
-    let agg = format!("\"{task}:agg\"");
+    // refs are `<task>:<incarnation>:<index|agg>`
     let any_ref = format!("\"{task}:");
+    let agg_ref = any_ref.clone();
+    let is_agg = move |cmd: &str| cmd.contains(&agg_ref) && cmd.contains(":agg\"");
     let terminal = format!("\"{prefix}task:{task}:terminal\"");
     std::thread::spawn(move || {
         let mut o = Observed::default();
@@ -492,11 +494,11 @@ fn monitor(port: u16, prefix: &str, task: &str) -> JoinHandle<Observed> {
                     o.done_incr += n.parse::<u64>().unwrap_or_else(|_| panic!("HINCRBY done of no count: {cmd}"));
                 } else if has(&format!("{tkey} \"failed\" \"1\"")) {
                     o.failed_incr += 1;
-                } else if has(&format!("{agg_shard} \"attempt\" \"1\"")) {
+                } else if has(&format!("{shards} \"agg:attempt\" \"1\"")) {
                     o.agg_claims += 1;
-                } else if has(&shard) && has("\"stalled\" \"1\"") {
+                } else if has(&shards) && has(":stalled\" \"1\"") {
                     o.stall_recoveries += 1;
-                } else if has(&shard) && has("\"fails\" \"1\"") {
+                } else if has(&shards) && has(":fails\" \"1\"") {
                     o.failed_attempts += 1;
                 }
             } else if cmd.starts_with("\"SETBIT\" ") && has(&terminal) {
@@ -514,12 +516,12 @@ fn monitor(port: u16, prefix: &str, task: &str) -> JoinHandle<Observed> {
                     o.result_set += 1;
                 }
             } else if cmd.starts_with(&format!("\"LPUSH\" {wait} ")) {
-                if has(&agg) {
+                if is_agg(cmd) {
                     o.agg_lpush += 1;
                 } else if has(&any_ref) {
                     o.releases += 1;
                 }
-            } else if cmd.starts_with(&format!("\"RPUSH\" {wait} ")) && has(&agg) {
+            } else if cmd.starts_with(&format!("\"RPUSH\" {wait} ")) && is_agg(cmd) {
                 o.agg_rpush += 1;
             }
         }
@@ -648,7 +650,9 @@ fn crash_round(round: u32, setup: Setup) {
     // held in `active` (only its pin may be: whatever lease outlives its executor holds nothing)
     let deadline = Instant::now() + Duration::from_secs(3);
     let leftovers = loop {
-        let shards = scan(&mut con, &format!("{prefix}shard:*"));
+        // per-shard state left: the fields of the task's `:shards` hash
+        let shards: Vec<String> =
+            redis::cmd("HKEYS").arg(format!("{prefix}task:{task}:shards")).query(&mut con).unwrap();
         let (held, wait, delayed): (BTreeMap<String, String>, Vec<String>, u64) = redis::pipe()
             .cmd("HGETALL")
             .arg(format!("{prefix}active"))

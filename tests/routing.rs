@@ -766,8 +766,9 @@ fn a_dispatch_cut_short_is_completed_by_running_it_again() {
         }
     }
     for (task, n) in [(id, total), (id0, total0)] {
+        let inc = env.task_field(task, "seq").expect("the task's incarnation");
         for i in 0..n {
-            let r = format!("{task}:{i}");
+            let r = format!("{task}:{inc}:{i}");
             assert_eq!(placed.remove(&r), Some(vec![ring_owner(&members, i)]), "placement of {r}");
         }
     }

@@ -36,7 +36,7 @@ async fn assert_queue_is_clean(env: &Env) {
     assert_eq!(env.active().await, 0, "active shards left");
     assert!(env.wait_list().await.is_empty(), "refs left waiting: {:?}", env.wait_list().await);
     env.assert_nothing_held().await;
-    assert!(env.keys_like(":shard:").await.is_empty(), "shard state left: {:?}", env.keys_like(":shard:").await);
+    assert!(env.keys_like(":shards").await.is_empty(), "shard state left: {:?}", env.keys_like(":shards").await);
     let delayed: u64 = env.cmd(redis::cmd("ZCARD").arg(env.keys.delayed())).await;
     assert_eq!(delayed, 0, "delayed retries left");
 }
@@ -281,7 +281,7 @@ async fn graceful_shutdown_releases_at_once() {
     assert_eq!(env.active().await, 0);
     let mut waiting = env.wait_list().await;
     waiting.sort();
-    assert_eq!(waiting, ["s:0", "s:1", "s:2", "s:3"]);
+    assert_eq!(waiting, ["s:1:0", "s:1:1", "s:1:2", "s:1:3"]);
     env.assert_nothing_held().await;
     let t = env.task("s").await;
     assert_eq!((t.state, t.done, t.failed, t.cursor), (TaskState::Running, 0, 0, 4), "{t:?}");
@@ -354,7 +354,7 @@ async fn lost_lock_cancels_handler() {
     assert!(!h.stopped.load(Ordering::SeqCst));
 
     // another holder takes the shard over while A's lease is gone
-    env.take_over("l:0", &instance, "other:1").await;
+    env.take_over("l:1:0", &instance, "other:1").await;
     eventually("the heartbeat to find the lock lost", || async { a.now().locks_lost == 1 }).await;
     let token = h.token.lock().unwrap().clone().unwrap();
     assert!(token.is_cancelled(), "the handler's token was not cancelled");
@@ -365,7 +365,7 @@ async fn lost_lock_cancels_handler() {
     // the stale holder recorded nothing and left the new holder's hold alone
     let t = env.task("l").await;
     assert_eq!((t.done, t.failed), (0, 0), "{t:?}");
-    assert_eq!(env.holders().await, HashMap::from([("l:0".to_owned(), "other:1".to_owned())]));
+    assert_eq!(env.holders().await, HashMap::from([("l:1:0".to_owned(), "other:1".to_owned())]));
     assert!(env.failed_shards("l").await.is_empty());
 }
 
@@ -390,7 +390,7 @@ async fn lost_lock_kills_the_child_process() {
     };
     assert!(alive(), "the child {pid} is not running");
 
-    env.take_over("k:0", &instance, "other:1").await;
+    env.take_over("k:1:0", &instance, "other:1").await;
     eventually("the heartbeat to find the lock lost", || async { a.now().locks_lost == 1 }).await;
     eventually("the child process to be killed", || async { !alive() }).await;
     let stats = a.stop().await;
@@ -626,7 +626,7 @@ async fn aborting_the_run_future_lets_its_locks_expire() {
     sweeper.stop().await;
     let mut waiting = env.wait_list().await;
     waiting.sort();
-    assert_eq!(waiting, ["ab:0", "ab:1", "ab:2", "ab:3"]);
+    assert_eq!(waiting, ["ab:1:0", "ab:1:1", "ab:1:2", "ab:1:3"]);
 }
 
 /// Counts handlers running at once and the most ever seen; each run takes `ms`.

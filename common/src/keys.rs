@@ -97,9 +97,10 @@ impl Keys {
     pub fn stalled_check(&self) -> String {
         self.key("stalled-check")
     }
-    /// Hash: attempt, fails, stalled of one shard (only while it needs them).
-    pub fn shard(&self, shard_ref: &str) -> String {
-        self.key(&format!("shard:{shard_ref}"))
+    /// Hash: the per-shard state of one task's shards, fields `<index>:attempt`, `:fails`,
+    /// `:stalled`, `:node` (and `agg:*`), only while a shard needs them.
+    pub fn shards(&self, id: &str) -> String {
+        self.key(&format!("task:{id}:shards"))
     }
     /// Zset: wakes blocked executors.
     pub fn marker(&self) -> String {
@@ -171,14 +172,7 @@ impl Keys {
 
     /// Every key a task owns (for removal; the same list as `task_keys` in lua/include/lib.lua).
     pub fn task_keys(&self, id: &str) -> [String; 6] {
-        [
-            self.task(id),
-            self.terminal(id),
-            self.results(id),
-            self.errors(id),
-            self.shard_keys(id),
-            self.shard(&format!("{id}:agg")),
-        ]
+        [self.task(id), self.terminal(id), self.results(id), self.errors(id), self.shard_keys(id), self.shards(id)]
     }
 }
 

@@ -43,23 +43,26 @@ pub enum Part {
     Aggregate,
 }
 
-/// A shard ref `<task>:<index>` or `<task>:agg`.
+/// A shard ref `<task>:<inc>:<index>` or `<task>:<inc>:agg`: `inc` is the task's incarnation
+/// (its `seq`), so that nothing of an earlier task under the same id is taken for this one.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ShardRef {
     /// The task id.
     pub task: String,
+    /// The task's incarnation: the queue's submission number when it was dispatched.
+    pub inc: u64,
     /// Which part of the task.
     pub part: Part,
 }
 
 impl ShardRef {
-    /// The ref of shard `index` of `task`.
-    pub fn shard(task: &str, index: u64) -> Self {
-        ShardRef { task: task.to_owned(), part: Part::Shard(index) }
+    /// The ref of shard `index` of incarnation `inc` of `task`.
+    pub fn shard(task: &str, inc: u64, index: u64) -> Self {
+        ShardRef { task: task.to_owned(), inc, part: Part::Shard(index) }
     }
-    /// The aggregation job of `task`.
-    pub fn aggregate(task: &str) -> Self {
-        ShardRef { task: task.to_owned(), part: Part::Aggregate }
+    /// The aggregation job of incarnation `inc` of `task`.
+    pub fn aggregate(task: &str, inc: u64) -> Self {
+        ShardRef { task: task.to_owned(), inc, part: Part::Aggregate }
     }
     /// True for the aggregation job.
     pub fn is_aggregate(&self) -> bool {
@@ -70,8 +73,8 @@ impl ShardRef {
 impl fmt::Display for ShardRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.part {
-            Part::Shard(i) => write!(f, "{}:{i}", self.task),
-            Part::Aggregate => write!(f, "{}:agg", self.task),
+            Part::Shard(i) => write!(f, "{}:{}:{i}", self.task, self.inc),
+            Part::Aggregate => write!(f, "{}:{}:agg", self.task, self.inc),
         }
     }
 }
@@ -79,12 +82,17 @@ impl fmt::Display for ShardRef {
 impl FromStr for ShardRef {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self, Error> {
-        let (task, part) = s.rsplit_once(':').ok_or_else(|| Error::Protocol(format!("malformed shard ref '{s}'")))?;
+        let bad = || Error::Protocol(format!("malformed shard ref '{s}'"));
+        let (rest, part) = s.rsplit_once(':').ok_or_else(bad)?;
+        let (task, inc) = rest.rsplit_once(':').ok_or_else(bad)?;
+        if task.is_empty() || task.contains(':') {
+            return Err(bad());
+        }
         let part = match part {
             "agg" => Part::Aggregate,
-            n => Part::Shard(n.parse().map_err(|_| Error::Protocol(format!("malformed shard ref '{s}'")))?),
+            n => Part::Shard(n.parse().map_err(|_| bad())?),
         };
-        Ok(ShardRef { task: task.to_owned(), part })
+        Ok(ShardRef { task: task.to_owned(), inc: inc.parse().map_err(|_| bad())?, part })
     }
 }
 
@@ -265,6 +273,9 @@ impl TaskSpec {
 pub struct TaskInfo {
     /// Task id.
     pub task_id: String,
+    /// Its incarnation: the queue's submission number when this task under this id was
+    /// dispatched (refs carry it, see [`ShardRef`]).
+    pub seq: u64,
     /// Handler kind.
     pub kind: String,
     /// Lifecycle state.
@@ -330,6 +341,7 @@ impl TaskInfo {
         let result = h.get("result").map(|r| serde_json::from_str(r).unwrap_or(serde_json::Value::String(r.clone())));
         Ok(Some(TaskInfo {
             task_id: task_id.to_owned(),
+            seq: num("seq")?,
             kind: h.get("kind").cloned().unwrap_or_default(),
             state: h.get("state").map(|s| s.parse()).transpose()?.unwrap_or(TaskState::Running),
             total: num("total")?,
@@ -374,11 +386,13 @@ mod tests {
 
     #[test]
     fn refs_round_trip() {
-        for r in [ShardRef::shard("t.1", 42), ShardRef::aggregate("x-y")] {
+        for r in [ShardRef::shard("t.1", 7, 42), ShardRef::aggregate("x-y", 1)] {
             assert_eq!(r.to_string().parse::<ShardRef>().unwrap(), r);
         }
         assert!("nocolon".parse::<ShardRef>().is_err());
         assert!("t:x".parse::<ShardRef>().is_err());
+        assert!("t:1".parse::<ShardRef>().is_err(), "a ref without its incarnation");
+        assert!("a:b:1:2".parse::<ShardRef>().is_err(), "task ids have no colon");
     }
 
     #[test]

@@ -151,7 +151,7 @@ pub struct Claimed {
 }
 
 impl Claimed {
-    /// True when `shard:<ref>` may exist and must be removed with the shard.
+    /// True when the shard may have state in `task:<id>:shards` to remove with it.
     pub fn has_state(&self) -> bool {
         self.shard_ref.is_aggregate() || self.attempt > 1 || self.fails > 0
     }
@@ -386,11 +386,16 @@ pub async fn finish<C: ConnectionLike + Send>(
     let mut out: ItemCodes = vec![Ok(0); items.len()];
     if !complete.is_empty() {
         // grouped by task: the script parses no refs and touches each task's keys once
-        complete.sort_by(|&a, &b| items[a].claim.shard_ref.task.cmp(&items[b].claim.shard_ref.task));
+        let task_of = |i: usize| {
+            let r = &items[i].claim.shard_ref;
+            (r.task.as_str(), r.inc)
+        };
+        complete.sort_by(|&a, &b| task_of(a).cmp(&task_of(b)));
         let mut inv = scripts().complete.key(keys.active());
         inv.key(keys.stalled()).arg(keys.prefix()).arg(now_ms);
-        for group in complete.chunk_by(|&a, &b| items[a].claim.shard_ref.task == items[b].claim.shard_ref.task) {
-            inv.arg(&items[group[0]].claim.shard_ref.task).arg(group.len());
+        for group in complete.chunk_by(|&a, &b| task_of(a) == task_of(b)) {
+            let (task, inc) = task_of(group[0]);
+            inv.arg(task).arg(inc).arg(group.len());
             for &i in group {
                 let it = &items[i];
                 let FinishedAs::Completed(result) = it.outcome else { unreachable!() };

@@ -35,7 +35,7 @@ async fn a_retry_while_the_aggregation_runs_voids_that_aggregation() {
     assert_eq!(control::retry(&mut env.con, &env.keys, "t", T0 + 3).await.unwrap(), 1);
     assert_eq!(env.field("t", "state").await.as_deref(), Some("running"));
     let again = env.claim("a", 1, 1, LONG_LOCK, T0 + 4).await.shards.remove(0);
-    assert_eq!(again.shard_ref.to_string(), "t:2");
+    assert_eq!(again.shard_ref.to_string(), "t:1:2");
     assert_eq!(env.complete(&again, "1", T0 + 5).await, Ok(1));
     assert_eq!(env.field("t", "state").await.as_deref(), Some("aggregating"));
     // the stale aggregation may not end the task with what it read before the retry
@@ -59,13 +59,13 @@ async fn a_retry_before_the_aggregation_is_claimed_leaves_one_aggregation_job() 
     let c = env.claim("a", 0, 2, LONG_LOCK, T0).await.shards;
     assert_eq!(env.complete(&c[0], "1", T0 + 1).await, Ok(1));
     assert_eq!(env.fail(&c[1], 0, "boom", T0 + 1).await, Ok(1));
-    assert_eq!(env.wait_list().await, ["t:agg"]);
+    assert_eq!(env.wait_list().await, ["t:1:agg"]);
     assert_eq!(control::retry(&mut env.con, &env.keys, "t", T0 + 2).await.unwrap(), 1);
-    assert_eq!(env.wait_list().await, ["t:1"], "the queued aggregation no longer applies");
+    assert_eq!(env.wait_list().await, ["t:1:1"], "the queued aggregation no longer applies");
     let again = env.claim("a", 1, 2, LONG_LOCK, T0 + 3).await.shards;
     assert_eq!(again.len(), 1);
     assert_eq!(env.complete(&again[0], "1", T0 + 4).await, Ok(1));
-    assert_eq!(env.wait_list().await, ["t:agg"], "one aggregation job");
+    assert_eq!(env.wait_list().await, ["t:1:agg"], "one aggregation job");
     assert_eq!((env.count("t", "done").await, env.count("t", "failed").await), (2, 0));
 }
 
@@ -83,7 +83,7 @@ async fn after_a_cancel_the_heartbeat_reports_exactly_the_cancelled_tasks_shards
     let beat = scripts::extend(&mut env.con, &env.keys, "a", LONG_LOCK, &pairs, false, &beat.cancels).await.unwrap();
     let mut stopped: Vec<&str> = beat.cancelled.iter().map(|&i| pairs[i].0.as_str()).collect();
     stopped.sort();
-    assert_eq!(stopped, ["x:0", "x:1"], "reported as cancelled");
+    assert_eq!(stopped, ["x:1:0", "x:1:1"], "reported as cancelled");
     assert!(beat.lost.is_empty(), "a cancelled shard is not a lost lock: {:?}", beat.lost);
     assert_eq!(beat.cancels, "1");
     // the count seen: plain beats again, nothing lost
@@ -141,17 +141,17 @@ async fn stale_refs_of_a_cancelled_task_are_never_counted_by_a_new_task_under_it
     assert_eq!(env.release(&c[6]).await, Ok(1));
     control::cancel(&mut env.con, &env.keys, "x", T0 + 1).await.unwrap();
     assert_eq!(control::clean(&mut env.con, &env.keys, T0 + 2, Some(Duration::ZERO)).await.unwrap(), 1);
-    assert_eq!(env.wait_list().await, ["x:6", "x:5"], "queued refs are left for claims to drop");
+    assert_eq!(env.wait_list().await, ["x:1:6", "x:1:5"], "queued refs are left for claims to drop");
     // the fixed task is dispatched again under the same id, with fewer shards
     env.dispatch(&TaskSpec::new("x", "noop", 3), T0 + 3).await;
     let got = env.claim("b", 0, 8, LONG_LOCK, T0 + 4).await.shards;
     let refs: Vec<String> = got.iter().map(|c| c.shard_ref.to_string()).collect();
-    assert_eq!(refs, ["x:0", "x:1", "x:2"], "the stale refs past the new total are dropped");
+    assert_eq!(refs, ["x:2:0", "x:2:1", "x:2:2"], "the stale refs of the earlier task are dropped");
     for c in &got {
         assert_eq!(env.complete(c, "1", T0 + 5).await, Ok(1));
     }
     assert_eq!((env.count("x", "done").await, env.count("x", "failed").await), (3, 0));
-    assert_eq!(env.wait_list().await, ["x:agg"], "aggregation once every shard of the new task ran");
+    assert_eq!(env.wait_list().await, ["x:2:agg"], "aggregation once every shard of the new task ran");
 }
 
 #[tokio::test]
@@ -197,7 +197,7 @@ async fn a_retry_while_the_aggregation_waits_out_its_backoff_leaves_one_aggregat
     // long past the old aggregation's backoff: one job only
     let aggs = env.claim("b", 1, 4, LONG_LOCK, T0 + 120_000).await.shards;
     let refs: Vec<String> = aggs.iter().map(|c| c.shard_ref.to_string()).collect();
-    assert_eq!(refs, ["z:agg"], "the aggregation is enqueued once");
+    assert_eq!(refs, ["z:1:agg"], "the aggregation is enqueued once");
 }
 
 #[tokio::test]

@@ -202,7 +202,7 @@ async fn stale_holder_is_refused_after_its_lock_expired() {
     env.dispatch(&TaskSpec::new("t", "noop", 3), T0).await;
     let old = env.claim("old", 1, 1, 300, T0).await.shards.remove(0);
     let r = old.shard_ref.to_string();
-    assert_eq!((r.as_str(), old.attempt), ("t:0", 1));
+    assert_eq!((r.as_str(), old.attempt), ("t:1:0", 1));
     assert!(env.extend("old", &[&old], 300).await.is_empty(), "a fresh lease must extend");
 
     sleep_ms(450).await;
@@ -245,7 +245,7 @@ async fn stale_holder_is_refused_after_its_lock_expired() {
     assert_eq!(env.count("t", "done").await, 1);
     let kept: Option<String> = env.cmd(redis::cmd("HGET").arg(env.keys.results("t")).arg(0)).await;
     assert_eq!(kept.as_deref(), Some(r#""fresh""#), "the result is the holder's, not the stale one");
-    let state: bool = env.cmd(redis::cmd("EXISTS").arg(env.keys.shard(&r))).await;
+    let state: bool = env.cmd(redis::cmd("HLEN").arg(env.keys.shards("t"))).await;
     assert!(!state, "shard:{r} must be gone once the shard is terminal");
 
     // token mismatch without a sweep: someone else's token holds the shard; the holder's lease
@@ -289,7 +289,7 @@ async fn stalled_shard_is_reclaimed_after_lock_expiry() {
     assert_eq!(env.complete(&again[0], "", T0 + 4000).await, Ok(1));
     assert_eq!(env.complete(&live, "", T0 + 4000).await, Ok(1));
     assert_eq!(env.count("t", "done").await, 2);
-    let state: bool = env.cmd(redis::cmd("EXISTS").arg(env.keys.shard(&r))).await;
+    let state: bool = env.cmd(redis::cmd("HLEN").arg(env.keys.shards("t"))).await;
     assert!(!state, "shard:{r} must be gone once completed");
 }
 
@@ -318,9 +318,9 @@ async fn shard_stalled_past_the_cap_fails_for_good() {
     assert_eq!(reason.as_deref(), Some(STALLED_REASON), "the stall reason must be stored");
     assert_eq!((env.count("t", "done").await, env.count("t", "failed").await), (0, 1));
     assert_eq!(env.field("t", "state").await.as_deref(), Some("aggregating"), "the task still completes");
-    assert_eq!(env.wait_list().await, ["t:agg"], "the aggregation job is queued, the shard is not");
+    assert_eq!(env.wait_list().await, ["t:1:agg"], "the aggregation job is queued, the shard is not");
     assert!(env.active().await.is_empty());
-    let state: bool = env.cmd(redis::cmd("EXISTS").arg(env.keys.shard(&r))).await;
+    let state: bool = env.cmd(redis::cmd("HLEN").arg(env.keys.shards("t"))).await;
     assert!(!state, "shard:{r} must be gone once failed for good");
     assert_eq!(env.complete(&c2, "", T0 + 6).await, Err(ScriptCode::LockMissing), "the stalled holder is stale");
 }
@@ -362,7 +362,7 @@ async fn shard_finished_twice_is_counted_once() {
     let (done, failed, total) =
         (env.count("t", "done").await, env.count("t", "failed").await, env.count("t", "total").await);
     assert_eq!(done + failed, total, "done {done} + failed {failed} must equal total {total}");
-    assert_eq!(env.wait_list().await, ["t:agg"], "one aggregation job");
+    assert_eq!(env.wait_list().await, ["t:1:agg"], "one aggregation job");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -427,7 +427,7 @@ async fn aggregation_is_enqueued_once_under_racing_completions() {
     }
 
     let wait = env.wait_list().await;
-    assert_eq!(wait.iter().filter(|r| *r == "t:agg").count(), 1, "exactly one aggregation job: {wait:?}");
+    assert_eq!(wait.iter().filter(|r| *r == "t:1:agg").count(), 1, "exactly one aggregation job: {wait:?}");
     assert_eq!(wait.len(), 1, "nothing else waits: {wait:?}");
     assert_eq!(env.field("t", "state").await.as_deref(), Some("aggregating"));
     assert_eq!(env.count("t", "done").await, N);
@@ -437,7 +437,7 @@ async fn aggregation_is_enqueued_once_under_racing_completions() {
     let agg = env.claim("agg", 0, 5, LONG_LOCK, T0 + 20).await.shards;
     assert_eq!(agg.len(), 1, "only the aggregation job is claimable: {agg:?}");
     let agg = &agg[0];
-    assert_eq!(agg.shard_ref, ShardRef::aggregate("t"));
+    assert_eq!(agg.shard_ref, ShardRef::aggregate("t", 1));
     let total = r#"{"sum":124750}"#;
     assert_eq!(env.complete(agg, total, T0 + 30).await, Ok(1), "aggregation completes");
     let info = TaskInfo::from_hash("t", &env.task("t").await).unwrap().unwrap();
@@ -481,8 +481,8 @@ async fn failed_shards_still_complete_the_task() {
     assert_eq!(errors.len() as u64, N, "one reason per failed shard: {errors:?}");
     assert!(errors.values().all(|v| v == "boom-2"), "the last reason is kept: {errors:?}");
     assert_eq!(env.field("t", "state").await.as_deref(), Some("aggregating"));
-    assert_eq!(env.wait_list().await, ["t:agg"]);
-    let leftovers: Vec<String> = env.cmd(redis::cmd("KEYS").arg(format!("{}shard:*", env.keys.prefix()))).await;
+    assert_eq!(env.wait_list().await, ["t:1:agg"]);
+    let leftovers: Vec<String> = env.cmd(redis::cmd("HKEYS").arg(env.keys.shards("t"))).await;
     assert!(leftovers.is_empty(), "no per-shard state may outlive a terminal shard: {leftovers:?}");
 
     let agg = env.claim("c", 0, 1, LONG_LOCK, T0 + 2000).await.shards.remove(0);
@@ -498,23 +498,23 @@ async fn released_shards_go_first_and_are_claimable_at_once() {
     env.dispatch(&TaskSpec::new("t", "noop", 5), T0).await;
     let held = env.claim("a", 0, 3, LONG_LOCK, T0).await.shards;
     let refs: Vec<String> = held.iter().map(|c| c.shard_ref.to_string()).collect();
-    assert_eq!(refs, ["t:0", "t:1", "t:2"]);
+    assert_eq!(refs, ["t:1:0", "t:1:1", "t:1:2"]);
 
     assert_eq!(env.release(&held[2]).await, Ok(1));
     assert_eq!(env.release(&held[0]).await, Ok(1));
-    assert_eq!(env.wait_list().await, ["t:0", "t:2"], "each release goes to the front of wait");
-    assert_eq!(env.holder("t:0").await, None, "release drops the hold");
-    assert_eq!(env.active().await, ["t:1"], "released shards leave active");
+    assert_eq!(env.wait_list().await, ["t:1:0", "t:1:2"], "each release goes to the front of wait");
+    assert_eq!(env.holder("t:1:0").await, None, "release drops the hold");
+    assert_eq!(env.active().await, ["t:1:1"], "released shards leave active");
     assert_eq!(env.release(&held[0]).await, Err(ScriptCode::LockMissing), "a second release is refused");
 
     // same instant, fresh shards still in the cursor: the released ones come first
     let next = env.claim("b", 0, 1, LONG_LOCK, T0).await.shards;
     assert_eq!(next.len(), 1);
-    assert_eq!((next[0].shard_ref.to_string(), next[0].attempt, next[0].fails), ("t:0".into(), 2, 0));
+    assert_eq!((next[0].shard_ref.to_string(), next[0].attempt, next[0].fails), ("t:1:0".into(), 2, 0));
     let next = env.claim("b", 1, 1, LONG_LOCK, T0).await.shards;
-    assert_eq!((next[0].shard_ref.to_string(), next[0].attempt, next[0].fails), ("t:2".into(), 2, 0));
+    assert_eq!((next[0].shard_ref.to_string(), next[0].attempt, next[0].fails), ("t:1:2".into(), 2, 0));
     let next = env.claim("b", 2, 1, LONG_LOCK, T0).await.shards;
-    assert_eq!((next[0].shard_ref.to_string(), next[0].attempt), ("t:3".into(), 1), "then the cursor");
+    assert_eq!((next[0].shard_ref.to_string(), next[0].attempt), ("t:1:3".into(), 1), "then the cursor");
     assert_eq!(env.count("t", "failed").await, 0, "a release is not a failure");
 }
 
@@ -622,7 +622,7 @@ async fn every_key_of_a_queue_shares_one_cluster_slot() {
     let c = env.claim("a", 0, 6, LONG_LOCK, T0).await.shards;
     let stuck = env.claim("b", 0, 1, 100, T0).await.shards.remove(0);
     seen.extend(env.all_keys().await);
-    assert_eq!(stuck.shard_ref, ShardRef::shard("u", 0), "the other task's shard, left to stall");
+    assert_eq!(stuck.shard_ref, ShardRef::shard("u", 2, 0), "the other task's shard, left to stall");
     assert!(env.extend("a", &[&c[0], &c[1]], LONG_LOCK).await.is_empty());
     assert_eq!(env.complete(&c[0], "1", T0 + 1).await, Ok(1));
     assert_eq!(env.fail(&c[1], 60_000, "retry me", T0 + 1).await, Ok(2));
@@ -678,7 +678,7 @@ async fn every_key_of_a_queue_shares_one_cluster_slot() {
         "events",
         "stalled",
         "stalled-check",
-        "shard:t:1",
+        "task:t:shards",
         "marker",
     ];
     for k in kinds {
@@ -842,7 +842,7 @@ async fn extend_after_a_sweep_recovered_some_reports_exactly_those_lost() {
     let s = env.sweep(T0 + 3, 50, 5).await.expect("the sweep runs");
     assert_eq!((s.recovered, s.failed, s.marked), (2, 0, 2), "{s:?}");
     let waiting = env.wait_list().await;
-    assert_eq!(waiting.iter().collect::<BTreeSet<_>>(), ["t:0".to_owned(), "t:1".to_owned()].iter().collect());
+    assert_eq!(waiting.iter().collect::<BTreeSet<_>>(), ["t:1:0".to_owned(), "t:1:1".to_owned()].iter().collect());
     // another executor claims one of the recovered shards; the other still waits
     let taken = env.claim("other", 1, 1, LONG_LOCK, T0 + 4).await.shards.remove(0);
     assert_eq!(taken.shard_ref.to_string(), waiting[0]);
@@ -894,7 +894,7 @@ async fn one_claim_call_has_one_token_and_active_stays_a_hashtable() {
     for c in &all[..4] {
         assert_eq!(env.complete(c, "", T0 + 1).await, Ok(1));
     }
-    assert_eq!(env.active().await, ["t:4"]);
+    assert_eq!(env.active().await, ["t:1:4"]);
     assert_eq!(env.encoding(&active).await, "hashtable", "`active` with one shard");
     assert_eq!(env.complete(all[4], "", T0 + 1).await, Ok(1));
     assert!(env.active().await.is_empty());
@@ -917,25 +917,25 @@ async fn complete_batches_of_interleaved_tasks_return_codes_in_the_order_given()
     let by_ref: HashMap<String, &Claimed> = claimed.iter().map(|c| (c.shard_ref.to_string(), c)).collect();
     let get = |r: &str| *by_ref.get(r).unwrap_or_else(|| panic!("{r} was not claimed: {claimed:?}"));
 
-    env.set_holder("b:2", "other:1").await;
-    assert_eq!(env.complete(get("c:1"), r#""c1""#, T0 + 1).await, Ok(1), "c:1 completes before the batch");
+    env.set_holder("b:2:2", "other:1").await;
+    assert_eq!(env.complete(get("c:3:1"), r#""c1""#, T0 + 1).await, Ok(1), "c:1 completes before the batch");
     for k in env.keys.task_keys("gone") {
         env.cmd::<()>(redis::cmd("DEL").arg(k)).await;
     }
 
     let done = |r: &'static str| FinishedAs::Completed(r);
     let plan: Vec<(&str, FinishedAs<'_>, Result<i64, ScriptCode>)> = vec![
-        ("b:0", done(r#""b0""#), Ok(1)),
-        ("a:0", done(r#""a0""#), Ok(1)),
-        ("gone:0", done(r#""g0""#), Err(ScriptCode::TaskMissing)),
-        ("b:2", done(r#""b2""#), Err(ScriptCode::LockMismatch)),
-        ("a:1", FinishedAs::Failed { delay_ms: 1000, reason: "boom" }, Ok(2)),
-        ("c:0", done(r#""c0""#), Ok(1)),
-        ("a:2", done(r#""a2""#), Ok(1)),
-        ("c:1", done(r#""c1 again""#), Err(ScriptCode::LockMissing)),
-        ("b:1", done(r#""b1""#), Ok(1)),
-        ("a:0", done(r#""a0 again""#), Ok(0)),
-        ("a:3", done(r#""a3""#), Ok(1)),
+        ("b:2:0", done(r#""b0""#), Ok(1)),
+        ("a:1:0", done(r#""a0""#), Ok(1)),
+        ("gone:4:0", done(r#""g0""#), Err(ScriptCode::TaskMissing)),
+        ("b:2:2", done(r#""b2""#), Err(ScriptCode::LockMismatch)),
+        ("a:1:1", FinishedAs::Failed { delay_ms: 1000, reason: "boom" }, Ok(2)),
+        ("c:3:0", done(r#""c0""#), Ok(1)),
+        ("a:1:2", done(r#""a2""#), Ok(1)),
+        ("c:3:1", done(r#""c1 again""#), Err(ScriptCode::LockMissing)),
+        ("b:2:1", done(r#""b1""#), Ok(1)),
+        ("a:1:0", done(r#""a0 again""#), Ok(0)),
+        ("a:1:3", done(r#""a3""#), Ok(1)),
     ];
     let items: Vec<Finished<'_>> =
         plan.iter().map(|(r, o, _)| Finished { claim: get(r), outcome: o.clone() }).collect();
@@ -956,10 +956,10 @@ async fn complete_batches_of_interleaved_tasks_return_codes_in_the_order_given()
     }
     assert_eq!((env.count("a", "done").await, env.count("b", "done").await, env.count("c", "done").await), (3, 2, 2));
     assert_eq!(env.field("c", "state").await.as_deref(), Some("aggregating"));
-    assert_eq!(env.active().await, ["b:2"], "only the shard of the other holder stays active");
-    assert_eq!(env.holder("b:2").await.as_deref(), Some("other:1"));
+    assert_eq!(env.active().await, ["b:2:2"], "only the shard of the other holder stays active");
+    assert_eq!(env.holder("b:2:2").await.as_deref(), Some("other:1"));
     let delayed: Vec<String> = env.cmd(redis::cmd("ZRANGE").arg(env.keys.delayed()).arg(0).arg(-1)).await;
-    assert_eq!(delayed, ["a:1"], "the failed shard waits for its retry");
+    assert_eq!(delayed, ["a:1:1"], "the failed shard waits for its retry");
 }
 
 // Regression: a claim once took a lapsed lease back silently, so the heartbeat found a live lease

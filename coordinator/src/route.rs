@@ -170,7 +170,7 @@ impl Router {
         let mut dest = vec![self.live[0].clone(); refs.len()];
         for (pos, r) in refs.iter().enumerate() {
             // a malformed or aggregation ref has no owner: any live node takes it (claim drops junk)
-            if let Ok(ShardRef { task, part: Part::Shard(i) }) = r.parse::<ShardRef>() {
+            if let Ok(ShardRef { task, part: Part::Shard(i), .. }) = r.parse::<ShardRef>() {
                 by_task.entry(task).or_default().push((pos, i));
             }
         }

@@ -74,6 +74,8 @@ pub(crate) async fn beat(shared: &Shared) -> bool {
                     h.lost = true;
                     h.cancel.cancel();
                     if by_cancel {
+                        // its spec goes too: a later task under the same id is another task
+                        shared.tasks.forget(&h.claim.shard_ref.task);
                         tracing::info!(shard = %r, "task cancelled: stopping its handler");
                         Stats::add(&shared.stats.cancelled, 1);
                         shared.metrics.cancelled.increment(1);

@@ -201,7 +201,8 @@ fn count(shared: &Shared, finished: &[Finished<'_>], codes: &scripts::ItemCodes)
 }
 
 fn retry_delay_ms(shared: &Shared, claim: &Claimed) -> u64 {
-    let backoff = shared.tasks.cached(&claim.shard_ref.task).map(|m| m.backoff).unwrap_or_default();
+    let backoff =
+        shared.tasks.cached(&claim.shard_ref.task, claim.shard_ref.inc).map(|m| m.backoff).unwrap_or_default();
     backoff.delay(claim.fails + 1, rand01()).as_millis() as u64
 }
 

@@ -56,7 +56,7 @@ async fn run(shared: &Shared, claim: &Claimed, cancel: &CancellationToken) -> Ou
     let mut con = shared.con.clone();
     // the task may be cached; else one read, retried while Redis is away
     let meta = loop {
-        match shared.tasks.get(&mut con, &shared.keys, &r.task).await {
+        match shared.tasks.get(&mut con, &shared.keys, &r.task, r.inc).await {
             Ok(m) => break m,
             Err(e) => {
                 tracing::warn!(shard = %r, "reading the task: {e}");
@@ -68,7 +68,8 @@ async fn run(shared: &Shared, claim: &Claimed, cancel: &CancellationToken) -> Ou
         }
     };
     let Some(meta) = meta else {
-        // the task was removed: the complete script cleans up and reports TaskMissing
+        // the task was removed, or the id dispatched again: the complete script refuses the
+        // shard (TaskMissing) and lets it go
         return Outcome::Completed(String::new());
     };
     let result = match r.part {
@@ -160,6 +161,7 @@ async fn run_aggregator(
     let meta = crate::tasks::load(&mut con, &shared.keys, &r.task)
         .await
         .map_err(|e| ShardError(format!("reading the task: {e}")))?
+        .filter(|m| m.info.seq == r.inc)
         .ok_or_else(|| ShardError::new("task missing"))?;
     let results = crate::aggregate::outcomes(&mut con, &shared.keys, &meta.info)
         .await

@@ -1,5 +1,7 @@
 //! A cache of task metadata (kind, ranges, payload, backoff): read once per task per executor,
-//! not once per shard.
+//! not once per shard. Entries are per incarnation (a task id dispatched again is another task,
+//! see ARCHITECTURE.md "Identity"): a shard of a newer incarnation replaces the entry, one of
+//! another incarnation than Redis holds gets nothing.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -31,12 +33,24 @@ pub(crate) struct TaskCache {
 }
 
 impl TaskCache {
-    /// The task's metadata, from the cache or Redis; `None` when the task is gone.
-    pub(crate) async fn get(&self, con: &mut Conn, keys: &Keys, id: &str) -> Result<Option<Arc<TaskMeta>>> {
+    /// The metadata of incarnation `inc` of task `id`, from the cache or Redis; `None` when the
+    /// task is gone or Redis holds another incarnation under the id.
+    pub(crate) async fn get(&self, con: &mut Conn, keys: &Keys, id: &str, inc: u64) -> Result<Option<Arc<TaskMeta>>> {
         if let Some(m) = self.map.lock().unwrap().get(id) {
-            return Ok(Some(m.clone()));
+            if m.info.seq == inc {
+                return Ok(Some(m.clone()));
+            }
         }
-        let Some(meta) = load(con, keys, id).await? else { return Ok(None) };
+        let Some(meta) = load(con, keys, id).await? else {
+            self.forget(id);
+            return Ok(None);
+        };
+        if meta.info.seq != inc {
+            // the id was dispatched again (or this shard is of an earlier incarnation): what is
+            // cached under it is stale either way
+            self.forget(id);
+            return Ok(None);
+        }
         let meta = Arc::new(meta);
         let mut map = self.map.lock().unwrap();
         if map.len() >= MAX_TASKS {
@@ -46,8 +60,8 @@ impl TaskCache {
         Ok(Some(meta))
     }
 
-    pub(crate) fn cached(&self, id: &str) -> Option<Arc<TaskMeta>> {
-        self.map.lock().unwrap().get(id).cloned()
+    pub(crate) fn cached(&self, id: &str, inc: u64) -> Option<Arc<TaskMeta>> {
+        self.map.lock().unwrap().get(id).filter(|m| m.info.seq == inc).cloned()
     }
 
     pub(crate) fn forget(&self, id: &str) {

@@ -26,9 +26,27 @@ local rcall = redis.call
 local ACTIVE_PIN = '~pin'
 local ACTIVE_PIN_VALUE = 'keeps this hash in hashtable encoding (a value over 64 bytes); not a shard'
 
--- Splits a shard ref `<task>:<index>` (or `<task>:agg`) at its last colon.
+-- Splits a shard ref `<task>:<seq>:<index>` (or `<task>:<seq>:agg`): task id, incarnation
+-- (the task's `seq`), index. Task ids have no colon (common::names).
 local function split_ref(ref)
-  return string.match(ref, '^(.+):([^:]+)$')
+  return string.match(ref, '^([^:]+):(%d+):([^:]+)$')
+end
+
+-- The hash of a task's per-shard state: `<index>:attempt`, `:fails`, `:stalled`, `:node` (and
+-- `agg:*`), only for shards that were claimed more than once, failed, stalled or routed back.
+local function shards_key(prefix, tid)
+  return prefix .. 'task:' .. tid .. ':shards'
+end
+
+-- Forgets one shard's state.
+local function drop_state(prefix, tid, idx)
+  rcall('HDEL', shards_key(prefix, tid), idx .. ':attempt', idx .. ':fails', idx .. ':stalled', idx .. ':node')
+end
+
+-- True when `ref` belongs to the current incarnation of its task (the task exists and its
+-- `seq` is the ref's): anything else is left over from an earlier task under the same id.
+local function current(prefix, tid, inc)
+  return tid ~= nil and rcall('HGET', prefix .. 'task:' .. tid, 'seq') == inc
 end
 
 -- Calls `cmd key a1 a2 ...` over a long argument list in chunks (Lua's unpack has a limit).
@@ -107,7 +125,8 @@ local function promote_due(prefix, now)
   call_chunked('ZREM', delayed, due)
   local plain = {}
   for _, ref in ipairs(due) do
-    local node = rcall('HGET', prefix .. 'shard:' .. ref, 'node')
+    local tid, inc, idx = split_ref(ref)
+    local node = current(prefix, tid, inc) and rcall('HGET', shards_key(prefix, tid), idx .. ':node')
     if node then
       rcall('RPUSH', prefix .. 'node:' .. node .. ':wait', ref)
       rcall('SADD', prefix .. 'routed-nodes', node)
@@ -123,21 +142,24 @@ local function promote_due(prefix, now)
   return #due
 end
 
--- Takes one shard away from its holder. 0 when `token` held it, else an error code.
-local function take(prefix, ref, token)
+-- Whether `token` holds the shard: 0 when it does, else an error code. The caller removes the
+-- shard from `active` after its other writes (an abort part-way then leaves the shard held, and
+-- the holder's retry or the sweep finishes the step).
+local function holds(prefix, ref, token)
   local cur = rcall('HGET', prefix .. 'active', ref)
   if not cur then return -1 end
   if cur ~= token then return -2 end
-  rcall('HDEL', prefix .. 'active', ref)
   return 0
 end
 
 -- Puts a shard taken from its holder back where it can be claimed again: a routed task's shard
 -- to `reroute` (the current ring places it), any other to `wait` (at the front when `front`).
 -- `attempt` is set for a lazily claimed shard, so that the next claim counts it as the second.
+-- A ref of another incarnation is not requeued (returns false).
 local function requeue(prefix, ref, front)
-  rcall('HSETNX', prefix .. 'shard:' .. ref, 'attempt', 1)
-  local tid, idx = split_ref(ref)
+  local tid, inc, idx = split_ref(ref)
+  if not current(prefix, tid, inc) then return false end
+  rcall('HSETNX', shards_key(prefix, tid), idx .. ':attempt', 1)
   if idx ~= 'agg' and rcall('HGET', prefix .. 'task:' .. tid, 'strategy') ~= 'pull' then
     rcall('RPUSH', prefix .. 'reroute', ref)
     want_routing(prefix)
@@ -146,15 +168,16 @@ local function requeue(prefix, ref, front)
   else
     rcall('RPUSH', prefix .. 'wait', ref)
   end
+  return true
 end
 
 -- Enqueues the aggregation job if the task's counts say every shard is terminal.
 local function maybe_aggregate(prefix, tid, now)
   local tkey = prefix .. 'task:' .. tid
-  local c = rcall('HMGET', tkey, 'done', 'failed', 'total')
+  local c = rcall('HMGET', tkey, 'done', 'failed', 'total', 'seq')
   if tonumber(c[1]) + tonumber(c[2]) == tonumber(c[3]) then
     rcall('HSET', tkey, 'state', 'aggregating', 'aggregating_ms', now)
-    rcall('LPUSH', prefix .. 'wait', tid .. ':agg')
+    rcall('LPUSH', prefix .. 'wait', tid .. ':' .. c[4] .. ':agg')
     wake(prefix)
     emit(prefix, 'event', 'task_aggregating', 'task', tid, 'done', c[1], 'failed', c[2])
   end
@@ -186,7 +209,7 @@ end
 -- Every key a task owns (the same list as common::keys::Keys::task_keys).
 local function task_keys(prefix, tid)
   local t = prefix .. 'task:' .. tid
-  return { t, t .. ':terminal', t .. ':results', t .. ':errors', t .. ':keys', prefix .. 'shard:' .. tid .. ':agg' }
+  return { t, t .. ':terminal', t .. ':results', t .. ':errors', t .. ':keys', t .. ':shards' }
 end
 
 -- Ends a task in `state` (completed, failed, cancelled): it leaves `running` for `finished`, its
@@ -227,6 +250,9 @@ end
 local function create_task(prefix, tid, now, priority, start, fields)
   local tkey = prefix .. 'task:' .. tid
   if rcall('EXISTS', tkey) == 1 then return -4 end
+  -- whatever an earlier incarnation of this id left (its keys expire one by one, or an abort
+  -- part-way left some): never part of the new task. `:keys` is the dispatcher's, written first.
+  rcall('DEL', tkey .. ':terminal', tkey .. ':results', tkey .. ':errors', tkey .. ':shards')
   -- the terminal bitmap addresses 2^32 bits; |priority| <= 10^6 keeps the score below 2^53
   if math.abs(priority) > 1000000 then return -8 end
   for i = 1, #fields - 1, 2 do
