@@ -1,7 +1,8 @@
 --[[
   Redlock's fencing: raises a server's fence to at least ARGV[1] and returns its value. The
-  holder of a Redlock quorum reads the highest fence of its quorum, adds one, and raises every
-  quorum server to it; two quorums share a server, so the next holder reads at least this value.
+  holder of a Redlock quorum takes the highest fence its quorum's `lock_acquire.lua` calls
+  returned and raises every quorum server to it, before it checks its validity; two quorums
+  share a server, so the next holder's `INCR` there returns more than this value.
 
   KEYS[1] the fence   string
   ARGV[1] at least    integer (0 to only read)

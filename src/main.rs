@@ -17,7 +17,8 @@
 //! - `cli/redis_server.rs`: a private redis-server for the demo.
 //!
 //! Exit codes: 0 success, 1 error, 2 bad usage, 3 the task ended with failed shards or a failed
-//! aggregation, 4 the task was cancelled (`wait`) or the lock was lost (`lock`).
+//! aggregation, 4 the task was cancelled (`wait`). `shardctl lock` passes its command's exit code
+//! through and has codes of its own for its own outcomes, all in `cli/lock.rs` (`lock::exit`).
 
 mod cli;
 
@@ -27,7 +28,13 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     quiet_on_closed_stdout();
-    let args = cli::Args::parse();
+    let args = match cli::Args::try_parse() {
+        Ok(args) => args,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(cli::usage_exit_code(&e));
+        }
+    };
     cli::init_logging(&args);
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,

@@ -164,12 +164,18 @@ impl RedisLock {
     }
 }
 
+/// A test hook: a future awaited by [`Redlock::try_acquire`] between taking the lock and raising
+/// the fence (see [`Redlock::pause_before_fence`]).
+type PauseHook =
+    std::sync::Arc<dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync>;
+
 /// Redlock over N independent Redis servers: held when a majority holds it.
 #[derive(Clone)]
 pub struct Redlock {
     servers: Vec<Conn>,
     keys: LockKeys,
     ttl: Duration,
+    pause: Option<PauseHook>,
 }
 
 /// Clock drift allowed for, per Redlock: 1% of the TTL plus 2 ms.
@@ -180,7 +186,20 @@ fn drift(ttl: Duration) -> Duration {
 impl Redlock {
     /// Redlock over `servers` (use an odd number: 3 or 5).
     pub fn new(servers: Vec<Conn>, keys: LockKeys, ttl: Duration) -> Self {
-        Redlock { servers, keys, ttl }
+        Redlock { servers, keys, ttl, pause: None }
+    }
+
+    /// For tests only: every attempt awaits `hook()` after the lock is taken on a quorum and
+    /// before the fence is raised, which stands for a process paused (GC, swap, SIGSTOP) at the
+    /// worst moment. Not part of the API.
+    #[doc(hidden)]
+    pub fn pause_before_fence<F, Fut>(mut self, hook: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.pause = Some(std::sync::Arc::new(move || Box::pin(hook())));
+        self
     }
 
     fn quorum(&self) -> usize {
@@ -188,8 +207,22 @@ impl Redlock {
     }
 
     /// One attempt: the lock on a majority within its validity, else released everywhere.
+    ///
+    /// 1. `lock_acquire.lua` on every server in parallel (SET NX PX, and `INCR` of that server's
+    ///    fence where it succeeded), each bounded by `per_server`;
+    /// 2. the fencing token is the highest fence of the quorum's replies; `fence_raise.lua`
+    ///    raises every holder's fence to it, in parallel, each bounded by `per_server`;
+    /// 3. only then is the time checked: if TTL − drift has passed since before step 1, the
+    ///    attempt gives up (released everywhere, `None`); else the validity is what is left.
+    ///
+    /// Why a holder whose validity is spent can never carry a fence above a later holder's: a
+    /// lease is returned only if its fence was on a quorum before its validity ran out, so
+    /// before its keys could expire on that quorum; a later holder's quorum shares a server
+    /// with it and takes its fence from `INCR` there, so it is strictly higher. An attempt
+    /// paused past its validity (GC, swap, SIGSTOP) gives up whatever fence it got.
     pub async fn try_acquire(&self) -> Result<Option<Lease>> {
         let token = new_token();
+        // validity is measured from here, before the first server is asked
         let start = Instant::now();
         let ttl_ms = self.ttl.as_millis() as u64;
         // each server gets a short chance: a dead one must not eat the validity
@@ -200,49 +233,48 @@ impl Redlock {
                 let mut inv = scripts().lock_acquire.key(&keys.lock);
                 inv.key(&keys.fence).arg(&token).arg(ttl_ms);
                 let call = inv.invoke_async::<u64>(&mut con);
-                matches!(tokio::time::timeout(per_server, call).await, Ok(Ok(f)) if f > 0)
+                match tokio::time::timeout(per_server, call).await {
+                    Ok(Ok(f)) if f > 0 => Some(f),
+                    _ => None,
+                }
             }
         });
-        let held: Vec<bool> = join_all(attempts).await;
-        let holders: Vec<usize> = held.iter().enumerate().filter(|(_, h)| **h).map(|(i, _)| i).collect();
-        let elapsed = start.elapsed();
-        let validity = self.ttl.checked_sub(elapsed + drift(self.ttl));
-        let Some(validity) = validity.filter(|_| holders.len() >= self.quorum()) else {
+        let fences: Vec<Option<u64>> = join_all(attempts).await;
+        let holders: Vec<usize> = fences.iter().enumerate().filter(|(_, f)| f.is_some()).map(|(i, _)| i).collect();
+        if holders.len() < self.quorum() || self.validity_left(start).is_none() {
             self.release_all(&token).await;
             return Ok(None);
-        };
-        // fencing across servers: read the quorum's highest fence, raise all of it one above
-        let mut highest = 0u64;
-        for &i in &holders {
-            let mut con = self.servers[i].clone();
-            let f: Option<u64> = tokio::time::timeout(
-                per_server,
-                scripts().fence_raise.key(&self.keys.fence).arg(0).invoke_async(&mut con),
-            )
-            .await
-            .ok()
-            .and_then(|r| r.ok());
-            highest = highest.max(f.unwrap_or(0));
         }
-        let fencing_token = highest + 1;
-        let mut raised = 0;
-        for &i in &holders {
-            let mut con = self.servers[i].clone();
-            let r = tokio::time::timeout(
-                per_server,
-                scripts().fence_raise.key(&self.keys.fence).arg(fencing_token).invoke_async::<u64>(&mut con),
-            )
-            .await;
-            if matches!(r, Ok(Ok(_))) {
-                raised += 1;
+        if let Some(pause) = &self.pause {
+            pause().await;
+        }
+        // fencing across servers: the quorum's highest fence, raised on all of it at once
+        let fencing_token = fences.iter().flatten().copied().max().unwrap_or(1);
+        let raises = holders.iter().map(|&i| {
+            let (mut con, fence) = (self.servers[i].clone(), self.keys.fence.clone());
+            async move {
+                let mut inv = scripts().fence_raise.key(&fence);
+                inv.arg(fencing_token);
+                let call = inv.invoke_async::<u64>(&mut con);
+                matches!(tokio::time::timeout(per_server, call).await, Ok(Ok(f)) if f >= fencing_token)
+            }
+        });
+        let raised = join_all(raises).await.into_iter().filter(|r| *r).count();
+        // without the fence on a majority the next holder might not see it; past the validity a
+        // later holder may already have its own (lower) fence
+        let validity = self.validity_left(start);
+        match validity {
+            Some(validity) if raised >= self.quorum() => Ok(Some(Lease { token, fencing_token, validity })),
+            _ => {
+                self.release_all(&token).await;
+                Ok(None)
             }
         }
-        if raised < self.quorum() {
-            // without the fence on a majority the next holder might not see it
-            self.release_all(&token).await;
-            return Ok(None);
-        }
-        Ok(Some(Lease { token, fencing_token, validity }))
+    }
+
+    /// What is left of the TTL, minus drift, since `start`; `None` once spent.
+    fn validity_left(&self, start: Instant) -> Option<Duration> {
+        self.ttl.checked_sub(start.elapsed() + drift(self.ttl)).filter(|v| !v.is_zero())
     }
 
     /// Tries until `wait` has passed.

@@ -105,6 +105,93 @@ async fn redlock_survives_two_of_five_down_and_refuses_with_three() {
     assert!(fences.windows(2).all(|w| w[0] < w[1]), "fencing tokens must rise: {fences:?}");
 }
 
+async fn managers(servers: &[TestRedis]) -> Vec<shardctl_common::conn::Conn> {
+    let mut cons = Vec::new();
+    for s in servers {
+        cons.push(manager(s).await);
+    }
+    cons
+}
+
+/// Issue 11, defect 3: a Redlock holder paused between taking the quorum and raising the fence
+/// (GC, swap, SIGSTOP) past its validity. Meanwhile its keys expire and B takes the lock. The
+/// paused attempt must not come back as a lease: it would carry a fence at least as new as B's
+/// (before the fix: B's plus one) and the guarded resource would accept the expired holder and
+/// refuse the current one. The ordering is forced by the test hook, not by timing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redlock_holder_paused_past_its_validity_is_not_handed_a_fence() {
+    let servers: Vec<TestRedis> = (0..3).map(|_| TestRedis::start()).collect();
+    let cons = managers(&servers).await;
+    let keys = LockKeys::new("t", "pause").unwrap();
+    let (paused_tx, mut paused) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let resume = Arc::new(tokio::sync::Notify::new());
+    let resumed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (gate, flag) = (resume.clone(), resumed.clone());
+    let a = Redlock::new(cons.clone(), keys.clone(), Duration::from_secs(1)).pause_before_fence(move || {
+        let (tx, gate, flag) = (paused_tx.clone(), gate.clone(), flag.clone());
+        async move {
+            let _ = tx.send(());
+            gate.notified().await;
+            flag.store(true, Ordering::SeqCst);
+        }
+    });
+    let a_attempt = tokio::spawn(async move {
+        // retried until an attempt reaches the pause (only one with the lock on a quorum does)
+        loop {
+            let r = a.try_acquire().await.unwrap();
+            if r.is_some() || resumed.load(Ordering::SeqCst) {
+                return r;
+            }
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(30), paused.recv()).await.expect("A took the quorum").unwrap();
+    // A is paused holding the quorum; wait (without a clock) until its keys expired everywhere
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while servers.iter().any(|s| redis::cmd("EXISTS").arg(&keys.lock).query::<bool>(&mut s.con()).unwrap()) {
+        assert!(std::time::Instant::now() < deadline, "A's keys never expired");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let b_lock = Redlock::new(cons.clone(), keys.clone(), Duration::from_secs(30));
+    let b = b_lock.acquire(Duration::from_secs(10)).await.unwrap().expect("A's keys expired: B takes the lock");
+    resume.notify_one();
+    let a = a_attempt.await.unwrap();
+    if let Some(a) = &a {
+        panic!(
+            "the paused attempt was returned although its validity was spent: A (took the lock first) has fence {}, \
+             B (took it after A's keys expired) has fence {}; validity reported {:?}",
+            a.fencing_token, b.fencing_token, a.validity
+        );
+    }
+    // giving up did not touch B's keys: B still holds the lock on every server
+    for s in &servers {
+        let holder: Option<String> = redis::cmd("GET").arg(&keys.lock).query(&mut s.con()).unwrap();
+        assert_eq!(holder.as_deref(), Some(b.token.as_str()), "A's give-up released B's lock");
+    }
+    // successive holders' fences only grow: C after B
+    b_lock.release(&b).await.unwrap();
+    let c = Redlock::new(cons, keys, Duration::from_secs(5)).acquire(Duration::from_secs(10)).await.unwrap().unwrap();
+    assert!(c.fencing_token > b.fencing_token, "fences must rise: B {} then C {}", b.fencing_token, c.fencing_token);
+}
+
+/// The validity of a Redlock lease is measured from before the lock was taken, so the time spent
+/// raising the fence (here: a 100 ms pause at that moment) is taken off it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redlock_validity_counts_the_time_spent_raising_the_fence() {
+    let servers: Vec<TestRedis> = (0..3).map(|_| TestRedis::start()).collect();
+    let cons = managers(&servers).await;
+    let ttl = Duration::from_secs(2);
+    let pause = Duration::from_millis(100);
+    let lock = Redlock::new(cons, LockKeys::new("t", "valid").unwrap(), ttl)
+        .pause_before_fence(move || tokio::time::sleep(pause));
+    let lease = lock.acquire(Duration::from_secs(10)).await.unwrap().expect("all three up");
+    assert!(lease.validity > Duration::ZERO);
+    assert!(
+        lease.validity <= ttl - pause,
+        "validity {:?} ignores the {pause:?} spent before the fence was raised (ttl {ttl:?})",
+        lease.validity
+    );
+}
+
 /// Deterministic request times: `n` requests spread over `span_ms` by a xorshift.
 fn times(n: usize, span_ms: u64, seed: u64) -> Vec<u64> {
     let mut s = seed | 1;

@@ -104,7 +104,9 @@ pub enum Command {
     Demo(demo::DemoArgs),
     /// Placement strategies: `ring simulate` shows balance and movement.
     Ring(ring::RingArgs),
-    /// Run a command while holding a distributed lock (fencing token in SHARDCTL_FENCING_TOKEN).
+    /// Run a command while holding a distributed lock (fencing token in SHARDCTL_FENCING_TOKEN);
+    /// SIGINT/SIGTERM/SIGHUP stop the command's process group and release the lock.
+    #[command(after_help = lock::EXIT_HELP)]
     Lock(lock::LockArgs),
     /// Stop claims on the queue (running shards finish).
     Pause,
@@ -201,7 +203,21 @@ pub fn describe(e: &anyhow::Error) -> String {
     text
 }
 
-/// Bad input exits 2, everything else 1.
+/// The exit code of a command line clap refused: clap's own (2; 0 for --help), except for
+/// `shardctl lock`, whose own failures must not look like its command's exit codes.
+pub fn usage_exit_code(e: &clap::Error) -> u8 {
+    use clap::CommandFactory;
+    if e.use_stderr() {
+        // parsed again, as far as it goes, only to learn which subcommand was meant
+        let meant = Args::command().ignore_errors(true).try_get_matches().ok();
+        if meant.as_ref().and_then(|m| m.subcommand_name()) == Some("lock") {
+            return lock::exit::FAILED;
+        }
+    }
+    e.exit_code().clamp(0, 255) as u8
+}
+
+/// Bad input exits 2, everything else 1 (`lock` maps its own: see `lock::exit`).
 pub fn exit_code(e: &anyhow::Error) -> u8 {
     match e.downcast_ref::<shardctl_common::Error>() {
         Some(shardctl_common::Error::Invalid(_)) => 2,
