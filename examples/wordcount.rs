@@ -116,7 +116,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let server = redis_url.is_none().then(shardctl_testkit::TestRedis::start);
     let url = redis_url.unwrap_or_else(|| server.as_ref().expect("started").url());
-    let keys = Keys::new("shardctl", "wordcount");
+    let keys = Keys::new("shardctl", "wordcount")?;
     let client = conn::open(&url)?;
     let mut con = client.manager().await?;
 

@@ -142,10 +142,12 @@ fn dispatch_usage_errors_exit_2() {
     cli.rejects(&["dispatch", "--shards", "1", "--kind", "two words"], 2, "kind 'two words'");
     cli.rejects(&["dispatch", "--shards", "1", "--no-such-flag"], 2, "--no-such-flag");
     cli.rejects(&["no-such-command"], 2, "no-such-command");
-    for queue in ["a:b", ""] {
+    for (queue, needle) in [("a:b", "queue name 'a:b' has the character ':'"), ("", "queue name must be 1 to 64 bytes")]
+    {
         let out = shardctl(&["--redis", &cli.redis.url(), "--queue", queue, "dispatch", "--shards", "1"]);
         assert_eq!(out.code(), 2, "queue {queue:?}: {out:?}");
-        assert!(out.stderr.contains("must be 1 to 64 characters of A-Z a-z 0-9 . _ -"), "queue {queue:?}: {out:?}");
+        assert!(out.stderr.contains(needle), "queue {queue:?}: {out:?}");
+        assert!(out.stderr.contains("A-Z a-z 0-9 . _ -"), "queue {queue:?}: {out:?}");
     }
     assert_eq!(cli.dbsize(), 0);
 }
@@ -430,6 +432,104 @@ fn executor_rejects_bad_arguments() {
         args.extend_from_slice(extra);
         cli.rejects(&args, 2, needle);
     }
+}
+
+/// Issue 11, defect 4: `node:<id>` of node `a:wait` was node a's routed list `node:a:wait`, and
+/// `n{x}` moved the node's keys out of the queue's slot. Both are refused before anything runs.
+#[test]
+fn executor_refuses_node_ids_that_would_form_other_keys() {
+    let cli = Cli::start("node-ids");
+    let allowed = "allowed are 1 to 64 bytes of A-Z a-z 0-9 . _ -";
+    let long = "n".repeat(65);
+    let cases: [(&str, &str); 6] = [
+        ("a:wait", "node id 'a:wait' has the character ':' at byte 1"),
+        ("n{x}", "node id 'n{x}' has the character '{' at byte 1"),
+        ("x}", "node id 'x}' has the character '}' at byte 1"),
+        ("é", "node id 'é' has the character 'é' at byte 0"),
+        ("", "node id must be 1 to 64 bytes, got 0"),
+        (&long, "node id must be 1 to 64 bytes, got 65"),
+    ];
+    for (node, needle) in cases {
+        let out = cli.rejects(&["executor", "--node-id", node, "--lock-duration", "2s"], 2, needle);
+        assert!(out.stderr.contains("A-Z a-z 0-9 . _ -"), "{node:?}: {out:?}");
+        if !node.is_empty() && node.len() <= 64 {
+            assert!(out.stderr.contains(allowed), "{node:?}: {out:?}");
+        }
+    }
+    // no executor joined under any of them
+    let nodes: Vec<String> = redis::cmd("ZRANGE").arg(cli.key("nodes")).arg(0).arg(-1).query(&mut cli.con()).unwrap();
+    assert!(nodes.is_empty(), "{nodes:?}");
+}
+
+/// Every command that takes a name refuses a bad one the same way: exit 2, a message naming the
+/// kind and the offending character, nothing written.
+#[test]
+fn every_command_refuses_names_that_would_form_other_keys() {
+    let cli = Cli::start("bad-names");
+    cli.ok(&["dispatch", "--shards", "1", "--task-id", "x"]);
+    let keys = cli.dbsize();
+    // a task id on every command that takes one
+    let task = "task id 'x:terminal' has the character ':' at byte 1";
+    cli.rejects(&["dispatch", "--shards", "1", "--task-id", "x:terminal"], 2, task);
+    cli.rejects(&["dispatch", "--shards", "1", "--task-id", "x{y}"], 2, "task id 'x{y}' has the character '{'");
+    for cmd in [&["status", "x:terminal"][..], &["status", "x:terminal", "--failed"], &["wait", "x:terminal"]] {
+        cli.rejects(cmd, 2, task);
+    }
+    for cmd in ["cancel", "retry"] {
+        cli.rejects(&[cmd, "x:terminal"], 2, task);
+    }
+    // schedule names
+    let add = |name: &'static str| ["schedule", "add", name, "--cron", "@daily", "--shards", "1"];
+    cli.rejects(&add("n{x}"), 2, "schedule name 'n{x}' has the character '{' at byte 1");
+    cli.rejects(&add("a:last"), 2, "schedule name 'a:last' has the character ':'");
+    cli.rejects(&["schedule", "remove", "a:task"], 2, "schedule name 'a:task' has the character ':'");
+    cli.rejects(&["schedule", "remove", ""], 2, "schedule name must be 1 to 40 bytes, got 0");
+    // lock names keep ':' and '/', not braces or spaces
+    let lock = |name: &'static str| ["lock", name, "--", "true"];
+    cli.rejects(
+        &lock("n{x}"),
+        2,
+        "lock name 'n{x}' has the character '{' at byte 1; allowed are 1 to 128 bytes of A-Z a-z 0-9 . _ : / -",
+    );
+    cli.rejects(&lock("a b"), 2, "lock name 'a b' has the character ' '");
+    assert_eq!(cli.dbsize(), keys);
+    // --queue and --prefix on every command, before anything runs
+    let commands: [&[&str]; 18] = [
+        &["dispatch", "--shards", "1"],
+        &["executor"],
+        &["coordinator"],
+        &["status"],
+        &["wait", "x"],
+        &["demo"],
+        &["ring", "simulate"],
+        &["lock", "l", "--", "true"],
+        &["pause"],
+        &["resume"],
+        &["cancel", "x"],
+        &["retry", "x"],
+        &["clean"],
+        &["limit"],
+        &["schedule", "list"],
+        &["watch"],
+        &["config"],
+        &["bench"],
+    ];
+    let url = cli.redis.url();
+    for cmd in commands {
+        for (flag, name, needle) in [
+            ("--queue", "x:wait", "queue name 'x:wait' has the character ':' at byte 1"),
+            ("--queue", "q}", "queue name 'q}' has the character '}' at byte 1"),
+            ("--prefix", "p:lock", "key prefix 'p:lock' has the character ':' at byte 1"),
+        ] {
+            let mut args = vec!["--redis", url.as_str(), flag, name];
+            args.extend_from_slice(cmd);
+            let out = shardctl(&args);
+            assert_eq!(out.code(), 2, "{args:?}: {out:?}");
+            assert!(out.stderr.contains(needle), "{args:?}: {out:?}");
+            assert!(out.stderr.contains("allowed are 1 to 64 bytes of A-Z a-z 0-9 . _ -"), "{args:?}: {out:?}");
+        }
+    }
+    assert_eq!(cli.dbsize(), keys);
 }
 
 // ---------------------------------------------------------------------------------------------

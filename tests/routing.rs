@@ -709,7 +709,7 @@ fn a_dispatch_cut_short_is_completed_by_running_it_again() {
     rt.block_on(async {
         let client = shardctl_common::conn::open(&env.redis.url()).unwrap();
         let mut con = client.manager().await.unwrap();
-        let keys = Keys::new("shardctl", &env.queue);
+        let keys = Keys::new("shardctl", &env.queue).unwrap();
         let spec = TaskSpec { strategy: Strategy::ConsistentHash, ..TaskSpec::new(id, "mine", total) };
         shardctl_coordinator::dispatch::dispatch(&mut con, &keys, &spec).await.unwrap();
         let owners: Vec<String> = (0..first).map(|i| ring_owner(&members, i)).collect();
@@ -1102,7 +1102,7 @@ fn a_frozen_node_loses_its_id_and_stops_when_it_wakes() {
 fn each_node_is_live_for_its_own_member_timeout() {
     use shardctl_coordinator::membership;
     let redis = TestRedis::start();
-    let keys = Keys::new("shardctl", "own-timeout");
+    let keys = Keys::new("shardctl", "own-timeout").unwrap();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let client = shardctl_common::conn::open(&redis.url()).unwrap();

@@ -22,6 +22,7 @@ fn refused(id: &str, code: i64, what: &str) -> Error {
 /// executors' next heartbeat, and it ends `cancelled` without aggregation. Returns how many
 /// running shards were stopped. A task that already ended is refused.
 pub async fn cancel<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str, now_ms: u64) -> Result<u64> {
+    crate::names::validate_task_id(id)?;
     let code: i64 = scripts()
         .cancel
         .key(keys.task(id))
@@ -47,6 +48,7 @@ pub async fn cancel<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str
 /// once every shard is terminal. Returns how many shards go again (1 for an aggregation alone);
 /// 0 when nothing had failed.
 pub async fn retry<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str, now_ms: u64) -> Result<u64> {
+    crate::names::validate_task_id(id)?;
     let code: i64 = scripts()
         .retry
         .key(keys.task(id))

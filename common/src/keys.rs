@@ -2,6 +2,9 @@
 //! queue lives in one Redis Cluster slot and every script is atomic there. Scripts derive
 //! per-shard and per-task keys from [`Keys::prefix`], which carries the tag too.
 
+use crate::error::Result;
+use crate::names;
+
 /// The one field of the `active` hash that is not a shard: it keeps the hash in hashtable
 /// encoding (see `lua/include/lib.lua`).
 pub const ACTIVE_PIN: &str = "~pin";
@@ -14,9 +17,12 @@ pub struct Keys {
 }
 
 impl Keys {
-    /// Keys of queue `queue` under `prefix` (default `shardctl`).
-    pub fn new(prefix: &str, queue: &str) -> Self {
-        Keys { prefix: format!("{{{prefix}:{queue}}}:"), queue: queue.to_owned() }
+    /// Keys of queue `queue` under `prefix` (default `shardctl`); both must follow their rules in
+    /// [`crate::names`] (`Error::Invalid` otherwise), so that no two queues share a key or a slot.
+    pub fn new(prefix: &str, queue: &str) -> Result<Self> {
+        names::validate_prefix(prefix)?;
+        names::validate_queue(queue)?;
+        Ok(Keys { prefix: format!("{{{prefix}:{queue}}}:"), queue: queue.to_owned() })
     }
 
     /// The queue's name (the `queue` label of metrics).
@@ -182,10 +188,21 @@ mod tests {
 
     #[test]
     fn keys_share_the_hash_tag() {
-        let k = Keys::new("shardctl", "default");
+        let k = Keys::new("shardctl", "default").unwrap();
         assert_eq!(k.wait(), "{shardctl:default}:wait");
         assert_eq!(k.queue(), "default");
         assert_eq!(k.lease("abc"), "{shardctl:default}:lease:abc");
         assert_eq!(k.terminal("t1"), "{shardctl:default}:task:t1:terminal");
+    }
+
+    #[test]
+    fn new_refuses_names_that_would_leave_the_hash_tag() {
+        // the full proof by enumeration is common/tests/names.rs
+        for (prefix, queue) in
+            [("shardctl", "a}b"), ("shardctl", "a:b"), ("a:b", "q"), ("s{", "q"), ("", "q"), ("p", "")]
+        {
+            let e = Keys::new(prefix, queue).unwrap_err();
+            assert!(matches!(e, crate::Error::Invalid(_)), "{prefix:?} {queue:?}: {e}");
+        }
     }
 }

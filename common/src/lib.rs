@@ -10,6 +10,8 @@
 //! - [`lock`]: distributed locks, single Redis and Redlock, with fencing tokens.
 //! - [`limiter`]: fixed-window, sliding-log and token-bucket rate limiters.
 //! - [`model`]: task ids, shard refs, the task spec and its state.
+//! - [`names`]: the rules for every user-given name in a key (queues, prefix, task and node ids,
+//!   instances, schedules, locks): one rule per kind, and why no two names make one key.
 //! - [`schedule`]: cron schedules fired once per fire time by any number of coordinators.
 //! - [`ring`]: consistent hashing with virtual nodes, the static strategies, `ring simulate`.
 //! - [`split`]: balanced item ranges of shards.
@@ -39,6 +41,7 @@ pub mod keys;
 pub mod limiter;
 pub mod lock;
 pub mod model;
+pub mod names;
 pub mod redis_url;
 pub mod ring;
 pub mod schedule;

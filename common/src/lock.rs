@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::scripts::scripts;
 
 /// Longest lock name, in bytes.
-pub const MAX_NAME: usize = 128;
+pub const MAX_NAME: usize = crate::names::MAX_LOCK_NAME_LEN;
 
 /// The keys of lock `name`.
 #[derive(Debug, Clone)]
@@ -26,16 +26,12 @@ pub struct LockKeys {
 }
 
 impl LockKeys {
-    /// Keys of lock `name` under `prefix`; the name is 1–128 bytes of `[A-Za-z0-9._:/-]`.
+    /// Keys of lock `name` under `prefix`: the name is 1–128 bytes of `[A-Za-z0-9._:/-]`, the
+    /// prefix follows the key prefix's rule (see [`crate::names`], which shows why no two names
+    /// share a key); `Error::Invalid` otherwise.
     pub fn new(prefix: &str, name: &str) -> Result<Self> {
-        if name.is_empty()
-            || name.len() > MAX_NAME
-            || !name.chars().all(|c| c.is_ascii_alphanumeric() || "._:/-".contains(c))
-        {
-            return Err(Error::invalid(format!(
-                "lock name '{name}' must be 1 to {MAX_NAME} bytes of A-Z a-z 0-9 . _ : / -"
-            )));
-        }
+        crate::names::validate_prefix(prefix)?;
+        crate::names::validate_lock_name(name)?;
         let lock = format!("{{{prefix}:lock:{name}}}");
         Ok(LockKeys { fence: format!("{lock}:fence"), lock })
     }

@@ -10,8 +10,6 @@ use crate::backoff::Backoff;
 use crate::error::Error;
 use crate::ring::{Strategy, DEFAULT_VNODES};
 
-/// Longest task id, in bytes.
-pub const MAX_TASK_ID_LEN: usize = 64;
 /// Largest task payload, in bytes.
 pub const MAX_PAYLOAD_BYTES: usize = 1 << 20;
 /// Most shards a task may have: the terminal bitmap addresses 2^32 bits.
@@ -23,16 +21,8 @@ pub const DEFAULT_RETAIN: std::time::Duration = std::time::Duration::from_secs(7
 /// Default number of attempts per shard.
 pub const DEFAULT_ATTEMPTS: u32 = 3;
 
-/// Checks a task id: 1 to 64 bytes of `[A-Za-z0-9._-]`.
-pub fn validate_task_id(id: &str) -> Result<(), Error> {
-    if id.is_empty() || id.len() > MAX_TASK_ID_LEN {
-        return Err(Error::invalid(format!("task id must be 1 to {MAX_TASK_ID_LEN} bytes, got {}", id.len())));
-    }
-    if let Some(c) = id.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
-        return Err(Error::invalid(format!("task id '{id}' has the character {c:?}; allowed are A-Z a-z 0-9 . _ -")));
-    }
-    Ok(())
-}
+// the rule lives in `names`, with every other name's; re-exported where it always was
+pub use crate::names::{validate_task_id, MAX_TASK_ID_LEN};
 
 /// Which shard of a task, or its aggregation job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

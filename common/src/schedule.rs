@@ -15,8 +15,8 @@ use crate::keys::Keys;
 use crate::model::TaskSpec;
 use crate::scripts::scripts;
 
-/// Longest schedule name: the task ids `<name>-YYYYMMDDTHHMMSSZ` stay within 64 bytes.
-pub const MAX_NAME_LEN: usize = 40;
+// the rule lives in `names`, with every other name's; re-exported where it always was
+pub use crate::names::{validate_schedule_name as validate_name, MAX_SCHEDULE_NAME_LEN as MAX_NAME_LEN};
 /// Default lateness after which a fire time counts as missed.
 pub const DEFAULT_MISFIRE_GRACE: Duration = Duration::from_secs(60);
 
@@ -134,19 +134,6 @@ pub enum Fired {
     Refused,
 }
 
-/// Checks a schedule name.
-pub fn validate_name(name: &str) -> Result<()> {
-    if name.is_empty()
-        || name.len() > MAX_NAME_LEN
-        || !name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
-    {
-        return Err(Error::invalid(format!(
-            "schedule name '{name}' must be 1 to {MAX_NAME_LEN} characters of A-Z a-z 0-9 . _ -"
-        )));
-    }
-    Ok(())
-}
-
 /// The task id of a fire time: `<name>-YYYYMMDDTHHMMSSZ` (UTC).
 pub fn task_id(name: &str, fire_ms: u64) -> String {
     let ts = jiff::Timestamp::from_millisecond(fire_ms as i64).unwrap_or(jiff::Timestamp::UNIX_EPOCH);
@@ -254,6 +241,7 @@ impl Schedule {
 
 /// Adds `s`; a schedule of that name is refused unless `replace`.
 pub async fn add<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, s: &Schedule, replace: bool) -> Result<()> {
+    validate_name(&s.name)?;
     let json = serde_json::to_string(s).expect("a schedule serializes");
     let cmd = if replace { "HSET" } else { "HSETNX" };
     let added: i64 = redis::cmd(cmd).arg(keys.schedules()).arg(&s.name).arg(json).query_async(con).await?;
@@ -268,6 +256,7 @@ pub async fn add<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, s: &Schedul
 
 /// Removes schedule `name` and its progress; false when there was none.
 pub async fn remove<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, name: &str) -> Result<bool> {
+    validate_name(name)?;
     let (n, _): (i64, i64) = redis::pipe()
         .atomic()
         .hdel(keys.schedules(), name)

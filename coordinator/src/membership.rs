@@ -33,6 +33,15 @@ pub struct Member {
     pub concurrency: usize,
 }
 
+impl Member {
+    /// The node id and the instance become parts of keys (`node:<n>`, `node:<n>:wait`,
+    /// `lease:<instance>`): each must follow its rule in [`shardctl_common::names`].
+    pub fn validate(&self) -> Result<()> {
+        shardctl_common::names::validate_node_id(&self.node)?;
+        shardctl_common::names::validate_instance(&self.instance)
+    }
+}
+
 /// Timings of the membership loop.
 #[derive(Debug, Clone)]
 pub struct MembershipConfig {
@@ -80,6 +89,7 @@ fn in_use(node: &str, h: &NodeHolder) -> Error {
 
 /// Registers `m`, refused while another live executor holds its node id.
 pub async fn join(con: &mut Conn, keys: &Keys, m: &Member, cfg: &MembershipConfig) -> Result<()> {
+    m.validate()?;
     let timeout = cfg.timeout.as_millis() as u64;
     match scripts::join(con, keys, &m.node, &m.instance, now_ms(), timeout, &fields(m)).await? {
         Ok(()) => Ok(()),
@@ -89,6 +99,7 @@ pub async fn join(con: &mut Conn, keys: &Keys, m: &Member, cfg: &MembershipConfi
 
 /// Leaves the membership (graceful shutdown).
 pub async fn leave(con: &mut Conn, keys: &Keys, m: &Member) -> Result<bool> {
+    m.validate()?;
     scripts::leave(con, keys, &m.node, &m.instance).await
 }
 

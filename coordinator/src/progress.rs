@@ -10,6 +10,7 @@ use shardctl_common::{Error, Keys, Result};
 
 /// One task, read from Redis.
 pub async fn task<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str) -> Result<TaskInfo> {
+    shardctl_common::names::validate_task_id(id)?;
     let h: HashMap<String, String> = redis::cmd("HGETALL").arg(keys.task(id)).query_async(con).await?;
     TaskInfo::from_hash(id, &h)?.ok_or_else(|| Error::NoTask(id.to_owned()))
 }
@@ -131,6 +132,7 @@ pub async fn queue<C: ConnectionLike + Send>(
 
 /// Failed shards of a task with their reasons, by index.
 pub async fn failed_shards<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str) -> Result<Vec<(u64, String)>> {
+    shardctl_common::names::validate_task_id(id)?;
     let h: HashMap<String, String> = redis::cmd("HGETALL").arg(keys.errors(id)).query_async(con).await?;
     let mut v: Vec<(u64, String)> = h.into_iter().filter_map(|(k, r)| k.parse().ok().map(|i| (i, r))).collect();
     v.sort();

@@ -69,17 +69,18 @@ pub fn hostname() -> String {
         .unwrap_or_else(|| "localhost".into())
 }
 
-/// `hostname-pid`.
+/// `hostname-pid`, made a valid node id: characters of the host name outside the node-id set
+/// become `-`, and a long host name is cut (see [`shardctl_common::names::node_id_from_host`]).
 pub fn default_node_id() -> String {
-    format!("{}-{}", hostname(), std::process::id())
+    shardctl_common::names::node_id_from_host(&hostname(), std::process::id())
 }
 
 impl ExecutorConfig {
     /// Checks the settings against each other.
     pub fn validate(&self) -> Result<(), String> {
-        if self.node_id.is_empty() || self.node_id.len() > 128 || self.node_id.contains(char::is_whitespace) {
-            return Err(format!("node id '{}' must be 1 to 128 bytes without spaces", self.node_id));
-        }
+        // both become parts of keys (`node:<n>`, `lease:<instance>`) and of members (tokens)
+        shardctl_common::names::validate_node_id(&self.node_id).map_err(|e| e.to_string())?;
+        shardctl_common::names::validate_instance(&self.instance).map_err(|e| e.to_string())?;
         if self.concurrency < 1 {
             return Err("concurrency must be at least 1".into());
         }
@@ -97,9 +98,6 @@ impl ExecutorConfig {
         }
         if self.block_timeout < Duration::from_millis(10) {
             return Err("block timeout must be at least 10ms".into());
-        }
-        if self.instance.is_empty() || self.instance.contains(':') {
-            return Err("instance must be non-empty without ':'".into());
         }
         if self.max_claim_batch < 1 {
             return Err("max claim batch must be at least 1".into());
@@ -119,5 +117,18 @@ mod tests {
         assert!(c.validate().unwrap_err().contains("below the lock duration"));
         let c = ExecutorConfig { concurrency: 0, ..Default::default() };
         assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn node_ids_and_instances_that_would_form_other_keys_are_refused() {
+        for node in ["a:wait", "n{x}", "", "a b", "é"] {
+            let c = ExecutorConfig { node_id: node.into(), ..Default::default() };
+            assert!(c.validate().unwrap_err().starts_with("node id"), "{node:?}");
+        }
+        for instance in ["a:1", "i}", ""] {
+            let c = ExecutorConfig { instance: instance.into(), ..Default::default() };
+            assert!(c.validate().unwrap_err().starts_with("executor instance id"), "{instance:?}");
+        }
+        assert!(shardctl_common::names::validate_node_id(&default_node_id()).is_ok());
     }
 }

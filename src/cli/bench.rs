@@ -151,7 +151,7 @@ async fn bench(args: &Args, a: &BenchArgs, selected: &[Scenario], url: String) -
         url: url.clone(),
         client,
         con,
-        keys: Keys::new(&args.prefix, &queue),
+        keys: Keys::new(&args.prefix, &queue)?,
         prefix: args.prefix.clone(),
         queue,
         shards: a.shards,

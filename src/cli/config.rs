@@ -33,7 +33,7 @@ fn on_off(s: &str) -> Result<bool, String> {
 
 pub async fn run(args: &Args, a: &ConfigArgs) -> anyhow::Result<ExitCode> {
     let (_, mut con) = connect(args).await?;
-    let meta = args.keys().meta();
+    let meta = args.keys()?.meta();
     if let Some(n) = a.events_maxlen {
         let () = con.hset(&meta, "events_maxlen", n).await?;
     }

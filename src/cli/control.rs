@@ -40,7 +40,7 @@ pub struct LimitArgs {
 pub async fn cancel(args: &Args, a: &TaskIdArg) -> anyhow::Result<ExitCode> {
     let id = super::task_id(&a.task)?;
     let (_, mut con) = connect(args).await?;
-    let stopped = control::cancel(&mut con, &args.keys(), id, now_ms()).await?;
+    let stopped = control::cancel(&mut con, &args.keys()?, id, now_ms()).await?;
     println!("task {id} cancelled: {stopped} running shards are told to stop at their executors' next heartbeat");
     Ok(ExitCode::SUCCESS)
 }
@@ -48,7 +48,7 @@ pub async fn cancel(args: &Args, a: &TaskIdArg) -> anyhow::Result<ExitCode> {
 pub async fn retry(args: &Args, a: &TaskIdArg) -> anyhow::Result<ExitCode> {
     let id = super::task_id(&a.task)?;
     let (_, mut con) = connect(args).await?;
-    let keys = args.keys();
+    let keys = args.keys()?;
     let before = shardctl_coordinator::progress::task(&mut con, &keys, id).await?;
     match control::retry(&mut con, &keys, id, now_ms()).await? {
         0 => println!("task {id} has no failed shards: nothing to retry"),
@@ -60,7 +60,7 @@ pub async fn retry(args: &Args, a: &TaskIdArg) -> anyhow::Result<ExitCode> {
 
 pub async fn clean(args: &Args, a: &CleanArgs) -> anyhow::Result<ExitCode> {
     let (_, mut con) = connect(args).await?;
-    let n = control::clean(&mut con, &args.keys(), now_ms(), a.older_than).await?;
+    let n = control::clean(&mut con, &args.keys()?, now_ms(), a.older_than).await?;
     println!(
         "removed {n} ended task{} and {} keys",
         if n == 1 { "" } else { "s" },
@@ -71,7 +71,7 @@ pub async fn clean(args: &Args, a: &CleanArgs) -> anyhow::Result<ExitCode> {
 
 pub async fn limit(args: &Args, a: &LimitArgs) -> anyhow::Result<ExitCode> {
     let (_, mut con) = connect(args).await?;
-    let keys = args.keys();
+    let keys = args.keys()?;
     if a.off {
         control::set_limit(&mut con, &keys, None).await?;
         println!("queue {}: no rate limit", args.queue);

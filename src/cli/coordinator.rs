@@ -45,7 +45,7 @@ pub async fn run(args: &Args, a: &CoordinatorArgs) -> anyhow::Result<ExitCode> {
     let stop = CancellationToken::new();
     shardctl_executor::shutdown::cancel_on_signal(stop.clone());
     tracing::info!(queue = %args.queue, refresh = ?cfg.refresh, retention = ?cfg.finished_retention, "coordinator started");
-    daemon::run(con, args.keys(), cfg, stop).await;
+    daemon::run(con, args.keys()?, cfg, stop).await;
     tracing::info!("coordinator stopped");
     Ok(ExitCode::SUCCESS)
 }

@@ -7,8 +7,8 @@ use std::time::Instant;
 use anyhow::bail;
 use clap::Parser;
 use serde_json::json;
+use shardctl_common::conn;
 use shardctl_common::model::TaskSpec;
-use shardctl_common::{conn, Keys};
 use shardctl_coordinator::dispatch::{dispatch, new_task_id};
 use shardctl_executor::builtin::count_primes;
 use shardctl_executor::{Executor, ExecutorConfig, Registry};
@@ -38,7 +38,7 @@ pub async fn run(args: &Args, a: &DemoArgs) -> anyhow::Result<ExitCode> {
     shardctl_executor::shutdown::cancel_on_signal(interrupted.clone());
     let given = args.given_redis()?;
     let (_server, url) = RedisServer::unless_given(&given)?;
-    let keys = Keys::new(&args.prefix, &args.queue);
+    let keys = args.keys()?;
     let client = conn::open(&url)?;
     let mut con = client.manager().await?;
     let spec = TaskSpec { items: a.items, ..TaskSpec::new(new_task_id(), "primes", a.shards) };

@@ -57,7 +57,7 @@ pub async fn run(args: &Args, a: &DispatchArgs) -> anyhow::Result<ExitCode> {
         );
     }
     let (_, mut con) = connect(args).await?;
-    let d = dispatch_any(&mut con, &args.keys(), &spec, shard_keys.as_deref()).await?;
+    let d = dispatch_any(&mut con, &args.keys()?, &spec, shard_keys.as_deref()).await?;
     if a.delay.is_some_and(|d| !d.is_zero()) {
         eprintln!(
             "delayed: nothing of it is claimable for {}",

@@ -90,7 +90,7 @@ pub async fn run(args: &Args, a: &ExecutorArgs) -> anyhow::Result<ExitCode> {
     if let Some(addr) = a.metrics_addr {
         super::metrics::install(addr, None)?;
     }
-    let keys = args.keys();
+    let keys = args.keys()?;
     let member = Member {
         node: config.node_id.clone(),
         instance: config.instance.clone(),

@@ -46,7 +46,7 @@ pub struct Args {
     #[arg(long, global = true, env = "SHARDCTL_QUEUE", default_value = "default", value_parser = queue_name)]
     pub queue: String,
     /// Prefix of every Redis key.
-    #[arg(long, global = true, default_value = "shardctl", value_parser = queue_name)]
+    #[arg(long, global = true, default_value = "shardctl", value_parser = key_prefix)]
     pub prefix: String,
     /// Log filter (error, warn, info, debug, or per module); logs go to stderr.
     #[arg(long, global = true, env = "SHARDCTL_LOG")]
@@ -82,8 +82,9 @@ impl Args {
     fn redis_url(&self) -> anyhow::Result<String> {
         Ok(self.given_redis()?.unwrap_or_else(|| DEFAULT_REDIS.to_owned()))
     }
-    fn keys(&self) -> Keys {
-        Keys::new(&self.prefix, &self.queue)
+    /// The queue's keys; clap has checked both names already, `Keys::new` checks them again.
+    fn keys(&self) -> anyhow::Result<Keys> {
+        Ok(Keys::new(&self.prefix, &self.queue)?)
     }
 }
 
@@ -132,9 +133,12 @@ pub enum Command {
 }
 
 fn queue_name(s: &str) -> Result<String, String> {
-    if s.is_empty() || s.len() > 64 || !s.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)) {
-        return Err(format!("'{s}' must be 1 to 64 characters of A-Z a-z 0-9 . _ -"));
-    }
+    shardctl_common::names::validate_queue(s).map_err(|e| e.to_string())?;
+    Ok(s.to_owned())
+}
+
+fn key_prefix(s: &str) -> Result<String, String> {
+    shardctl_common::names::validate_prefix(s).map_err(|e| e.to_string())?;
     Ok(s.to_owned())
 }
 
@@ -227,7 +231,7 @@ pub fn exit_code(e: &anyhow::Error) -> u8 {
 
 /// Checks a task id given on the command line: one that cannot exist is bad usage.
 pub fn task_id(id: &str) -> anyhow::Result<&str> {
-    shardctl_common::model::validate_task_id(id)?;
+    shardctl_common::names::validate_task_id(id)?;
     Ok(id)
 }
 

@@ -9,7 +9,7 @@ use super::{connect, Args};
 
 pub async fn run(args: &Args, paused: bool) -> anyhow::Result<ExitCode> {
     let (_, mut con) = connect(args).await?;
-    let keys = args.keys();
+    let keys = args.keys()?;
     if paused {
         let () = con.hset(keys.meta(), "paused", 1).await?;
         println!("queue {} paused: no new claims; running shards finish", args.queue);

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use shardctl_common::names;
 use shardctl_common::schedule::{self, Misfire, Overlap, Schedule, DEFAULT_MISFIRE_GRACE};
 use shardctl_common::time::now_ms;
 use shardctl_common::Error;
@@ -66,9 +67,9 @@ pub async fn run(args: &Args, a: &ScheduleArgs) -> anyhow::Result<ExitCode> {
         ScheduleCommand::Add(add) => run_add(args, add).await,
         ScheduleCommand::List { json } => run_list(args, *json).await,
         ScheduleCommand::Remove { name } => {
-            schedule::validate_name(name)?;
+            names::validate_schedule_name(name)?;
             let (_, mut con) = connect(args).await?;
-            if !schedule::remove(&mut con, &args.keys(), name).await? {
+            if !schedule::remove(&mut con, &args.keys()?, name).await? {
                 // like a missing task: an error (1), not bad usage
                 anyhow::bail!("no schedule named '{name}'");
             }
@@ -80,7 +81,7 @@ pub async fn run(args: &Args, a: &ScheduleArgs) -> anyhow::Result<ExitCode> {
 
 async fn run_add(args: &Args, a: &AddArgs) -> anyhow::Result<ExitCode> {
     // the schedule's own parts first: their messages say more than a missing --shards
-    schedule::validate_name(&a.name)?;
+    names::validate_schedule_name(&a.name)?;
     a.cron.parse::<shardctl_common::cron::Cron>()?;
     shardctl_common::cron::zone(&a.tz)?;
     let shards = a.task.shards.ok_or_else(|| Error::invalid("--shards N is required"))?;
@@ -90,7 +91,7 @@ async fn run_add(args: &Args, a: &AddArgs) -> anyhow::Result<ExitCode> {
     // checked before connecting: a bad expression or zone is reported as such even without Redis
     let s = Schedule::new(&a.name, &a.cron, &a.tz, a.overlap, a.misfire, grace, &spec, now)?;
     let (_, mut con) = connect(args).await?;
-    schedule::add(&mut con, &args.keys(), &s, a.replace).await?;
+    schedule::add(&mut con, &args.keys()?, &s, a.replace).await?;
     let next = s.next_after(now).map_or_else(|| "never".to_owned(), |t| show(t, &s.tz));
     println!("schedule {} added: '{}' in {}; next fire {next}", s.name, s.cron, s.tz);
     Ok(ExitCode::SUCCESS)
@@ -98,7 +99,7 @@ async fn run_add(args: &Args, a: &AddArgs) -> anyhow::Result<ExitCode> {
 
 async fn run_list(args: &Args, json: bool) -> anyhow::Result<ExitCode> {
     let (_, mut con) = connect(args).await?;
-    let all = schedule::list(&mut con, &args.keys(), now_ms()).await?;
+    let all = schedule::list(&mut con, &args.keys()?, now_ms()).await?;
     if json {
         let v: Vec<serde_json::Value> = all
             .iter()

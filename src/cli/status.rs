@@ -25,7 +25,7 @@ pub async fn run(args: &Args, a: &StatusArgs) -> anyhow::Result<ExitCode> {
         super::task_id(id)?;
     }
     let (_, mut con) = connect(args).await?;
-    let keys = args.keys();
+    let keys = args.keys()?;
     let Some(id) = &a.task else {
         let q = progress::queue(&mut con, &keys, &args.queue, 10).await?;
         let nodes = progress::nodes(&mut con, &keys).await?;

@@ -35,7 +35,7 @@ pub async fn wait_and_print(
     json: bool,
 ) -> anyhow::Result<ExitCode> {
     let bar = Bar::new();
-    let t = shardctl_coordinator::wait::wait(con, &args.keys(), id, timeout, |t| bar.update(t)).await;
+    let t = shardctl_coordinator::wait::wait(con, &args.keys()?, id, timeout, |t| bar.update(t)).await;
     bar.finish();
     let t = t?;
     print_final(&t, json);

@@ -31,7 +31,7 @@ pub async fn run(args: &Args, a: &WatchArgs) -> anyhow::Result<ExitCode> {
     let (client, _) = connect(args).await?;
     // a blocking read needs a connection of its own with a response timeout past the block
     let mut con = client.blocking(std::time::Duration::from_secs(5)).await?;
-    let key = args.keys().events();
+    let key = args.keys()?.events();
     let mut last = if a.from_start { "0-0".to_owned() } else { "$".to_owned() };
     let mut seen = 0u64;
     loop {

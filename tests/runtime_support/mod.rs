@@ -60,7 +60,7 @@ impl Env {
     async fn with(redis: TestRedis) -> Self {
         let client = conn::open(&redis.url()).expect("redis client");
         let con = client.manager().await.expect("connection manager");
-        Env { redis, client, con, keys: Keys::new("shardctl", "runtime") }
+        Env { redis, client, con, keys: Keys::new("shardctl", "runtime").unwrap() }
     }
 
     /// Creates a task through the coordinator, panicking on any error.

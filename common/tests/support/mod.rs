@@ -43,7 +43,7 @@ impl Env {
         let redis = TestRedis::start();
         let client = open(&redis.url()).expect("redis client");
         let con = client.manager().await.expect("connection manager");
-        Env { redis, client, con, keys: Keys::new("shardctl", queue) }
+        Env { redis, client, con, keys: Keys::new("shardctl", queue).unwrap() }
     }
 
     /// Another connection manager to the same server.
