@@ -56,16 +56,19 @@ const TASK_KEYS: &[(&str, NamedKey)] = &[
     ("results", Keys::results),
     ("errors", Keys::errors),
     ("shard_keys", Keys::shard_keys),
+    ("shards", Keys::shards),
 ];
 /// Every key of one node, by node id.
 const NODE_KEYS: &[(&str, NamedKey)] =
     &[("node", Keys::node), ("node_wait", Keys::node_wait), ("node_marker", Keys::node_marker)];
-/// Keys by executor instance and by shard ref.
+/// Keys by executor instance (no key is built from a shard ref: per-shard state is a field of
+/// the task's `shards` hash).
 const INSTANCE_KEYS: &[(&str, NamedKey)] = &[("lease", Keys::lease)];
-const REF_KEYS: &[(&str, NamedKey)] = &[("shard", Keys::shard)];
 /// `Keys` methods that build no key of their own.
 const NOT_KEYS: &[&str] = &["new", "queue", "prefix", "task_keys"];
 
+/// Incarnations (task `seq`) each task id is enumerated with.
+const INCARNATIONS: &[u64] = &[1, 2, 10, 12, 123];
 /// Shard indexes each task id is enumerated with (plus its aggregation job).
 const INDEXES: &[u64] = &[0, 1, 9, 10, 11, 100, 4_294_967_295];
 
@@ -167,7 +170,7 @@ fn plausible() -> Vec<String> {
     let k = Keys::new("p", "q").unwrap();
     let mut words: BTreeSet<String> = BTreeSet::new();
     let mut all: Vec<String> = QUEUE_KEYS.iter().map(|(_, f)| f(&k)).collect();
-    for (_, f) in TASK_KEYS.iter().chain(NODE_KEYS).chain(INSTANCE_KEYS).chain(REF_KEYS) {
+    for (_, f) in TASK_KEYS.iter().chain(NODE_KEYS).chain(INSTANCE_KEYS) {
         all.push(f(&k, "t"));
     }
     all.extend(k.task_keys("t"));
@@ -322,13 +325,6 @@ fn no_two_entities_share_a_key_and_every_key_has_its_queues_tag() {
                     reg.add(f(&k, t), &owner, what);
                     of_queue.push(f(&k, t));
                 }
-                let refs = INDEXES.iter().map(|&i| ShardRef::shard(t, i)).chain([ShardRef::aggregate(t)]);
-                for r in refs {
-                    for (what, f) in REF_KEYS {
-                        reg.add(f(&k, &r.to_string()), &owner, &format!("{what} {r}"));
-                        of_queue.push(f(&k, &r.to_string()));
-                    }
-                }
                 for key in k.task_keys(t) {
                     reg.add(key.clone(), &owner, "task_keys");
                     of_queue.push(key);
@@ -374,7 +370,10 @@ fn members_made_of_names_are_unique_and_never_prefixed_by_another() {
     let tasks = valid(Kind::TaskId);
     let mut refs: HashMap<String, ShardRef> = HashMap::new();
     for t in &tasks {
-        for r in INDEXES.iter().map(|&i| ShardRef::shard(t, i)).chain([ShardRef::aggregate(t)]) {
+        let all = INCARNATIONS.iter().flat_map(|&inc| {
+            INDEXES.iter().map(move |&i| ShardRef::shard(t, inc, i)).chain([ShardRef::aggregate(t, inc)])
+        });
+        for r in all {
             let s = r.to_string();
             assert_ne!(s, ACTIVE_PIN);
             assert_eq!(s.parse::<ShardRef>().unwrap(), r, "{s} parses back to another ref");
@@ -433,7 +432,6 @@ fn every_keys_method_is_enumerated() {
         .chain(TASK_KEYS.iter().map(|(n, _)| *n))
         .chain(NODE_KEYS.iter().map(|(n, _)| *n))
         .chain(INSTANCE_KEYS.iter().map(|(n, _)| *n))
-        .chain(REF_KEYS.iter().map(|(n, _)| *n))
         .chain(NOT_KEYS.iter().copied())
         .map(str::to_owned)
         .collect();
