@@ -12,11 +12,10 @@
   KEYS[4] stalled     set
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] task id
-  ARGV[3] now_ms
 
   Returns how many running shards were stopped, or -3 (task missing), -9 (task already ended).
 ]]
-local prefix, tid, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local prefix, tid, now = ARGV[1], ARGV[2], now_ms()
 local state = rcall('HGET', KEYS[1], 'state')
 if not state then return -3 end
 if state == 'completed' or state == 'failed' or state == 'cancelled' then return -9 end

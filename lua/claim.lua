@@ -9,7 +9,7 @@
 
   The queue-wide rate limit (`meta` limit_max, limit_per_ms; set by `shardctl limit`) is a
   sliding log in `limiter`: one entry `<token>|<k>` per claim call that started k shards, scored
-  by Redis's own clock (TIME, in µs), so that executors with skewed clocks share one window;
+  by Redis's own clock (TIME, in µs, as every time here), so that executors share one window;
   `meta` limit_used is the sum of k over the log. In no window of limit_per_ms do more than
   limit_max shards start; when the window is full the claim returns the exact time it frees.
 
@@ -23,18 +23,19 @@
   KEYS[8] lease:<inst>  string  this executor's lease
   KEYS[9] limiter       zset    claim calls in the rate limit's window, by start time (µs)
   ARGV[1] key prefix  `{P:Q}:`
-  ARGV[2] now_ms
-  ARGV[3] count       shards wanted (> 0)
-  ARGV[4] lock_ms     lease duration
-  ARGV[5] token       `<instance>:<seq>`
+  ARGV[2] count       shards wanted (> 0)
+  ARGV[3] lock_ms     lease duration
+  ARGV[4] token       `<instance>:<seq>`
 
   Returns { next, lapsed, ref_1, attempt_1, fails_1, ... }: `next` is 0 when shards were
-  claimed, -2 when the queue is paused, else the due time (caller's clock) of the earliest
-  delayed ref or task, or of the rate limit's next free slot, or -1 if none; `lapsed` is 1 when
+  claimed, -2 when the queue is paused, else how many ms from now the earliest delayed ref or
+  task is due, or the rate limit frees a slot (at least 1), or -1 if none; `lapsed` is 1 when
   this claim had to take the executor's lease again (it had expired: the executor must check
   which of its shards are still its own, see extend.lua).
 ]]
-local prefix, now, count, lock_ms, token = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
+local prefix, count, lock_ms, token = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local clock = rcall('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 
 local m = rcall('HMGET', KEYS[5], 'paused', 'limit_max', 'limit_per_ms', 'limit_used')
 if m[1] == '1' then return { -2, 0 } end
@@ -46,8 +47,7 @@ local limit_max, rnow = tonumber(m[2] or '0'), 0
 if limit_max > 0 then
   -- in microseconds: a start exactly one window after another is allowed, none sooner
   local per = tonumber(m[3]) * 1000
-  local t = rcall('TIME')
-  rnow = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  rnow = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
   local used = tonumber(m[4] or '0')
   local old = rcall('ZRANGEBYSCORE', KEYS[9], '-inf', rnow - per)
   if #old > 0 then
@@ -64,8 +64,8 @@ if limit_max > 0 then
   local free = limit_max - used
   if free <= 0 then
     local oldest = rcall('ZRANGE', KEYS[9], 0, 0, 'WITHSCORES')
-    -- when the oldest start leaves the window, in the caller's clock (ms, rounded up)
-    return { now + math.ceil((tonumber(oldest[2]) + per - rnow) / 1000), 0 }
+    -- when the oldest start leaves the window, in ms from now (rounded up)
+    return { math.max(1, math.ceil((tonumber(oldest[2]) + per - rnow) / 1000)), 0 }
   end
   count = math.min(count, free)
 end
@@ -174,4 +174,5 @@ if n > 0 then
   if rcall('LLEN', KEYS[1]) > 0 or rcall('ZCARD', KEYS[2]) > 0 then wake(prefix) end
   return out
 end
-return { next_due(prefix) or -1, 0 }
+local due = next_due(prefix)
+return { due and math.max(1, due - now) or -1, 0 }

@@ -7,16 +7,17 @@
   KEYS[2] expiring    zset    ended tasks with a retention, by expiry time
   KEYS[3] index       zset    every task
   ARGV[1] key prefix  `{P:Q}:`
-  ARGV[2] now_ms
-  ARGV[3] cutoff_ms   remove tasks ended at or before this; -1: only expired ones
-  ARGV[4] limit
+  ARGV[2] older_than_ms  also remove tasks ended at least this long ago; -1: only expired ones
+  ARGV[3] limit
 
   An entry of a task that is not ended (a later task under the same id, dispatched after the
   earlier one's keys expired) is stale: it leaves the list and the task stays.
 
   Returns { entries read, tasks removed }.
 ]]
-local prefix, now, cutoff, limit = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local prefix, now, older, limit = ARGV[1], now_ms(), tonumber(ARGV[2]), tonumber(ARGV[3])
+local cutoff = -1
+if older >= 0 then cutoff = now - older end
 local victims, seen = {}, {}
 for _, tid in ipairs(rcall('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)) do
   victims[#victims + 1] = tid

@@ -13,20 +13,19 @@
   KEYS[1] active      hash    ref -> token
   KEYS[2] stalled     set
   ARGV[1] key prefix  `{P:Q}:`
-  ARGV[2] now_ms
-  ARGV[3..] per task: task id, seq (its incarnation), m, then m groups of 4: index (or `agg`),
+  ARGV[2..] per task: task id, seq (its incarnation), m, then m groups of 4: index (or `agg`),
             token, has_state (1 when the shard may have state in `task:<id>:shards`), result
             (JSON text; empty for none)
 
   Returns one code per shard, in the order given: 1 counted, 0 already terminal (finished
   twice), -1 lock missing, -2 lock mismatch, -3 task missing (or another incarnation).
 ]]
-local prefix, now = ARGV[1], tonumber(ARGV[2])
+local prefix, now = ARGV[1], now_ms()
 
 -- parse: one entry per shard
 local tids, idxs, tokens, states, results, refs = {}, {}, {}, {}, {}, {}
 local groups = {}
-local a = 3
+local a = 2
 while a <= #ARGV do
   local tid, inc, m = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
   local first = #refs + 1

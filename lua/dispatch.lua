@@ -13,14 +13,15 @@
   KEYS[7] scheduled   zset    delayed tasks, by start time
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] task id
-  ARGV[3] now_ms
-  ARGV[4] priority    integer, higher first
-  ARGV[5] start_ms    claimable from then on (0: at once)
-  ARGV[6..] field, value pairs of the task hash
+  ARGV[3] priority    integer, higher first
+  ARGV[4] delay_ms    claimable this long after the dispatch (0: at once), by Redis's clock
+  ARGV[5..] field, value pairs of the task hash
 
   Returns 1, or -4 (task exists), -8 (invalid spec: over 2^32 shards or |priority| > 10^6).
   The work is lib.lua create_task (schedules create tasks the same way, see fire.lua).
 ]]
 local fields = {}
-for i = 6, #ARGV do fields[#fields + 1] = ARGV[i] end
-return create_task(ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), fields)
+for i = 5, #ARGV do fields[#fields + 1] = ARGV[i] end
+local now = now_ms()
+local delay = tonumber(ARGV[4])
+return create_task(ARGV[1], ARGV[2], now, tonumber(ARGV[3]), delay > 0 and now + delay or 0, fields)

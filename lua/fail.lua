@@ -7,9 +7,8 @@
   KEYS[2] stalled     set
   KEYS[3] delayed     zset    ref -> due time
   ARGV[1] key prefix  `{P:Q}:`
-  ARGV[2] now_ms
-  ARGV[3] node        the failing executor's node: a routed shard's retry goes back to it
-  ARGV[4..] groups of 5: ref, token, attempt (of this claim), delay_ms (backoff before the next
+  ARGV[2] node        the failing executor's node: a routed shard's retry goes back to it
+  ARGV[3..] groups of 5: ref, token, attempt (of this claim), delay_ms (backoff before the next
             attempt), reason
 
   Refs are `<task>:<seq>:<index>`: one of another incarnation, or outside the task, is refused
@@ -18,9 +17,9 @@
   Returns one code per group: 2 retry scheduled, 1 failed for good (counted), 0 failed for good
   but already terminal, -1 lock missing, -2 lock mismatch, -3 task missing.
 ]]
-local prefix, now, node = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local prefix, now, node = ARGV[1], now_ms(), ARGV[2]
 local codes = {}
-for i = 4, #ARGV, 5 do
+for i = 3, #ARGV, 5 do
   local ref, token, attempt, delay, reason = ARGV[i], ARGV[i + 1], ARGV[i + 2], tonumber(ARGV[i + 3]), ARGV[i + 4]
   -- a failed shard always has a reason: `retry` finds the failed shards by it
   if reason == '' then reason = 'failed' end

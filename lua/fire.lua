@@ -13,19 +13,23 @@
   ARGV[4] run       1 to create the task, 0 to skip this fire time (missed, misfire skip)
   ARGV[5] overlap   `skip`: no task while the last fire's task is unfinished; `allow`
   ARGV[6] task id
-  ARGV[7] now_ms
-  ARGV[8] priority
-  ARGV[9] created_ms  of the schedule read: a schedule replaced or re-added since fires nothing
-  ARGV[10..] field, value pairs of the task hash
+  ARGV[7] priority
+  ARGV[8] created_ms  of the schedule read: a schedule replaced or re-added since fires nothing
+  ARGV[9..] field, value pairs of the task hash
 
-  Returns 1 task created, 0 already handled, 2 skipped (missed), 3 skipped (overlap), or a
+  A fire time later than Redis's clock is not handled yet (-11): a coordinator whose clock runs
+  ahead fires nothing early.
+
+  Returns 1 task created, 0 already handled, -11 not due yet, 2 skipped (missed), 3 skipped (overlap), or a
   create_task refusal (-4 task exists, -8 invalid spec: the fire time still counts as handled).
 ]]
 local prefix, name, fire, run, overlap, tid = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6]
 local stored = rcall('HGET', KEYS[1], name)
 if not stored then return 0 end
 local ok, s = pcall(cjson.decode, stored)
-if not ok or tostring(s.created_ms) ~= tostring(tonumber(ARGV[9])) then return 0 end
+if not ok or tostring(s.created_ms) ~= tostring(tonumber(ARGV[8])) then return 0 end
+local now = now_ms()
+if fire > now then return -11 end
 local last = tonumber(rcall('HGET', KEYS[2], name .. ':last') or '-1')
 if fire <= last then return 0 end
 rcall('HSET', KEYS[2], name .. ':last', fire)
@@ -42,7 +46,7 @@ if overlap == 'skip' then
   end
 end
 local fields = {}
-for i = 10, #ARGV do fields[#fields + 1] = ARGV[i] end
-local code = create_task(prefix, tid, tonumber(ARGV[7]), tonumber(ARGV[8]), 0, fields)
+for i = 9, #ARGV do fields[#fields + 1] = ARGV[i] end
+local code = create_task(prefix, tid, now, tonumber(ARGV[7]), 0, fields)
 if code == 1 then rcall('HSET', KEYS[2], name .. ':task', tid) end
 return code

@@ -9,14 +9,15 @@
   KEYS[2] node:<n>    hash   instance, host, pid, concurrency, version, started_ms, timeout_ms
   ARGV[1] node id
   ARGV[2] instance    unique per process
-  ARGV[3] now_ms
-  ARGV[4] timeout_ms  silent this long after a heartbeat, the node has departed
-  ARGV[5..] field, value pairs describing the executor
+  ARGV[3] timeout_ms  silent this long after a heartbeat, the node has departed
+  ARGV[4..] field, value pairs describing the executor
+
+  Times are Redis's (TIME): a node whose own clock is off is judged like any other.
 
   Returns { 1 } (joined or refreshed), or { -5, host, pid, age_ms } of the live holder (age: since
   its last heartbeat).
 ]]
-local node, instance, now, timeout = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local node, instance, now, timeout = ARGV[1], ARGV[2], now_ms(), tonumber(ARGV[3])
 local score = rcall('ZSCORE', KEYS[1], node)
 local holder = rcall('HGET', KEYS[2], 'instance')
 if score and holder and holder ~= instance and tonumber(score) > now then
@@ -26,7 +27,7 @@ end
 if holder ~= instance then
   rcall('DEL', KEYS[2])
   local fields = {}
-  for i = 5, #ARGV do fields[#fields + 1] = ARGV[i] end
+  for i = 4, #ARGV do fields[#fields + 1] = ARGV[i] end
   rcall('HSET', KEYS[2], 'instance', instance, 'started_ms', now, unpack(fields))
 end
 rcall('HSET', KEYS[2], 'timeout_ms', timeout)

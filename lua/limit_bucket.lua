@@ -5,11 +5,10 @@
   KEYS[1] the bucket  hash   tokens, ts (ms of the last refill)
   ARGV[1] capacity
   ARGV[2] rate        tokens per second (may be fractional)
-  ARGV[3] now_ms
 
-  Returns { granted (1/0), wait_ms until a token is there when refused }.
+  Returns { granted (1/0), wait_ms until a token is there when refused, the time decided at (Redis's clock, ms) }.
 ]]
-local capacity, rate, now = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local capacity, rate, now = tonumber(ARGV[1]), tonumber(ARGV[2]), now_ms()
 local b = rcall('HMGET', KEYS[1], 'tokens', 'ts')
 local tokens, ts = tonumber(b[1]), tonumber(b[2])
 if not tokens then tokens, ts = capacity, now end
@@ -27,4 +26,4 @@ end
 -- tokens are kept as text with enough digits: a float reply would be truncated
 rcall('HSET', KEYS[1], 'tokens', string.format('%.6f', tokens), 'ts', string.format('%d', ts))
 rcall('PEXPIRE', KEYS[1], math.ceil(capacity * 1000 / rate) + 1000)
-return { granted, wait }
+return { granted, wait, now }

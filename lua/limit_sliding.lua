@@ -5,17 +5,16 @@
   KEYS[1] the log     zset   grant id -> grant time (ms)
   ARGV[1] max
   ARGV[2] window_ms
-  ARGV[3] now_ms
-  ARGV[4] grant id    unique per request
+  ARGV[3] grant id    unique per request
 
-  Returns { granted (1/0), wait_ms until the oldest grant leaves the window when refused }.
+  Returns { granted (1/0), wait_ms until the oldest grant leaves the window when refused, the time decided at (Redis's clock, ms) }.
 ]]
-local max, window, now = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local max, window, now = tonumber(ARGV[1]), tonumber(ARGV[2]), now_ms()
 rcall('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
 if rcall('ZCARD', KEYS[1]) >= max then
   local oldest = rcall('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-  return { 0, math.max(1, tonumber(oldest[2]) + window - now + 1) }
+  return { 0, math.max(1, tonumber(oldest[2]) + window - now + 1), now }
 end
-rcall('ZADD', KEYS[1], now, ARGV[4])
+rcall('ZADD', KEYS[1], now, ARGV[3])
 rcall('PEXPIRE', KEYS[1], window)
-return { 1, 0 }
+return { 1, 0, now }

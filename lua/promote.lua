@@ -6,8 +6,7 @@
   KEYS[1] delayed     zset    ref -> due time
   KEYS[2] wait        list
   ARGV[1] key prefix  `{P:Q}:`
-  ARGV[2] now_ms
 
   Returns how many were moved (at most 1000 per call).
 ]]
-return promote_due(ARGV[1], tonumber(ARGV[2]))
+return promote_due(ARGV[1], now_ms())

@@ -10,13 +10,12 @@
   KEYS[2] wait        list
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] task id
-  ARGV[3] now_ms
 
   Returns how many shards (or 1 for the aggregation) go again: 0 when nothing failed, or -3
   (task missing), -9 (task cancelled), -10 (its results were not kept: aggregation would miss
   them).
 ]]
-local prefix, tid, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local prefix, tid, now = ARGV[1], ARGV[2], now_ms()
 local tkey = KEYS[1]
 local t = rcall('HMGET', tkey, 'state', 'keep_results', 'failed', 'agg_error')
 local state = t[1]

@@ -11,14 +11,13 @@
   KEYS[4] wait           list
   KEYS[5] reroute        list        recovered refs of routed tasks (placed by the current ring)
   ARGV[1] key prefix  `{P:Q}:`
-  ARGV[2] now_ms
-  ARGV[3] interval_ms
-  ARGV[4] max_stalled   stalls a shard may survive
-  ARGV[5] reason        failure reason past the cap
+  ARGV[2] interval_ms
+  ARGV[3] max_stalled   stalls a shard may survive
+  ARGV[4] reason        failure reason past the cap
 
   Returns { recovered, failed, marked }, or { -1 } when another sweep ran within the interval.
 ]]
-local prefix, now, interval, max_stalled, reason = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]), ARGV[5]
+local prefix, now, interval, max_stalled, reason = ARGV[1], now_ms(), ARGV[2], tonumber(ARGV[3]), ARGV[4]
 if not rcall('SET', KEYS[1], now, 'NX', 'PX', interval) then return { -1 } end
 
 local leases = {}

@@ -1107,11 +1107,14 @@ fn each_node_is_live_for_its_own_member_timeout() {
     rt.block_on(async {
         let client = shardctl_common::conn::open(&redis.url()).unwrap();
         let mut con = client.manager().await.unwrap();
-        let beat = shardctl_common::time::now_ms() - 30_000;
-        for (node, timeout) in [("patient", 60_000), ("hasty", 20_000)] {
+        // both beat 30 s ago by the server's clock (the one join.lua scores with)
+        let beat = shardctl_common::time::server_now_ms(&mut con).await.unwrap() - 30_000;
+        for (node, timeout) in [("patient", 60_000u64), ("hasty", 20_000)] {
             let fields = [("host", "h".to_owned())];
-            let joined = scripts::join(&mut con, &keys, node, node, beat, timeout, &fields).await.unwrap();
+            let joined = scripts::join(&mut con, &keys, node, node, timeout, &fields).await.unwrap();
             assert!(joined.is_ok());
+            let _: () =
+                redis::cmd("ZADD").arg(keys.nodes()).arg(beat + timeout).arg(node).query_async(&mut con).await.unwrap();
         }
         assert_eq!(membership::live(&mut con, &keys).await.unwrap(), ["patient"]);
         let nodes = shardctl_coordinator::progress::nodes(&mut con, &keys).await.unwrap();
@@ -1121,7 +1124,7 @@ fn each_node_is_live_for_its_own_member_timeout() {
         let r = shardctl_coordinator::rebalance::rebalance(&mut con, &keys).await.unwrap().unwrap();
         assert_eq!((r.departed, r.live), (vec!["hasty".to_owned()], vec!["patient".to_owned()]));
         // and a second process under the patient node's id is refused while it lives
-        let again = scripts::join(&mut con, &keys, "patient", "other", beat + 30_000, 60_000, &[]).await.unwrap();
+        let again = scripts::join(&mut con, &keys, "patient", "other", 60_000, &[]).await.unwrap();
         let holder = again.unwrap_err();
         assert!((29_000..31_000).contains(&holder.age_ms), "{}", holder.age_ms);
     });

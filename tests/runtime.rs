@@ -15,7 +15,6 @@ use serde_json::{json, Value};
 use shardctl_common::model::{TaskSpec, TaskState};
 use shardctl_common::scripts::{self, ClaimRequest};
 use shardctl_common::split::shard_range;
-use shardctl_common::time::now_ms;
 use shardctl_executor::builtin::fails_at;
 use shardctl_executor::child::{ExecAggregator, ExecCommand, ExecHandler};
 use shardctl_executor::{BoxFuture, ExecutorConfig, Handler, Registry, ShardContext, ShardError, StatsSnapshot};
@@ -573,7 +572,6 @@ async fn shards_of_a_claim_whose_reply_was_lost_are_recovered() {
         token_base: &instance,
         seq: 1 << 40,
         node: &cfg.node_id,
-        now_ms: now_ms(),
     };
     let mut con = env.con.clone();
     let orphans = scripts::claim(&mut con, &env.keys, &req).await.expect("claim").shards;

@@ -21,7 +21,7 @@ fn refused(id: &str, code: i64, what: &str) -> Error {
 /// Cancels task `id`: nothing of it is claimed again, its running shards are stopped at their
 /// executors' next heartbeat, and it ends `cancelled` without aggregation. Returns how many
 /// running shards were stopped. A task that already ended is refused.
-pub async fn cancel<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str, now_ms: u64) -> Result<u64> {
+pub async fn cancel<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str) -> Result<u64> {
     crate::names::validate_task_id(id)?;
     let code: i64 = scripts()
         .cancel
@@ -31,7 +31,6 @@ pub async fn cancel<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str
         .key(keys.stalled())
         .arg(keys.prefix())
         .arg(id)
-        .arg(now_ms)
         .invoke_async(con)
         .await?;
     if code < 0 {
@@ -47,17 +46,10 @@ pub async fn cancel<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str
 /// Runs the failed shards of task `id` again (or its failed aggregation); aggregation follows
 /// once every shard is terminal. Returns how many shards go again (1 for an aggregation alone);
 /// 0 when nothing had failed.
-pub async fn retry<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str, now_ms: u64) -> Result<u64> {
+pub async fn retry<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str) -> Result<u64> {
     crate::names::validate_task_id(id)?;
-    let code: i64 = scripts()
-        .retry
-        .key(keys.task(id))
-        .key(keys.wait())
-        .arg(keys.prefix())
-        .arg(id)
-        .arg(now_ms)
-        .invoke_async(con)
-        .await?;
+    let code: i64 =
+        scripts().retry.key(keys.task(id)).key(keys.wait()).arg(keys.prefix()).arg(id).invoke_async(con).await?;
     match code {
         -9 => Err(Error::invalid(format!("task '{id}' was cancelled: dispatch it again instead"))),
         -10 => Err(Error::invalid(format!(
@@ -70,14 +62,10 @@ pub async fn retry<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str,
 }
 
 /// Removes ended tasks whose retention ran out and, with `older_than`, every task that ended at
-/// least that long ago; all their keys go. Returns how many tasks were removed.
-pub async fn clean<C: ConnectionLike + Send>(
-    con: &mut C,
-    keys: &Keys,
-    now_ms: u64,
-    older_than: Option<Duration>,
-) -> Result<u64> {
-    let cutoff = older_than.map_or(-1, |d| now_ms.saturating_sub(d.as_millis() as u64) as i64);
+/// least that long ago (by the Redis server's clock); all their keys go. Returns how many tasks
+/// were removed.
+pub async fn clean<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, older_than: Option<Duration>) -> Result<u64> {
+    let older = older_than.map_or(-1, |d| d.as_millis() as i64);
     let mut removed = 0;
     loop {
         let (listed, n): (u64, u64) = scripts()
@@ -86,8 +74,7 @@ pub async fn clean<C: ConnectionLike + Send>(
             .key(keys.expiring())
             .key(keys.index())
             .arg(keys.prefix())
-            .arg(now_ms)
-            .arg(cutoff)
+            .arg(older)
             .arg(CLEAN_BATCH)
             .invoke_async(con)
             .await?;

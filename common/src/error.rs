@@ -96,6 +96,8 @@ pub enum ScriptCode {
     TaskEnded,
     /// -10: the task's per-shard results were not kept (retry after it ended).
     ResultsDiscarded,
+    /// -11: a schedule's fire time is later than Redis's clock (not due yet).
+    NotDueYet,
     /// Any other negative code: a script and this binary disagree.
     Unknown(i64),
 }
@@ -115,6 +117,7 @@ impl ScriptCode {
             -8 => Some(ScriptCode::InvalidSpec),
             -9 => Some(ScriptCode::TaskEnded),
             -10 => Some(ScriptCode::ResultsDiscarded),
+            -11 => Some(ScriptCode::NotDueYet),
             c => Some(ScriptCode::Unknown(c)),
         }
     }
@@ -139,6 +142,7 @@ impl fmt::Display for ScriptCode {
             }
             ScriptCode::TaskEnded => f.write_str("the task already ended"),
             ScriptCode::ResultsDiscarded => f.write_str("the task's per-shard results were not kept"),
+            ScriptCode::NotDueYet => f.write_str("the fire time is later than the Redis server's clock"),
             ScriptCode::Unknown(c) => write!(f, "unknown script code {c}"),
         }
     }
@@ -162,7 +166,8 @@ mod tests {
         assert_eq!(ScriptCode::from_code(-8), Some(ScriptCode::InvalidSpec));
         assert_eq!(ScriptCode::from_code(-9), Some(ScriptCode::TaskEnded));
         assert_eq!(ScriptCode::from_code(-10), Some(ScriptCode::ResultsDiscarded));
-        assert_eq!(ScriptCode::from_code(-11), Some(ScriptCode::Unknown(-11)));
+        assert_eq!(ScriptCode::from_code(-11), Some(ScriptCode::NotDueYet));
+        assert_eq!(ScriptCode::from_code(-12), Some(ScriptCode::Unknown(-12)));
         assert!(ScriptCode::LockMissing.is_lock_lost() && ScriptCode::LockMismatch.is_lock_lost());
         assert!(!ScriptCode::TaskMissing.is_lock_lost());
     }

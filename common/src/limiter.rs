@@ -1,7 +1,8 @@
 //! Rate limiters usable on their own, each one Lua script (so they hold across any number of
 //! processes): a fixed window (at most N per aligned window), a sliding-window log (at most N in
 //! ANY window of length D) and a token bucket (bursts up to a capacity, long-run rate bounded).
-//! Each call answers granted or the exact wait before asking again; time comes in as `now_ms`.
+//! Each call answers granted or the exact wait before asking again. Time is the Redis server's
+//! (`TIME` in the scripts), so processes with skewed clocks share one limit.
 
 use std::time::Duration;
 
@@ -20,7 +21,7 @@ pub enum Decision {
 }
 
 impl Decision {
-    fn from_reply(v: (i64, i64)) -> Self {
+    fn from_reply(v: (i64, i64, u64)) -> Self {
         if v.0 == 1 {
             Decision::Granted
         } else {
@@ -75,40 +76,29 @@ impl Limiter {
 
     /// Asks for one grant under `key` (a key of the caller's choosing; in a cluster, with a hash
     /// tag of its own). `id` must be unique per request (the sliding log records it).
-    pub async fn acquire<C: ConnectionLike + Send>(
+    pub async fn acquire<C: ConnectionLike + Send>(&self, con: &mut C, key: &str, id: &str) -> Result<Decision> {
+        Ok(self.acquire_timed(con, key, id).await?.0)
+    }
+
+    /// [`Limiter::acquire`], with the time it was decided at (the Redis server's, in ms).
+    pub async fn acquire_timed<C: ConnectionLike + Send>(
         &self,
         con: &mut C,
         key: &str,
-        now_ms: u64,
         id: &str,
-    ) -> Result<Decision> {
+    ) -> Result<(Decision, u64)> {
         self.validate()?;
-        let v: (i64, i64) = match *self {
+        let v: (i64, i64, u64) = match *self {
             Limiter::FixedWindow { max, per } => {
-                scripts()
-                    .limit_fixed
-                    .key(key)
-                    .arg(max)
-                    .arg(per.as_millis() as u64)
-                    .arg(now_ms)
-                    .invoke_async(con)
-                    .await?
+                scripts().limit_fixed.key(key).arg(max).arg(per.as_millis() as u64).invoke_async(con).await?
             }
             Limiter::SlidingLog { max, per } => {
-                scripts()
-                    .limit_sliding
-                    .key(key)
-                    .arg(max)
-                    .arg(per.as_millis() as u64)
-                    .arg(now_ms)
-                    .arg(id)
-                    .invoke_async(con)
-                    .await?
+                scripts().limit_sliding.key(key).arg(max).arg(per.as_millis() as u64).arg(id).invoke_async(con).await?
             }
             Limiter::TokenBucket { capacity, rate } => {
-                scripts().limit_bucket.key(key).arg(capacity).arg(rate).arg(now_ms).invoke_async(con).await?
+                scripts().limit_bucket.key(key).arg(capacity).arg(rate).invoke_async(con).await?
             }
         };
-        Ok(Decision::from_reply(v))
+        Ok((Decision::from_reply(v), v.2))
     }
 }

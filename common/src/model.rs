@@ -164,8 +164,9 @@ pub struct TaskSpec {
     pub has_keys: bool,
     /// An attempt running longer is cancelled and fails with "timed out"; `None`: no limit.
     pub shard_timeout: Option<std::time::Duration>,
-    /// Nothing is claimable before this time (ms since the epoch); `None`: at once.
-    pub start_ms: Option<u64>,
+    /// Nothing is claimable until this long after the dispatch, by the Redis server's clock;
+    /// `None`: at once.
+    pub delay: Option<std::time::Duration>,
     /// Per-shard results stay after the aggregation (else only its result does).
     pub keep_results: bool,
     /// How long the task's keys stay once it ended; `None`: until `shardctl clean`.
@@ -188,7 +189,7 @@ impl TaskSpec {
             vnodes: DEFAULT_VNODES,
             has_keys: false,
             shard_timeout: None,
-            start_ms: None,
+            delay: None,
             keep_results: true,
             retain: Some(DEFAULT_RETAIN),
         }

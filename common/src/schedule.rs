@@ -132,6 +132,8 @@ pub enum Fired {
     /// The task was refused (its spec is outside this version's limits); the fire time counts
     /// as handled.
     Refused,
+    /// The fire time is later than the Redis server's clock: nothing done, try again.
+    NotDueYet,
 }
 
 /// The task id of a fire time: `<name>-YYYYMMDDTHHMMSSZ` (UTC).
@@ -160,7 +162,7 @@ impl Schedule {
         if parsed.next_after(now_ms, &z).is_none() {
             return Err(Error::invalid(format!("cron expression '{cron}' never fires in the next five years")));
         }
-        if spec.has_keys || spec.start_ms.is_some() {
+        if spec.has_keys || spec.delay.is_some() {
             return Err(Error::invalid("a schedule's task cannot have a keys file or a delay"));
         }
         let mut probe = spec.clone();
@@ -207,7 +209,6 @@ impl Schedule {
         keys: &Keys,
         fire_ms: u64,
         run: bool,
-        now_ms: u64,
     ) -> Result<Fired> {
         let id = task_id(&self.name, fire_ms);
         let mut inv = scripts().fire.key(keys.schedules());
@@ -219,7 +220,6 @@ impl Schedule {
             .arg(u8::from(run))
             .arg(self.overlap.as_str())
             .arg(&id)
-            .arg(now_ms)
             .arg(self.priority)
             .arg(self.created_ms);
         for (f, v) in &self.fields {
@@ -234,6 +234,7 @@ impl Schedule {
             3 => Fired::Overlapping,
             -4 => Fired::Exists,
             -8 => Fired::Refused,
+            -11 => Fired::NotDueYet,
             c => return Err(Error::Protocol(format!("fire.lua returned {c}"))),
         })
     }
@@ -307,7 +308,7 @@ pub async fn tick<C: ConnectionLike + Send>(
     for (s, st) in list(con, keys, now_ms).await? {
         let last = st.last_fire_ms.unwrap_or(s.created_ms).max(s.created_ms);
         if let Some((fire_ms, run)) = s.due(last, now_ms) {
-            done.push((s.name.clone(), fire_ms, s.fire(con, keys, fire_ms, run, now_ms).await?));
+            done.push((s.name.clone(), fire_ms, s.fire(con, keys, fire_ms, run).await?));
         }
         next = match (next, st.next_fire_ms) {
             (Some(a), Some(b)) => Some(a.min(b)),

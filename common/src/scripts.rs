@@ -69,6 +69,8 @@ pub struct Scripts {
     pub clean: Script,
     /// `fire.lua`
     pub fire: Script,
+    /// `reap.lua`
+    pub reap: Script,
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
@@ -97,6 +99,7 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     retry: Script::new(lua!("retry.lua")),
     clean: Script::new(lua!("clean.lua")),
     fire: Script::new(lua!("fire.lua")),
+    reap: Script::new(lua!("reap.lua")),
 });
 
 /// The registry.
@@ -106,7 +109,7 @@ pub fn scripts() -> &'static Scripts {
 
 impl Scripts {
     /// Each script with its file name.
-    pub fn all(&self) -> [(&'static str, &Script); 25] {
+    pub fn all(&self) -> [(&'static str, &Script); 26] {
         [
             ("dispatch.lua", &self.dispatch),
             ("claim.lua", &self.claim),
@@ -133,6 +136,7 @@ impl Scripts {
             ("retry.lua", &self.retry),
             ("clean.lua", &self.clean),
             ("fire.lua", &self.fire),
+            ("reap.lua", &self.reap),
         ]
     }
 }
@@ -164,9 +168,9 @@ pub struct ClaimOutcome {
     pub shards: Vec<Claimed>,
     /// The queue is paused.
     pub paused: bool,
-    /// When nothing was claimed: the due time of the earliest delayed shard or task, or when the
-    /// queue's rate limit lets the next shard start.
-    pub next_due_ms: Option<u64>,
+    /// When nothing was claimed: how many ms from now (by the Redis server's clock) the earliest
+    /// delayed shard or task is due, or the queue's rate limit lets the next shard start.
+    pub next_due_in_ms: Option<u64>,
     /// The claim had to take the executor's lease again (it had expired): some held shards may
     /// have been recovered meanwhile, so the executor must check its tokens (see [`extend`]).
     pub lease_lapsed: bool,
@@ -210,8 +214,9 @@ fn string(v: &Value) -> Result<String> {
     }
 }
 
-/// Creates a task. Fails with [`ScriptCode::TaskExists`] when the id is taken.
-pub async fn dispatch<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, spec: &TaskSpec, now_ms: u64) -> Result<()> {
+/// Creates a task (its times are the Redis server's). Fails with [`ScriptCode::TaskExists`]
+/// when the id is taken.
+pub async fn dispatch<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, spec: &TaskSpec) -> Result<()> {
     let mut inv = scripts().dispatch.key(keys.task(&spec.id));
     inv.key(keys.tasks())
         .key(keys.index())
@@ -221,9 +226,8 @@ pub async fn dispatch<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, spec: 
         .key(keys.scheduled())
         .arg(keys.prefix())
         .arg(&spec.id)
-        .arg(now_ms)
         .arg(spec.priority)
-        .arg(spec.start_ms.unwrap_or(0));
+        .arg(spec.delay.map_or(0, |d| d.as_millis() as u64));
     for (f, v) in spec.fields() {
         inv.arg(f).arg(v);
     }
@@ -248,8 +252,6 @@ pub struct ClaimRequest<'a> {
     pub seq: u64,
     /// The executor's node id: refs routed to it are claimed too.
     pub node: &'a str,
-    /// The clock.
-    pub now_ms: u64,
 }
 
 /// Claims up to `req.count` shards under one token, and renews the executor's lease.
@@ -267,7 +269,6 @@ pub async fn claim<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, req: &Cla
         .key(keys.lease(req.token_base))
         .key(keys.limiter())
         .arg(keys.prefix())
-        .arg(req.now_ms)
         .arg(req.count)
         .arg(req.lock_ms)
         .arg(&token)
@@ -279,7 +280,7 @@ pub async fn claim<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, req: &Cla
     let head = int(head)?;
     let mut out = ClaimOutcome {
         paused: head == -2,
-        next_due_ms: (head > 0).then_some(head as u64),
+        next_due_in_ms: (head > 0).then_some(head as u64),
         lease_lapsed: int(lapsed)? == 1,
         ..Default::default()
     };
@@ -374,7 +375,6 @@ pub async fn finish<C: ConnectionLike + Send>(
     keys: &Keys,
     node: &str,
     items: &[Finished<'_>],
-    now_ms: u64,
 ) -> Result<ItemCodes> {
     let (mut complete, mut fail) = (Vec::new(), Vec::new());
     for (i, it) in items.iter().enumerate() {
@@ -392,7 +392,7 @@ pub async fn finish<C: ConnectionLike + Send>(
         };
         complete.sort_by(|&a, &b| task_of(a).cmp(&task_of(b)));
         let mut inv = scripts().complete.key(keys.active());
-        inv.key(keys.stalled()).arg(keys.prefix()).arg(now_ms);
+        inv.key(keys.stalled()).arg(keys.prefix());
         for group in complete.chunk_by(|&a, &b| task_of(a) == task_of(b)) {
             let (task, inc) = task_of(group[0]);
             inv.arg(task).arg(inc).arg(group.len());
@@ -413,7 +413,7 @@ pub async fn finish<C: ConnectionLike + Send>(
     }
     if !fail.is_empty() {
         let mut inv = scripts().fail.key(keys.active());
-        inv.key(keys.stalled()).key(keys.delayed()).arg(keys.prefix()).arg(now_ms).arg(node);
+        inv.key(keys.stalled()).key(keys.delayed()).arg(keys.prefix()).arg(node);
         for &i in &fail {
             let it = &items[i];
             let FinishedAs::Failed { delay_ms, reason } = it.outcome else { unreachable!() };
@@ -463,7 +463,6 @@ pub const STALLED_REASON: &str = "shard stalled more than allowable limit";
 pub async fn sweep<C: ConnectionLike + Send>(
     con: &mut C,
     keys: &Keys,
-    now_ms: u64,
     interval_ms: u64,
     max_stalled: u32,
 ) -> Result<Option<SweepReport>> {
@@ -475,7 +474,6 @@ pub async fn sweep<C: ConnectionLike + Send>(
         .key(keys.wait())
         .key(keys.reroute())
         .arg(keys.prefix())
-        .arg(now_ms)
         .arg(interval_ms.max(1))
         .arg(max_stalled)
         .arg(STALLED_REASON)
@@ -559,12 +557,11 @@ pub async fn join<C: ConnectionLike + Send>(
     keys: &Keys,
     node: &str,
     instance: &str,
-    now_ms: u64,
     timeout_ms: u64,
     fields: &[(&str, String)],
 ) -> Result<std::result::Result<(), NodeHolder>> {
     let mut inv = scripts().join.key(keys.nodes());
-    inv.key(keys.node(node)).arg(node).arg(instance).arg(now_ms).arg(timeout_ms);
+    inv.key(keys.node(node)).arg(node).arg(instance).arg(timeout_ms);
     for (f, v) in fields {
         inv.arg(*f).arg(v);
     }
@@ -605,10 +602,30 @@ pub async fn forget<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, node: &s
 }
 
 /// Moves due retries from `delayed` to `wait`; returns how many.
-pub async fn promote<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, now_ms: u64) -> Result<u64> {
-    let n: i64 =
-        scripts().promote.key(keys.delayed()).key(keys.wait()).arg(keys.prefix()).arg(now_ms).invoke_async(con).await?;
+pub async fn promote<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Result<u64> {
+    let n: i64 = scripts().promote.key(keys.delayed()).key(keys.wait()).arg(keys.prefix()).invoke_async(con).await?;
     Ok(n.max(0) as u64)
+}
+
+/// Nodes by liveness, judged by the Redis server's clock.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reaped {
+    /// Nodes whose membership ran out: removed, with their `node:<n>` hash, by this call.
+    pub departed: Vec<String>,
+    /// The live nodes, sorted.
+    pub live: Vec<String>,
+}
+
+/// Removes departed nodes from the membership atomically and returns them with the live ones.
+pub async fn reap<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Result<Reaped> {
+    let v: Vec<String> = scripts().reap.key(keys.nodes()).arg(keys.prefix()).invoke_async(con).await?;
+    let split = v
+        .iter()
+        .position(String::is_empty)
+        .ok_or_else(|| Error::Protocol("reap reply without its separator".into()))?;
+    let mut live = v[split + 1..].to_vec();
+    live.sort();
+    Ok(Reaped { departed: v[..split].to_vec(), live })
 }
 
 /// Gives back `(ref, token)` shards held under an executor's tokens that it does not know (a claim

@@ -1,10 +1,22 @@
-//! Wall-clock milliseconds (scripts take time in ARGV so tests control it) and duration parsing.
+//! Time: the one clock of shared questions is the Redis server's (ARCHITECTURE.md "One clock");
+//! the local clock only measures local waits and displays. Also duration parsing.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// Milliseconds since the Unix epoch.
+use redis::aio::ConnectionLike;
+
+/// Milliseconds since the Unix epoch by this host's clock: for local waits and displays only,
+/// never compared with a time another process wrote.
 pub fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// Milliseconds since the Unix epoch by the Redis server's clock (`TIME`): what the scripts
+/// store and compare, so what a process must use to judge a stored time (due fire times,
+/// ages of heartbeats). On a cluster, the clock of the node the connection routes `TIME` to.
+pub async fn server_now_ms<C: ConnectionLike + Send>(con: &mut C) -> crate::Result<u64> {
+    let (s, us): (u64, u64) = redis::cmd("TIME").query_async(con).await?;
+    Ok(s * 1000 + us / 1000)
 }
 
 /// Parses a duration such as `500ms`, `5s`, `2m` or `1h 30m`; a bare number is seconds.

@@ -11,7 +11,7 @@ use shardctl_common::control;
 use shardctl_common::model::TaskSpec;
 use shardctl_common::scripts;
 use shardctl_common::ScriptCode;
-use support::{Env, T0};
+use support::Env;
 
 /// A lease long enough never to expire during a test.
 const LONG_LOCK: u64 = 60_000;
@@ -21,31 +21,31 @@ async fn a_retry_while_the_aggregation_runs_voids_that_aggregation() {
     let mut env = Env::start("retry_agg_race").await;
     let mut spec = TaskSpec::new("t", "noop", 3);
     spec.attempts = 1;
-    env.dispatch(&spec, T0).await;
-    let c = env.claim("a", 0, 3, LONG_LOCK, T0).await.shards;
+    env.dispatch(&spec).await;
+    let c = env.claim("a", 0, 3, LONG_LOCK).await.shards;
     assert_eq!(c.len(), 3);
-    assert_eq!(env.complete(&c[0], "1", T0 + 1).await, Ok(1));
-    assert_eq!(env.complete(&c[1], "1", T0 + 1).await, Ok(1));
-    assert_eq!(env.fail(&c[2], 0, "boom", T0 + 1).await, Ok(1));
+    assert_eq!(env.complete(&c[0], "1").await, Ok(1));
+    assert_eq!(env.complete(&c[1], "1").await, Ok(1));
+    assert_eq!(env.fail(&c[2], 0, "boom").await, Ok(1));
     assert_eq!(env.field("t", "state").await.as_deref(), Some("aggregating"));
     // the aggregation job runs (it read 2 done, 1 failed) ...
-    let stale = env.claim("b", 0, 1, LONG_LOCK, T0 + 2).await.shards.remove(0);
+    let stale = env.claim("b", 0, 1, LONG_LOCK).await.shards.remove(0);
     assert!(stale.shard_ref.is_aggregate());
     // ... when the failed shard is retried, and completes at once
-    assert_eq!(control::retry(&mut env.con, &env.keys, "t", T0 + 3).await.unwrap(), 1);
+    assert_eq!(control::retry(&mut env.con, &env.keys, "t").await.unwrap(), 1);
     assert_eq!(env.field("t", "state").await.as_deref(), Some("running"));
-    let again = env.claim("a", 1, 1, LONG_LOCK, T0 + 4).await.shards.remove(0);
+    let again = env.claim("a", 1, 1, LONG_LOCK).await.shards.remove(0);
     assert_eq!(again.shard_ref.to_string(), "t:1:2");
-    assert_eq!(env.complete(&again, "1", T0 + 5).await, Ok(1));
+    assert_eq!(env.complete(&again, "1").await, Ok(1));
     assert_eq!(env.field("t", "state").await.as_deref(), Some("aggregating"));
     // the stale aggregation may not end the task with what it read before the retry
-    let code = env.complete(&stale, r#"{"completed":2,"failed":1}"#, T0 + 6).await;
+    let code = env.complete(&stale, r#"{"completed":2,"failed":1}"#).await;
     assert_eq!(code, Err(ScriptCode::LockMissing), "the aggregation started before the retry was counted");
     assert_eq!(env.field("t", "state").await.as_deref(), Some("aggregating"));
-    let fresh = env.claim("b", 1, 1, LONG_LOCK, T0 + 7).await.shards;
+    let fresh = env.claim("b", 1, 1, LONG_LOCK).await.shards;
     assert_eq!(fresh.len(), 1, "the new aggregation job is claimable");
     assert!(fresh[0].shard_ref.is_aggregate());
-    assert_eq!(env.complete(&fresh[0], r#"{"completed":3,"failed":0}"#, T0 + 8).await, Ok(1));
+    assert_eq!(env.complete(&fresh[0], r#"{"completed":3,"failed":0}"#).await, Ok(1));
     assert_eq!(env.field("t", "state").await.as_deref(), Some("completed"));
     assert_eq!(env.field("t", "result").await.as_deref(), Some(r#"{"completed":3,"failed":0}"#));
 }
@@ -55,16 +55,16 @@ async fn a_retry_before_the_aggregation_is_claimed_leaves_one_aggregation_job() 
     let mut env = Env::start("retry_agg_queued").await;
     let mut spec = TaskSpec::new("t", "noop", 2);
     spec.attempts = 1;
-    env.dispatch(&spec, T0).await;
-    let c = env.claim("a", 0, 2, LONG_LOCK, T0).await.shards;
-    assert_eq!(env.complete(&c[0], "1", T0 + 1).await, Ok(1));
-    assert_eq!(env.fail(&c[1], 0, "boom", T0 + 1).await, Ok(1));
+    env.dispatch(&spec).await;
+    let c = env.claim("a", 0, 2, LONG_LOCK).await.shards;
+    assert_eq!(env.complete(&c[0], "1").await, Ok(1));
+    assert_eq!(env.fail(&c[1], 0, "boom").await, Ok(1));
     assert_eq!(env.wait_list().await, ["t:1:agg"]);
-    assert_eq!(control::retry(&mut env.con, &env.keys, "t", T0 + 2).await.unwrap(), 1);
+    assert_eq!(control::retry(&mut env.con, &env.keys, "t").await.unwrap(), 1);
     assert_eq!(env.wait_list().await, ["t:1:1"], "the queued aggregation no longer applies");
-    let again = env.claim("a", 1, 2, LONG_LOCK, T0 + 3).await.shards;
+    let again = env.claim("a", 1, 2, LONG_LOCK).await.shards;
     assert_eq!(again.len(), 1);
-    assert_eq!(env.complete(&again[0], "1", T0 + 4).await, Ok(1));
+    assert_eq!(env.complete(&again[0], "1").await, Ok(1));
     assert_eq!(env.wait_list().await, ["t:1:agg"], "one aggregation job");
     assert_eq!((env.count("t", "done").await, env.count("t", "failed").await), (2, 0));
 }
@@ -72,14 +72,14 @@ async fn a_retry_before_the_aggregation_is_claimed_leaves_one_aggregation_job() 
 #[tokio::test]
 async fn after_a_cancel_the_heartbeat_reports_exactly_the_cancelled_tasks_shards_lost() {
     let mut env = Env::start("cancel_beat").await;
-    env.dispatch(&TaskSpec::new("x", "noop", 2), T0).await;
-    env.dispatch(&TaskSpec::new("y", "noop", 2), T0).await;
-    let held = env.claim("a", 0, 4, LONG_LOCK, T0).await.shards;
+    env.dispatch(&TaskSpec::new("x", "noop", 2)).await;
+    env.dispatch(&TaskSpec::new("y", "noop", 2)).await;
+    let held = env.claim("a", 0, 4, LONG_LOCK).await.shards;
     assert_eq!(held.len(), 4);
     let pairs: Vec<(String, String)> = held.iter().map(|c| (c.shard_ref.to_string(), c.token.clone())).collect();
     let beat = scripts::extend(&mut env.con, &env.keys, "a", LONG_LOCK, &pairs, false, "0").await.unwrap();
     assert!(beat.lost.is_empty());
-    assert_eq!(control::cancel(&mut env.con, &env.keys, "x", T0 + 1).await.unwrap(), 2);
+    assert_eq!(control::cancel(&mut env.con, &env.keys, "x").await.unwrap(), 2);
     let beat = scripts::extend(&mut env.con, &env.keys, "a", LONG_LOCK, &pairs, false, &beat.cancels).await.unwrap();
     let mut stopped: Vec<&str> = beat.cancelled.iter().map(|&i| pairs[i].0.as_str()).collect();
     stopped.sort();
@@ -92,9 +92,9 @@ async fn after_a_cancel_the_heartbeat_reports_exactly_the_cancelled_tasks_shards
     assert!(beat.lost.is_empty() && beat.cancelled.is_empty(), "{beat:?}");
     // y runs on and completes; x's holders are refused
     let (x, y): (Vec<_>, Vec<_>) = held.iter().partition(|c| c.shard_ref.to_string().starts_with("x:"));
-    assert_eq!(env.complete(x[0], "1", T0 + 2).await, Err(ScriptCode::LockMissing));
+    assert_eq!(env.complete(x[0], "1").await, Err(ScriptCode::LockMissing));
     for c in y {
-        assert_eq!(env.complete(c, "1", T0 + 2).await, Ok(1));
+        assert_eq!(env.complete(c, "1").await, Ok(1));
     }
     assert_eq!(env.field("x", "state").await.as_deref(), Some("cancelled"));
     assert_eq!(env.field("y", "state").await.as_deref(), Some("aggregating"));
@@ -108,19 +108,18 @@ async fn clean_older_than_removes_every_ended_task_over_several_batches() {
     for i in 0..260u64 {
         let mut spec = TaskSpec::new(format!("t{i}"), "noop", 1);
         spec.retain = if i < 10 { Some(Duration::from_secs(1)) } else { None };
-        env.dispatch(&spec, T0).await;
-        let c = env.claim("a", i * 2, 1, LONG_LOCK, T0 + i).await.shards.remove(0);
-        assert_eq!(env.complete(&c, "1", T0 + i).await, Ok(1));
-        let agg = env.claim("a", i * 2 + 1, 1, LONG_LOCK, T0 + i).await.shards.remove(0);
-        assert_eq!(env.complete(&agg, "{}", T0 + i).await, Ok(1));
+        env.dispatch(&spec).await;
+        let c = env.claim("a", i * 2, 1, LONG_LOCK).await.shards.remove(0);
+        assert_eq!(env.complete(&c, "1").await, Ok(1));
+        let agg = env.claim("a", i * 2 + 1, 1, LONG_LOCK).await.shards.remove(0);
+        assert_eq!(env.complete(&agg, "{}").await, Ok(1));
         ids.push(spec.id);
     }
-    env.dispatch(&TaskSpec::new("live", "noop", 1), T0 + 300).await;
+    env.dispatch(&TaskSpec::new("live", "noop", 1)).await;
     let finished: u64 = env.cmd(redis::cmd("ZCARD").arg(env.keys.finished())).await;
     assert_eq!(finished, 260);
     // the 10 expired ones are both in `expiring` and among the oldest of `finished`
-    let now = T0 + 5_000;
-    let removed = control::clean(&mut env.con, &env.keys, now, Some(Duration::ZERO)).await.unwrap();
+    let removed = control::clean(&mut env.con, &env.keys, Some(Duration::ZERO)).await.unwrap();
     assert_eq!(removed, 260, "every ended task goes, whatever the batches");
     let finished: u64 = env.cmd(redis::cmd("ZCARD").arg(env.keys.finished())).await;
     let index: Vec<String> = env.cmd(redis::cmd("ZRANGE").arg(env.keys.index()).arg(0).arg(-1)).await;
@@ -134,21 +133,21 @@ async fn stale_refs_of_a_cancelled_task_are_never_counted_by_a_new_task_under_it
     let mut env = Env::start("reused_id").await;
     let mut spec = TaskSpec::new("x", "noop", 8);
     spec.retain = None;
-    env.dispatch(&spec, T0).await;
-    let c = env.claim("a", 0, 8, LONG_LOCK, T0).await.shards;
+    env.dispatch(&spec).await;
+    let c = env.claim("a", 0, 8, LONG_LOCK).await.shards;
     // shutdown released two of them to `wait`; then the task is cancelled and cleaned
     assert_eq!(env.release(&c[5]).await, Ok(1));
     assert_eq!(env.release(&c[6]).await, Ok(1));
-    control::cancel(&mut env.con, &env.keys, "x", T0 + 1).await.unwrap();
-    assert_eq!(control::clean(&mut env.con, &env.keys, T0 + 2, Some(Duration::ZERO)).await.unwrap(), 1);
+    control::cancel(&mut env.con, &env.keys, "x").await.unwrap();
+    assert_eq!(control::clean(&mut env.con, &env.keys, Some(Duration::ZERO)).await.unwrap(), 1);
     assert_eq!(env.wait_list().await, ["x:1:6", "x:1:5"], "queued refs are left for claims to drop");
     // the fixed task is dispatched again under the same id, with fewer shards
-    env.dispatch(&TaskSpec::new("x", "noop", 3), T0 + 3).await;
-    let got = env.claim("b", 0, 8, LONG_LOCK, T0 + 4).await.shards;
+    env.dispatch(&TaskSpec::new("x", "noop", 3)).await;
+    let got = env.claim("b", 0, 8, LONG_LOCK).await.shards;
     let refs: Vec<String> = got.iter().map(|c| c.shard_ref.to_string()).collect();
     assert_eq!(refs, ["x:2:0", "x:2:1", "x:2:2"], "the stale refs of the earlier task are dropped");
     for c in &got {
-        assert_eq!(env.complete(c, "1", T0 + 5).await, Ok(1));
+        assert_eq!(env.complete(c, "1").await, Ok(1));
     }
     assert_eq!((env.count("x", "done").await, env.count("x", "failed").await), (3, 0));
     assert_eq!(env.wait_list().await, ["x:2:agg"], "aggregation once every shard of the new task ran");
@@ -159,18 +158,18 @@ async fn clean_leaves_a_new_task_under_an_id_whose_old_keys_expired() {
     let mut env = Env::start("expired_id").await;
     let mut spec = TaskSpec::new("y", "noop", 1);
     spec.retain = Some(Duration::from_secs(60));
-    env.dispatch(&spec, T0).await;
-    let c = env.claim("a", 0, 1, LONG_LOCK, T0).await.shards;
-    assert_eq!(env.complete(&c[0], "1", T0 + 1).await, Ok(1));
-    let agg = env.claim("a", 1, 1, LONG_LOCK, T0 + 2).await.shards;
-    assert_eq!(env.complete(&agg[0], "1", T0 + 3).await, Ok(1));
+    env.dispatch(&spec).await;
+    let c = env.claim("a", 0, 1, LONG_LOCK).await.shards;
+    assert_eq!(env.complete(&c[0], "1").await, Ok(1));
+    let agg = env.claim("a", 1, 1, LONG_LOCK).await.shards;
+    assert_eq!(env.complete(&agg[0], "1").await, Ok(1));
     assert_eq!(env.field("y", "state").await.as_deref(), Some("completed"));
     // its keys expire (as their TTL would) before any clean ran, and the id is used again
     for k in env.keys.task_keys("y") {
         env.cmd::<()>(redis::cmd("DEL").arg(k)).await;
     }
-    env.dispatch(&TaskSpec::new("y", "noop", 2), T0 + 4).await;
-    assert_eq!(control::clean(&mut env.con, &env.keys, T0 + 120_000, Some(Duration::ZERO)).await.unwrap(), 0);
+    env.dispatch(&TaskSpec::new("y", "noop", 2)).await;
+    assert_eq!(control::clean(&mut env.con, &env.keys, Some(Duration::ZERO)).await.unwrap(), 0);
     assert_eq!(env.field("y", "state").await.as_deref(), Some("running"), "the running task must stay");
     let index: Vec<String> = env.cmd(redis::cmd("ZRANGE").arg(env.keys.index()).arg(0).arg(-1)).await;
     assert_eq!(index, ["y"]);
@@ -181,21 +180,21 @@ async fn a_retry_while_the_aggregation_waits_out_its_backoff_leaves_one_aggregat
     let mut env = Env::start("retry_agg_delayed").await;
     let mut spec = TaskSpec::new("z", "noop", 2);
     spec.attempts = 2;
-    env.dispatch(&spec, T0).await;
-    let c = env.claim("a", 0, 2, LONG_LOCK, T0).await.shards;
-    assert_eq!(env.complete(&c[0], "1", T0 + 1).await, Ok(1));
-    assert_eq!(env.fail(&c[1], 0, "boom", T0 + 1).await, Ok(2));
-    let again = env.claim("a", 1, 1, LONG_LOCK, T0 + 2).await.shards;
-    assert_eq!(env.fail(&again[0], 0, "boom", T0 + 2).await, Ok(1), "failed for good");
-    let agg = env.claim("a", 2, 1, LONG_LOCK, T0 + 3).await.shards;
+    env.dispatch(&spec).await;
+    let c = env.claim("a", 0, 2, LONG_LOCK).await.shards;
+    assert_eq!(env.complete(&c[0], "1").await, Ok(1));
+    assert_eq!(env.fail(&c[1], 0, "boom").await, Ok(2));
+    let again = env.claim("a", 1, 1, LONG_LOCK).await.shards;
+    assert_eq!(env.fail(&again[0], 0, "boom").await, Ok(1), "failed for good");
+    let agg = env.claim("a", 2, 1, LONG_LOCK).await.shards;
     assert!(agg[0].shard_ref.is_aggregate());
-    assert_eq!(env.fail(&agg[0], 60_000, "agg down", T0 + 4).await, Ok(2), "the aggregation waits to retry");
-    assert_eq!(control::retry(&mut env.con, &env.keys, "z", T0 + 5).await.unwrap(), 1);
-    let shard = env.claim("b", 0, 4, LONG_LOCK, T0 + 6).await.shards;
+    assert_eq!(env.fail(&agg[0], 60_000, "agg down").await, Ok(2), "the aggregation waits to retry");
+    assert_eq!(control::retry(&mut env.con, &env.keys, "z").await.unwrap(), 1);
+    let shard = env.claim("b", 0, 4, LONG_LOCK).await.shards;
     assert_eq!(shard.len(), 1);
-    assert_eq!(env.complete(&shard[0], "1", T0 + 7).await, Ok(1));
+    assert_eq!(env.complete(&shard[0], "1").await, Ok(1));
     // long past the old aggregation's backoff: one job only
-    let aggs = env.claim("b", 1, 4, LONG_LOCK, T0 + 120_000).await.shards;
+    let aggs = env.claim("b", 1, 4, LONG_LOCK).await.shards;
     let refs: Vec<String> = aggs.iter().map(|c| c.shard_ref.to_string()).collect();
     assert_eq!(refs, ["z:1:agg"], "the aggregation is enqueued once");
 }
@@ -204,8 +203,8 @@ async fn a_retry_while_the_aggregation_waits_out_its_backoff_leaves_one_aggregat
 async fn a_cancelled_routed_task_places_nothing_more() {
     let mut env = Env::start("route_cancelled").await;
     let spec = TaskSpec { strategy: shardctl_common::ring::Strategy::RoundRobin, ..TaskSpec::new("r", "noop", 4) };
-    env.dispatch(&spec, T0).await;
-    control::cancel(&mut env.con, &env.keys, "r", T0 + 1).await.unwrap();
+    env.dispatch(&spec).await;
+    control::cancel(&mut env.con, &env.keys, "r").await.unwrap();
     let r = scripts::route(&mut env.con, &env.keys, "r", 0, &["n1", "n2", "n1", "n2"]).await;
     assert!(matches!(r, Err(shardctl_common::Error::Script(ScriptCode::TaskEnded))), "{r:?}");
     let listed: Vec<String> = env.cmd(redis::cmd("LRANGE").arg(env.keys.node_wait("n1")).arg(0).arg(-1)).await;
@@ -215,22 +214,22 @@ async fn a_cancelled_routed_task_places_nothing_more() {
 #[tokio::test]
 async fn the_rate_limit_logs_one_entry_per_claim_call_and_hands_out_exactly_the_rest() {
     let mut env = Env::start("limit_log").await;
-    env.dispatch(&TaskSpec::new("t", "noop", 100), T0).await;
+    env.dispatch(&TaskSpec::new("t", "noop", 100)).await;
     let limit = control::RateLimit { max: 10, per: Duration::from_secs(60) };
     control::set_limit(&mut env.con, &env.keys, Some(limit)).await.unwrap();
     let mut got = Vec::new();
     for seq in 0..3 {
-        got.push(env.claim("a", seq, 4, LONG_LOCK, T0).await.shards.len());
+        got.push(env.claim("a", seq, 4, LONG_LOCK).await.shards.len());
     }
     assert_eq!(got, [4, 4, 2], "ten starts in the window, then none");
-    let full = env.claim("a", 3, 4, LONG_LOCK, T0).await;
+    let full = env.claim("a", 3, 4, LONG_LOCK).await;
     assert!(full.shards.is_empty());
-    let wait = full.next_due_ms.expect("the time the window frees") - T0;
+    let wait = full.next_due_in_ms.expect("how long until the window frees");
     assert!((59_000..=60_001).contains(&wait), "the oldest start leaves the window in about 60 s: {wait} ms");
     let log: Vec<String> = env.cmd(redis::cmd("ZRANGE").arg(env.keys.limiter()).arg(0).arg(-1)).await;
     assert_eq!(log.len(), 3, "one entry per claim call, not per shard: {log:?}");
     assert_eq!(env.cmd::<Option<u64>>(redis::cmd("HGET").arg(env.keys.meta()).arg("limit_used")).await, Some(10));
     control::set_limit(&mut env.con, &env.keys, None).await.unwrap();
-    assert_eq!(env.claim("a", 4, 4, LONG_LOCK, T0).await.shards.len(), 4, "no limit any more");
+    assert_eq!(env.claim("a", 4, 4, LONG_LOCK).await.shards.len(), 4, "no limit any more");
     assert_eq!(env.cmd::<u64>(redis::cmd("EXISTS").arg(env.keys.limiter())).await, 0);
 }

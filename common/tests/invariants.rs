@@ -15,7 +15,7 @@ use std::time::Duration;
 use shardctl_common::model::{Part, ShardRef, TaskInfo, TaskSpec, TaskState};
 use shardctl_common::scripts::{self, scripts, ClaimRequest, Claimed, Finished, FinishedAs, STALLED_REASON};
 use shardctl_common::{Error, ScriptCode};
-use support::{key_slot, Env, ACTIVE_PIN, NODE, T0};
+use support::{key_slot, Env, ACTIVE_PIN, NODE};
 
 /// A lease long enough never to expire during a test.
 const LONG_LOCK: u64 = 60_000;
@@ -39,7 +39,9 @@ async fn dispatch_of_a_million_shards_is_constant_in_keys() {
     spec.payload = r#"{"k":1}"#.into();
     spec.attempts = 5;
     spec.priority = 3;
-    env.dispatch(&spec, T0).await;
+    let before = shardctl_common::time::server_now_ms(&mut env.con).await.unwrap();
+    env.dispatch(&spec).await;
+    let after = shardctl_common::time::server_now_ms(&mut env.con).await.unwrap();
 
     let keys = env.all_keys().await;
     assert!(keys.len() < 10, "dispatching 1,000,000 shards created {} keys: {keys:?}", keys.len());
@@ -67,22 +69,22 @@ async fn dispatch_of_a_million_shards_is_constant_in_keys() {
         ("attempts", "5".into()),
         ("priority", "3".into()),
         ("backoff", spec.backoff.to_string()),
-        ("created_ms", T0.to_string()),
     ];
     for (f, v) in &expected {
         assert_eq!(t.get(*f), Some(v), "task field {f} (whole hash: {t:?})");
     }
     let info = TaskInfo::from_hash("big", &t).expect("task hash parses").expect("task exists");
     assert_eq!((info.state, info.total, info.cursor), (TaskState::Running, 1_000_000, 0));
+    assert!((before..=after).contains(&info.created_ms), "created at the server's time: {t:?}");
     let runnable: Vec<String> = env.cmd(redis::cmd("ZRANGE").arg(env.keys.tasks()).arg(0).arg(-1)).await;
     assert_eq!(runnable, ["big"], "the task must be runnable");
     let created: Option<u64> = env.cmd(redis::cmd("ZSCORE").arg(env.keys.index()).arg("big")).await;
-    assert_eq!(created, Some(T0), "the index must hold the task by creation time");
+    assert_eq!(created, Some(info.created_ms), "the index must hold the task by creation time");
 
     // lazy shards: claiming k shards adds k fields to `active` and the executor's lease, no key
     // per shard
     let before = env.all_keys().await;
-    let out = env.claim("ex", 0, 7, LONG_LOCK, T0).await;
+    let out = env.claim("ex", 0, 7, LONG_LOCK).await;
     let idx: Vec<u64> = out.shards.iter().map(index_of).collect();
     assert_eq!(idx, (0..7).collect::<Vec<_>>(), "fresh shards come from the cursor in order");
     assert!(out.shards.iter().all(|c| c.attempt == 1 && c.fails == 0), "{:?}", out.shards);
@@ -101,10 +103,10 @@ async fn dispatch_of_a_million_shards_is_constant_in_keys() {
 #[tokio::test]
 async fn dispatch_of_an_existing_id_is_refused() {
     let mut env = Env::start("dispatch_exists").await;
-    env.dispatch(&TaskSpec::new("t", "noop", 10), T0).await;
-    env.claim("ex", 0, 3, LONG_LOCK, T0).await;
+    env.dispatch(&TaskSpec::new("t", "noop", 10)).await;
+    env.claim("ex", 0, 3, LONG_LOCK).await;
 
-    let again = scripts::dispatch(&mut env.con, &env.keys, &TaskSpec::new("t", "primes", 99), T0 + 5).await;
+    let again = scripts::dispatch(&mut env.con, &env.keys, &TaskSpec::new("t", "primes", 99)).await;
     assert!(
         matches!(again, Err(Error::Script(ScriptCode::TaskExists))),
         "second dispatch of id t must fail with TaskExists, got {again:?}"
@@ -123,7 +125,7 @@ async fn concurrent_claimers_take_each_shard_exactly_once() {
     const CLAIMERS: usize = 16;
     const BATCH: usize = 7;
     let mut env = Env::start("claim_exclusion").await;
-    env.dispatch(&TaskSpec::new("t", "noop", SHARDS as u64), T0).await;
+    env.dispatch(&TaskSpec::new("t", "noop", SHARDS as u64)).await;
 
     let mut set = tokio::task::JoinSet::new();
     for w in 0..CLAIMERS {
@@ -134,14 +136,7 @@ async fn concurrent_claimers_take_each_shard_exactly_once() {
             // one entry per claim call: its shards
             let (mut seq, mut got) = (0u64, Vec::new());
             loop {
-                let req = ClaimRequest {
-                    count: BATCH,
-                    lock_ms: LONG_LOCK,
-                    token_base: &base,
-                    seq,
-                    node: "test-node",
-                    now_ms: T0,
-                };
+                let req = ClaimRequest { count: BATCH, lock_ms: LONG_LOCK, token_base: &base, seq, node: "test-node" };
                 let out = scripts::claim(&mut con, &keys, &req).await.expect("claim");
                 assert!(out.shards.len() <= BATCH, "claimer {w} got {} > {BATCH}", out.shards.len());
                 if out.shards.is_empty() {
@@ -199,8 +194,8 @@ async fn concurrent_claimers_take_each_shard_exactly_once() {
 #[tokio::test]
 async fn stale_holder_is_refused_after_its_lock_expired() {
     let mut env = Env::start("stale_holder").await;
-    env.dispatch(&TaskSpec::new("t", "noop", 3), T0).await;
-    let old = env.claim("old", 1, 1, 300, T0).await.shards.remove(0);
+    env.dispatch(&TaskSpec::new("t", "noop", 3)).await;
+    let old = env.claim("old", 1, 1, 300).await.shards.remove(0);
     let r = old.shard_ref.to_string();
     assert_eq!((r.as_str(), old.attempt), ("t:1:0", 1));
     assert!(env.extend("old", &[&old], 300).await.is_empty(), "a fresh lease must extend");
@@ -208,9 +203,9 @@ async fn stale_holder_is_refused_after_its_lock_expired() {
     sleep_ms(450).await;
     assert_eq!(env.lease_ttl("old").await, None, "the lease must have expired");
     // sweep recovery of the lease-less holder's shard: mark, then confirm
-    let marked = env.sweep(T0 + 2, 50, 5).await.expect("first sweep runs");
+    let marked = env.sweep(50, 5).await.expect("first sweep runs");
     assert_eq!((marked.recovered, marked.marked), (0, 1), "first sweep only marks: {marked:?}");
-    let recovered = env.sweep_after(50, T0 + 3, 5).await;
+    let recovered = env.sweep_after(50, 5).await;
     assert_eq!(recovered.recovered, 1, "second sweep recovers: {recovered:?}");
     assert!(env.active().await.is_empty(), "the recovered shard is held by nobody");
     assert_eq!(env.wait_list().await, [r.as_str()], "the recovered shard waits");
@@ -219,14 +214,14 @@ async fn stale_holder_is_refused_after_its_lock_expired() {
     assert_eq!(env.extend("old", &[&old], 300).await, [0], "extend must report the recovered shard lost");
     assert_eq!(env.holder(&r).await, None, "a lost extend must not take the shard back");
     assert!(env.lease_ttl("old").await.is_some(), "the heartbeat takes the lease again: its executor lives");
-    assert_eq!(env.complete(&old, "1", T0 + 1).await, Err(ScriptCode::LockMissing));
-    assert_eq!(env.fail(&old, 0, "x", T0 + 1).await, Err(ScriptCode::LockMissing));
+    assert_eq!(env.complete(&old, "1").await, Err(ScriptCode::LockMissing));
+    assert_eq!(env.fail(&old, 0, "x").await, Err(ScriptCode::LockMissing));
     assert_eq!(env.release(&old).await, Err(ScriptCode::LockMissing));
     assert!(env.active().await.is_empty(), "a refused call must not make the shard active");
     assert_eq!(env.wait_list().await, [r.as_str()], "a refused call must leave the shard waiting");
     assert_eq!((env.count("t", "done").await, env.count("t", "failed").await), (0, 0));
 
-    let new = env.claim("new", 1, 1, LONG_LOCK, T0 + 4).await.shards.remove(0);
+    let new = env.claim("new", 1, 1, LONG_LOCK).await.shards.remove(0);
     assert_eq!((new.shard_ref.to_string(), new.attempt), (r.clone(), 2), "re-claim of the stalled shard");
 
     // now another token holds it: LockMismatch, and the new holder keeps it. The old executor's
@@ -234,14 +229,14 @@ async fn stale_holder_is_refused_after_its_lock_expired() {
     env.drop_lease("old").await;
     assert_eq!(env.extend("old", &[&old], 300).await, [0], "the old token is lost");
     assert!(env.extend("new", &[&new], LONG_LOCK).await.is_empty(), "the new token is kept");
-    assert_eq!(env.complete(&old, "stale", T0 + 5).await, Err(ScriptCode::LockMismatch));
-    assert_eq!(env.fail(&old, 0, "stale", T0 + 5).await, Err(ScriptCode::LockMismatch));
+    assert_eq!(env.complete(&old, "stale").await, Err(ScriptCode::LockMismatch));
+    assert_eq!(env.fail(&old, 0, "stale").await, Err(ScriptCode::LockMismatch));
     assert_eq!(env.release(&old).await, Err(ScriptCode::LockMismatch));
     assert_eq!(env.holder(&r).await.as_deref(), Some(new.token.as_str()), "refusals must keep the new holder");
     assert_eq!(env.count("t", "done").await, 0, "stale work must not be counted");
     assert_eq!(env.count("t", "failed").await, 0, "stale failure must not be counted");
 
-    assert_eq!(env.complete(&new, r#""fresh""#, T0 + 6).await, Ok(1), "the holder's complete counts");
+    assert_eq!(env.complete(&new, r#""fresh""#).await, Ok(1), "the holder's complete counts");
     assert_eq!(env.count("t", "done").await, 1);
     let kept: Option<String> = env.cmd(redis::cmd("HGET").arg(env.keys.results("t")).arg(0)).await;
     assert_eq!(kept.as_deref(), Some(r#""fresh""#), "the result is the holder's, not the stale one");
@@ -250,13 +245,13 @@ async fn stale_holder_is_refused_after_its_lock_expired() {
 
     // token mismatch without a sweep: someone else's token holds the shard; the holder's lease
     // lapsed, so its heartbeat checks (while a lease lives, no sweep can take its shards)
-    let mine = env.claim("mine", 1, 1, LONG_LOCK, T0 + 7).await.shards.remove(0);
+    let mine = env.claim("mine", 1, 1, LONG_LOCK).await.shards.remove(0);
     let r1 = mine.shard_ref.to_string();
     env.set_holder(&r1, "intruder:1").await;
     env.drop_lease("mine").await;
     assert_eq!(env.extend("mine", &[&mine], LONG_LOCK).await, [0]);
-    assert_eq!(env.complete(&mine, "1", T0 + 8).await, Err(ScriptCode::LockMismatch));
-    assert_eq!(env.fail(&mine, 0, "x", T0 + 8).await, Err(ScriptCode::LockMismatch));
+    assert_eq!(env.complete(&mine, "1").await, Err(ScriptCode::LockMismatch));
+    assert_eq!(env.fail(&mine, 0, "x").await, Err(ScriptCode::LockMismatch));
     assert_eq!(env.release(&mine).await, Err(ScriptCode::LockMismatch));
     assert_eq!(env.holder(&r1).await.as_deref(), Some("intruder:1"), "a mismatch must not touch the holder");
     assert_eq!(env.count("t", "done").await, 1);
@@ -265,29 +260,29 @@ async fn stale_holder_is_refused_after_its_lock_expired() {
 #[tokio::test]
 async fn stalled_shard_is_reclaimed_after_lock_expiry() {
     let mut env = Env::start("stalled_reclaimed").await;
-    env.dispatch(&TaskSpec::new("t", "noop", 2), T0).await;
-    let first = env.claim("dead", 0, 1, 100, T0).await.shards.remove(0);
+    env.dispatch(&TaskSpec::new("t", "noop", 2)).await;
+    let first = env.claim("dead", 0, 1, 100).await.shards.remove(0);
     let r = first.shard_ref.to_string();
-    let live = env.claim("live", 0, 1, LONG_LOCK, T0).await.shards.remove(0);
+    let live = env.claim("live", 0, 1, LONG_LOCK).await.shards.remove(0);
     sleep_ms(250).await;
 
-    let s1 = env.sweep(T0 + 1000, 300, 1).await.expect("first sweep runs");
+    let s1 = env.sweep(300, 1).await.expect("first sweep runs");
     assert_eq!((s1.recovered, s1.failed, s1.marked), (0, 0, 1), "first sweep marks only: {s1:?}");
     let marked: Vec<String> = env.cmd(redis::cmd("SMEMBERS").arg(env.keys.stalled())).await;
     assert_eq!(marked, [r.as_str()], "only the shard of the holder without a lease is a candidate");
-    assert_eq!(env.sweep(T0 + 1001, 300, 1).await, None, "a second sweep within the interval is throttled");
+    assert_eq!(env.sweep(300, 1).await, None, "a second sweep within the interval is throttled");
     assert!(env.wait_list().await.is_empty(), "marking must not move the shard yet");
 
-    let s2 = env.sweep_after(300, T0 + 2000, 1).await;
+    let s2 = env.sweep_after(300, 1).await;
     assert_eq!((s2.recovered, s2.failed), (1, 0), "second sweep recovers: {s2:?}");
     assert_eq!(env.wait_list().await, [r.as_str()], "the recovered shard waits");
     assert_eq!(env.active().await, [live.shard_ref.to_string()], "the live shard stays active");
 
-    let again = env.claim("next", 0, 1, LONG_LOCK, T0 + 3000).await.shards;
+    let again = env.claim("next", 0, 1, LONG_LOCK).await.shards;
     assert_eq!(again.len(), 1);
     assert_eq!((again[0].shard_ref.to_string(), again[0].attempt, again[0].fails), (r.clone(), 2, 0));
-    assert_eq!(env.complete(&again[0], "", T0 + 4000).await, Ok(1));
-    assert_eq!(env.complete(&live, "", T0 + 4000).await, Ok(1));
+    assert_eq!(env.complete(&again[0], "").await, Ok(1));
+    assert_eq!(env.complete(&live, "").await, Ok(1));
     assert_eq!(env.count("t", "done").await, 2);
     let state: bool = env.cmd(redis::cmd("HLEN").arg(env.keys.shards("t"))).await;
     assert!(!state, "shard:{r} must be gone once completed");
@@ -296,22 +291,22 @@ async fn stalled_shard_is_reclaimed_after_lock_expiry() {
 #[tokio::test]
 async fn shard_stalled_past_the_cap_fails_for_good() {
     let mut env = Env::start("stalled_cap").await;
-    env.dispatch(&TaskSpec::new("t", "noop", 1), T0).await;
-    let c = env.claim("a", 0, 1, 100, T0).await.shards.remove(0);
+    env.dispatch(&TaskSpec::new("t", "noop", 1)).await;
+    let c = env.claim("a", 0, 1, 100).await.shards.remove(0);
     let r = c.shard_ref.to_string();
 
     // first stall: survived (max_stalled = 1)
     sleep_ms(200).await;
-    assert_eq!(env.sweep(T0 + 1, 50, 1).await.map(|s| s.marked), Some(1));
-    assert_eq!(env.sweep_after(50, T0 + 2, 1).await.recovered, 1);
-    let c2 = env.claim("b", 0, 1, 100, T0 + 3).await.shards.remove(0);
+    assert_eq!(env.sweep(50, 1).await.map(|s| s.marked), Some(1));
+    assert_eq!(env.sweep_after(50, 1).await.recovered, 1);
+    let c2 = env.claim("b", 0, 1, 100).await.shards.remove(0);
     assert_eq!((c2.shard_ref.to_string(), c2.attempt), (r.clone(), 2));
 
     // second stall: over the cap, failed for good
     sleep_ms(200).await;
-    let s3 = env.sweep_after(50, T0 + 4, 1).await;
+    let s3 = env.sweep_after(50, 1).await;
     assert_eq!(s3.marked, 1, "{s3:?}");
-    let s4 = env.sweep_after(50, T0 + 5, 1).await;
+    let s4 = env.sweep_after(50, 1).await;
     assert_eq!((s4.recovered, s4.failed), (0, 1), "the second stall must fail the shard: {s4:?}");
 
     let reason: Option<String> = env.cmd(redis::cmd("HGET").arg(env.keys.errors("t")).arg(0)).await;
@@ -322,7 +317,7 @@ async fn shard_stalled_past_the_cap_fails_for_good() {
     assert!(env.active().await.is_empty());
     let state: bool = env.cmd(redis::cmd("HLEN").arg(env.keys.shards("t"))).await;
     assert!(!state, "shard:{r} must be gone once failed for good");
-    assert_eq!(env.complete(&c2, "", T0 + 6).await, Err(ScriptCode::LockMissing), "the stalled holder is stale");
+    assert_eq!(env.complete(&c2, "").await, Err(ScriptCode::LockMissing), "the stalled holder is stale");
 }
 
 #[tokio::test]
@@ -330,10 +325,10 @@ async fn shard_finished_twice_is_counted_once() {
     let mut env = Env::start("finished_twice").await;
     let mut spec = TaskSpec::new("t", "noop", 2);
     spec.attempts = 1;
-    env.dispatch(&spec, T0).await;
-    let c = env.claim("a", 0, 1, LONG_LOCK, T0).await.shards.remove(0);
+    env.dispatch(&spec).await;
+    let c = env.claim("a", 0, 1, LONG_LOCK).await.shards.remove(0);
     let r = c.shard_ref.to_string();
-    assert_eq!(env.complete(&c, "1", T0 + 1).await, Ok(1));
+    assert_eq!(env.complete(&c, "1").await, Ok(1));
     assert_eq!(env.count("t", "done").await, 1);
 
     // a second holder of the same ref, forced in behind the scripts' backs
@@ -341,11 +336,7 @@ async fn shard_finished_twice_is_counted_once() {
     for (token, finish_as_fail) in [("forged:1", false), ("forged:2", true)] {
         env.set_holder(&r, token).await;
         let f = forge(token);
-        let code = if finish_as_fail {
-            env.fail(&f, 0, "late failure", T0 + 3).await
-        } else {
-            env.complete(&f, "2", T0 + 3).await
-        };
+        let code = if finish_as_fail { env.fail(&f, 0, "late failure").await } else { env.complete(&f, "2").await };
         assert_eq!(code, Ok(0), "finishing {r} again (as fail: {finish_as_fail}) must report already terminal");
         assert_eq!(env.count("t", "done").await, 1, "done must not move");
         assert_eq!(env.count("t", "failed").await, 0, "failed must not move");
@@ -356,9 +347,9 @@ async fn shard_finished_twice_is_counted_once() {
     assert!(errors.is_empty(), "a late failure of a completed shard must leave no reason: {errors:?}");
     assert_eq!(env.field("t", "state").await.as_deref(), Some("running"));
 
-    let last = env.claim("a", 1, 5, LONG_LOCK, T0 + 4).await.shards;
+    let last = env.claim("a", 1, 5, LONG_LOCK).await.shards;
     assert_eq!(last.len(), 1, "only shard 1 is left: {last:?}");
-    assert_eq!(env.complete(&last[0], "3", T0 + 5).await, Ok(1));
+    assert_eq!(env.complete(&last[0], "3").await, Ok(1));
     let (done, failed, total) =
         (env.count("t", "done").await, env.count("t", "failed").await, env.count("t", "total").await);
     assert_eq!(done + failed, total, "done {done} + failed {failed} must equal total {total}");
@@ -369,7 +360,7 @@ async fn shard_finished_twice_is_counted_once() {
 async fn aggregation_is_enqueued_once_under_racing_completions() {
     const N: u64 = 500;
     let mut env = Env::start("agg_once").await;
-    env.dispatch(&TaskSpec::new("t", "noop", N), T0).await;
+    env.dispatch(&TaskSpec::new("t", "noop", N)).await;
 
     // claim everything over several connections
     let mut claims = Vec::new();
@@ -382,14 +373,7 @@ async fn aggregation_is_enqueued_once_under_racing_completions() {
         let mut got = 0;
         for (w, con) in cons.iter_mut().enumerate() {
             let base = format!("exec-{w}");
-            let req = ClaimRequest {
-                count: 25,
-                lock_ms: LONG_LOCK,
-                token_base: &base,
-                seq: round,
-                node: "test-node",
-                now_ms: T0,
-            };
+            let req = ClaimRequest { count: 25, lock_ms: LONG_LOCK, token_base: &base, seq: round, node: "test-node" };
             let out = scripts::claim(con, &env.keys, &req).await.expect("claim");
             got += out.shards.len();
             claims.extend(out.shards);
@@ -416,7 +400,7 @@ async fn aggregation_is_enqueued_once_under_racing_completions() {
                     .zip(&results)
                     .map(|(c, r)| Finished { claim: c, outcome: FinishedAs::Completed(r) })
                     .collect();
-                codes.extend(scripts::finish(&mut con, &keys, NODE, &items, T0 + 10).await.expect("finish"));
+                codes.extend(scripts::finish(&mut con, &keys, NODE, &items).await.expect("finish"));
             }
             codes
         });
@@ -434,21 +418,21 @@ async fn aggregation_is_enqueued_once_under_racing_completions() {
     let results: u64 = env.cmd(redis::cmd("HLEN").arg(env.keys.results("t"))).await;
     assert_eq!(results, N, "every shard's result is available to the aggregation");
 
-    let agg = env.claim("agg", 0, 5, LONG_LOCK, T0 + 20).await.shards;
+    let agg = env.claim("agg", 0, 5, LONG_LOCK).await.shards;
     assert_eq!(agg.len(), 1, "only the aggregation job is claimable: {agg:?}");
     let agg = &agg[0];
     assert_eq!(agg.shard_ref, ShardRef::aggregate("t", 1));
     let total = r#"{"sum":124750}"#;
-    assert_eq!(env.complete(agg, total, T0 + 30).await, Ok(1), "aggregation completes");
+    assert_eq!(env.complete(agg, total).await, Ok(1), "aggregation completes");
     let info = TaskInfo::from_hash("t", &env.task("t").await).unwrap().unwrap();
     assert_eq!(info.state, TaskState::Completed);
     assert_eq!(info.result, Some(serde_json::json!({"sum": 124750})));
-    assert_eq!(info.finished_ms, Some(T0 + 30));
+    assert!(info.finished_ms.is_some_and(|f| f >= info.created_ms), "ended after it was created: {info:?}");
 
-    assert_eq!(env.complete(agg, r#"{"sum":0}"#, T0 + 40).await, Err(ScriptCode::LockMissing), "second completion");
+    assert_eq!(env.complete(agg, r#"{"sum":0}"#).await, Err(ScriptCode::LockMissing), "second completion");
     assert_eq!(env.field("t", "result").await.as_deref(), Some(total), "the result is recorded once");
-    assert_eq!(env.field("t", "finished_ms").await, Some((T0 + 30).to_string()));
-    assert!(env.claim("late", 0, 5, LONG_LOCK, T0 + 50).await.shards.is_empty(), "nothing is left");
+    assert_eq!(env.field("t", "finished_ms").await, info.finished_ms.map(|f| f.to_string()), "ended once");
+    assert!(env.claim("late", 0, 5, LONG_LOCK).await.shards.is_empty(), "nothing is left");
 }
 
 #[tokio::test]
@@ -457,24 +441,26 @@ async fn failed_shards_still_complete_the_task() {
     let mut env = Env::start("fail_cap").await;
     let mut spec = TaskSpec::new("t", "fail", N);
     spec.attempts = 2;
-    env.dispatch(&spec, T0).await;
+    env.dispatch(&spec).await;
 
-    let first = env.claim("a", 0, 10, LONG_LOCK, T0).await.shards;
+    let first = env.claim("a", 0, 10, LONG_LOCK).await.shards;
     assert_eq!(first.len() as u64, N);
     for c in &first {
-        assert_eq!(env.fail(c, 1000, "boom-1", T0 + 1).await, Ok(2), "first failure of {} retries", c.shard_ref);
+        assert_eq!(env.fail(c, 300, "boom-1").await, Ok(2), "first failure of {} retries", c.shard_ref);
     }
     let delayed: u64 = env.cmd(redis::cmd("ZCARD").arg(env.keys.delayed())).await;
     assert_eq!(delayed, N, "every retry waits for its backoff");
-    let early = env.claim("b", 0, 10, LONG_LOCK, T0 + 500).await;
+    let early = env.claim("b", 0, 10, LONG_LOCK).await;
     assert!(early.shards.is_empty(), "retries are not due yet: {:?}", early.shards);
-    assert_eq!(early.next_due_ms, Some(T0 + 1001), "claim reports the earliest due time");
+    let due = early.next_due_in_ms.expect("claim reports when the earliest retry is due");
+    assert!((1..=300).contains(&due), "due within the backoff, by the server's clock: {due} ms");
 
-    let second = env.claim("b", 0, 10, LONG_LOCK, T0 + 1001).await.shards;
+    sleep_ms(350).await;
+    let second = env.claim("b", 0, 10, LONG_LOCK).await.shards;
     assert_eq!(second.len() as u64, N, "every due retry is claimable");
     for c in &second {
         assert_eq!((c.attempt, c.fails), (2, 1), "retry of {}", c.shard_ref);
-        assert_eq!(env.fail(c, 1000, "boom-2", T0 + 1002).await, Ok(1), "second failure of {} is final", c.shard_ref);
+        assert_eq!(env.fail(c, 1000, "boom-2").await, Ok(1), "second failure of {} is final", c.shard_ref);
     }
     assert_eq!((env.count("t", "done").await, env.count("t", "failed").await), (0, N));
     let errors: HashMap<String, String> = env.cmd(redis::cmd("HGETALL").arg(env.keys.errors("t"))).await;
@@ -485,9 +471,9 @@ async fn failed_shards_still_complete_the_task() {
     let leftovers: Vec<String> = env.cmd(redis::cmd("HKEYS").arg(env.keys.shards("t"))).await;
     assert!(leftovers.is_empty(), "no per-shard state may outlive a terminal shard: {leftovers:?}");
 
-    let agg = env.claim("c", 0, 1, LONG_LOCK, T0 + 2000).await.shards.remove(0);
+    let agg = env.claim("c", 0, 1, LONG_LOCK).await.shards.remove(0);
     assert!(agg.shard_ref.is_aggregate());
-    assert_eq!(env.complete(&agg, r#"{"failed":6}"#, T0 + 2001).await, Ok(1));
+    assert_eq!(env.complete(&agg, r#"{"failed":6}"#).await, Ok(1));
     assert_eq!(env.field("t", "state").await.as_deref(), Some("failed"), "failed shards fail the task");
     assert_eq!(env.field("t", "result").await.as_deref(), Some(r#"{"failed":6}"#), "the result is kept");
 }
@@ -495,8 +481,8 @@ async fn failed_shards_still_complete_the_task() {
 #[tokio::test]
 async fn released_shards_go_first_and_are_claimable_at_once() {
     let mut env = Env::start("release_front").await;
-    env.dispatch(&TaskSpec::new("t", "noop", 5), T0).await;
-    let held = env.claim("a", 0, 3, LONG_LOCK, T0).await.shards;
+    env.dispatch(&TaskSpec::new("t", "noop", 5)).await;
+    let held = env.claim("a", 0, 3, LONG_LOCK).await.shards;
     let refs: Vec<String> = held.iter().map(|c| c.shard_ref.to_string()).collect();
     assert_eq!(refs, ["t:1:0", "t:1:1", "t:1:2"]);
 
@@ -508,12 +494,12 @@ async fn released_shards_go_first_and_are_claimable_at_once() {
     assert_eq!(env.release(&held[0]).await, Err(ScriptCode::LockMissing), "a second release is refused");
 
     // same instant, fresh shards still in the cursor: the released ones come first
-    let next = env.claim("b", 0, 1, LONG_LOCK, T0).await.shards;
+    let next = env.claim("b", 0, 1, LONG_LOCK).await.shards;
     assert_eq!(next.len(), 1);
     assert_eq!((next[0].shard_ref.to_string(), next[0].attempt, next[0].fails), ("t:1:0".into(), 2, 0));
-    let next = env.claim("b", 1, 1, LONG_LOCK, T0).await.shards;
+    let next = env.claim("b", 1, 1, LONG_LOCK).await.shards;
     assert_eq!((next[0].shard_ref.to_string(), next[0].attempt, next[0].fails), ("t:1:2".into(), 2, 0));
-    let next = env.claim("b", 2, 1, LONG_LOCK, T0).await.shards;
+    let next = env.claim("b", 2, 1, LONG_LOCK).await.shards;
     assert_eq!((next[0].shard_ref.to_string(), next[0].attempt), ("t:1:3".into(), 1), "then the cursor");
     assert_eq!(env.count("t", "failed").await, 0, "a release is not a failure");
 }
@@ -536,11 +522,11 @@ async fn every_wrapper_survives_script_flush() {
     spec.attempts = 2;
 
     flush(&mut env).await;
-    env.dispatch(&spec, T0).await;
+    env.dispatch(&spec).await;
     loaded(&mut env, "dispatch.lua").await;
 
     flush(&mut env).await;
-    let c = env.claim("a", 0, 4, LONG_LOCK, T0).await.shards;
+    let c = env.claim("a", 0, 4, LONG_LOCK).await.shards;
     assert_eq!(c.len(), 4, "claim after flush");
     loaded(&mut env, "claim.lua").await;
 
@@ -556,11 +542,11 @@ async fn every_wrapper_survives_script_flush() {
     assert!(env.lease_ttl("a").await.is_some(), "the lease is taken again");
 
     flush(&mut env).await;
-    assert_eq!(env.complete(&c[0], "1", T0 + 1).await, Ok(1), "complete after flush");
+    assert_eq!(env.complete(&c[0], "1").await, Ok(1), "complete after flush");
     loaded(&mut env, "complete.lua").await;
 
     flush(&mut env).await;
-    assert_eq!(env.fail(&c[1], 10, "x", T0 + 1).await, Ok(2), "fail after flush");
+    assert_eq!(env.fail(&c[1], 10, "x").await, Ok(2), "fail after flush");
     loaded(&mut env, "fail.lua").await;
 
     flush(&mut env).await;
@@ -568,12 +554,13 @@ async fn every_wrapper_survives_script_flush() {
     loaded(&mut env, "release.lua").await;
 
     flush(&mut env).await;
-    let s = env.sweep(T0 + 2, 1000, 1).await.expect("sweep after flush runs");
+    let s = env.sweep(1000, 1).await.expect("sweep after flush runs");
     assert_eq!(s, Default::default(), "every active shard's holder has a lease");
     loaded(&mut env, "sweep.lua").await;
 
     flush(&mut env).await;
-    let moved = scripts::promote(&mut env.con, &env.keys, T0 + 20).await.expect("promote after flush");
+    sleep_ms(30).await;
+    let moved = scripts::promote(&mut env.con, &env.keys).await.expect("promote after flush");
     assert_eq!(moved, 1, "the due retry of {} is promoted", c[1].shard_ref);
     loaded(&mut env, "promote.lua").await;
     assert_eq!(env.wait_list().await, [c[2].shard_ref.to_string(), c[1].shard_ref.to_string()]);
@@ -582,18 +569,18 @@ async fn every_wrapper_survives_script_flush() {
 #[tokio::test]
 async fn paused_queue_hands_out_nothing() {
     let mut env = Env::start("paused").await;
-    env.dispatch(&TaskSpec::new("t", "noop", 3), T0).await;
+    env.dispatch(&TaskSpec::new("t", "noop", 3)).await;
     env.cmd::<()>(redis::cmd("HSET").arg(env.keys.meta()).arg("paused").arg(1)).await;
 
-    let out = env.claim("a", 0, 3, LONG_LOCK, T0).await;
+    let out = env.claim("a", 0, 3, LONG_LOCK).await;
     assert!(out.paused, "claim must report the pause");
     assert!(out.shards.is_empty(), "a paused queue hands out nothing: {:?}", out.shards);
-    assert_eq!(out.next_due_ms, None);
+    assert_eq!(out.next_due_in_ms, None);
     assert_eq!(env.count("t", "cursor").await, 0, "the cursor must not move while paused");
     assert!(env.active().await.is_empty());
 
     env.cmd::<()>(redis::cmd("HSET").arg(env.keys.meta()).arg("paused").arg(0)).await;
-    let out = env.claim("a", 0, 3, LONG_LOCK, T0).await;
+    let out = env.claim("a", 0, 3, LONG_LOCK).await;
     assert!(!out.paused);
     assert_eq!(out.shards.len(), 3, "resumed queue hands out work");
 }
@@ -615,45 +602,46 @@ async fn every_key_of_a_queue_shares_one_cluster_slot() {
     let mut seen = BTreeSet::new();
     let mut spec = TaskSpec::new("t", "noop", 6);
     spec.attempts = 2;
-    env.dispatch(&spec, T0).await;
-    env.dispatch(&TaskSpec::new("u", "noop", 1), T0).await;
+    env.dispatch(&spec).await;
+    env.dispatch(&TaskSpec::new("u", "noop", 1)).await;
     seen.extend(env.all_keys().await);
 
-    let c = env.claim("a", 0, 6, LONG_LOCK, T0).await.shards;
-    let stuck = env.claim("b", 0, 1, 100, T0).await.shards.remove(0);
+    let c = env.claim("a", 0, 6, LONG_LOCK).await.shards;
+    let stuck = env.claim("b", 0, 1, 100).await.shards.remove(0);
     seen.extend(env.all_keys().await);
     assert_eq!(stuck.shard_ref, ShardRef::shard("u", 2, 0), "the other task's shard, left to stall");
     assert!(env.extend("a", &[&c[0], &c[1]], LONG_LOCK).await.is_empty());
-    assert_eq!(env.complete(&c[0], "1", T0 + 1).await, Ok(1));
-    assert_eq!(env.fail(&c[1], 60_000, "retry me", T0 + 1).await, Ok(2));
+    assert_eq!(env.complete(&c[0], "1").await, Ok(1));
+    // due again by the time the sweeps below are done
+    assert_eq!(env.fail(&c[1], 100, "retry me").await, Ok(2));
     assert_eq!(env.release(&c[2]).await, Ok(1));
     seen.extend(env.all_keys().await);
 
     sleep_ms(200).await;
-    assert_eq!(env.sweep(T0 + 2, 300, 1).await.map(|s| s.marked), Some(1), "the stuck shard is marked");
+    assert_eq!(env.sweep(300, 1).await.map(|s| s.marked), Some(1), "the stuck shard is marked");
     seen.extend(env.all_keys().await);
-    assert_eq!(env.sweep_after(300, T0 + 3, 1).await.recovered, 1);
+    assert_eq!(env.sweep_after(300, 1).await.recovered, 1);
     seen.extend(env.all_keys().await);
     for held in &c[3..] {
-        assert_eq!(env.complete(held, "1", T0 + 4).await, Ok(1), "{}", held.shard_ref);
+        assert_eq!(env.complete(held, "1").await, Ok(1), "{}", held.shard_ref);
     }
 
     // drive task t to its end: retry, released and remaining shards, then the aggregation
-    let rest = env.claim("d", 0, 10, LONG_LOCK, T0 + 60_002).await.shards;
+    let rest = env.claim("d", 0, 10, LONG_LOCK).await.shards;
     for r in &rest {
         let code = if r.shard_ref.task == "t" && r.fails > 0 {
-            env.fail(r, 0, "final", T0 + 60_003).await
+            env.fail(r, 0, "final").await
         } else {
-            env.complete(r, "1", T0 + 60_003).await
+            env.complete(r, "1").await
         };
         assert_eq!(code, Ok(1), "{}", r.shard_ref);
     }
     seen.extend(env.all_keys().await);
-    let aggs = env.claim("e", 0, 10, LONG_LOCK, T0 + 60_004).await.shards;
+    let aggs = env.claim("e", 0, 10, LONG_LOCK).await.shards;
     assert_eq!(aggs.len(), 2, "both tasks aggregate: {aggs:?}");
     seen.extend(env.all_keys().await);
     for a in &aggs {
-        assert_eq!(env.complete(a, "{}", T0 + 60_005).await, Ok(1));
+        assert_eq!(env.complete(a, "{}").await, Ok(1));
     }
     seen.extend(env.all_keys().await);
 
@@ -694,9 +682,9 @@ async fn every_key_of_a_queue_shares_one_cluster_slot() {
 #[tokio::test]
 async fn claim_tokens_match_the_lock_for_any_seq() {
     let mut env = Env::start("token_seq").await;
-    env.dispatch(&TaskSpec::new("t", "noop", 2), T0).await;
+    env.dispatch(&TaskSpec::new("t", "noop", 2)).await;
     let seq = 100_000_000_000_000u64;
-    let c = env.claim("b", seq, 2, LONG_LOCK, T0).await.shards;
+    let c = env.claim("b", seq, 2, LONG_LOCK).await.shards;
     for claim in &c {
         assert_eq!(claim.token, format!("b:{seq}"), "the token is `<instance>:<seq>` in full digits");
         let holder = env.holder(&claim.shard_ref.to_string()).await;
@@ -707,7 +695,7 @@ async fn claim_tokens_match_the_lock_for_any_seq() {
             claim.shard_ref
         );
     }
-    assert_eq!(env.complete(&c[0], "", T0 + 1).await, Ok(1), "the holder must be able to complete");
+    assert_eq!(env.complete(&c[0], "").await, Ok(1), "the holder must be able to complete");
 }
 
 /// Calls per command since the last `CONFIG RESETSTAT` (commands run by scripts included).
@@ -738,9 +726,9 @@ fn tokens(claims: &[&Claimed]) -> Vec<Option<String>> {
 #[tokio::test]
 async fn heartbeat_with_a_live_lease_is_one_call_and_keeps_every_shard() {
     let mut env = Env::start("beat_live").await;
-    env.dispatch(&TaskSpec::new("t", "noop", 300), T0).await;
-    let mut held = env.claim("ex", 1, 200, 1000, T0).await.shards;
-    held.extend(env.claim("ex", 2, 100, 1000, T0).await.shards);
+    env.dispatch(&TaskSpec::new("t", "noop", 300)).await;
+    let mut held = env.claim("ex", 1, 200, 1000).await.shards;
+    held.extend(env.claim("ex", 2, 100, 1000).await.shards);
     assert_eq!(held.len(), 300);
     let held: Vec<&Claimed> = held.iter().collect();
     // loads the script, so that the measured beat is the call itself
@@ -769,9 +757,9 @@ async fn heartbeat_with_a_live_lease_is_one_call_and_keeps_every_shard() {
     let ttl = env.lease_ttl("ex").await.expect("the lease lives");
     assert!(ttl > LONG_LOCK - 5_000, "the lease was extended to the new lock duration: {ttl} ms left");
     assert_eq!(holders(&mut env, &held).await, tokens(&held), "every shard keeps its holder");
-    let s = env.sweep(T0 + 1, 50, 1).await.expect("the sweep runs");
+    let s = env.sweep(50, 1).await.expect("the sweep runs");
     assert_eq!(s, Default::default(), "no shard of a live executor is stalled");
-    let s = env.sweep_after(50, T0 + 2, 1).await;
+    let s = env.sweep_after(50, 1).await;
     assert_eq!(s, Default::default(), "nor on the next sweep");
     assert_eq!(env.active().await.len(), 300);
 }
@@ -779,15 +767,15 @@ async fn heartbeat_with_a_live_lease_is_one_call_and_keeps_every_shard() {
 #[tokio::test]
 async fn extend_after_the_lease_expired_keeps_the_shards_no_sweep_confirmed() {
     let mut env = Env::start("beat_lapsed").await;
-    env.dispatch(&TaskSpec::new("t", "noop", 4), T0).await;
-    let mut held = env.claim("ex", 1, 2, 100, T0).await.shards;
-    held.extend(env.claim("ex", 2, 1, 100, T0).await.shards);
+    env.dispatch(&TaskSpec::new("t", "noop", 4)).await;
+    let mut held = env.claim("ex", 1, 2, 100).await.shards;
+    held.extend(env.claim("ex", 2, 1, 100).await.shards);
     let held: Vec<&Claimed> = held.iter().collect();
     assert_eq!(held.len(), 3);
 
     sleep_ms(200).await;
     assert_eq!(env.lease_ttl("ex").await, None, "the lease must have expired");
-    let s = env.sweep(T0 + 1, 50, 1).await.expect("the sweep runs");
+    let s = env.sweep(50, 1).await.expect("the sweep runs");
     assert_eq!((s.recovered, s.failed, s.marked), (0, 0, 3), "the sweep marks the shards: {s:?}");
 
     // the script alone, without the pairs, cannot vouch for the shards: it refuses to take the
@@ -813,13 +801,13 @@ async fn extend_after_the_lease_expired_keeps_the_shards_no_sweep_confirmed() {
     assert!(ttl > LONG_LOCK - 5_000, "{ttl} ms left");
     assert_eq!(holders(&mut env, &held).await, tokens(&held), "every shard keeps its holder");
 
-    let s = env.sweep_after(50, T0 + 2, 1).await;
+    let s = env.sweep_after(50, 1).await;
     assert_eq!(s, Default::default(), "the marks are not confirmed: the holder is alive again");
     let stalled: Vec<String> = env.cmd(redis::cmd("SMEMBERS").arg(env.keys.stalled())).await;
     assert!(stalled.is_empty(), "no candidate is left: {stalled:?}");
     assert!(env.wait_list().await.is_empty(), "nothing was recovered");
     for c in &held {
-        assert_eq!(env.complete(c, "1", T0 + 3).await, Ok(1), "the holder completes {}", c.shard_ref);
+        assert_eq!(env.complete(c, "1").await, Ok(1), "the holder completes {}", c.shard_ref);
     }
     assert_eq!(env.count("t", "done").await, 3);
     assert!(env.active().await.is_empty());
@@ -828,23 +816,23 @@ async fn extend_after_the_lease_expired_keeps_the_shards_no_sweep_confirmed() {
 #[tokio::test]
 async fn extend_after_a_sweep_recovered_some_reports_exactly_those_lost() {
     let mut env = Env::start("beat_recovered").await;
-    env.dispatch(&TaskSpec::new("t", "noop", 6), T0).await;
+    env.dispatch(&TaskSpec::new("t", "noop", 6)).await;
     // first claim call: t:0 and t:1; its lease lapses and the sweep marks them
-    let first = env.claim("ex", 1, 2, 100, T0).await.shards;
+    let first = env.claim("ex", 1, 2, 100).await.shards;
     sleep_ms(200).await;
-    let s = env.sweep(T0 + 1, 50, 5).await.expect("the sweep runs");
+    let s = env.sweep(50, 5).await.expect("the sweep runs");
     assert_eq!(s.marked, 2, "{s:?}");
     // second claim call (the lease lives again for 100 ms): t:2 and t:3; then it lapses again
-    let second = env.claim("ex", 2, 2, 100, T0 + 2).await.shards;
+    let second = env.claim("ex", 2, 2, 100).await.shards;
     sleep_ms(200).await;
     assert_eq!(env.lease_ttl("ex").await, None);
     // this sweep confirms the first two (recovered) and only marks the other two
-    let s = env.sweep(T0 + 3, 50, 5).await.expect("the sweep runs");
+    let s = env.sweep(50, 5).await.expect("the sweep runs");
     assert_eq!((s.recovered, s.failed, s.marked), (2, 0, 2), "{s:?}");
     let waiting = env.wait_list().await;
     assert_eq!(waiting.iter().collect::<BTreeSet<_>>(), ["t:1:0".to_owned(), "t:1:1".to_owned()].iter().collect());
     // another executor claims one of the recovered shards; the other still waits
-    let taken = env.claim("other", 1, 1, LONG_LOCK, T0 + 4).await.shards.remove(0);
+    let taken = env.claim("other", 1, 1, LONG_LOCK).await.shards.remove(0);
     assert_eq!(taken.shard_ref.to_string(), waiting[0]);
 
     // pairs interleaved: t:0 t:2 t:1 t:3
@@ -859,30 +847,30 @@ async fn extend_after_a_sweep_recovered_some_reports_exactly_those_lost() {
     assert_eq!(after[2 - by_other], None, "the waiting shard is not taken back");
     assert_eq!((&after[1], &after[3]), (&Some(second[0].token.clone()), &Some(second[1].token.clone())));
 
-    let s = env.sweep_after(50, T0 + 5, 5).await;
+    let s = env.sweep_after(50, 5).await;
     assert_eq!(s, Default::default(), "the kept shards are not recovered: their holder is alive");
     let stale = if by_other == 0 { ScriptCode::LockMismatch } else { ScriptCode::LockMissing };
-    assert_eq!(env.complete(&first[0], "1", T0 + 6).await, Err(stale), "the lost shard's old holder is stale");
-    assert_eq!(env.complete(&second[0], "1", T0 + 6).await, Ok(1));
-    assert_eq!(env.complete(&second[1], "1", T0 + 6).await, Ok(1));
-    assert_eq!(env.complete(&taken, "1", T0 + 6).await, Ok(1));
+    assert_eq!(env.complete(&first[0], "1").await, Err(stale), "the lost shard's old holder is stale");
+    assert_eq!(env.complete(&second[0], "1").await, Ok(1));
+    assert_eq!(env.complete(&second[1], "1").await, Ok(1));
+    assert_eq!(env.complete(&taken, "1").await, Ok(1));
     assert_eq!(env.count("t", "done").await, 3);
 }
 
 #[tokio::test]
 async fn one_claim_call_has_one_token_and_active_stays_a_hashtable() {
     let mut env = Env::start("one_token").await;
-    env.dispatch(&TaskSpec::new("t", "noop", 10), T0).await;
+    env.dispatch(&TaskSpec::new("t", "noop", 10)).await;
     // the server would keep a small hash of short fields as a listpack
     let probe = format!("{}probe", env.keys.prefix());
     env.cmd::<()>(redis::cmd("HSET").arg(&probe).arg("t:0").arg("ex:1").arg("t:1").arg("ex:1")).await;
     assert_eq!(env.encoding(&probe).await, "listpack", "the server must default small hashes to listpacks");
     env.cmd::<()>(redis::cmd("DEL").arg(&probe)).await;
 
-    let a = env.claim("ex", 7, 4, LONG_LOCK, T0).await.shards;
+    let a = env.claim("ex", 7, 4, LONG_LOCK).await.shards;
     assert_eq!(a.len(), 4);
     assert!(a.iter().all(|c| c.token == "ex:7"), "one claim call, one token `<instance>:<seq>`: {a:?}");
-    let b = env.claim("ex", 8, 1, LONG_LOCK, T0).await.shards;
+    let b = env.claim("ex", 8, 1, LONG_LOCK).await.shards;
     assert_eq!(b[0].token, "ex:8", "the next call has its own token");
     let all: Vec<&Claimed> = a.iter().chain(&b).collect();
     assert_eq!(holders(&mut env, &all).await, tokens(&all), "`active` holds each shard under its call's token");
@@ -892,16 +880,16 @@ async fn one_claim_call_has_one_token_and_active_stays_a_hashtable() {
     assert_eq!(env.encoding(&active).await, "hashtable", "`active` with five shards");
 
     for c in &all[..4] {
-        assert_eq!(env.complete(c, "", T0 + 1).await, Ok(1));
+        assert_eq!(env.complete(c, "").await, Ok(1));
     }
     assert_eq!(env.active().await, ["t:1:4"]);
     assert_eq!(env.encoding(&active).await, "hashtable", "`active` with one shard");
-    assert_eq!(env.complete(all[4], "", T0 + 1).await, Ok(1));
+    assert_eq!(env.complete(all[4], "").await, Ok(1));
     assert!(env.active().await.is_empty());
     let pin: Option<String> = env.cmd(redis::cmd("HGET").arg(&active).arg(ACTIVE_PIN)).await;
     assert!(pin.is_some_and(|v| v.len() > 64), "the pin stays, with a value over 64 bytes");
     assert_eq!(env.encoding(&active).await, "hashtable", "`active` with no shard");
-    let c = env.claim("ex", 9, 1, LONG_LOCK, T0 + 2).await.shards;
+    let c = env.claim("ex", 9, 1, LONG_LOCK).await.shards;
     assert_eq!(c.len(), 1);
     assert_eq!(env.encoding(&active).await, "hashtable", "`active` after claiming again");
 }
@@ -910,15 +898,15 @@ async fn one_claim_call_has_one_token_and_active_stays_a_hashtable() {
 async fn complete_batches_of_interleaved_tasks_return_codes_in_the_order_given() {
     let mut env = Env::start("interleaved").await;
     for (id, n) in [("a", 4), ("b", 3), ("c", 2), ("gone", 1)] {
-        env.dispatch(&TaskSpec::new(id, "noop", n), T0).await;
+        env.dispatch(&TaskSpec::new(id, "noop", n)).await;
     }
-    let claimed = env.claim("ex", 1, 20, LONG_LOCK, T0).await.shards;
+    let claimed = env.claim("ex", 1, 20, LONG_LOCK).await.shards;
     assert_eq!(claimed.len(), 10);
     let by_ref: HashMap<String, &Claimed> = claimed.iter().map(|c| (c.shard_ref.to_string(), c)).collect();
     let get = |r: &str| *by_ref.get(r).unwrap_or_else(|| panic!("{r} was not claimed: {claimed:?}"));
 
     env.set_holder("b:2:2", "other:1").await;
-    assert_eq!(env.complete(get("c:3:1"), r#""c1""#, T0 + 1).await, Ok(1), "c:1 completes before the batch");
+    assert_eq!(env.complete(get("c:3:1"), r#""c1""#).await, Ok(1), "c:1 completes before the batch");
     for k in env.keys.task_keys("gone") {
         env.cmd::<()>(redis::cmd("DEL").arg(k)).await;
     }
@@ -939,7 +927,7 @@ async fn complete_batches_of_interleaved_tasks_return_codes_in_the_order_given()
     ];
     let items: Vec<Finished<'_>> =
         plan.iter().map(|(r, o, _)| Finished { claim: get(r), outcome: o.clone() }).collect();
-    let codes = scripts::finish(&mut env.con, &env.keys, NODE, &items, T0 + 2).await.expect("finish");
+    let codes = scripts::finish(&mut env.con, &env.keys, NODE, &items).await.expect("finish");
     let expected: Vec<(&str, Result<i64, ScriptCode>)> = plan.iter().map(|(r, _, c)| (*r, *c)).collect();
     let got: Vec<(&str, Result<i64, ScriptCode>)> = plan.iter().map(|(r, _, _)| *r).zip(codes).collect();
     assert_eq!(got, expected, "one code per item, in the order given");
@@ -968,16 +956,16 @@ async fn complete_batches_of_interleaved_tasks_return_codes_in_the_order_given()
 #[tokio::test]
 async fn a_claim_renewing_a_lapsed_lease_must_not_hide_lost_shards() {
     let mut env = Env::start("claim_hides_loss").await;
-    env.dispatch(&TaskSpec::new("t", "noop", 3), T0).await;
-    let lost_one = env.claim("ex", 1, 1, 100, T0).await.shards.remove(0);
+    env.dispatch(&TaskSpec::new("t", "noop", 3)).await;
+    let lost_one = env.claim("ex", 1, 1, 100).await.shards.remove(0);
     sleep_ms(200).await;
-    assert_eq!(env.sweep(T0 + 1, 50, 5).await.map(|s| s.marked), Some(1));
-    assert_eq!(env.sweep_after(50, T0 + 2, 5).await.recovered, 1);
-    let new_holder = env.claim("other", 1, 1, LONG_LOCK, T0 + 3).await.shards.remove(0);
+    assert_eq!(env.sweep(50, 5).await.map(|s| s.marked), Some(1));
+    assert_eq!(env.sweep_after(50, 5).await.recovered, 1);
+    let new_holder = env.claim("other", 1, 1, LONG_LOCK).await.shards.remove(0);
     assert_eq!(new_holder.shard_ref, lost_one.shard_ref, "another executor took the recovered shard");
 
     // the executor wakes up: its claim loop claims more work before its heartbeat beats
-    let outcome = env.claim("ex", 2, 1, LONG_LOCK, T0 + 4).await;
+    let outcome = env.claim("ex", 2, 1, LONG_LOCK).await;
     assert!(outcome.lease_lapsed, "the claim must say it took a lapsed lease again");
     let kept = outcome.shards[0].clone();
     let lost = env.extend_checked("ex", &[&lost_one, &kept], LONG_LOCK, true).await;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use shardctl_common::model::TaskSpec;
 use shardctl_common::scripts;
-use support::{Env, T0};
+use support::Env;
 
 const LONG_LOCK: u64 = 60_000;
 
@@ -26,7 +26,7 @@ async fn a_task_past_the_bitmap_is_refused() {
     let mut env = Env::start("review_bitmap").await;
     let too_many = TaskSpec::new("big", "noop", (1u64 << 32) + 1);
     assert!(too_many.validate().unwrap_err().to_string().contains("2^32"));
-    let r = scripts::dispatch(&mut env.con, &env.keys, &too_many, T0).await;
+    let r = scripts::dispatch(&mut env.con, &env.keys, &too_many).await;
     let e = r.expect_err("dispatch.lua must refuse it too");
     assert!(matches!(e, shardctl_common::Error::Script(shardctl_common::ScriptCode::InvalidSpec)), "{e}");
     assert!(TaskSpec::new("max", "noop", 1u64 << 32).validate().is_ok());
@@ -45,9 +45,9 @@ async fn equal_high_priorities_keep_submission_order() {
     first.priority = 1_000_000;
     let mut then = TaskSpec::new("a-first-by-name", "noop", 1);
     then.priority = 1_000_000;
-    env.dispatch(&first, T0).await;
-    env.dispatch(&then, T0 + 1).await;
-    let c = env.claim("ex", 1, 1, LONG_LOCK, T0 + 2).await.shards.remove(0);
+    env.dispatch(&first).await;
+    env.dispatch(&then).await;
+    let c = env.claim("ex", 1, 1, LONG_LOCK).await.shards.remove(0);
     assert_eq!(c.shard_ref.task, "second-by-name", "first dispatched should run first among equal priorities");
 }
 
@@ -57,15 +57,15 @@ async fn equal_high_priorities_keep_submission_order() {
 #[tokio::test]
 async fn after_a_lost_lapsed_claim_reply_a_checked_beat_reports_the_lost_shard() {
     let mut env = Env::start("review_lost_lapse").await;
-    env.dispatch(&TaskSpec::new("t", "noop", 3), T0).await;
-    let lost_one = env.claim("ex", 1, 1, 100, T0).await.shards.remove(0);
+    env.dispatch(&TaskSpec::new("t", "noop", 3)).await;
+    let lost_one = env.claim("ex", 1, 1, 100).await.shards.remove(0);
     sleep_ms(200).await;
-    assert_eq!(env.sweep(T0 + 1, 50, 5).await.map(|s| s.marked), Some(1));
-    assert_eq!(env.sweep_after(50, T0 + 2, 5).await.recovered, 1);
-    let other = env.claim("other", 1, 1, LONG_LOCK, T0 + 3).await.shards.remove(0);
+    assert_eq!(env.sweep(50, 5).await.map(|s| s.marked), Some(1));
+    assert_eq!(env.sweep_after(50, 5).await.recovered, 1);
+    let other = env.claim("other", 1, 1, LONG_LOCK).await.shards.remove(0);
     assert_eq!(other.shard_ref, lost_one.shard_ref);
     // the executor wakes; its claim runs but the reply never arrives (lapsed flag lost)
-    let _lost_reply = env.claim("ex", 2, 1, LONG_LOCK, T0 + 4).await;
+    let _lost_reply = env.claim("ex", 2, 1, LONG_LOCK).await;
     assert_eq!(env.extend("ex", &[&lost_one], LONG_LOCK).await, Vec::<usize>::new(), "a plain beat cannot see it");
     let lost = env.extend_checked("ex", &[&lost_one], LONG_LOCK, true).await;
     assert_eq!(lost, [0], "the shard another executor holds must be reported lost");
@@ -78,20 +78,20 @@ async fn after_a_lost_lapsed_claim_reply_a_checked_beat_reports_the_lost_shard()
 #[tokio::test]
 async fn a_disowned_ref_does_not_keep_its_stall_mark() {
     let mut env = Env::start("review_disown_mark").await;
-    env.dispatch(&TaskSpec::new("t", "noop", 3), T0).await;
+    env.dispatch(&TaskSpec::new("t", "noop", 3)).await;
     // claim whose reply was lost: ex never learns it holds t:0
-    let orphan = env.claim("ex", 1, 1, 100, T0).await.shards.remove(0);
+    let orphan = env.claim("ex", 1, 1, 100).await.shards.remove(0);
     sleep_ms(200).await;
-    assert_eq!(env.sweep(T0 + 1, 50, 5).await.map(|s| s.marked), Some(1), "ex's lease lapsed: t:0 marked");
+    assert_eq!(env.sweep(50, 5).await.map(|s| s.marked), Some(1), "ex's lease lapsed: t:0 marked");
     // ex comes back: a claim re-takes its lease, its reconcile gives the orphan back
-    let _ = env.claim("ex", 2, 1, LONG_LOCK, T0 + 2).await;
+    let _ = env.claim("ex", 2, 1, LONG_LOCK).await;
     let pairs = [(orphan.shard_ref.to_string(), orphan.token.clone())];
     assert_eq!(scripts::disown(&mut env.con, &env.keys, &pairs).await.unwrap(), 1);
     // another executor takes it; its lease lapses briefly (a pause just past lockDuration)
-    let next = env.claim("f", 1, 1, 100, T0 + 3).await.shards.remove(0);
+    let next = env.claim("f", 1, 1, 100).await.shards.remove(0);
     assert_eq!(next.shard_ref, orphan.shard_ref);
     sleep_ms(150).await;
-    let r = env.sweep_after(50, T0 + 4, 5).await;
+    let r = env.sweep_after(50, 5).await;
     assert_eq!(r.recovered, 0, "f's shard was recovered without ever being marked: {r:?}");
 }
 

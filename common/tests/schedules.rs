@@ -125,7 +125,7 @@ async fn overlapping_runs_are_skipped_or_allowed() {
 
     // once the running task ends, the schedule fires again
     let first = schedule::task_id("skip", T0 + MINUTE);
-    shardctl_common::control::cancel(&mut con, &keys, &first, T0 + 2 * MINUTE).await.unwrap();
+    shardctl_common::control::cancel(&mut con, &keys, &first).await.unwrap();
     assert_eq!(state(&mut con, &keys, &first).await, TaskState::Cancelled);
     let (done, _) = schedule::tick(&mut con, &keys, T0 + 3 * MINUTE).await.unwrap();
     assert_eq!(outcome(done, "skip"), Some(Fired::Created));
@@ -169,7 +169,7 @@ async fn schedules_are_listed_replaced_and_removed() {
     assert!(done.is_empty() && next.is_none(), "a removed schedule fires no more: {done:?}");
     assert!(task_ids(&mut con, &keys).await.is_empty());
     // a fire racing the removal creates nothing either
-    let fired = s.fire(&mut con, &keys, T0 + MINUTE, true, T0 + MINUTE).await.unwrap();
+    let fired = s.fire(&mut con, &keys, T0 + MINUTE, true).await.unwrap();
     assert_eq!(fired, Fired::AlreadyHandled);
 }
 
@@ -184,7 +184,7 @@ async fn a_coordinator_holding_a_replaced_definition_fires_nothing() {
     let mut new = schedule_of("s", "*/5 * * * *", Overlap::Allow, Misfire::Skip);
     new.created_ms = T0 + 30_000;
     schedule::add(&mut con, &keys, &new, true).await.unwrap();
-    assert_eq!(old.fire(&mut con, &keys, T0 + MINUTE, true, T0 + MINUTE).await.unwrap(), Fired::AlreadyHandled);
+    assert_eq!(old.fire(&mut con, &keys, T0 + MINUTE, true).await.unwrap(), Fired::AlreadyHandled);
     assert!(task_ids(&mut con, &keys).await.is_empty());
-    assert_eq!(new.fire(&mut con, &keys, T0 + 5 * MINUTE, true, T0 + 5 * MINUTE).await.unwrap(), Fired::Created);
+    assert_eq!(new.fire(&mut con, &keys, T0 + 5 * MINUTE, true).await.unwrap(), Fired::Created);
 }

@@ -173,7 +173,7 @@ pub async fn run(mut con: Conn, keys: Keys, cfg: DaemonConfig, stop: Cancellatio
 }
 
 async fn refresh(con: &mut Conn, keys: &Keys, cfg: &DaemonConfig) {
-    match scripts::promote(con, keys, now_ms()).await {
+    match scripts::promote(con, keys).await {
         Ok(n) if n > 0 => tracing::debug!(promoted = n, "due retries promoted"),
         Ok(_) => {}
         Err(e) => tracing::warn!("promoting due retries: {e}"),

@@ -15,7 +15,7 @@ pub fn new_task_id() -> String {
 /// Validates `spec` and creates the task. An id already in use is refused with a clear error.
 pub async fn dispatch<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, spec: &TaskSpec) -> Result<()> {
     spec.validate()?;
-    match scripts::dispatch(con, keys, spec, now_ms()).await {
+    match scripts::dispatch(con, keys, spec).await {
         Err(Error::Script(ScriptCode::TaskExists)) => {
             Err(Error::invalid(format!("a task with id '{}' already exists in this queue", spec.id)))
         }
@@ -93,7 +93,7 @@ pub async fn dispatch_any(
     if !resumed {
         dispatch(con, keys, spec).await?;
     }
-    if spec.start_ms.is_some_and(|s| s > now_ms()) {
+    if spec.delay.is_some() {
         // a delayed task is placed when it starts (lib.lua start_due_tasks, then a rebalancer)
         return Ok(Dispatched { resumed, placed: 0, live: 0 });
     }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use shardctl_common::conn::Conn;
 use shardctl_common::scripts::{self, NodeHolder};
-use shardctl_common::time::now_ms;
+use shardctl_common::time::server_now_ms;
 use shardctl_common::{Error, Keys, Result};
 use tokio_util::sync::CancellationToken;
 
@@ -91,7 +91,7 @@ fn in_use(node: &str, h: &NodeHolder) -> Error {
 pub async fn join(con: &mut Conn, keys: &Keys, m: &Member, cfg: &MembershipConfig) -> Result<()> {
     m.validate()?;
     let timeout = cfg.timeout.as_millis() as u64;
-    match scripts::join(con, keys, &m.node, &m.instance, now_ms(), timeout, &fields(m)).await? {
+    match scripts::join(con, keys, &m.node, &m.instance, timeout, &fields(m)).await? {
         Ok(()) => Ok(()),
         Err(h) => Err(in_use(&m.node, &h)),
     }
@@ -103,14 +103,12 @@ pub async fn leave(con: &mut Conn, keys: &Keys, m: &Member) -> Result<bool> {
     scripts::leave(con, keys, &m.node, &m.instance).await
 }
 
-/// The live node ids, sorted: those whose last heartbeat is within their own member timeout.
+/// The live node ids, sorted: those whose last heartbeat is within their own member timeout, by
+/// the Redis server's clock (the one `join.lua` scored them with).
 pub async fn live(con: &mut Conn, keys: &Keys) -> Result<Vec<String>> {
-    let mut v: Vec<String> = redis::cmd("ZRANGEBYSCORE")
-        .arg(keys.nodes())
-        .arg(format!("({}", now_ms()))
-        .arg("+inf")
-        .query_async(con)
-        .await?;
+    let now = server_now_ms(con).await?;
+    let mut v: Vec<String> =
+        redis::cmd("ZRANGEBYSCORE").arg(keys.nodes()).arg(format!("({now}")).arg("+inf").query_async(con).await?;
     v.sort();
     Ok(v)
 }

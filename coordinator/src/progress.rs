@@ -160,8 +160,8 @@ pub struct NodeStatus {
 
 /// The live executors with their routed waiting and active shards.
 pub async fn nodes<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Result<Vec<NodeStatus>> {
-    let now = shardctl_common::time::now_ms();
-    // scores are "alive until": the heartbeat plus the node's own timeout
+    // scores are "alive until": the heartbeat plus the node's own timeout, by the server's clock
+    let now = shardctl_common::time::server_now_ms(con).await?;
     let live: Vec<(String, f64)> = redis::cmd("ZRANGEBYSCORE")
         .arg(keys.nodes())
         .arg(format!("({now}"))

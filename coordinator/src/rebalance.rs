@@ -8,10 +8,8 @@ use std::time::Duration;
 
 use redis::AsyncCommands;
 use shardctl_common::conn::Conn;
-use shardctl_common::time::now_ms;
 use shardctl_common::{scripts, Keys, Result};
 
-use crate::membership;
 use crate::route::Router;
 
 /// How long the rebalance lock (and the `rebalancing` flag) live if their holder dies; the
@@ -64,15 +62,12 @@ pub async fn rebalance(con: &mut Conn, keys: &Keys) -> Result<Option<RebalanceRe
 
 async fn run(con: &mut Conn, keys: &Keys) -> Result<RebalanceReport> {
     let mut report = RebalanceReport::default();
-    // each node's score is the time it is alive until (its heartbeat plus its own timeout)
-    let stale: Vec<String> =
-        redis::cmd("ZRANGEBYSCORE").arg(keys.nodes()).arg("-inf").arg(now_ms()).query_async(con).await?;
-    for n in stale {
-        // a node that beats again after this simply joins again
-        let _: () = redis::pipe().zrem(keys.nodes(), &n).del(keys.node(&n)).query_async(con).await?;
-        report.departed.push(n);
-    }
-    report.live = membership::live(con, keys).await?;
+    // each node's score is the time it is alive until (its heartbeat plus its own timeout), by
+    // the server's clock; judged and removed in one script (a node that beats again after this
+    // simply joins again)
+    let reaped = scripts::reap(con, keys).await?;
+    report.departed = reaped.departed;
+    report.live = reaped.live;
     if report.live.is_empty() {
         // nothing can be placed: unplaced tasks and reroutes wait for the first executor
         return Ok(report);

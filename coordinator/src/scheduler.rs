@@ -1,12 +1,14 @@
 //! The cron scheduler loop of `shardctl coordinator`: wakes at the next fire time of any schedule
 //! (and at least every second, to see schedules added meanwhile) and handles the due fire times.
-//! Several coordinators race harmlessly: `fire.lua` creates each fire time's task once.
+//! Several coordinators race harmlessly: `fire.lua` creates each fire time's task once. Which
+//! fire time is due is judged by the Redis server's clock (`TIME`), the one every coordinator
+//! reads, so a coordinator whose own clock runs ahead fires nothing early.
 
 use std::time::Duration;
 
 use shardctl_common::conn::Conn;
 use shardctl_common::schedule::{self, Fired};
-use shardctl_common::time::now_ms;
+use shardctl_common::time::server_now_ms;
 use shardctl_common::Keys;
 use tokio_util::sync::CancellationToken;
 
@@ -16,8 +18,13 @@ const MAX_SLEEP: Duration = Duration::from_secs(1);
 /// Runs until `stop`.
 pub async fn run(mut con: Conn, keys: Keys, stop: CancellationToken) {
     loop {
-        let sleep = match schedule::tick(&mut con, &keys, now_ms()).await {
-            Ok((done, next)) => {
+        let now = server_now_ms(&mut con).await;
+        let ticked = match now {
+            Ok(now) => schedule::tick(&mut con, &keys, now).await.map(|r| (now, r)),
+            Err(e) => Err(e),
+        };
+        let sleep = match ticked {
+            Ok((now, (done, next))) => {
                 for (name, fire_ms, how) in done {
                     let id = schedule::task_id(&name, fire_ms);
                     match how {
@@ -29,10 +36,11 @@ pub async fn run(mut con: Conn, keys: Keys, stop: CancellationToken) {
                         Fired::Refused => {
                             tracing::warn!(schedule = %name, task = %id, "task refused: spec out of limits")
                         }
-                        Fired::AlreadyHandled | Fired::Exists => {}
+                        Fired::AlreadyHandled | Fired::Exists | Fired::NotDueYet => {}
                     }
                 }
-                next.map_or(MAX_SLEEP, |n| Duration::from_millis(n.saturating_sub(now_ms())).min(MAX_SLEEP))
+                // both times are the server's; the wait itself is local
+                next.map_or(MAX_SLEEP, |n| Duration::from_millis(n.saturating_sub(now)).min(MAX_SLEEP))
             }
             Err(e) => {
                 tracing::warn!("schedules: {e}");

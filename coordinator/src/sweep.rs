@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use shardctl_common::conn::Conn;
 use shardctl_common::scripts::{self, SweepReport};
-use shardctl_common::time::now_ms;
 use shardctl_common::Keys;
 use tokio_util::sync::CancellationToken;
 
@@ -42,7 +41,7 @@ pub async fn run(
     let interval = cfg.interval.max(Duration::from_millis(10));
     let m = crate::metrics::SweepMetrics::new(keys.queue());
     loop {
-        match scripts::sweep(&mut con, &keys, now_ms(), interval.as_millis() as u64, cfg.max_stalled).await {
+        match scripts::sweep(&mut con, &keys, interval.as_millis() as u64, cfg.max_stalled).await {
             Ok(Some(r)) => {
                 m.recovered.increment(r.recovered);
                 m.failed.increment(r.failed);
@@ -50,7 +49,7 @@ pub async fn run(
                     tracing::info!(recovered = r.recovered, failed = r.failed, "stalled sweep");
                 }
                 on_report(r);
-                match shardctl_common::control::clean(&mut con, &keys, now_ms(), None).await {
+                match shardctl_common::control::clean(&mut con, &keys, None).await {
                     Ok(0) => {}
                     Ok(n) => tracing::info!(removed = n, "removed ended tasks past their retention"),
                     Err(e) => tracing::warn!("removing expired tasks failed: {e}"),

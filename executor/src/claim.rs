@@ -51,7 +51,6 @@ pub(crate) async fn run(shared: Arc<Shared>, tracker: &TaskTracker, shutdown: Ca
             token_base: &shared.token_base,
             seq,
             node: &shared.cfg.node_id,
-            now_ms: now_ms(),
         };
         let mut con = shared.con.clone();
         // never dropped half-way: the script may have run, and its shards would wait for the sweep
@@ -119,7 +118,8 @@ pub(crate) async fn run(shared: Arc<Shared>, tracker: &TaskTracker, shutdown: Ca
                 shared.claiming.store(NO_CLAIM, Ordering::SeqCst);
                 failures = 0;
                 drop(batch);
-                next_due = o.next_due_ms.or(next_due.filter(|&d| d > now_ms()));
+                // the script says how long from now (the server's clock); the wait is local
+                next_due = o.next_due_in_ms.map(|d| now_ms() + d).or(next_due.filter(|&d| d > now_ms()));
                 let wait = match next_due {
                     Some(due) if !o.paused => {
                         Duration::from_millis(due.saturating_sub(now_ms())).min(shared.cfg.block_timeout)
@@ -127,8 +127,7 @@ pub(crate) async fn run(shared: Arc<Shared>, tracker: &TaskTracker, shutdown: Ca
                     _ => shared.cfg.block_timeout,
                 };
                 match wait_for_work(&shared, &mut blocking, wait, &shutdown).await {
-                    Ok(Some(due)) => next_due = Some(due),
-                    Ok(None) => {}
+                    Ok(()) => {}
                     Err(e) => {
                         blocking = None;
                         Stats::add(&shared.stats.redis_errors, 1);
@@ -174,9 +173,9 @@ async fn wait_for_work(
     blocking: &mut Option<Conn>,
     wait: Duration,
     shutdown: &CancellationToken,
-) -> shardctl_common::Result<Option<u64>> {
+) -> shardctl_common::Result<()> {
     if wait.is_zero() {
-        return Ok(None);
+        return Ok(());
     }
     if blocking.is_none() {
         *blocking = Some(shared.client.blocking(shared.cfg.block_timeout).await?);
@@ -188,15 +187,14 @@ async fn wait_for_work(
     cmd.arg(shared.keys.marker()).arg(shared.keys.node_marker(&shared.cfg.node_id)).arg(secs);
     let popped: Option<(String, String, f64)> = tokio::select! {
         r = cmd.query_async(con) => r?,
-        _ = shutdown.cancelled() => return Ok(None),
+        _ = shutdown.cancelled() => return Ok(()),
     };
-    Ok(popped.and_then(|(_, member, score)| match member.as_str() {
-        "delayed" => Some(score as u64),
-        "route" => {
-            // routed work waits for a rebalance: the membership loop runs one now
-            shared.routing_wanted.notify_one();
-            None
-        }
-        _ => None,
-    }))
+    // `delayed` (its score is a due time by the server's clock): the next claim says how long
+    // from now, and the executor waits that long (a time the scripts wrote is never compared
+    // with this host's clock)
+    if popped.is_some_and(|(_, member, _)| member == "route") {
+        // routed work waits for a rebalance: the membership loop runs one now
+        shared.routing_wanted.notify_one();
+    }
+    Ok(())
 }

@@ -5,7 +5,6 @@
 use std::sync::Arc;
 
 use shardctl_common::scripts::{self, Claimed, Finished, FinishedAs};
-use shardctl_common::time::now_ms;
 use shardctl_common::ScriptCode;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -101,7 +100,7 @@ async fn record(shared: &Shared, batch: &[Report], closing: &CancellationToken) 
     loop {
         let mut con = shared.con.clone();
         let done = async {
-            let f = scripts::finish(&mut con, &shared.keys, &shared.cfg.node_id, &finished, now_ms()).await?;
+            let f = scripts::finish(&mut con, &shared.keys, &shared.cfg.node_id, &finished).await?;
             let r = scripts::release(&mut con, &shared.keys, &releases).await?;
             Ok::<_, shardctl_common::Error>((f, r))
         }

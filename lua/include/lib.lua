@@ -17,8 +17,17 @@
     -8  invalid spec    a dispatch outside the limits (over 2^32 shards, |priority| > 10^6)
     -9  task ended      cancel of a finished task, retry of a cancelled one
     -10 results gone    retry of a finished task dispatched with keep_results off
+    -11 not due yet     a schedule's fire time is later than Redis's clock
 ]]
 local rcall = redis.call
+
+-- The one clock (ARCHITECTURE.md "One clock"): Redis's own, in ms since the epoch. Every time a
+-- script stores or compares is read here, never taken from a caller, so that executors,
+-- coordinators and dispatchers with skewed clocks agree on leases, due times and membership.
+local function now_ms()
+  local t = rcall('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 
 -- A permanent field of `active` whose value is longer than 64 bytes: it keeps the hash in
 -- hashtable encoding (Redis never converts back), where HSET/HDEL cost O(1) per field instead of

@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use clap::Parser;
 use shardctl_common::control::{self, RateLimit};
-use shardctl_common::time::now_ms;
 use shardctl_common::Error;
 
 use super::{connect, duration, Args};
@@ -40,7 +39,7 @@ pub struct LimitArgs {
 pub async fn cancel(args: &Args, a: &TaskIdArg) -> anyhow::Result<ExitCode> {
     let id = super::task_id(&a.task)?;
     let (_, mut con) = connect(args).await?;
-    let stopped = control::cancel(&mut con, &args.keys()?, id, now_ms()).await?;
+    let stopped = control::cancel(&mut con, &args.keys()?, id).await?;
     println!("task {id} cancelled: {stopped} running shards are told to stop at their executors' next heartbeat");
     Ok(ExitCode::SUCCESS)
 }
@@ -50,7 +49,7 @@ pub async fn retry(args: &Args, a: &TaskIdArg) -> anyhow::Result<ExitCode> {
     let (_, mut con) = connect(args).await?;
     let keys = args.keys()?;
     let before = shardctl_coordinator::progress::task(&mut con, &keys, id).await?;
-    match control::retry(&mut con, &keys, id, now_ms()).await? {
+    match control::retry(&mut con, &keys, id).await? {
         0 => println!("task {id} has no failed shards: nothing to retry"),
         n if before.failed == 0 => println!("task {id}: its aggregation runs again ({n} job)"),
         n => println!("task {id}: {n} failed shards queued again; aggregation follows when all are done"),
@@ -60,7 +59,7 @@ pub async fn retry(args: &Args, a: &TaskIdArg) -> anyhow::Result<ExitCode> {
 
 pub async fn clean(args: &Args, a: &CleanArgs) -> anyhow::Result<ExitCode> {
     let (_, mut con) = connect(args).await?;
-    let n = control::clean(&mut con, &args.keys()?, now_ms(), a.older_than).await?;
+    let n = control::clean(&mut con, &args.keys()?, a.older_than).await?;
     println!(
         "removed {n} ended task{} and {} keys",
         if n == 1 { "" } else { "s" },

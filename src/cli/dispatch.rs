@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use clap::Parser;
 use shardctl_common::ring::Strategy;
-use shardctl_common::time::now_ms;
 use shardctl_common::Error;
 use shardctl_coordinator::dispatch::{dispatch_any, new_task_id};
 
@@ -48,7 +47,7 @@ pub async fn run(args: &Args, a: &DispatchArgs) -> anyhow::Result<ExitCode> {
     };
     let mut spec = a.task.spec(a.task_id.clone().unwrap_or_else(new_task_id), shards)?;
     spec.has_keys = shard_keys.is_some();
-    spec.start_ms = a.delay.map(|d| now_ms() + d.as_millis() as u64);
+    spec.delay = a.delay.filter(|d| !d.is_zero());
     // check before connecting: bad input is reported as such even without Redis
     spec.validate()?;
     if spec.has_keys && spec.strategy == Strategy::Pull {

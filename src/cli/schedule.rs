@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use shardctl_common::names;
 use shardctl_common::schedule::{self, Misfire, Overlap, Schedule, DEFAULT_MISFIRE_GRACE};
-use shardctl_common::time::now_ms;
+use shardctl_common::time::{now_ms, server_now_ms};
 use shardctl_common::Error;
 
 use super::task_args::TaskArgs;
@@ -86,11 +86,13 @@ async fn run_add(args: &Args, a: &AddArgs) -> anyhow::Result<ExitCode> {
     shardctl_common::cron::zone(&a.tz)?;
     let shards = a.task.shards.ok_or_else(|| Error::invalid("--shards N is required"))?;
     let spec = a.task.spec(String::new(), shards)?;
-    let now = now_ms();
     let grace = a.misfire_grace.unwrap_or(DEFAULT_MISFIRE_GRACE);
     // checked before connecting: a bad expression or zone is reported as such even without Redis
-    let s = Schedule::new(&a.name, &a.cron, &a.tz, a.overlap, a.misfire, grace, &spec, now)?;
+    Schedule::new(&a.name, &a.cron, &a.tz, a.overlap, a.misfire, grace, &spec, now_ms())?;
     let (_, mut con) = connect(args).await?;
+    // created at the server's time: fire times are judged by that clock (ARCHITECTURE "One clock")
+    let now = server_now_ms(&mut con).await?;
+    let s = Schedule::new(&a.name, &a.cron, &a.tz, a.overlap, a.misfire, grace, &spec, now)?;
     schedule::add(&mut con, &args.keys()?, &s, a.replace).await?;
     let next = s.next_after(now).map_or_else(|| "never".to_owned(), |t| show(t, &s.tz));
     println!("schedule {} added: '{}' in {}; next fire {next}", s.name, s.cron, s.tz);
@@ -99,7 +101,8 @@ async fn run_add(args: &Args, a: &AddArgs) -> anyhow::Result<ExitCode> {
 
 async fn run_list(args: &Args, json: bool) -> anyhow::Result<ExitCode> {
     let (_, mut con) = connect(args).await?;
-    let all = schedule::list(&mut con, &args.keys()?, now_ms()).await?;
+    let now = server_now_ms(&mut con).await?;
+    let all = schedule::list(&mut con, &args.keys()?, now).await?;
     if json {
         let v: Vec<serde_json::Value> = all
             .iter()

@@ -80,7 +80,7 @@ impl TaskArgs {
             vnodes: self.vnodes,
             has_keys: false,
             shard_timeout: self.shard_timeout,
-            start_ms: None,
+            delay: None,
             keep_results: self.keep_results,
             retain: self.retain.0,
         })

@@ -13,9 +13,6 @@ use shardctl_common::scripts::{self, ClaimOutcome, ClaimRequest, Claimed, Finish
 use shardctl_common::{Keys, ScriptCode};
 use shardctl_testkit::TestRedis;
 
-/// The test clock's start (ms since the epoch); tests move it forward by hand.
-pub const T0: u64 = 1_700_000_000_000;
-
 /// One private server and one queue on it.
 pub struct Env {
     /// Killed on drop.
@@ -58,30 +55,30 @@ impl Env {
             .unwrap_or_else(|e| panic!("{c:?} failed: {e}\nredis log:\n{}", self.redis.log()))
     }
 
-    /// Dispatches `spec` at `now_ms`, panicking on any error.
-    pub async fn dispatch(&mut self, spec: &TaskSpec, now_ms: u64) {
-        scripts::dispatch(&mut self.con, &self.keys, spec, now_ms)
+    /// Dispatches `spec`, panicking on any error.
+    pub async fn dispatch(&mut self, spec: &TaskSpec) {
+        scripts::dispatch(&mut self.con, &self.keys, spec)
             .await
             .unwrap_or_else(|e| panic!("dispatch of {}: {e}", spec.id));
     }
 
     /// Claims up to `count` shards as executor instance `base`, all under the one token
     /// `<base>:<seq>`; renews the lease `lease:<base>` for `lock_ms`.
-    pub async fn claim(&mut self, base: &str, seq: u64, count: usize, lock_ms: u64, now_ms: u64) -> ClaimOutcome {
-        let req = ClaimRequest { count, lock_ms, token_base: base, seq, node: NODE, now_ms };
+    pub async fn claim(&mut self, base: &str, seq: u64, count: usize, lock_ms: u64) -> ClaimOutcome {
+        let req = ClaimRequest { count, lock_ms, token_base: base, seq, node: NODE };
         scripts::claim(&mut self.con, &self.keys, &req).await.expect("claim")
     }
 
     /// Completes one claim with `result`.
-    pub async fn complete(&mut self, c: &Claimed, result: &str, now_ms: u64) -> Code {
+    pub async fn complete(&mut self, c: &Claimed, result: &str) -> Code {
         let items = [Finished { claim: c, outcome: FinishedAs::Completed(result) }];
-        one(scripts::finish(&mut self.con, &self.keys, NODE, &items, now_ms).await.expect("finish (complete)"))
+        one(scripts::finish(&mut self.con, &self.keys, NODE, &items).await.expect("finish (complete)"))
     }
 
     /// Fails one claim with `reason`, retrying after `delay_ms` if attempts are left.
-    pub async fn fail(&mut self, c: &Claimed, delay_ms: u64, reason: &str, now_ms: u64) -> Code {
+    pub async fn fail(&mut self, c: &Claimed, delay_ms: u64, reason: &str) -> Code {
         let items = [Finished { claim: c, outcome: FinishedAs::Failed { delay_ms, reason } }];
-        one(scripts::finish(&mut self.con, &self.keys, NODE, &items, now_ms).await.expect("finish (fail)"))
+        one(scripts::finish(&mut self.con, &self.keys, NODE, &items).await.expect("finish (fail)"))
     }
 
     /// Releases one claim.
@@ -102,14 +99,14 @@ impl Env {
     }
 
     /// One stalled sweep; `None` when throttled.
-    pub async fn sweep(&mut self, now_ms: u64, interval_ms: u64, max_stalled: u32) -> Option<SweepReport> {
-        scripts::sweep(&mut self.con, &self.keys, now_ms, interval_ms, max_stalled).await.expect("sweep")
+    pub async fn sweep(&mut self, interval_ms: u64, max_stalled: u32) -> Option<SweepReport> {
+        scripts::sweep(&mut self.con, &self.keys, interval_ms, max_stalled).await.expect("sweep")
     }
 
     /// Waits out the sweep throttle (`interval_ms` on the server clock) and sweeps.
-    pub async fn sweep_after(&mut self, interval_ms: u64, now_ms: u64, max_stalled: u32) -> SweepReport {
+    pub async fn sweep_after(&mut self, interval_ms: u64, max_stalled: u32) -> SweepReport {
         tokio::time::sleep(Duration::from_millis(interval_ms + 40)).await;
-        self.sweep(now_ms, interval_ms, max_stalled)
+        self.sweep(interval_ms, max_stalled)
             .await
             .unwrap_or_else(|| panic!("sweep throttled although {interval_ms} ms passed"))
     }

@@ -8,7 +8,6 @@ use anyhow::{bail, ensure, Context};
 use shardctl_common::keys::ACTIVE_PIN;
 use shardctl_common::model::TaskSpec;
 use shardctl_common::scripts;
-use shardctl_common::time::now_ms;
 use shardctl_common::{conn, Keys};
 use shardctl_coordinator::dispatch::{dispatch, new_task_id};
 use shardctl_executor::config::DEFAULT_BLOCK_TIMEOUT;
@@ -109,7 +108,7 @@ pub(crate) async fn upkeep(ctx: &mut Ctx) -> anyhow::Result<Figures> {
         let lease_ms: i64 = redis::cmd("PTTL").arg(keys.lease(&instance)).query_async(&mut con).await?;
         ensure!(lease_ms > 0, "the executor's lease is gone");
         // a sweep now must find nothing to mark: every holder's lease is alive
-        let sweep = scripts::sweep(&mut con, &keys, now_ms(), 1, 1).await?.context("sweep throttled")?;
+        let sweep = scripts::sweep(&mut con, &keys, 1, 1).await?.context("sweep throttled")?;
         Ok::<_, anyhow::Error>(Figures::from([
             ("claim_secs", claim_secs),
             ("scripts_per_beat", d.scripts() as f64 / f64::from(UPKEEP_BEATS)),
