@@ -6,36 +6,49 @@
   them (claim.lua try_ref). Its per-shard state (`task:<id>:shards`) goes now. Nothing here is
   proportional to the queued work: only `active` and `delayed` are read.
 
-  KEYS[1] task:<id>   hash
-  KEYS[2] active      hash    ref -> token
-  KEYS[3] meta        hash    `cancels` counts cancellations (executors watch it)
-  KEYS[4] stalled     set
+  KEYS[1]  task:<id>          hash
+  KEYS[2]  active             hash    ref -> token
+  KEYS[3]  meta               hash    `cancels` counts cancellations (executors watch it)
+  KEYS[4]  stalled            set
+  KEYS[5]  task:<id>:terminal bitmap  of this task
+  KEYS[6]  task:<id>:results  hash    of this task
+  KEYS[7]  task:<id>:errors   hash    of this task
+  KEYS[8]  task:<id>:keys     hash    of this task
+  KEYS[9]  task:<id>:shards   hash    of this task
+  KEYS[10] delayed            zset    ref -> due time (ms)
+  KEYS[11] events             stream  the event log
+  KEYS[12] expiring           zset    ended tasks with a retention, by expiry time
+  KEYS[13] finished           zset    ended tasks, by end time
+  KEYS[14] running            zset    tasks not finished
+  KEYS[15] scheduled          zset    delayed tasks, by start time
+  KEYS[16] tasks              zset    runnable pull tasks
+  KEYS[17] unrouted           zset    routed tasks not fully placed
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] task id
 
   Returns how many running shards were stopped, or -3 (task missing), -9 (task already ended).
 ]]
 local prefix, tid, now = ARGV[1], ARGV[2], now_ms()
-local state = rcall('HGET', KEYS[1], 'state')
+local state = rcall('HGET', K.task, 'state')
 if not state then return -3 end
 if state == 'completed' or state == 'failed' or state == 'cancelled' then return -9 end
-for _, set in ipairs({ 'tasks', 'unrouted', 'scheduled' }) do rcall('ZREM', prefix .. set, tid) end
+for _, set in ipairs({ K.tasks, K.unrouted, K.scheduled }) do rcall('ZREM', set, tid) end
 local pre = tid .. ':'
 local stopped = {}
-for _, ref in ipairs(rcall('HKEYS', KEYS[2])) do
+for _, ref in ipairs(rcall('HKEYS', K.active)) do
   if string.sub(ref, 1, #pre) == pre then stopped[#stopped + 1] = ref end
 end
 if #stopped > 0 then
-  call_chunked('HDEL', KEYS[2], stopped)
-  call_chunked('SREM', KEYS[4], stopped)
+  call_chunked('HDEL', K.active, stopped)
+  call_chunked('SREM', K.stalled, stopped)
 end
 -- retries in their backoff: out of `delayed` (no executor wakes for them)
 local gone = {}
-for _, ref in ipairs(rcall('ZRANGE', prefix .. 'delayed', 0, -1)) do
+for _, ref in ipairs(rcall('ZRANGE', K.delayed, 0, -1)) do
   if string.sub(ref, 1, #pre) == pre then gone[#gone + 1] = ref end
 end
-if #gone > 0 then call_chunked('ZREM', prefix .. 'delayed', gone) end
+if #gone > 0 then call_chunked('ZREM', K.delayed, gone) end
 rcall('DEL', shards_key(prefix, tid))
-rcall('HINCRBY', KEYS[3], 'cancels', 1)
+rcall('HINCRBY', K.meta, 'cancels', 1)
 end_task(prefix, tid, 'cancelled', now)
 return #stopped

@@ -13,15 +13,20 @@
   `meta` limit_used is the sum of k over the log. In no window of limit_per_ms do more than
   limit_max shards start; when the window is full the claim returns the exact time it frees.
 
-  KEYS[1] wait          list    explicit refs ready now
-  KEYS[2] tasks         zset    runnable tasks
-  KEYS[3] delayed       zset    ref -> due time (ms)
-  KEYS[4] active        hash    ref -> token of its holder
-  KEYS[5] meta          hash    `paused`
-  KEYS[6] node:<n>:wait list    refs routed to this executor's node
-  KEYS[7] rebalancing   string  while set, node lists are being re-placed: leave them alone
-  KEYS[8] lease:<inst>  string  this executor's lease
-  KEYS[9] limiter       zset    claim calls in the rate limit's window, by start time (µs)
+  KEYS[1]  wait                   list    explicit refs ready now
+  KEYS[2]  tasks                  zset    runnable tasks
+  KEYS[3]  delayed                zset    ref -> due time (ms)
+  KEYS[4]  active                 hash    ref -> token of its holder
+  KEYS[5]  meta                   hash    `paused`
+  KEYS[6]  node:<n>:wait          list    refs routed to this executor's node
+  KEYS[7]  rebalancing            string  while set, node lists are being re-placed: leave them alone
+  KEYS[8]  lease:<instance>       string  this executor's lease
+  KEYS[9]  limiter                zset    claim calls in the rate limit's window, by start time (µs)
+  KEYS[10] events                 stream  the event log
+  KEYS[11] marker                 zset    wakes blocked executors
+  KEYS[12] routed-nodes           set     nodes that may have a routed list
+  KEYS[13] scheduled              zset    delayed tasks, by start time
+  KEYS[14] unrouted               zset    routed tasks not fully placed
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] count       shards wanted (> 0)
   ARGV[3] lock_ms     lease duration
@@ -37,7 +42,7 @@ local prefix, count, lock_ms, token = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[
 local clock = rcall('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 
-local m = rcall('HMGET', KEYS[5], 'paused', 'limit_max', 'limit_per_ms', 'limit_used')
+local m = rcall('HMGET', K.meta, 'paused', 'limit_max', 'limit_per_ms', 'limit_used')
 if m[1] == '1' then return { -2, 0 } end
 
 -- due retries become explicit refs (routed ones go back to their node's list), due tasks start
@@ -49,21 +54,21 @@ if limit_max > 0 then
   local per = tonumber(m[3]) * 1000
   rnow = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
   local used = tonumber(m[4] or '0')
-  local old = rcall('ZRANGEBYSCORE', KEYS[9], '-inf', rnow - per)
+  local old = rcall('ZRANGEBYSCORE', K.limiter, '-inf', rnow - per)
   if #old > 0 then
     local gone = 0
     for _, e in ipairs(old) do gone = gone + tonumber(string.match(e, '|(%d+)$') or '0') end
-    rcall('ZREMRANGEBYSCORE', KEYS[9], '-inf', rnow - per)
-    used = rcall('HINCRBY', KEYS[5], 'limit_used', -gone)
+    rcall('ZREMRANGEBYSCORE', K.limiter, '-inf', rnow - per)
+    used = rcall('HINCRBY', K.meta, 'limit_used', -gone)
   end
-  if used ~= 0 and rcall('EXISTS', KEYS[9]) == 0 then
+  if used ~= 0 and rcall('EXISTS', K.limiter) == 0 then
     -- the log is empty (removed by hand, or by `limit --off` racing this claim): so is the window
     used = 0
-    rcall('HDEL', KEYS[5], 'limit_used')
+    rcall('HDEL', K.meta, 'limit_used')
   end
   local free = limit_max - used
   if free <= 0 then
-    local oldest = rcall('ZRANGE', KEYS[9], 0, 0, 'WITHSCORES')
+    local oldest = rcall('ZRANGE', K.limiter, 0, 0, 'WITHSCORES')
     -- when the oldest start leaves the window, in ms from now (rounded up)
     return { math.max(1, math.ceil((tonumber(oldest[2]) + per - rnow) / 1000)), 0 }
   end
@@ -94,7 +99,7 @@ local taken = {}
 -- another incarnation has no state to remove: state lives in the current incarnation's `:shards`.
 local function try_ref(ref, lazy)
   local tid, inc, idx = split_ref(ref)
-  local tkey = prefix .. 'task:' .. (tid or '')
+  local tkey = tid and task_key(prefix, tid, '')
   local t = tid and not taken[ref] and rcall('HMGET', tkey, 'state', 'total', 'seq')
   local state = t and t[3] == inc and t[1]
   local ok = state and state ~= 'cancelled' and state ~= 'delayed'
@@ -103,14 +108,14 @@ local function try_ref(ref, lazy)
   elseif ok then
     local i = tonumber(idx)
     ok = i ~= nil and i < tonumber(t[2])
-    if ok and rcall('GETBIT', tkey .. ':terminal', idx) == 1 then
+    if ok and rcall('GETBIT', task_key(prefix, tid, ':terminal'), idx) == 1 then
       -- terminal (requeued after it finished): its state, if any, goes with the ref
       drop_state(prefix, tid, idx)
       ok = false
     end
   end
   -- a held ref stays its holder's, with its state
-  if ok then ok = rcall('HEXISTS', KEYS[4], ref) == 0 end
+  if ok then ok = rcall('HEXISTS', K.active, ref) == 0 end
   if not ok then
     junk_left = junk_left - 1
     return
@@ -126,32 +131,32 @@ local function try_ref(ref, lazy)
 end
 
 while n < count and junk_left > 0 do
-  local ref = rcall('LPOP', KEYS[1])
+  local ref = rcall('LPOP', K.wait)
   if not ref then break end
   try_ref(ref, false)
 end
 
-if n < count and junk_left > 0 and rcall('EXISTS', KEYS[7]) == 0 then
+if n < count and junk_left > 0 and rcall('EXISTS', K.rebalancing) == 0 then
   while n < count and junk_left > 0 do
-    local ref = rcall('LPOP', KEYS[6])
+    local ref = rcall('LPOP', K.node_wait)
     if not ref then break end
     try_ref(ref, true)
   end
 end
 
 while n < count do
-  local head = rcall('ZRANGE', KEYS[2], 0, 0)
+  local head = rcall('ZRANGE', K.tasks, 0, 0)
   if #head == 0 then break end
   local tid = head[1]
-  local tkey = prefix .. 'task:' .. tid
+  local tkey = task_key(prefix, tid, '')
   local t = rcall('HMGET', tkey, 'cursor', 'total', 'seq')
   if not t[1] then
-    rcall('ZREM', KEYS[2], tid)
+    rcall('ZREM', K.tasks, tid)
   else
     local cursor, total = tonumber(t[1]), tonumber(t[2])
     local k = math.min(count - n, total - cursor)
     if k > 0 then rcall('HINCRBY', tkey, 'cursor', k) end
-    if cursor + k >= total then rcall('ZREM', KEYS[2], tid) end
+    if cursor + k >= total then rcall('ZREM', K.tasks, tid) end
     local pre = tid .. ':' .. t[3] .. ':'
     for i = cursor, cursor + k - 1 do
       take_ref(pre .. i, 1, 0)
@@ -164,14 +169,14 @@ if junk_left <= 0 then wake(prefix) end
 if n > 0 then
   held[#held + 1] = ACTIVE_PIN
   held[#held + 1] = ACTIVE_PIN_VALUE
-  call_chunked('HSET', KEYS[4], held)
-  if rcall('SET', KEYS[8], 1, 'PX', lock_ms, 'GET') == false then out[2] = 1 end
+  call_chunked('HSET', K.active, held)
+  if rcall('SET', K.lease, 1, 'PX', lock_ms, 'GET') == false then out[2] = 1 end
   if limit_max > 0 then
-    rcall('ZADD', KEYS[9], rnow, token .. '|' .. n)
-    rcall('HINCRBY', KEYS[5], 'limit_used', n)
+    rcall('ZADD', K.limiter, rnow, token .. '|' .. n)
+    rcall('HINCRBY', K.meta, 'limit_used', n)
   end
   -- pass the wake-up on to the next blocked executor while work remains
-  if rcall('LLEN', KEYS[1]) > 0 or rcall('ZCARD', KEYS[2]) > 0 then wake(prefix) end
+  if rcall('LLEN', K.wait) > 0 or rcall('ZCARD', K.tasks) > 0 then wake(prefix) end
   return out
 end
 local due = next_due(prefix)

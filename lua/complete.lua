@@ -10,8 +10,15 @@
   then the shards leave `active` (a shard left terminal and held is let go by its holder's retry,
   which finds it terminal, or by the sweep, whose requeued ref the claim drops).
 
-  KEYS[1] active      hash    ref -> token
-  KEYS[2] stalled     set
+  KEYS[1] active   hash    ref -> token
+  KEYS[2] stalled  set
+  KEYS[3] events   stream  the event log
+  KEYS[4] expiring zset    ended tasks with a retention, by expiry time
+  KEYS[5] finished zset    ended tasks, by end time
+  KEYS[6] marker   zset    wakes blocked executors
+  KEYS[7] meta     hash    queue metadata (paused, seq, cancels, limits, events_maxlen)
+  KEYS[8] running  zset    tasks not finished
+  KEYS[9] wait     list    explicit refs ready now
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2..] per task: task id, seq (its incarnation), m, then m groups of 4: index (or `agg`),
             token, has_state (1 when the shard may have state in `task:<id>:shards`), result
@@ -41,7 +48,7 @@ end
 local n = #refs
 local cur = {}
 for s = 1, n, 4000 do
-  local part = rcall('HMGET', KEYS[1], unpack(refs, s, math.min(s + 3999, n)))
+  local part = rcall('HMGET', K.active, unpack(refs, s, math.min(s + 3999, n)))
   for j = 1, #part do cur[s + j - 1] = part[j] end
 end
 
@@ -58,10 +65,10 @@ for i = 1, n do
 end
 if #taken == 0 then return codes end
 
-local per_shard_events = rcall('HGET', prefix .. 'meta', 'events_completions') == '1'
+local per_shard_events = rcall('HGET', K.meta, 'events_completions') == '1'
 for _, g in ipairs(groups) do
   local tid, first, last, inc = g[1], g[2], g[3], g[4]
-  local tkey = prefix .. 'task:' .. tid
+  local tkey = task_key(prefix, tid, '')
   local t = rcall('HMGET', tkey, 'seq', 'total')
   local live = t[1] == inc
   local total = tonumber(t[2] or '0')
@@ -91,7 +98,7 @@ for _, g in ipairs(groups) do
     local counted, stored, cleared = 0, {}, {}
     for s = 1, #mine, 1000 do
       local e = math.min(s + 999, #mine)
-      local old = rcall('BITFIELD', tkey .. ':terminal', unpack(ops, 4 * s - 3, 4 * e))
+      local old = rcall('BITFIELD', task_key(prefix, tid, ':terminal'), unpack(ops, 4 * s - 3, 4 * e))
       for j = s, e do
         local i = mine[j]
         if old[j - s + 1] == 0 then
@@ -112,14 +119,14 @@ for _, g in ipairs(groups) do
     end
     if counted > 0 then
       rcall('HINCRBY', tkey, 'done', counted)
-      if #stored > 0 then call_chunked('HSET', tkey .. ':results', stored) end
-      if #cleared > 0 then call_chunked('HDEL', tkey .. ':errors', cleared) end
+      if #stored > 0 then call_chunked('HSET', task_key(prefix, tid, ':results'), stored) end
+      if #cleared > 0 then call_chunked('HDEL', task_key(prefix, tid, ':errors'), cleared) end
       maybe_aggregate(prefix, tid, now)
     end
   end
   for _, idx in ipairs(dropped) do drop_state(prefix, tid, idx) end
 end
 -- last: the shards leave `active` (see the header on the order of writes)
-call_chunked('HDEL', KEYS[1], taken)
-if rcall('SCARD', KEYS[2]) > 0 then call_chunked('SREM', KEYS[2], taken) end
+call_chunked('HDEL', K.active, taken)
+if rcall('SCARD', K.stalled) > 0 then call_chunked('SREM', K.stalled, taken) end
 return codes

@@ -5,10 +5,11 @@
   `wait`, or for a routed task to `reroute`, as a release would; only if the given token still
   holds it.
 
-  KEYS[1] active      hash    ref -> token
-  KEYS[2] wait        list
-  KEYS[3] reroute     list
-  KEYS[4] stalled     set     a given-back ref loses its stall mark
+  KEYS[1] active  hash    ref -> token
+  KEYS[2] wait    list
+  KEYS[3] reroute list
+  KEYS[4] stalled set     a given-back ref loses its stall mark
+  KEYS[5] marker  zset    wakes blocked executors
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2..] ref, token pairs
 
@@ -18,11 +19,11 @@ local prefix = ARGV[1]
 local n = 0
 for i = 2, #ARGV, 2 do
   local ref, token = ARGV[i], ARGV[i + 1]
-  if ref ~= ACTIVE_PIN and rcall('HGET', KEYS[1], ref) == token then
+  if ref ~= ACTIVE_PIN and rcall('HGET', K.active, ref) == token then
     -- a ref of another incarnation is let go, not requeued
     requeue(prefix, ref, true)
-    rcall('HDEL', KEYS[1], ref)
-    rcall('SREM', KEYS[4], ref)
+    rcall('HDEL', K.active, ref)
+    rcall('SREM', K.stalled, ref)
     n = n + 1
   end
 end

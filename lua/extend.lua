@@ -5,9 +5,9 @@
   must carry the held (ref, token) pairs: it keeps the shards still held by their tokens (no sweep
   has confirmed them stalled yet), takes the lease again, and reports the others as lost.
 
-  KEYS[1] lease:<instance>  string  the executor's lease
-  KEYS[2] active            hash    ref -> token
-  KEYS[3] meta              hash    `cancels`
+  KEYS[1] lease:<instance> string  the executor's lease
+  KEYS[2] active           hash    ref -> token
+  KEYS[3] meta             hash    `cancels`
   ARGV[1] lock_ms
   ARGV[2] mode      `beat`, or `check` to compare the tokens even if the lease lived (after a
                     claim had to take a lapsed lease again, or tasks were cancelled)
@@ -18,27 +18,27 @@
   negated for a shard of a cancelled task (none when all is kept), or status -1 when the lease expired or tasks were cancelled and no
   pairs were given (call again with them, in `check` mode).
 ]]
-local cancels = rcall('HGET', KEYS[3], 'cancels') or '0'
-if rcall('PEXPIRE', KEYS[1], ARGV[1]) == 1 and ARGV[2] ~= 'check' then
+local cancels = rcall('HGET', K.meta, 'cancels') or '0'
+if rcall('PEXPIRE', K.lease, ARGV[1]) == 1 and ARGV[2] ~= 'check' then
   if cancels == ARGV[3] then return { 0, cancels } end
   return { -1, cancels }
 end
 if #ARGV < 4 then
-  if ARGV[2] == 'check' then rcall('SET', KEYS[1], 1, 'PX', ARGV[1]) return { 0, cancels } end
+  if ARGV[2] == 'check' then rcall('SET', K.lease, 1, 'PX', ARGV[1]) return { 0, cancels } end
   return { -1, cancels }
 end
 local refs = {}
 for i = 4, #ARGV, 2 do refs[#refs + 1] = ARGV[i] end
 -- the queue's key prefix `{P:Q}:`, from the meta key's name
-local prefix = string.sub(KEYS[3], 1, #KEYS[3] - #'meta')
+local prefix = string.sub(K.meta, 1, #K.meta - #'meta')
 local lost = { 0, cancels }
 for s = 1, #refs, 4000 do
-  local cur = rcall('HMGET', KEYS[2], unpack(refs, s, math.min(s + 3999, #refs)))
+  local cur = rcall('HMGET', K.active, unpack(refs, s, math.min(s + 3999, #refs)))
   for j = 1, #cur do
     local pair = s + j - 1
     if cur[j] ~= ARGV[2 * pair + 3] then
       local tid = split_ref(refs[pair])
-      if tid and rcall('HGET', prefix .. 'task:' .. tid, 'state') == 'cancelled' then
+      if tid and rcall('HGET', task_key(prefix, tid, ''), 'state') == 'cancelled' then
         lost[#lost + 1] = -pair
       else
         lost[#lost + 1] = pair
@@ -46,5 +46,5 @@ for s = 1, #refs, 4000 do
     end
   end
 end
-rcall('SET', KEYS[1], 1, 'PX', ARGV[1])
+rcall('SET', K.lease, 1, 'PX', ARGV[1])
 return lost

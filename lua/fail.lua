@@ -3,9 +3,16 @@
   holds it. With attempts left the ref waits in `delayed` for its backoff; otherwise it is
   terminal and counted as failed with its reason (an aggregation job fails its task).
 
-  KEYS[1] active      hash    ref -> token
-  KEYS[2] stalled     set
-  KEYS[3] delayed     zset    ref -> due time
+  KEYS[1]  active   hash    ref -> token
+  KEYS[2]  stalled  set
+  KEYS[3]  delayed  zset    ref -> due time
+  KEYS[4]  events   stream  the event log
+  KEYS[5]  expiring zset    ended tasks with a retention, by expiry time
+  KEYS[6]  finished zset    ended tasks, by end time
+  KEYS[7]  marker   zset    wakes blocked executors
+  KEYS[8]  meta     hash    queue metadata (paused, seq, cancels, limits, events_maxlen)
+  KEYS[9]  running  zset    tasks not finished
+  KEYS[10] wait     list    explicit refs ready now
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] node        the failing executor's node: a routed shard's retry goes back to it
   ARGV[3..] groups of 5: ref, token, attempt (of this claim), delay_ms (backoff before the next
@@ -26,7 +33,7 @@ for i = 3, #ARGV, 5 do
   local code = holds(prefix, ref, token)
   if code == 0 then
     local tid, inc, idx = split_ref(ref)
-    local tkey = prefix .. 'task:' .. (tid or '')
+    local tkey = tid and task_key(prefix, tid, '')
     local t = rcall('HMGET', tkey, 'attempts', 'seq', 'total', 'strategy')
     local max = tonumber(t[1] or '0')
     if not tid or t[2] ~= inc or (idx ~= 'agg' and not (tonumber(idx) and tonumber(idx) < tonumber(t[3]))) then
@@ -38,11 +45,11 @@ for i = 3, #ARGV, 5 do
       if fails < max then
         rcall('HSET', skey, idx .. ':attempt', attempt)
         if idx ~= 'agg' and t[4] ~= 'pull' then rcall('HSET', skey, idx .. ':node', node) end
-        if idx ~= 'agg' then rcall('HSET', tkey .. ':errors', idx, reason) end
+        if idx ~= 'agg' then rcall('HSET', task_key(prefix, tid, ':errors'), idx, reason) end
         local due = now + delay
-        rcall('ZADD', KEYS[3], due, ref)
+        rcall('ZADD', K.delayed, due, ref)
         -- blocked executors learn the due time and wake for it
-        rcall('ZADD', prefix .. 'marker', 'LT', due, 'delayed')
+        rcall('ZADD', K.marker, 'LT', due, 'delayed')
         emit(prefix, 'event', 'shard_retried', 'task', tid, 'shard', idx, 'attempt', attempt, 'reason', reason)
         code = 2
       else
@@ -55,8 +62,8 @@ for i = 3, #ARGV, 5 do
       end
     end
     -- last: the shard leaves `active` (an abort before this leaves it held, for a retry or the sweep)
-    rcall('HDEL', KEYS[1], ref)
-    rcall('SREM', KEYS[2], ref)
+    rcall('HDEL', K.active, ref)
+    rcall('SREM', K.stalled, ref)
   end
   codes[#codes + 1] = code
 end

@@ -4,15 +4,15 @@
   returned and raises every quorum server to it, before it checks its validity; two quorums
   share a server, so the next holder's `INCR` there returns more than this value.
 
-  KEYS[1] the fence   string
+  KEYS[1] fence string
   ARGV[1] at least    integer (0 to only read)
 
   Returns the fence after raising.
 ]]
-local cur = tonumber(rcall('GET', KEYS[1]) or '0')
+local cur = tonumber(rcall('GET', K.fence) or '0')
 local want = tonumber(ARGV[1])
 if want > cur then
-  rcall('SET', KEYS[1], want)
+  rcall('SET', K.fence, want)
   return want
 end
 return cur

@@ -4,9 +4,24 @@
   to skip it, creates the task `<name>-<fire time>` (the same id from every coordinator). Later
   calls for that fire time, or an earlier one, do nothing.
 
-  KEYS[1] schedules        hash    name -> schedule JSON (a removed schedule fires no more)
-  KEYS[2] schedule-state   hash    `<name>:last` last handled fire time (ms), `<name>:task` the
+  KEYS[1]  schedules          hash    name -> schedule JSON (a removed schedule fires no more)
+  KEYS[2]  schedule-state     hash    `<name>:last` last handled fire time (ms), `<name>:task` the
                                    task of the last fire
+  KEYS[3]  task:<id>          hash    the task this fire time creates
+  KEYS[4]  task:<id>:terminal bitmap  of this task
+  KEYS[5]  task:<id>:results  hash    of this task
+  KEYS[6]  task:<id>:errors   hash    of this task
+  KEYS[7]  task:<id>:shards   hash    of this task
+  KEYS[8]  events             stream  the event log
+  KEYS[9]  expiring           zset    ended tasks with a retention, by expiry time
+  KEYS[10] finished           zset    ended tasks, by end time
+  KEYS[11] index              zset    every task, by creation time
+  KEYS[12] marker             zset    wakes blocked executors
+  KEYS[13] meta               hash    queue metadata (paused, seq, cancels, limits, events_maxlen)
+  KEYS[14] running            zset    tasks not finished
+  KEYS[15] scheduled          zset    delayed tasks, by start time
+  KEYS[16] tasks              zset    runnable pull tasks
+  KEYS[17] unrouted           zset    routed tasks not fully placed
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] name
   ARGV[3] fire_ms
@@ -14,7 +29,8 @@
   ARGV[5] overlap   `skip`: no task while the last fire's task is unfinished; `allow`
   ARGV[6] task id
   ARGV[7] priority
-  ARGV[8] created_ms  of the schedule read: a schedule replaced or re-added since fires nothing
+  ARGV[8] version   the schedule's `created_ms` as read, compared for equality only: a schedule
+                    replaced or re-added since fires nothing
   ARGV[9..] field, value pairs of the task hash
 
   A fire time later than Redis's clock is not handled yet (-11): a coordinator whose clock runs
@@ -24,22 +40,22 @@
   create_task refusal (-4 task exists, -8 invalid spec: the fire time still counts as handled).
 ]]
 local prefix, name, fire, run, overlap, tid = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6]
-local stored = rcall('HGET', KEYS[1], name)
+local stored = rcall('HGET', K.schedules, name)
 if not stored then return 0 end
 local ok, s = pcall(cjson.decode, stored)
 if not ok or tostring(s.created_ms) ~= tostring(tonumber(ARGV[8])) then return 0 end
 local now = now_ms()
 if fire > now then return -11 end
-local last = tonumber(rcall('HGET', KEYS[2], name .. ':last') or '-1')
+local last = tonumber(rcall('HGET', K.schedule_state, name .. ':last') or '-1')
 if fire <= last then return 0 end
-rcall('HSET', KEYS[2], name .. ':last', fire)
+rcall('HSET', K.schedule_state, name .. ':last', fire)
 if run ~= '1' then
   emit(prefix, 'event', 'schedule_missed', 'schedule', name, 'fire_ms', fire)
   return 2
 end
 if overlap == 'skip' then
-  local prev = rcall('HGET', KEYS[2], name .. ':task')
-  local state = prev and rcall('HGET', prefix .. 'task:' .. prev, 'state')
+  local prev = rcall('HGET', K.schedule_state, name .. ':task')
+  local state = prev and rcall('HGET', task_key(prefix, prev, ''), 'state')
   if state and state ~= 'completed' and state ~= 'failed' and state ~= 'cancelled' then
     emit(prefix, 'event', 'schedule_overlap', 'schedule', name, 'fire_ms', fire, 'running', prev)
     return 3
@@ -48,5 +64,5 @@ end
 local fields = {}
 for i = 9, #ARGV do fields[#fields + 1] = ARGV[i] end
 local code = create_task(prefix, tid, now, tonumber(ARGV[7]), 0, fields)
-if code == 1 then rcall('HSET', KEYS[2], name .. ':task', tid) end
+if code == 1 then rcall('HSET', K.schedule_state, name .. ':task', tid) end
 return code

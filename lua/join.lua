@@ -5,8 +5,8 @@
   timeout, so every reader (dispatch, status, rebalancers, coordinators) judges each executor by
   the timeout it runs with.
 
-  KEYS[1] nodes       zset   node id -> alive until (ms): last heartbeat + timeout_ms
-  KEYS[2] node:<n>    hash   instance, host, pid, concurrency, version, started_ms, timeout_ms
+  KEYS[1] nodes    zset    node id -> alive until (ms): last heartbeat + timeout_ms
+  KEYS[2] node:<n> hash    instance, host, pid, concurrency, version, started_ms, timeout_ms
   ARGV[1] node id
   ARGV[2] instance    unique per process
   ARGV[3] timeout_ms  silent this long after a heartbeat, the node has departed
@@ -18,18 +18,18 @@
   its last heartbeat).
 ]]
 local node, instance, now, timeout = ARGV[1], ARGV[2], now_ms(), tonumber(ARGV[3])
-local score = rcall('ZSCORE', KEYS[1], node)
-local holder = rcall('HGET', KEYS[2], 'instance')
+local score = rcall('ZSCORE', K.nodes, node)
+local holder = rcall('HGET', K.node, 'instance')
 if score and holder and holder ~= instance and tonumber(score) > now then
-  local h = rcall('HMGET', KEYS[2], 'host', 'pid', 'timeout_ms')
+  local h = rcall('HMGET', K.node, 'host', 'pid', 'timeout_ms')
   return { -5, h[1] or '', h[2] or '', now - (tonumber(score) - tonumber(h[3] or '0')) }
 end
 if holder ~= instance then
-  rcall('DEL', KEYS[2])
+  rcall('DEL', K.node)
   local fields = {}
   for i = 4, #ARGV do fields[#fields + 1] = ARGV[i] end
-  rcall('HSET', KEYS[2], 'instance', instance, 'started_ms', now, unpack(fields))
+  rcall('HSET', K.node, 'instance', instance, 'started_ms', now, unpack(fields))
 end
-rcall('HSET', KEYS[2], 'timeout_ms', timeout)
-rcall('ZADD', KEYS[1], now + timeout, node)
+rcall('HSET', K.node, 'timeout_ms', timeout)
+rcall('ZADD', K.nodes, now + timeout, node)
 return { 1 }

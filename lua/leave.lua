@@ -2,14 +2,14 @@
   Removes an executor from the membership (graceful shutdown), if this instance still holds
   its node id. Its routed list stays until a rebalancer moves it to the new owners.
 
-  KEYS[1] nodes       zset
-  KEYS[2] node:<n>    hash
+  KEYS[1] nodes    zset
+  KEYS[2] node:<n> hash
   ARGV[1] node id
   ARGV[2] instance
 
   Returns 1 when removed, 0 when another instance holds the id.
 ]]
-if rcall('HGET', KEYS[2], 'instance') ~= ARGV[2] then return 0 end
-rcall('ZREM', KEYS[1], ARGV[1])
-rcall('DEL', KEYS[2])
+if rcall('HGET', K.node, 'instance') ~= ARGV[2] then return 0 end
+rcall('ZREM', K.nodes, ARGV[1])
+rcall('DEL', K.node)
 return 1

@@ -1,7 +1,7 @@
 --[[
   Fixed-window rate limiter: at most `max` grants per aligned window of `window_ms`.
 
-  KEYS[1] counter prefix   the window's counter is KEYS[1] .. ':' .. window number
+  KEYS[1] counter string  prefix: the window's counter is this key .. ':' .. window number
   ARGV[1] max
   ARGV[2] window_ms
 
@@ -9,7 +9,7 @@
 ]]
 local max, window, now = tonumber(ARGV[1]), tonumber(ARGV[2]), now_ms()
 local n = math.floor(now / window)
-local key = KEYS[1] .. ':' .. string.format('%d', n)
+local key = K.counter .. ':' .. string.format('%d', n)
 local count = tonumber(rcall('GET', key) or '0')
 if count >= max then return { 0, (n + 1) * window - now, now } end
 rcall('INCR', key)

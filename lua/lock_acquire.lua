@@ -3,12 +3,12 @@
   number that rises with every acquisition, so that a resource guarded by the lock can refuse
   writes from a holder whose lock has since expired.
 
-  KEYS[1] the lock        string PX   token of the holder
-  KEYS[2] its fence       string      the last fencing token handed out
+  KEYS[1] lock  string PX token of the holder
+  KEYS[2] fence string  the last fencing token handed out
   ARGV[1] token           random per acquisition
   ARGV[2] ttl_ms
 
   Returns the fencing token (≥ 1), or 0 when the lock is held.
 ]]
-if not rcall('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
-return rcall('INCR', KEYS[2])
+if not rcall('SET', K.lock, ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
+return rcall('INCR', K.fence)

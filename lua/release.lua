@@ -4,10 +4,11 @@
   for the current ring to place. The next claim raises `attempt` (it counts claims); `fails` is
   left alone.
 
-  KEYS[1] active      hash    ref -> token
-  KEYS[2] stalled     set
-  KEYS[3] wait        list
-  KEYS[4] reroute     list    where released refs of routed tasks go
+  KEYS[1] active  hash    ref -> token
+  KEYS[2] stalled set
+  KEYS[3] wait    list
+  KEYS[4] reroute list    where released refs of routed tasks go
+  KEYS[5] marker  zset    wakes blocked executors
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2..] groups of 2: ref, token
 
@@ -22,8 +23,8 @@ for i = 2, #ARGV, 2 do
   if code == 0 then
     -- a ref of another incarnation is let go, not requeued
     if requeue(prefix, ref, true) then released = released + 1 end
-    rcall('HDEL', KEYS[1], ref)
-    rcall('SREM', KEYS[2], ref)
+    rcall('HDEL', K.active, ref)
+    rcall('SREM', K.stalled, ref)
     code = 1
   end
   codes[#codes + 1] = code

@@ -6,8 +6,23 @@
   shards all completed but whose aggregation failed runs its aggregation again. A finished task
   stops expiring.
 
-  KEYS[1] task:<id>   hash
-  KEYS[2] wait        list
+  KEYS[1]  task:<id>          hash
+  KEYS[2]  wait               list
+  KEYS[3]  task:<id>:terminal bitmap  of this task
+  KEYS[4]  task:<id>:results  hash    of this task
+  KEYS[5]  task:<id>:errors   hash    of this task
+  KEYS[6]  task:<id>:keys     hash    of this task
+  KEYS[7]  task:<id>:shards   hash    of this task
+  KEYS[8]  active             hash    ref -> token of its holder
+  KEYS[9]  delayed            zset    ref -> due time (ms)
+  KEYS[10] events             stream  the event log
+  KEYS[11] expiring           zset    ended tasks with a retention, by expiry time
+  KEYS[12] finished           zset    ended tasks, by end time
+  KEYS[13] marker             zset    wakes blocked executors
+  KEYS[14] meta               hash    queue metadata (paused, seq, cancels, limits, events_maxlen)
+  KEYS[15] reroute            list    recovered and released refs of routed tasks
+  KEYS[16] running            zset    tasks not finished
+  KEYS[17] stalled            set     stall candidates of the last sweep
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] task id
 
@@ -16,7 +31,7 @@
   them).
 ]]
 local prefix, tid, now = ARGV[1], ARGV[2], now_ms()
-local tkey = KEYS[1]
+local tkey = K.task
 local t = rcall('HMGET', tkey, 'state', 'keep_results', 'failed', 'agg_error')
 local state = t[1]
 if not state then return -3 end
@@ -25,9 +40,9 @@ local ended = state == 'completed' or state == 'failed'
 if ended and t[2] == '0' then return -10 end
 
 local again = {}
-for _, idx in ipairs(rcall('HKEYS', tkey .. ':errors')) do
+for _, idx in ipairs(rcall('HKEYS', task_key(prefix, tid, ':errors'))) do
   -- a reason without the terminal bit belongs to a shard still retrying
-  if rcall('GETBIT', tkey .. ':terminal', idx) == 1 then again[#again + 1] = idx end
+  if rcall('GETBIT', task_key(prefix, tid, ':terminal'), idx) == 1 then again[#again + 1] = idx end
 end
 local agg_again = #again == 0 and state == 'failed' and t[4] ~= false
 if #again == 0 and not agg_again then return 0 end
@@ -35,17 +50,17 @@ if #again == 0 and not agg_again then return 0 end
 if ended then
   rcall('HSET', tkey, 'state', 'running')
   rcall('HDEL', tkey, 'finished_ms', 'result', 'agg_error')
-  rcall('ZREM', prefix .. 'finished', tid)
-  rcall('ZREM', prefix .. 'expiring', tid)
-  rcall('ZADD', prefix .. 'running', rcall('HGET', tkey, 'created_ms'), tid)
+  rcall('ZREM', K.finished, tid)
+  rcall('ZREM', K.expiring, tid)
+  rcall('ZADD', K.running, rcall('HGET', tkey, 'created_ms'), tid)
   for _, k in ipairs(task_keys(prefix, tid)) do rcall('PERSIST', k) end
 end
 local aref = tid .. ':' .. rcall('HGET', tkey, 'seq') .. ':agg'
 if agg_again then
-  rcall('ZREM', prefix .. 'delayed', aref)
+  rcall('ZREM', K.delayed, aref)
   drop_state(prefix, tid, 'agg')
   rcall('HSET', tkey, 'state', 'aggregating', 'aggregating_ms', now)
-  rcall('LPUSH', KEYS[2], aref)
+  rcall('LPUSH', K.wait, aref)
   wake(prefix)
   emit(prefix, 'event', 'task_retried', 'task', tid, 'shards', 0)
   return 1
@@ -55,11 +70,11 @@ if state == 'aggregating' then
   -- retried shards enqueue a new one), the running one loses its lock, so that its result, read
   -- before the retry, cannot end the task; its executor stops it at the next heartbeat
   rcall('HSET', tkey, 'state', 'running')
-  rcall('LREM', KEYS[2], 0, aref)
-  rcall('ZREM', prefix .. 'delayed', aref)
-  if rcall('HDEL', prefix .. 'active', aref) == 1 then
-    rcall('SREM', prefix .. 'stalled', aref)
-    rcall('HINCRBY', prefix .. 'meta', 'cancels', 1)
+  rcall('LREM', K.wait, 0, aref)
+  rcall('ZREM', K.delayed, aref)
+  if rcall('HDEL', K.active, aref) == 1 then
+    rcall('SREM', K.stalled, aref)
+    rcall('HINCRBY', K.meta, 'cancels', 1)
   end
   drop_state(prefix, tid, 'agg')
 end
@@ -70,12 +85,12 @@ local attempts = rcall('HGET', tkey, 'attempts') or '1'
 local pre = tid .. ':' .. rcall('HGET', tkey, 'seq') .. ':'
 local skey = shards_key(prefix, tid)
 for _, idx in ipairs(again) do
-  rcall('SETBIT', tkey .. ':terminal', idx, 0)
+  rcall('SETBIT', task_key(prefix, tid, ':terminal'), idx, 0)
   drop_state(prefix, tid, idx)
   requeue(prefix, pre .. idx, false)
   rcall('HSET', skey, idx .. ':attempt', attempts)
 end
-call_chunked('HDEL', tkey .. ':errors', again)
+call_chunked('HDEL', task_key(prefix, tid, ':errors'), again)
 rcall('HINCRBY', tkey, 'failed', -#again)
 wake(prefix)
 emit(prefix, 'event', 'task_retried', 'task', tid, 'shards', #again)

@@ -4,9 +4,9 @@
   and a rebalancer racing over the same task never place a shard twice, and a dispatcher killed
   mid-way leaves a task that either of them completes.
 
-  KEYS[1] task:<id>     hash   `routed`, `total`
-  KEYS[2] unrouted      zset   routed tasks not yet fully placed
-  KEYS[3] routed-nodes  set    nodes that may have a list
+  KEYS[1] task:<id>    hash    `routed`, `total`
+  KEYS[2] unrouted     zset    routed tasks not yet fully placed
+  KEYS[3] routed-nodes set     nodes that may have a list
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] task id
   ARGV[3] from        first shard index of the chunk
@@ -16,12 +16,12 @@
   (task cancelled, or delayed: nothing to place now).
 ]]
 local prefix, tid, from, k = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local routed = rcall('HGET', KEYS[1], 'routed')
+local routed = rcall('HGET', K.task, 'routed')
 if not routed then return -3 end
 -- a cancelled task places nothing more; a delayed one is placed once it starts
-local state = rcall('HGET', KEYS[1], 'state')
+local state = rcall('HGET', K.task, 'state')
 if state == 'cancelled' or state == 'delayed' then
-  if state == 'cancelled' then rcall('ZREM', KEYS[2], tid) end
+  if state == 'cancelled' then rcall('ZREM', K.unrouted, tid) end
   return -9
 end
 if tonumber(routed) ~= from then return -6 end
@@ -29,7 +29,7 @@ local lists = {}
 for j = 1, k do lists[j] = {} end
 local n = #ARGV - 4 - k
 -- refs carry the task's incarnation (lib.lua split_ref)
-local pre = tid .. ':' .. rcall('HGET', KEYS[1], 'seq') .. ':'
+local pre = tid .. ':' .. rcall('HGET', K.task, 'seq') .. ':'
 for i = 1, n do
   local j = tonumber(ARGV[4 + k + i])
   local l = lists[j]
@@ -43,11 +43,11 @@ for j = 1, k do
     for s = 1, #l, 4000 do
       rcall('RPUSH', key, unpack(l, s, math.min(s + 3999, #l)))
     end
-    rcall('SADD', KEYS[3], node)
+    rcall('SADD', K.routed_nodes, node)
     rcall('ZADD', prefix .. 'node:' .. node .. ':marker', 0, '0')
   end
 end
 local to = from + n
-rcall('HSET', KEYS[1], 'routed', to)
-if to >= tonumber(rcall('HGET', KEYS[1], 'total')) then rcall('ZREM', KEYS[2], tid) end
+rcall('HSET', K.task, 'routed', to)
+if to >= tonumber(rcall('HGET', K.task, 'total')) then rcall('ZREM', K.unrouted, tid) end
 return to

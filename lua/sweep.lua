@@ -5,11 +5,17 @@
   `reroute`) with its stalled count raised, or past max_stalled fails for good. Then mark the
   held refs whose holder has no lease now.
 
-  KEYS[1] stalled-check  string PX   the throttle
-  KEYS[2] stalled        set         candidates of the last sweep
-  KEYS[3] active         hash        ref -> token `<instance>:<seq>`
-  KEYS[4] wait           list
-  KEYS[5] reroute        list        recovered refs of routed tasks (placed by the current ring)
+  KEYS[1]  stalled-check string PX the throttle
+  KEYS[2]  stalled       set     candidates of the last sweep
+  KEYS[3]  active        hash    ref -> token `<instance>:<seq>`
+  KEYS[4]  wait          list
+  KEYS[5]  reroute       list    recovered refs of routed tasks (placed by the current ring)
+  KEYS[6]  events        stream  the event log
+  KEYS[7]  expiring      zset    ended tasks with a retention, by expiry time
+  KEYS[8]  finished      zset    ended tasks, by end time
+  KEYS[9]  marker        zset    wakes blocked executors
+  KEYS[10] meta          hash    queue metadata (paused, seq, cancels, limits, events_maxlen)
+  KEYS[11] running       zset    tasks not finished
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] interval_ms
   ARGV[3] max_stalled   stalls a shard may survive
@@ -18,7 +24,7 @@
   Returns { recovered, failed, marked }, or { -1 } when another sweep ran within the interval.
 ]]
 local prefix, now, interval, max_stalled, reason = ARGV[1], now_ms(), ARGV[2], tonumber(ARGV[3]), ARGV[4]
-if not rcall('SET', KEYS[1], now, 'NX', 'PX', interval) then return { -1 } end
+if not rcall('SET', K.stalled_check, now, 'NX', 'PX', interval) then return { -1 } end
 
 local leases = {}
 local function holder_alive(token)
@@ -32,10 +38,10 @@ local function holder_alive(token)
 end
 
 local recovered, failed = 0, 0
-local candidates = rcall('SMEMBERS', KEYS[2])
-rcall('DEL', KEYS[2])
+local candidates = rcall('SMEMBERS', K.stalled)
+rcall('DEL', K.stalled)
 for _, ref in ipairs(candidates) do
-  local token = rcall('HGET', KEYS[3], ref)
+  local token = rcall('HGET', K.active, ref)
   if token and not holder_alive(token) then
     local tid, inc, idx = split_ref(ref)
     if not current(prefix, tid, inc) then
@@ -54,15 +60,15 @@ for _, ref in ipairs(candidates) do
       recovered = recovered + 1
     end
     -- last: the shard leaves `active` (an abort before this leaves it held, for the next sweep)
-    rcall('HDEL', KEYS[3], ref)
+    rcall('HDEL', K.active, ref)
   end
 end
 if recovered > 0 then wake(prefix) end
 
 local marked = {}
-local held = rcall('HGETALL', KEYS[3])
+local held = rcall('HGETALL', K.active)
 for i = 1, #held, 2 do
   if held[i] ~= ACTIVE_PIN and not holder_alive(held[i + 1]) then marked[#marked + 1] = held[i] end
 end
-if #marked > 0 then call_chunked('SADD', KEYS[2], marked) end
+if #marked > 0 then call_chunked('SADD', K.stalled, marked) end
 return { recovered, failed, #marked }

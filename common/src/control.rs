@@ -8,7 +8,7 @@ use redis::AsyncCommands;
 
 use crate::error::{Error, Result, ScriptCode};
 use crate::keys::Keys;
-use crate::scripts::scripts;
+use crate::scripts::{scripts, KeyArgs};
 
 fn refused(id: &str, code: i64, what: &str) -> Error {
     match ScriptCode::from_code(code) {
@@ -25,10 +25,7 @@ pub async fn cancel<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str
     crate::names::validate_task_id(id)?;
     let code: i64 = scripts()
         .cancel
-        .key(keys.task(id))
-        .key(keys.active())
-        .key(keys.meta())
-        .key(keys.stalled())
+        .keyed(keys, &KeyArgs { task: Some(id), ..Default::default() })
         .arg(keys.prefix())
         .arg(id)
         .invoke_async(con)
@@ -48,8 +45,13 @@ pub async fn cancel<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str
 /// 0 when nothing had failed.
 pub async fn retry<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str) -> Result<u64> {
     crate::names::validate_task_id(id)?;
-    let code: i64 =
-        scripts().retry.key(keys.task(id)).key(keys.wait()).arg(keys.prefix()).arg(id).invoke_async(con).await?;
+    let code: i64 = scripts()
+        .retry
+        .keyed(keys, &KeyArgs { task: Some(id), ..Default::default() })
+        .arg(keys.prefix())
+        .arg(id)
+        .invoke_async(con)
+        .await?;
     match code {
         -9 => Err(Error::invalid(format!("task '{id}' was cancelled: dispatch it again instead"))),
         -10 => Err(Error::invalid(format!(
@@ -70,9 +72,7 @@ pub async fn clean<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, older_tha
     loop {
         let (listed, n): (u64, u64) = scripts()
             .clean
-            .key(keys.finished())
-            .key(keys.expiring())
-            .key(keys.index())
+            .keyed(keys, &KeyArgs::default())
             .arg(keys.prefix())
             .arg(older)
             .arg(CLEAN_BATCH)

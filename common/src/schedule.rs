@@ -13,7 +13,7 @@ use crate::cron::{zone, Cron};
 use crate::error::{Error, Result};
 use crate::keys::Keys;
 use crate::model::TaskSpec;
-use crate::scripts::scripts;
+use crate::scripts::{scripts, KeyArgs};
 
 // the rule lives in `names`, with every other name's; re-exported where it always was
 pub use crate::names::{validate_schedule_name as validate_name, MAX_SCHEDULE_NAME_LEN as MAX_NAME_LEN};
@@ -211,10 +211,8 @@ impl Schedule {
         run: bool,
     ) -> Result<Fired> {
         let id = task_id(&self.name, fire_ms);
-        let mut inv = scripts().fire.key(keys.schedules());
-        inv.key(keys.schedule_state())
-            .key(keys.task(&id))
-            .arg(keys.prefix())
+        let mut inv = scripts().fire.keyed(keys, &KeyArgs { task: Some(&id), ..Default::default() });
+        inv.arg(keys.prefix())
             .arg(&self.name)
             .arg(fire_ms)
             .arg(u8::from(run))

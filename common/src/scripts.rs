@@ -5,101 +5,247 @@
 use std::sync::LazyLock;
 
 use redis::aio::ConnectionLike;
-use redis::{Script, Value};
+use redis::{Script, ScriptInvocation, Value};
 
 use crate::error::{Error, Result, ScriptCode};
 use crate::keys::Keys;
 use crate::model::{Part, ShardRef, TaskSpec};
 
-macro_rules! lua {
-    ($file:literal) => {
-        concat!(include_str!("../../lua/include/lib.lua"), "\n", include_str!(concat!("../../lua/", $file)))
-    };
+/// `lua/include/lib.lua`: the helpers every script is built with.
+const LIB: &str = include_str!("../../lua/include/lib.lua");
+
+/// One script of the registry: its Lua text is a preamble made from its header's `KEYS[i] name`
+/// lines (the table `K` of declared keys by name, see `lib.lua`), then `lib.lua`, then the file.
+/// The header is the one statement of which keys a script touches: the wrappers pass exactly
+/// those keys, in that order ([`Lua::keyed`]), and `K` refuses any other name at run time.
+pub struct Lua {
+    script: Script,
+    file: &'static str,
+    declared: Vec<String>,
+}
+
+impl std::ops::Deref for Lua {
+    type Target = Script;
+    fn deref(&self) -> &Script {
+        &self.script
+    }
+}
+
+impl Lua {
+    fn new(file: &'static str, body: &'static str) -> Self {
+        let declared = declared_keys(body).unwrap_or_else(|e| panic!("lua/{file}: {e}"));
+        let text = format!("{}\n{LIB}\n{body}", preamble(&declared));
+        Lua { script: Script::new(&text), file, declared }
+    }
+
+    /// The file name, e.g. `claim.lua`.
+    pub fn file(&self) -> &'static str {
+        self.file
+    }
+
+    /// The names of the keys its header declares, in KEYS order (`wait`, `task:<id>`, ...).
+    pub fn declared(&self) -> &[String] {
+        &self.declared
+    }
+
+    /// An invocation with every declared key of queue `keys` already passed, in order; `at`
+    /// names the task, node, instance or list that the per-entity keys stand for.
+    pub fn keyed(&self, keys: &Keys, at: &KeyArgs<'_>) -> ScriptInvocation<'_> {
+        let mut inv = self.script.prepare_invoke();
+        for name in &self.declared {
+            inv.key(queue_key(keys, name, at).unwrap_or_else(|e| panic!("{}: {e}", self.file)));
+        }
+        inv
+    }
+}
+
+/// The entities a script's per-entity keys stand for (see [`Lua::keyed`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct KeyArgs<'a> {
+    /// `task:<id>` and its keys.
+    pub task: Option<&'a str>,
+    /// `node:<n>`, `node:<n>:wait`, `node:<n>:marker`.
+    pub node: Option<&'a str>,
+    /// `lease:<instance>`.
+    pub instance: Option<&'a str>,
+    /// `source`: a list given by name (rehome).
+    pub source: Option<&'a str>,
+}
+
+/// The key a header name stands for in queue `keys`.
+pub fn queue_key(keys: &Keys, name: &str, at: &KeyArgs<'_>) -> std::result::Result<String, String> {
+    let need = |v: Option<&str>, what: &str| v.map(str::to_owned).ok_or(format!("key {name} needs a {what}"));
+    let task = || need(at.task, "task id");
+    let node = || need(at.node, "node id");
+    Ok(match name {
+        "meta" => keys.meta(),
+        "tasks" => keys.tasks(),
+        "index" => keys.index(),
+        "wait" => keys.wait(),
+        "delayed" => keys.delayed(),
+        "active" => keys.active(),
+        "stalled" => keys.stalled(),
+        "stalled-check" => keys.stalled_check(),
+        "marker" => keys.marker(),
+        "running" => keys.running(),
+        "finished" => keys.finished(),
+        "events" => keys.events(),
+        "nodes" => keys.nodes(),
+        "routed-nodes" => keys.routed_nodes(),
+        "reroute" => keys.reroute(),
+        "unrouted" => keys.unrouted(),
+        "rebalancing" => keys.rebalancing(),
+        "scheduled" => keys.scheduled(),
+        "expiring" => keys.expiring(),
+        "limiter" => keys.limiter(),
+        "schedules" => keys.schedules(),
+        "schedule-state" => keys.schedule_state(),
+        "task:<id>" => keys.task(&task()?),
+        "task:<id>:terminal" => keys.terminal(&task()?),
+        "task:<id>:results" => keys.results(&task()?),
+        "task:<id>:errors" => keys.errors(&task()?),
+        "task:<id>:keys" => keys.shard_keys(&task()?),
+        "task:<id>:shards" => keys.shards(&task()?),
+        "node:<n>" => keys.node(&node()?),
+        "node:<n>:wait" => keys.node_wait(&node()?),
+        "node:<n>:marker" => keys.node_marker(&node()?),
+        "lease:<instance>" => keys.lease(&need(at.instance, "instance")?),
+        "source" => need(at.source, "list")?,
+        other => return Err(format!("no queue key is named {other}")),
+    })
+}
+
+/// The names of a script's `KEYS[i] name` header lines, checked to run 1, 2, 3, ...
+pub fn declared_keys(body: &str) -> std::result::Result<Vec<String>, String> {
+    let header = body.split("]]").next().unwrap_or_default();
+    let mut out = Vec::new();
+    for line in header.lines() {
+        let Some(rest) = line.trim_start().strip_prefix("KEYS[") else { continue };
+        let (n, rest) = rest.split_once(']').ok_or_else(|| format!("malformed header line '{line}'"))?;
+        let n: usize = n.parse().map_err(|_| format!("malformed header line '{line}'"))?;
+        if n != out.len() + 1 {
+            return Err(format!("KEYS[{n}] follows KEYS[{}]", out.len()));
+        }
+        let name = rest.split_whitespace().next().ok_or_else(|| format!("KEYS[{n}] has no name"))?;
+        out.push(name.to_owned());
+    }
+    Ok(out)
+}
+
+/// The Lua identifier of a declared key in `K`: placeholders dropped, other characters `_`
+/// (`node:<n>:wait` → `node_wait`, `task:<id>` → `task`, `stalled-check` → `stalled_check`).
+pub fn key_ident(name: &str) -> String {
+    let mut plain = String::new();
+    let mut depth = 0;
+    for c in name.chars() {
+        match c {
+            '<' => depth += 1,
+            '>' => depth -= 1,
+            c if depth == 0 => plain.push(if c.is_ascii_alphanumeric() { c } else { '_' }),
+            _ => {}
+        }
+    }
+    plain.split('_').filter(|p| !p.is_empty()).collect::<Vec<_>>().join("_")
+}
+
+/// The Lua put before `lib.lua`: `K` (declared keys by name; an undeclared name raises),
+/// `DECLARED` (the set of declared key strings) and `TASK_ANCHOR` (see `lib.lua`).
+fn preamble(declared: &[String]) -> String {
+    let fields: Vec<String> =
+        declared.iter().enumerate().map(|(i, n)| format!("{} = KEYS[{}]", key_ident(n), i + 1)).collect();
+    format!(
+        "local K = setmetatable({{ {} }}, {{ __index = function(_, name) \
+         error('shardctl: key ' .. tostring(name) .. ' is not declared by this script') end }})\n\
+         local DECLARED = {{}}\n\
+         for _, k in ipairs(KEYS) do DECLARED[k] = true end\n\
+         local TASK_ANCHOR = rawget(K, 'task')",
+        fields.join(", ")
+    )
 }
 
 /// Every script of the project.
 pub struct Scripts {
     /// `dispatch.lua`
-    pub dispatch: Script,
+    pub dispatch: Lua,
     /// `claim.lua`
-    pub claim: Script,
+    pub claim: Lua,
     /// `extend.lua`
-    pub extend: Script,
+    pub extend: Lua,
     /// `complete.lua`
-    pub complete: Script,
+    pub complete: Lua,
     /// `fail.lua`
-    pub fail: Script,
+    pub fail: Lua,
     /// `release.lua`
-    pub release: Script,
+    pub release: Lua,
     /// `sweep.lua`
-    pub sweep: Script,
+    pub sweep: Lua,
     /// `route.lua`
-    pub route: Script,
+    pub route: Lua,
     /// `rehome.lua`
-    pub rehome: Script,
+    pub rehome: Lua,
     /// `join.lua`
-    pub join: Script,
+    pub join: Lua,
     /// `leave.lua`
-    pub leave: Script,
+    pub leave: Lua,
     /// `unlock.lua`
-    pub unlock: Script,
+    pub unlock: Lua,
     /// `forget.lua`
-    pub forget: Script,
+    pub forget: Lua,
     /// `promote.lua`
-    pub promote: Script,
+    pub promote: Lua,
     /// `disown.lua`
-    pub disown: Script,
+    pub disown: Lua,
     /// `lock_acquire.lua`
-    pub lock_acquire: Script,
+    pub lock_acquire: Lua,
     /// `lock_extend.lua`
-    pub lock_extend: Script,
+    pub lock_extend: Lua,
     /// `fence_raise.lua`
-    pub fence_raise: Script,
+    pub fence_raise: Lua,
     /// `limit_fixed.lua`
-    pub limit_fixed: Script,
+    pub limit_fixed: Lua,
     /// `limit_sliding.lua`
-    pub limit_sliding: Script,
+    pub limit_sliding: Lua,
     /// `limit_bucket.lua`
-    pub limit_bucket: Script,
+    pub limit_bucket: Lua,
     /// `cancel.lua`
-    pub cancel: Script,
+    pub cancel: Lua,
     /// `retry.lua`
-    pub retry: Script,
+    pub retry: Lua,
     /// `clean.lua`
-    pub clean: Script,
+    pub clean: Lua,
     /// `fire.lua`
-    pub fire: Script,
+    pub fire: Lua,
     /// `reap.lua`
-    pub reap: Script,
+    pub reap: Lua,
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    dispatch: Script::new(lua!("dispatch.lua")),
-    claim: Script::new(lua!("claim.lua")),
-    extend: Script::new(lua!("extend.lua")),
-    complete: Script::new(lua!("complete.lua")),
-    fail: Script::new(lua!("fail.lua")),
-    release: Script::new(lua!("release.lua")),
-    sweep: Script::new(lua!("sweep.lua")),
-    route: Script::new(lua!("route.lua")),
-    rehome: Script::new(lua!("rehome.lua")),
-    join: Script::new(lua!("join.lua")),
-    leave: Script::new(lua!("leave.lua")),
-    unlock: Script::new(lua!("unlock.lua")),
-    forget: Script::new(lua!("forget.lua")),
-    promote: Script::new(lua!("promote.lua")),
-    disown: Script::new(lua!("disown.lua")),
-    lock_acquire: Script::new(lua!("lock_acquire.lua")),
-    lock_extend: Script::new(lua!("lock_extend.lua")),
-    fence_raise: Script::new(lua!("fence_raise.lua")),
-    limit_fixed: Script::new(lua!("limit_fixed.lua")),
-    limit_sliding: Script::new(lua!("limit_sliding.lua")),
-    limit_bucket: Script::new(lua!("limit_bucket.lua")),
-    cancel: Script::new(lua!("cancel.lua")),
-    retry: Script::new(lua!("retry.lua")),
-    clean: Script::new(lua!("clean.lua")),
-    fire: Script::new(lua!("fire.lua")),
-    reap: Script::new(lua!("reap.lua")),
+    dispatch: Lua::new("dispatch.lua", include_str!("../../lua/dispatch.lua")),
+    claim: Lua::new("claim.lua", include_str!("../../lua/claim.lua")),
+    extend: Lua::new("extend.lua", include_str!("../../lua/extend.lua")),
+    complete: Lua::new("complete.lua", include_str!("../../lua/complete.lua")),
+    fail: Lua::new("fail.lua", include_str!("../../lua/fail.lua")),
+    release: Lua::new("release.lua", include_str!("../../lua/release.lua")),
+    sweep: Lua::new("sweep.lua", include_str!("../../lua/sweep.lua")),
+    route: Lua::new("route.lua", include_str!("../../lua/route.lua")),
+    rehome: Lua::new("rehome.lua", include_str!("../../lua/rehome.lua")),
+    join: Lua::new("join.lua", include_str!("../../lua/join.lua")),
+    leave: Lua::new("leave.lua", include_str!("../../lua/leave.lua")),
+    unlock: Lua::new("unlock.lua", include_str!("../../lua/unlock.lua")),
+    forget: Lua::new("forget.lua", include_str!("../../lua/forget.lua")),
+    promote: Lua::new("promote.lua", include_str!("../../lua/promote.lua")),
+    disown: Lua::new("disown.lua", include_str!("../../lua/disown.lua")),
+    lock_acquire: Lua::new("lock_acquire.lua", include_str!("../../lua/lock_acquire.lua")),
+    lock_extend: Lua::new("lock_extend.lua", include_str!("../../lua/lock_extend.lua")),
+    fence_raise: Lua::new("fence_raise.lua", include_str!("../../lua/fence_raise.lua")),
+    limit_fixed: Lua::new("limit_fixed.lua", include_str!("../../lua/limit_fixed.lua")),
+    limit_sliding: Lua::new("limit_sliding.lua", include_str!("../../lua/limit_sliding.lua")),
+    limit_bucket: Lua::new("limit_bucket.lua", include_str!("../../lua/limit_bucket.lua")),
+    cancel: Lua::new("cancel.lua", include_str!("../../lua/cancel.lua")),
+    retry: Lua::new("retry.lua", include_str!("../../lua/retry.lua")),
+    clean: Lua::new("clean.lua", include_str!("../../lua/clean.lua")),
+    fire: Lua::new("fire.lua", include_str!("../../lua/fire.lua")),
+    reap: Lua::new("reap.lua", include_str!("../../lua/reap.lua")),
 });
 
 /// The registry.
@@ -108,35 +254,35 @@ pub fn scripts() -> &'static Scripts {
 }
 
 impl Scripts {
-    /// Each script with its file name.
-    pub fn all(&self) -> [(&'static str, &Script); 26] {
+    /// Every script.
+    pub fn all(&self) -> [&Lua; 26] {
         [
-            ("dispatch.lua", &self.dispatch),
-            ("claim.lua", &self.claim),
-            ("extend.lua", &self.extend),
-            ("complete.lua", &self.complete),
-            ("fail.lua", &self.fail),
-            ("release.lua", &self.release),
-            ("sweep.lua", &self.sweep),
-            ("route.lua", &self.route),
-            ("rehome.lua", &self.rehome),
-            ("join.lua", &self.join),
-            ("leave.lua", &self.leave),
-            ("unlock.lua", &self.unlock),
-            ("forget.lua", &self.forget),
-            ("promote.lua", &self.promote),
-            ("disown.lua", &self.disown),
-            ("lock_acquire.lua", &self.lock_acquire),
-            ("lock_extend.lua", &self.lock_extend),
-            ("fence_raise.lua", &self.fence_raise),
-            ("limit_fixed.lua", &self.limit_fixed),
-            ("limit_sliding.lua", &self.limit_sliding),
-            ("limit_bucket.lua", &self.limit_bucket),
-            ("cancel.lua", &self.cancel),
-            ("retry.lua", &self.retry),
-            ("clean.lua", &self.clean),
-            ("fire.lua", &self.fire),
-            ("reap.lua", &self.reap),
+            &self.dispatch,
+            &self.claim,
+            &self.extend,
+            &self.complete,
+            &self.fail,
+            &self.release,
+            &self.sweep,
+            &self.route,
+            &self.rehome,
+            &self.join,
+            &self.leave,
+            &self.unlock,
+            &self.forget,
+            &self.promote,
+            &self.disown,
+            &self.lock_acquire,
+            &self.lock_extend,
+            &self.fence_raise,
+            &self.limit_fixed,
+            &self.limit_sliding,
+            &self.limit_bucket,
+            &self.cancel,
+            &self.retry,
+            &self.clean,
+            &self.fire,
+            &self.reap,
         ]
     }
 }
@@ -217,17 +363,8 @@ fn string(v: &Value) -> Result<String> {
 /// Creates a task (its times are the Redis server's). Fails with [`ScriptCode::TaskExists`]
 /// when the id is taken.
 pub async fn dispatch<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, spec: &TaskSpec) -> Result<()> {
-    let mut inv = scripts().dispatch.key(keys.task(&spec.id));
-    inv.key(keys.tasks())
-        .key(keys.index())
-        .key(keys.meta())
-        .key(keys.unrouted())
-        .key(keys.running())
-        .key(keys.scheduled())
-        .arg(keys.prefix())
-        .arg(&spec.id)
-        .arg(spec.priority)
-        .arg(spec.delay.map_or(0, |d| d.as_millis() as u64));
+    let mut inv = scripts().dispatch.keyed(keys, &KeyArgs { task: Some(&spec.id), ..Default::default() });
+    inv.arg(keys.prefix()).arg(&spec.id).arg(spec.priority).arg(spec.delay.map_or(0, |d| d.as_millis() as u64));
     for (f, v) in spec.fields() {
         inv.arg(f).arg(v);
     }
@@ -259,15 +396,7 @@ pub async fn claim<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, req: &Cla
     let token = format!("{}:{}", req.token_base, req.seq);
     let v: Vec<Value> = scripts()
         .claim
-        .key(keys.wait())
-        .key(keys.tasks())
-        .key(keys.delayed())
-        .key(keys.active())
-        .key(keys.meta())
-        .key(keys.node_wait(req.node))
-        .key(keys.rebalancing())
-        .key(keys.lease(req.token_base))
-        .key(keys.limiter())
+        .keyed(keys, &KeyArgs { node: Some(req.node), instance: Some(req.token_base), ..Default::default() })
         .arg(keys.prefix())
         .arg(req.count)
         .arg(req.lock_ms)
@@ -322,10 +451,9 @@ pub async fn extend<C: ConnectionLike + Send>(
     check: bool,
     cancels: &str,
 ) -> Result<Beat> {
-    let lease = keys.lease(instance);
     let call = |mode: &str, pairs: &[(String, String)]| {
-        let mut inv = scripts().extend.key(&lease);
-        inv.key(keys.active()).key(keys.meta()).arg(lock_ms).arg(mode).arg(cancels);
+        let mut inv = scripts().extend.keyed(keys, &KeyArgs { instance: Some(instance), ..Default::default() });
+        inv.arg(lock_ms).arg(mode).arg(cancels);
         for (r, t) in pairs {
             inv.arg(r).arg(t);
         }
@@ -391,8 +519,8 @@ pub async fn finish<C: ConnectionLike + Send>(
             (r.task.as_str(), r.inc)
         };
         complete.sort_by(|&a, &b| task_of(a).cmp(&task_of(b)));
-        let mut inv = scripts().complete.key(keys.active());
-        inv.key(keys.stalled()).arg(keys.prefix());
+        let mut inv = scripts().complete.keyed(keys, &KeyArgs::default());
+        inv.arg(keys.prefix());
         for group in complete.chunk_by(|&a, &b| task_of(a) == task_of(b)) {
             let (task, inc) = task_of(group[0]);
             inv.arg(task).arg(inc).arg(group.len());
@@ -412,8 +540,8 @@ pub async fn finish<C: ConnectionLike + Send>(
         }
     }
     if !fail.is_empty() {
-        let mut inv = scripts().fail.key(keys.active());
-        inv.key(keys.stalled()).key(keys.delayed()).arg(keys.prefix()).arg(node);
+        let mut inv = scripts().fail.keyed(keys, &KeyArgs::default());
+        inv.arg(keys.prefix()).arg(node);
         for &i in &fail {
             let it = &items[i];
             let FinishedAs::Failed { delay_ms, reason } = it.outcome else { unreachable!() };
@@ -436,8 +564,8 @@ pub async fn release<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, claims:
     if claims.is_empty() {
         return Ok(Vec::new());
     }
-    let mut inv = scripts().release.key(keys.active());
-    inv.key(keys.stalled()).key(keys.wait()).key(keys.reroute()).arg(keys.prefix());
+    let mut inv = scripts().release.keyed(keys, &KeyArgs::default());
+    inv.arg(keys.prefix());
     for c in claims {
         inv.arg(c.shard_ref.to_string()).arg(&c.token);
     }
@@ -468,11 +596,7 @@ pub async fn sweep<C: ConnectionLike + Send>(
 ) -> Result<Option<SweepReport>> {
     let v: Vec<i64> = scripts()
         .sweep
-        .key(keys.stalled_check())
-        .key(keys.stalled())
-        .key(keys.active())
-        .key(keys.wait())
-        .key(keys.reroute())
+        .keyed(keys, &KeyArgs::default())
         .arg(keys.prefix())
         .arg(interval_ms.max(1))
         .arg(max_stalled)
@@ -505,8 +629,8 @@ pub async fn route<C: ConnectionLike + Send>(
     let mut nodes: Vec<&str> = owners.to_vec();
     nodes.sort_unstable();
     nodes.dedup();
-    let mut inv = scripts().route.key(keys.task(task));
-    inv.key(keys.unrouted()).key(keys.routed_nodes()).arg(keys.prefix()).arg(task).arg(from).arg(nodes.len());
+    let mut inv = scripts().route.keyed(keys, &KeyArgs { task: Some(task), ..Default::default() });
+    inv.arg(keys.prefix()).arg(task).arg(from).arg(nodes.len());
     for n in &nodes {
         inv.arg(*n);
     }
@@ -527,8 +651,8 @@ pub async fn rehome<C: ConnectionLike + Send>(
     dest: &[&str],
 ) -> Result<u64> {
     assert_eq!(head.len(), dest.len(), "one destination per ref");
-    let mut inv = scripts().rehome.key(source);
-    inv.key(keys.routed_nodes()).arg(keys.prefix()).arg(head.len());
+    let mut inv = scripts().rehome.keyed(keys, &KeyArgs { source: Some(source), ..Default::default() });
+    inv.arg(keys.prefix()).arg(head.len());
     for r in head {
         inv.arg(r);
     }
@@ -560,8 +684,8 @@ pub async fn join<C: ConnectionLike + Send>(
     timeout_ms: u64,
     fields: &[(&str, String)],
 ) -> Result<std::result::Result<(), NodeHolder>> {
-    let mut inv = scripts().join.key(keys.nodes());
-    inv.key(keys.node(node)).arg(node).arg(instance).arg(timeout_ms);
+    let mut inv = scripts().join.keyed(keys, &KeyArgs { node: Some(node), ..Default::default() });
+    inv.arg(node).arg(instance).arg(timeout_ms);
     for (f, v) in fields {
         inv.arg(*f).arg(v);
     }
@@ -577,8 +701,13 @@ pub async fn join<C: ConnectionLike + Send>(
 
 /// Leaves the membership if this instance holds the node id; true when it did.
 pub async fn leave<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, node: &str, instance: &str) -> Result<bool> {
-    let r: i64 =
-        scripts().leave.key(keys.nodes()).key(keys.node(node)).arg(node).arg(instance).invoke_async(con).await?;
+    let r: i64 = scripts()
+        .leave
+        .keyed(keys, &KeyArgs { node: Some(node), ..Default::default() })
+        .arg(node)
+        .arg(instance)
+        .invoke_async(con)
+        .await?;
     Ok(r == 1)
 }
 
@@ -592,9 +721,7 @@ pub async fn unlock<C: ConnectionLike + Send>(con: &mut C, key: &str, token: &st
 pub async fn forget<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, node: &str) -> Result<bool> {
     let r: i64 = scripts()
         .forget
-        .key(keys.node_wait(node))
-        .key(keys.routed_nodes())
-        .key(keys.node_marker(node))
+        .keyed(keys, &KeyArgs { node: Some(node), ..Default::default() })
         .arg(node)
         .invoke_async(con)
         .await?;
@@ -603,7 +730,7 @@ pub async fn forget<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, node: &s
 
 /// Moves due retries from `delayed` to `wait`; returns how many.
 pub async fn promote<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Result<u64> {
-    let n: i64 = scripts().promote.key(keys.delayed()).key(keys.wait()).arg(keys.prefix()).invoke_async(con).await?;
+    let n: i64 = scripts().promote.keyed(keys, &KeyArgs::default()).arg(keys.prefix()).invoke_async(con).await?;
     Ok(n.max(0) as u64)
 }
 
@@ -618,7 +745,7 @@ pub struct Reaped {
 
 /// Removes departed nodes from the membership atomically and returns them with the live ones.
 pub async fn reap<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Result<Reaped> {
-    let v: Vec<String> = scripts().reap.key(keys.nodes()).arg(keys.prefix()).invoke_async(con).await?;
+    let v: Vec<String> = scripts().reap.keyed(keys, &KeyArgs::default()).arg(keys.prefix()).invoke_async(con).await?;
     let split = v
         .iter()
         .position(String::is_empty)
@@ -634,8 +761,8 @@ pub async fn disown<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, held: &[
     if held.is_empty() {
         return Ok(0);
     }
-    let mut inv = scripts().disown.key(keys.active());
-    inv.key(keys.wait()).key(keys.reroute()).key(keys.stalled()).arg(keys.prefix());
+    let mut inv = scripts().disown.keyed(keys, &KeyArgs::default());
+    inv.arg(keys.prefix());
     for (r, t) in held {
         inv.arg(r).arg(t);
     }

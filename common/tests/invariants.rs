@@ -509,12 +509,12 @@ async fn every_wrapper_survives_script_flush() {
     let mut env = Env::start("script_flush").await;
     async fn flush(env: &mut Env) {
         env.cmd::<()>(redis::cmd("SCRIPT").arg("FLUSH")).await;
-        let all: Vec<&str> = scripts().all().into_iter().map(|(_, s)| s.get_hash()).collect();
+        let all: Vec<&str> = scripts().all().into_iter().map(|s| s.get_hash()).collect();
         let loaded: Vec<bool> = env.cmd(redis::cmd("SCRIPT").arg("EXISTS").arg(&all)).await;
         assert!(loaded.iter().all(|l| !l), "SCRIPT FLUSH left scripts loaded: {loaded:?}");
     }
     async fn loaded(env: &mut Env, name: &str) {
-        let (_, s) = scripts().all().into_iter().find(|(n, _)| *n == name).expect("script");
+        let s = scripts().all().into_iter().find(|s| s.file() == name).expect("script");
         let l: Vec<bool> = env.cmd(redis::cmd("SCRIPT").arg("EXISTS").arg(s.get_hash())).await;
         assert_eq!(l, [true], "{name} must have been loaded by the NOSCRIPT fallback");
     }

@@ -21,6 +21,25 @@
 ]]
 local rcall = redis.call
 
+--[[
+  Keys (ARCHITECTURE.md "Declared keys"). The registry (common/src/scripts.rs) puts a preamble
+  before this file, made from the script's header: `K` maps each declared key's name to its key
+  (`K.wait`, `K.node_wait` for `node:<n>:wait`, `K.task` for `task:<id>`), in the order of the
+  script's KEYS, and raises on a name the header does not declare; `DECLARED` is the set of declared key strings; `TASK_ANCHOR` is the
+  declared `task:<id>` of a single-task script, or nil. Queue-level keys are only ever reached
+  through `K`. Keys of a task are built by `task_key`: in a single-task script, every key of its
+  own task must be declared too; multi-task scripts (claim, complete, ...) derive them from the
+  prefix, in the queue's slot. Per-node keys (`node:<n>:*`) and leases of other executors are
+  derived the same way.
+]]
+local function task_key(prefix, tid, suffix)
+  local k = prefix .. 'task:' .. tid .. suffix
+  if TASK_ANCHOR and TASK_ANCHOR == prefix .. 'task:' .. tid and not DECLARED[k] then
+    error('shardctl: key ' .. k .. ' is not declared by this script')
+  end
+  return k
+end
+
 -- The one clock (ARCHITECTURE.md "One clock"): Redis's own, in ms since the epoch. Every time a
 -- script stores or compares is read here, never taken from a caller, so that executors,
 -- coordinators and dispatchers with skewed clocks agree on leases, due times and membership.
@@ -44,7 +63,7 @@ end
 -- The hash of a task's per-shard state: `<index>:attempt`, `:fails`, `:stalled`, `:node` (and
 -- `agg:*`), only for shards that were claimed more than once, failed, stalled or routed back.
 local function shards_key(prefix, tid)
-  return prefix .. 'task:' .. tid .. ':shards'
+  return task_key(prefix, tid, ':shards')
 end
 
 -- Forgets one shard's state.
@@ -55,7 +74,7 @@ end
 -- True when `ref` belongs to the current incarnation of its task (the task exists and its
 -- `seq` is the ref's): anything else is left over from an earlier task under the same id.
 local function current(prefix, tid, inc)
-  return tid ~= nil and rcall('HGET', prefix .. 'task:' .. tid, 'seq') == inc
+  return tid ~= nil and rcall('HGET', task_key(prefix, tid, ''), 'seq') == inc
 end
 
 -- Calls `cmd key a1 a2 ...` over a long argument list in chunks (Lua's unpack has a limit).
@@ -67,14 +86,14 @@ end
 
 -- Wakes one blocked executor; the claim script passes the wake-up along while work remains.
 local function wake(prefix)
-  rcall('ZADD', prefix .. 'marker', 0, '0')
+  rcall('ZADD', K.marker, 0, '0')
 end
 
 -- Appends to the event log (best effort, capped); nothing counts from it.
 local function emit(prefix, ...)
-  local maxlen = rcall('HGET', prefix .. 'meta', 'events_maxlen') or '10000'
+  local maxlen = rcall('HGET', K.meta, 'events_maxlen') or '10000'
   if maxlen ~= '0' then
-    rcall('XADD', prefix .. 'events', 'MAXLEN', '~', maxlen, '*', ...)
+    rcall('XADD', K.events, 'MAXLEN', '~', maxlen, '*', ...)
   end
 end
 
@@ -82,7 +101,7 @@ end
 -- The blocked executor that pops this marker rebalances at once instead of at its next
 -- membership heartbeat.
 local function want_routing(prefix)
-  rcall('ZADD', prefix .. 'marker', 0, 'route')
+  rcall('ZADD', K.marker, 0, 'route')
 end
 
 -- The score of a runnable task in `tasks`: higher priority first; among equals, first
@@ -94,19 +113,19 @@ end
 -- Starts delayed tasks whose start time has come (at most 100): a pull task becomes runnable,
 -- a routed one waits in `unrouted` for a rebalancer to place it. Returns how many.
 local function start_due_tasks(prefix, now)
-  local key = prefix .. 'scheduled'
+  local key = K.scheduled
   local due = rcall('ZRANGEBYSCORE', key, '-inf', now, 'LIMIT', 0, 100)
   for _, tid in ipairs(due) do
     rcall('ZREM', key, tid)
-    local tkey = prefix .. 'task:' .. tid
+    local tkey = task_key(prefix, tid, '')
     local t = rcall('HMGET', tkey, 'state', 'strategy', 'priority', 'seq')
     if t[1] == 'delayed' then
       rcall('HSET', tkey, 'state', 'running')
       if t[2] == 'pull' then
-        rcall('ZADD', prefix .. 'tasks', runnable_score(t[3], t[4]), tid)
+        rcall('ZADD', K.tasks, runnable_score(t[3], t[4]), tid)
         wake(prefix)
       else
-        rcall('ZADD', prefix .. 'unrouted', now, tid)
+        rcall('ZADD', K.unrouted, now, tid)
         want_routing(prefix)
       end
       emit(prefix, 'event', 'task_started', 'task', tid)
@@ -117,8 +136,8 @@ end
 
 -- The earliest due time of a delayed shard or a delayed task, or nil.
 local function next_due(prefix)
-  local a = rcall('ZRANGE', prefix .. 'delayed', 0, 0, 'WITHSCORES')
-  local b = rcall('ZRANGE', prefix .. 'scheduled', 0, 0, 'WITHSCORES')
+  local a = rcall('ZRANGE', K.delayed, 0, 0, 'WITHSCORES')
+  local b = rcall('ZRANGE', K.scheduled, 0, 0, 'WITHSCORES')
   local d = a[2] and tonumber(a[2])
   if b[2] and (not d or tonumber(b[2]) < d) then d = tonumber(b[2]) end
   return d
@@ -128,7 +147,7 @@ end
 -- failed on, the others to `wait`. Returns how many.
 local function promote_due(prefix, now)
   start_due_tasks(prefix, now)
-  local delayed = prefix .. 'delayed'
+  local delayed = K.delayed
   local due = rcall('ZRANGEBYSCORE', delayed, '-inf', now, 'LIMIT', 0, 1000)
   if #due == 0 then return 0 end
   call_chunked('ZREM', delayed, due)
@@ -138,15 +157,15 @@ local function promote_due(prefix, now)
     local node = current(prefix, tid, inc) and rcall('HGET', shards_key(prefix, tid), idx .. ':node')
     if node then
       rcall('RPUSH', prefix .. 'node:' .. node .. ':wait', ref)
-      rcall('SADD', prefix .. 'routed-nodes', node)
+      rcall('SADD', K.routed_nodes, node)
       rcall('ZADD', prefix .. 'node:' .. node .. ':marker', 0, '0')
     else
       plain[#plain + 1] = ref
     end
   end
   if #plain > 0 then
-    call_chunked('RPUSH', prefix .. 'wait', plain)
-    rcall('ZADD', prefix .. 'marker', 0, '0')
+    call_chunked('RPUSH', K.wait, plain)
+    rcall('ZADD', K.marker, 0, '0')
   end
   return #due
 end
@@ -155,7 +174,7 @@ end
 -- shard from `active` after its other writes (an abort part-way then leaves the shard held, and
 -- the holder's retry or the sweep finishes the step).
 local function holds(prefix, ref, token)
-  local cur = rcall('HGET', prefix .. 'active', ref)
+  local cur = rcall('HGET', K.active, ref)
   if not cur then return -1 end
   if cur ~= token then return -2 end
   return 0
@@ -169,24 +188,24 @@ local function requeue(prefix, ref, front)
   local tid, inc, idx = split_ref(ref)
   if not current(prefix, tid, inc) then return false end
   rcall('HSETNX', shards_key(prefix, tid), idx .. ':attempt', 1)
-  if idx ~= 'agg' and rcall('HGET', prefix .. 'task:' .. tid, 'strategy') ~= 'pull' then
-    rcall('RPUSH', prefix .. 'reroute', ref)
+  if idx ~= 'agg' and rcall('HGET', task_key(prefix, tid, ''), 'strategy') ~= 'pull' then
+    rcall('RPUSH', K.reroute, ref)
     want_routing(prefix)
   elseif front then
-    rcall('LPUSH', prefix .. 'wait', ref)
+    rcall('LPUSH', K.wait, ref)
   else
-    rcall('RPUSH', prefix .. 'wait', ref)
+    rcall('RPUSH', K.wait, ref)
   end
   return true
 end
 
 -- Enqueues the aggregation job if the task's counts say every shard is terminal.
 local function maybe_aggregate(prefix, tid, now)
-  local tkey = prefix .. 'task:' .. tid
+  local tkey = task_key(prefix, tid, '')
   local c = rcall('HMGET', tkey, 'done', 'failed', 'total', 'seq')
   if tonumber(c[1]) + tonumber(c[2]) == tonumber(c[3]) then
     rcall('HSET', tkey, 'state', 'aggregating', 'aggregating_ms', now)
-    rcall('LPUSH', prefix .. 'wait', tid .. ':' .. c[4] .. ':agg')
+    rcall('LPUSH', K.wait, tid .. ':' .. c[4] .. ':agg')
     wake(prefix)
     emit(prefix, 'event', 'task_aggregating', 'task', tid, 'done', c[1], 'failed', c[2])
   end
@@ -197,17 +216,17 @@ end
 -- Stores `value` in the task's `suffix` hash ('results' or 'errors') when given.
 -- Enqueues the aggregation job when this was the last shard. Returns 1 if counted, 0 if not.
 local function mark_terminal(prefix, tid, idx, field, suffix, value, now)
-  local tkey = prefix .. 'task:' .. tid
+  local tkey = task_key(prefix, tid, '')
   -- an index past the total belongs to an earlier task under the same id: never counted
   if idx >= tonumber(rcall('HGET', tkey, 'total') or '0') then return 0 end
-  if rcall('SETBIT', tkey .. ':terminal', idx, 1) == 1 then return 0 end
+  if rcall('SETBIT', task_key(prefix, tid, ':terminal'), idx, 1) == 1 then return 0 end
   rcall('HINCRBY', tkey, field, 1)
   if value and value ~= '' then
-    rcall('HSET', tkey .. ':' .. suffix, idx, value)
+    rcall('HSET', task_key(prefix, tid, ':' .. suffix), idx, value)
   end
   if field == 'done' then
     -- a completed shard may have left a reason from an earlier failed attempt
-    rcall('HDEL', tkey .. ':errors', idx)
+    rcall('HDEL', task_key(prefix, tid, ':errors'), idx)
   else
     emit(prefix, 'event', 'shard_failed', 'task', tid, 'shard', idx, 'reason', value)
   end
@@ -217,30 +236,33 @@ end
 
 -- Every key a task owns (the same list as common::keys::Keys::task_keys).
 local function task_keys(prefix, tid)
-  local t = prefix .. 'task:' .. tid
-  return { t, t .. ':terminal', t .. ':results', t .. ':errors', t .. ':keys', t .. ':shards' }
+  local t = task_key(prefix, tid, '')
+  return {
+    t, task_key(prefix, tid, ':terminal'), task_key(prefix, tid, ':results'), task_key(prefix, tid, ':errors'),
+    task_key(prefix, tid, ':keys'), task_key(prefix, tid, ':shards'),
+  }
 end
 
 -- Ends a task in `state` (completed, failed, cancelled): it leaves `running` for `finished`, its
 -- per-shard results go unless it keeps them, and its keys expire after its retention.
 local function end_task(prefix, tid, state, now)
-  local tkey = prefix .. 'task:' .. tid
+  local tkey = task_key(prefix, tid, '')
   rcall('HSET', tkey, 'state', state, 'finished_ms', now)
-  rcall('ZREM', prefix .. 'running', tid)
-  rcall('ZADD', prefix .. 'finished', now, tid)
+  rcall('ZREM', K.running, tid)
+  rcall('ZADD', K.finished, now, tid)
   local r = rcall('HMGET', tkey, 'keep_results', 'retain_ms')
-  if r[1] == '0' then rcall('DEL', tkey .. ':results') end
+  if r[1] == '0' then rcall('DEL', task_key(prefix, tid, ':results')) end
   local retain = tonumber(r[2] or '0')
   if retain > 0 then
     for _, k in ipairs(task_keys(prefix, tid)) do rcall('PEXPIRE', k, retain) end
-    rcall('ZADD', prefix .. 'expiring', now + retain, tid)
+    rcall('ZADD', K.expiring, now + retain, tid)
   end
   emit(prefix, 'event', 'task_' .. state, 'task', tid)
 end
 
 -- Ends a task's aggregation: records the result (or the aggregation's failure) once.
 local function finish_task(prefix, tid, ok, value, now)
-  local tkey = prefix .. 'task:' .. tid
+  local tkey = task_key(prefix, tid, '')
   if rcall('HGET', tkey, 'state') ~= 'aggregating' then return 0 end
   local failed = tonumber(rcall('HGET', tkey, 'failed'))
   local state = 'completed'
@@ -257,24 +279,24 @@ end
 -- Creates task `tid` from its hash fields (a flat field, value list): see dispatch.lua. Returns
 -- 1, -4 (task exists) or -8 (invalid spec).
 local function create_task(prefix, tid, now, priority, start, fields)
-  local tkey = prefix .. 'task:' .. tid
+  local tkey = task_key(prefix, tid, '')
   if rcall('EXISTS', tkey) == 1 then return -4 end
   -- whatever an earlier incarnation of this id left (its keys expire one by one, or an abort
   -- part-way left some): never part of the new task. `:keys` is the dispatcher's, written first.
-  rcall('DEL', tkey .. ':terminal', tkey .. ':results', tkey .. ':errors', tkey .. ':shards')
+  rcall('DEL', task_key(prefix, tid, ':terminal'), task_key(prefix, tid, ':results'), task_key(prefix, tid, ':errors'), task_key(prefix, tid, ':shards'))
   -- the terminal bitmap addresses 2^32 bits; |priority| <= 10^6 keeps the score below 2^53
   if math.abs(priority) > 1000000 then return -8 end
   for i = 1, #fields - 1, 2 do
     if fields[i] == 'total' and tonumber(fields[i + 1]) > 4294967296 then return -8 end
   end
   rcall('HSET', tkey, 'state', 'running', 'cursor', 0, 'done', 0, 'failed', 0, 'created_ms', now, unpack(fields))
-  local seq = rcall('HINCRBY', prefix .. 'meta', 'seq', 1)
+  local seq = rcall('HINCRBY', K.meta, 'seq', 1)
   rcall('HSET', tkey, 'seq', seq)
   -- an earlier task under this id whose keys expired may still be listed as ended
-  rcall('ZREM', prefix .. 'expiring', tid)
-  rcall('ZREM', prefix .. 'finished', tid)
-  rcall('ZADD', prefix .. 'index', now, tid)
-  rcall('ZADD', prefix .. 'running', now, tid)
+  rcall('ZREM', K.expiring, tid)
+  rcall('ZREM', K.finished, tid)
+  rcall('ZADD', K.index, now, tid)
+  rcall('ZADD', K.running, now, tid)
   local pull = rcall('HGET', tkey, 'strategy') == 'pull'
   if not pull then
     -- routed: placed chunk by chunk (route.lua) by the dispatcher or, if it dies, a rebalancer
@@ -282,15 +304,15 @@ local function create_task(prefix, tid, now, priority, start, fields)
   end
   if start > now then
     rcall('HSET', tkey, 'state', 'delayed', 'start_ms', start)
-    rcall('ZADD', prefix .. 'scheduled', start, tid)
-    rcall('ZADD', prefix .. 'marker', 'LT', start, 'delayed')
+    rcall('ZADD', K.scheduled, start, tid)
+    rcall('ZADD', K.marker, 'LT', start, 'delayed')
   elseif pull then
-    rcall('ZADD', prefix .. 'tasks', runnable_score(priority, seq), tid)
+    rcall('ZADD', K.tasks, runnable_score(priority, seq), tid)
     wake(prefix)
   else
-    rcall('ZADD', prefix .. 'unrouted', now, tid)
+    rcall('ZADD', K.unrouted, now, tid)
   end
   local t = rcall('HMGET', tkey, 'kind', 'total')
-  emit(prefix, 'event', 'task_dispatched', 'task', tid, 'kind', t[1], 'total', t[2])
+  emit(prefix, 'event', 'task_dispatched', 'task', tid, 'seq', seq, 'kind', t[1], 'total', t[2])
   return 1
 end

@@ -138,8 +138,8 @@ pub(crate) async fn dbsize<C: ConnectionLike + Send>(con: &mut C) -> anyhow::Res
 /// Loads every script, so that no timed call pays for a `NOSCRIPT` round trip or grows the
 /// script cache.
 pub(crate) async fn preload_scripts<C: ConnectionLike + Send>(con: &mut C) -> anyhow::Result<()> {
-    for (name, s) in scripts().all() {
-        s.prepare_invoke().load_async(con).await.with_context(|| format!("loading {name}"))?;
+    for s in scripts().all() {
+        s.prepare_invoke().load_async(con).await.with_context(|| format!("loading {}", s.file()))?;
     }
     Ok(())
 }
