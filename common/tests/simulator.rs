@@ -7,6 +7,8 @@
 //!   length (of every seed).
 //! - Long: `SHARDCTL_SIM_LONG=1`, or `cargo test --test simulator -- --ignored`: a million
 //!   steps (of seed `SHARDCTL_SIM_SEED`, default 1).
+//! - `SHARDCTL_SIM_SURVEY=1` runs every seed even after a failure and prints the step each
+//!   failed at (to measure how soon a defect is found).
 //! - `SHARDCTL_SIM_TALLY=1` prints how many steps of each kind (and outcome) were taken.
 
 mod sim;
@@ -34,11 +36,17 @@ async fn simulate(seeds: impl Iterator<Item = u64>, steps: u64) {
     let started = Instant::now();
     let mut n = 0;
     let mut tally = BTreeMap::new();
+    let survey = std::env::var_os("SHARDCTL_SIM_SURVEY").is_some();
+    let mut failed = Vec::new();
     for seed in seeds {
         let mut c = con.clone();
         let () = redis::cmd("FLUSHALL").query_async(&mut c).await.expect("FLUSHALL");
         match sim::run(con.clone(), keys.clone(), seed, steps).await {
             Ok(t) => t.into_iter().for_each(|(k, v)| *tally.entry(k).or_insert(0) += v),
+            Err(f) if survey => {
+                eprintln!("seed {seed}: step {}: {}", f.step, f.message);
+                failed.push(seed);
+            }
             Err(f) => panic!("{f}\nredis log tail:\n{}", redis.log()),
         }
         n += 1;
@@ -48,6 +56,7 @@ async fn simulate(seeds: impl Iterator<Item = u64>, steps: u64) {
             eprintln!("{v:>8}  {k}");
         }
     }
+    assert!(failed.is_empty(), "seeds {failed:?} failed");
     eprintln!("simulator: {n} seeds x {steps} steps (and drains) passed in {:.1?}", started.elapsed());
 }
 

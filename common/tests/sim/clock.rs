@@ -8,3 +8,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).expect("clock after 1970").as_millis() as u64
 }
+
+/// Sleeps until `now_ms()` has passed `due_ms` (a retry's due time, at most a few ms away).
+pub async fn wait_past(due_ms: u64) {
+    while now_ms() <= due_ms {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+}

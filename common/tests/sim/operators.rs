@@ -19,6 +19,24 @@ impl World {
     /// A dispatcher submits a small task under a random id of the pool.
     pub async fn dispatch(&mut self) -> Outcome {
         let id = self.ids[self.rng.below(self.ids.len())].clone();
+        self.dispatch_id(&id).await
+    }
+
+    /// An operator runs task `id` again from scratch, as README advises after Redis lost data:
+    /// cancel it (if it runs), clean, dispatch the id again. Each part is checked.
+    pub async fn redo(&mut self, id: &str) -> Outcome {
+        if self.model.tasks.get(id).is_some_and(|t| !t.state.ended()) {
+            self.cancel(id).await?;
+            self.settle().await?;
+        }
+        self.clean().await?;
+        self.settle().await?;
+        self.dispatch_id(id).await
+    }
+
+    /// A dispatcher submits a small task under `id`.
+    pub async fn dispatch_id(&mut self, id: &str) -> Outcome {
+        let id = id.to_owned();
         let taken = self.model.tasks.contains_key(&id);
         self.model.nonce += 1;
         let nonce = self.model.nonce;

@@ -5,12 +5,13 @@
 
 use std::collections::HashSet;
 
-use redis::AsyncCommands;
 use shardctl_common::model::Part;
 use shardctl_common::scripts::{self, ClaimRequest, Claimed, Finished, FinishedAs};
 use shardctl_common::ScriptCode;
 
-use super::clock::now_ms;
+use redis::AsyncCommands;
+
+use super::clock::{now_ms, wait_past};
 use super::executor::{instance_of, Held};
 use super::model::{State, TaskModel, Term};
 use super::world::{World, LOCK_MS, NODE};
@@ -92,6 +93,7 @@ impl World {
     /// Executor `e` claims up to `count` shards; with `lost` the reply never reaches it (the
     /// shards stay held under its lease, unknown to it, until it gives them back).
     pub async fn claim(&mut self, e: usize, count: usize, lost: bool) -> Outcome {
+        self.retries_due().await?;
         let seq = self.execs[e].next_seq();
         let inst = self.execs[e].instance.clone();
         let token = format!("{inst}:{seq}");
@@ -137,6 +139,22 @@ impl World {
                 spec.nonce
             );
             self.execs[e].held.push(Held { claim: c, spec, reported: false });
+        }
+        Ok(())
+    }
+
+    /// Waits until every retry waiting out its backoff (0 to 5 ms) is due, so that which ones a
+    /// claim promotes does not depend on how fast the steps ran: a seed replays step for step.
+    /// Retries still wait in `delayed` between their failure and the next claim, where cancel,
+    /// retry and the sweep meet them.
+    async fn retries_due(&mut self) -> Outcome {
+        if self.snap.delayed.is_empty() {
+            return Ok(());
+        }
+        let last: Vec<(String, u64)> =
+            self.con.zrange_withscores(self.keys.delayed(), -1, -1).await.map_err(|e| format!("ZRANGE: {e}"))?;
+        if let Some((_, due)) = last.first() {
+            wait_past(*due).await;
         }
         Ok(())
     }

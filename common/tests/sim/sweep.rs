@@ -28,6 +28,7 @@ impl World {
             self.note(format!("sweep (max stalled {max_stalled}): {rep:?}"));
             let Some(rep) = rep else { return Err("the sweep was throttled with no throttle key".into()) };
             self.refresh().await;
+            self.canonical_requeue_order(&pre.wait).await?;
             let mut confirmed: Vec<&String> =
                 pre.stalled.iter().filter(|r| pre.active.get(*r).is_some_and(|t| !pre.alive(t))).collect();
             confirmed.sort();
@@ -82,6 +83,31 @@ impl World {
             );
             ensure!(rep.marked == marks.len() as u64, "sweep says {} marked, {} are", rep.marked, marks.len());
             self.check()?;
+        }
+        Ok(())
+    }
+
+    /// The sweep requeues the refs it confirms in the order of `SMEMBERS stalled`, which follows
+    /// the server's random hash seed; sorting what it appended to `wait` keeps a seed's replay
+    /// step for step (no order among recovered refs is promised).
+    async fn canonical_requeue_order(&mut self, before: &[String]) -> Outcome {
+        let wait = &self.snap.wait;
+        ensure!(wait.starts_with(before), "the sweep changed `wait` other than by appending to it");
+        let mut added = wait[before.len()..].to_vec();
+        added.sort();
+        if added[..] != wait[before.len()..] {
+            let key = self.keys.wait();
+            let () = redis::pipe()
+                .atomic()
+                .ltrim(&key, 0, before.len() as isize - 1)
+                .ignore()
+                .rpush(&key, &added)
+                .ignore()
+                .query_async(&mut self.con)
+                .await
+                .map_err(|e| format!("reorder wait: {e}"))?;
+            self.snap.wait.truncate(before.len());
+            self.snap.wait.extend(added);
         }
         Ok(())
     }

@@ -103,8 +103,8 @@ impl World {
     /// One random step, then the check.
     pub async fn step(&mut self) -> Outcome {
         let resume = if self.model.paused { 10 } else { 1 };
-        //          disp claim compl fail rel beat lostc disown lostr lease sweep cancel retry clean pause expire
-        let weights = [8, 18, 22, 8, 3, 6, 2, 3, 3, 2, 4, 3, 3, 3, resume, 1];
+        //          disp claim compl fail rel beat lostc disown lostr lease sweep cancel retry clean pause expire redo
+        let weights = [8, 18, 22, 8, 3, 6, 2, 3, 3, 2, 4, 3, 3, 3, resume, 1, 3];
         let action = self.rng.weighted(&weights);
         let e = self.rng.below(self.execs.len());
         let count = self.rng.range(1, 4) as usize;
@@ -142,7 +142,11 @@ impl World {
             }
             13 => self.clean().await?,
             14 => self.pause_or_resume().await?,
-            _ => self.expire_task().await?,
+            15 => self.expire_task().await?,
+            _ => {
+                let id = self.pick_id();
+                self.redo(&id).await?
+            }
         }
         self.settle().await
     }
