@@ -88,26 +88,30 @@ impl World {
     }
 
     /// The sweep requeues the refs it confirms in the order of `SMEMBERS stalled`, which follows
-    /// the server's random hash seed; sorting what it appended to `wait` keeps a seed's replay
-    /// step for step (no order among recovered refs is promised).
+    /// the server's random hash seed: at the back of `wait`, and the aggregation jobs of tasks
+    /// whose last shard it failed at the front. Sorting what it added at either end keeps a
+    /// seed's replay step for step (no order among recovered refs is promised).
     async fn canonical_requeue_order(&mut self, before: &[String]) -> Outcome {
         let wait = &self.snap.wait;
-        ensure!(wait.starts_with(before), "the sweep changed `wait` other than by appending to it");
-        let mut added = wait[before.len()..].to_vec();
-        added.sort();
-        if added[..] != wait[before.len()..] {
+        let at = (0..=wait.len().saturating_sub(before.len())).find(|&k| wait[k..].starts_with(before));
+        let Some(k) = at else { return Err("the sweep changed `wait` other than by adding at its ends".into()) };
+        let mut front = wait[..k].to_vec();
+        let mut back = wait[k + before.len()..].to_vec();
+        front.sort();
+        back.sort();
+        let all: Vec<String> = front.into_iter().chain(before.iter().cloned()).chain(back).collect();
+        if all != *wait {
             let key = self.keys.wait();
             let () = redis::pipe()
                 .atomic()
-                .ltrim(&key, 0, before.len() as isize - 1)
+                .del(&key)
                 .ignore()
-                .rpush(&key, &added)
+                .rpush(&key, &all)
                 .ignore()
                 .query_async(&mut self.con)
                 .await
                 .map_err(|e| format!("reorder wait: {e}"))?;
-            self.snap.wait.truncate(before.len());
-            self.snap.wait.extend(added);
+            self.snap.wait = all;
         }
         Ok(())
     }

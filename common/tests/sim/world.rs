@@ -21,8 +21,10 @@ pub const NODE: &str = "sim-node";
 pub const IDS: usize = 5;
 /// Executors.
 pub const EXECUTORS: usize = 4;
-/// Steps kept for the report of a failure.
-const LOG: usize = 40;
+/// Steps kept for the report of a failure (`SHARDCTL_SIM_LOG` sets another number).
+fn log_len() -> usize {
+    std::env::var("SHARDCTL_SIM_LOG").ok().and_then(|v| v.parse().ok()).unwrap_or(40)
+}
 
 pub struct World {
     pub con: Conn,
@@ -36,6 +38,7 @@ pub struct World {
     pub log: VecDeque<String>,
     /// The step being taken (for the log).
     pub at: u64,
+    log_len: usize,
     /// How many steps of each kind (and outcome) were taken: the coverage of a run.
     pub tally: BTreeMap<String, u64>,
 }
@@ -55,6 +58,7 @@ impl World {
             ids: (0..IDS).map(|i| format!("t{i}")).collect(),
             log: VecDeque::new(),
             at: 0,
+            log_len: log_len(),
             tally: Default::default(),
         };
         w.refresh().await;
@@ -63,7 +67,7 @@ impl World {
 
     /// Records what a step did.
     pub fn note(&mut self, s: String) {
-        if self.log.len() == LOG {
+        if self.log.len() >= self.log_len {
             self.log.pop_front();
         }
         // the kind of step: its first words without numbers ("e: claims :", "cancel t (Some(Running)):")
@@ -120,7 +124,7 @@ impl World {
                 Some(b) => {
                     let j = self.rng.below(self.execs[b].held.len());
                     let fail = action == 3 || (action == 8 && self.rng.chance(40));
-                    let delay = fail.then(|| self.rng.range(0, 5));
+                    let delay = fail.then(|| if self.rng.chance(50) { 0 } else { self.rng.range(1, 5) });
                     self.report(b, j, delay, action == 8).await?
                 }
             },
