@@ -1,0 +1,52 @@
+//! The simulated executor's task cache, with the rule of `executor/src/tasks.rs`: an entry is
+//! per incarnation. A shard of another incarnation than the cached one reloads the task; a
+//! task gone, or holding another incarnation than the shard's, gives nothing. The simulator
+//! checks that every shard runs with the spec of its own incarnation (issue 11, defect 1).
+
+use std::collections::HashMap;
+
+use shardctl_common::conn::Conn;
+use shardctl_common::Keys;
+
+/// What a shard is run with: the task as dispatched (its incarnation and its payload's nonce).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Spec {
+    /// The incarnation the spec was read from (`seq`).
+    pub inc: u64,
+    /// The dispatch's nonce, from the payload `{"n":<nonce>}`.
+    pub nonce: u64,
+}
+
+/// Task specs by task id.
+#[derive(Default)]
+pub struct SpecCache {
+    map: HashMap<String, Spec>,
+}
+
+impl SpecCache {
+    /// The spec to run a shard of incarnation `inc` of task `id` with.
+    pub async fn get(&mut self, con: &mut Conn, keys: &Keys, id: &str, inc: u64) -> Option<Spec> {
+        if let Some(s) = self.map.get(id) {
+            if s.inc == inc {
+                return Some(*s);
+            }
+        }
+        let Some(loaded) = load(con, keys, id).await else {
+            self.map.remove(id);
+            return None;
+        };
+        if loaded.inc != inc {
+            self.map.remove(id);
+            return None;
+        }
+        self.map.insert(id.to_owned(), loaded);
+        Some(loaded)
+    }
+}
+
+async fn load(con: &mut Conn, keys: &Keys, id: &str) -> Option<Spec> {
+    let (seq, payload): (Option<u64>, Option<String>) =
+        redis::cmd("HMGET").arg(keys.task(id)).arg("seq").arg("payload").query_async(con).await.expect("read the spec");
+    let nonce = payload?.trim_start_matches("{\"n\":").trim_end_matches('}').parse().expect("payload {\"n\":<nonce>}");
+    Some(Spec { inc: seq?, nonce })
+}

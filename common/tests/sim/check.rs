@@ -1,0 +1,128 @@
+//! The invariants, checked after every step on the snapshot against the model:
+//! - each live task: its incarnation and state are the model's; `done`/`failed` are the counts
+//!   of what the model accepted, equal to the set terminal bits, never past `total`, and
+//!   `done + failed == total` exactly when every shard is terminal; no bit past `total`;
+//! - results only of completed shards, each written with the spec of this incarnation; reasons
+//!   for every failed shard and for no completed one;
+//! - no lost and no duplicated shard: a shard handed out and not terminal is in exactly one of
+//!   `wait`, `active`, `delayed`; a terminal or not yet handed out one in none; the aggregation
+//!   job exactly once while aggregating (one per round) and never otherwise;
+//! - only current incarnations of unended tasks are held or delayed, only non-terminal shards
+//!   are held;
+//! - a task the model does not know (never dispatched, cleaned, expired) has no key at all.
+
+use std::collections::HashMap;
+
+use shardctl_common::model::{Part, ShardRef};
+
+use super::model::{State, TaskModel, Term};
+use super::snapshot::TaskView;
+use super::world::World;
+use super::Outcome;
+
+impl World {
+    /// Every invariant on the last snapshot.
+    pub fn check(&self) -> Outcome {
+        let mut copies: HashMap<&str, usize> = HashMap::new();
+        for r in self.snap.wait.iter().chain(self.snap.active.keys()).chain(&self.snap.delayed) {
+            *copies.entry(r.as_str()).or_default() += 1;
+        }
+        for id in &self.ids {
+            let v = &self.snap.tasks[id];
+            match self.model.tasks.get(id) {
+                None => ensure!(
+                    v.hash.is_empty() && v.keys == 0,
+                    "task {id} is not in the model (never dispatched, cleaned or expired) but {} of its keys exist: {:?}",
+                    v.keys,
+                    v.hash
+                ),
+                Some(tm) => check_task(id, tm, v, &copies)?,
+            }
+        }
+        for (r, t) in &self.snap.active {
+            let sr: ShardRef = r.parse().map_err(|e| format!("held ref {r}: {e}"))?;
+            let tm = self.model.tasks.get(&sr.task).filter(|tm| tm.inc == sr.inc);
+            let Some(tm) = tm else { return Err(format!("{r} is held by {t}: not the current incarnation")) };
+            ensure!(!tm.state.ended(), "{r} is held by {t}, its task is {:?}", tm.state);
+            if let Part::Shard(i) = sr.part {
+                ensure!(
+                    i < tm.total && tm.terminal[i as usize].is_none(),
+                    "{r} is held by {t}: terminal or past the total"
+                );
+            }
+        }
+        for r in &self.snap.delayed {
+            let sr: ShardRef = r.parse().map_err(|e| format!("delayed ref {r}: {e}"))?;
+            let tm = self.model.tasks.get(&sr.task).filter(|tm| tm.inc == sr.inc && !tm.state.ended());
+            ensure!(tm.is_some(), "{r} waits in `delayed`: not a running incarnation");
+        }
+        Ok(())
+    }
+}
+
+fn check_task(id: &str, tm: &TaskModel, v: &TaskView, copies: &HashMap<&str, usize>) -> Outcome {
+    ensure!(!v.hash.is_empty(), "task {id} (incarnation {}, {:?}) is gone from Redis", tm.inc, tm.state);
+    let inc = tm.inc;
+    ensure!(v.num("seq") == inc, "task {id} is incarnation {}, the model's is {inc}", v.num("seq"));
+    let state = v.hash.get("state").map(String::as_str).unwrap_or("");
+    ensure!(state == tm.state.as_str(), "task {id}:{inc} is {state}, the model says {:?}", tm.state);
+    let (total, done, failed) = (v.num("total"), v.num("done"), v.num("failed"));
+    ensure!(total == tm.total, "task {id}:{inc} total {total}, dispatched {}", tm.total);
+    let past = v.bits_from(total);
+    ensure!(past.is_empty(), "task {id}:{inc}: terminal bits past its {total} shards: {past:?}");
+    let set = (0..total).filter(|&i| v.bit(i)).count() as u64;
+    ensure!(done + failed == set, "task {id}:{inc}: done {done} + failed {failed} but {set} terminal bits");
+    ensure!(done + failed <= total, "task {id}:{inc}: done {done} + failed {failed} over total {total}");
+    for i in 0..total {
+        ensure!(v.bit(i) == tm.terminal[i as usize].is_some(), "task {id}:{inc}: shard {i} terminal is {}", v.bit(i));
+    }
+    let (mdone, mfailed) = (tm.count(Term::Done), tm.count(Term::Failed));
+    ensure!(
+        (done, failed) == (mdone, mfailed),
+        "task {id}:{inc}: done/failed {done}/{failed}, accepted {mdone}/{mfailed}"
+    );
+    for (k, val) in &v.results {
+        let i: u64 = k.parse().map_err(|_| format!("task {id}: result field {k}"))?;
+        ensure!(i < total && tm.terminal[i as usize] == Some(Term::Done), "task {id}:{inc}: a result for shard {i}");
+        let want = TaskModel::result(inc, tm.nonce, i);
+        ensure!(*val == want, "task {id}:{inc}: shard {i}'s result {val} was not made by this incarnation ({want})");
+    }
+    for i in 0..total {
+        let (r, e) = (v.results.contains_key(&i.to_string()), v.errors.contains_key(&i.to_string()));
+        match tm.terminal[i as usize] {
+            Some(Term::Done) => ensure!(r && !e, "task {id}:{inc}: completed shard {i}: result {r}, reason {e}"),
+            Some(Term::Failed) => ensure!(e, "task {id}:{inc}: failed shard {i} has no reason"),
+            None => ensure!(!r, "task {id}:{inc}: unfinished shard {i} has a result"),
+        }
+    }
+    match tm.state {
+        State::Completed => {
+            let want = TaskModel::agg_result(inc, tm.nonce);
+            ensure!(v.hash.get("result") == Some(&want), "task {id}:{inc} completed with {:?}", v.hash.get("result"));
+        }
+        State::Failed if mfailed == 0 => ensure!(v.hash.contains_key("agg_error"), "task {id}:{inc} failed, no reason"),
+        _ => {}
+    }
+    let cancelled = u32::from(tm.state == State::Cancelled);
+    ensure!(tm.ends <= tm.rounds + cancelled, "task {id}:{inc} ended {} times in {} rounds", tm.ends, tm.rounds);
+    if tm.state == State::Cancelled {
+        // its queued refs are left for the claims to drop
+        return Ok(());
+    }
+    let cursor = v.num("cursor");
+    for i in 0..total {
+        let r = format!("{id}:{inc}:{i}");
+        let n = copies.get(r.as_str()).copied().unwrap_or(0);
+        let want = usize::from(i < cursor && tm.terminal[i as usize].is_none() && !tm.state.ended());
+        ensure!(
+            n == want,
+            "shard {r} ({:?}, cursor {cursor}) is queued or held {n} times, expected {want}",
+            tm.terminal[i as usize]
+        );
+    }
+    let agg = format!("{id}:{inc}:agg");
+    let n = copies.get(agg.as_str()).copied().unwrap_or(0);
+    let want = usize::from(tm.state == State::Aggregating);
+    ensure!(n == want, "aggregation job {agg} of a task {:?} is queued or held {n} times, expected {want}", tm.state);
+    Ok(())
+}

@@ -1,0 +1,59 @@
+//! A simulated executor: its instance id (its lease is `lease:<instance>`), the seq of its next
+//! claim token, the (ref, token) pairs it holds with the spec each runs with, its task cache,
+//! and the `cancels` count it saw last.
+
+use shardctl_common::scripts::Claimed;
+
+use super::cache::{Spec, SpecCache};
+
+/// A shard the executor believes it holds.
+pub struct Held {
+    pub claim: Claimed,
+    /// What the shard runs with (from the cache, at claim time).
+    pub spec: Spec,
+    /// Its outcome was reported but the reply was lost: the executor will report it again.
+    pub reported: bool,
+}
+
+/// One executor.
+pub struct Executor {
+    pub instance: String,
+    /// The seq of the next claim token `<instance>:<seq>`.
+    pub seq: u64,
+    pub held: Vec<Held>,
+    pub cache: SpecCache,
+    /// The `cancels` count returned by its last heartbeat.
+    pub cancels: String,
+    /// A claim took its lapsed lease again: the next heartbeat compares every token.
+    pub need_check: bool,
+}
+
+impl Executor {
+    /// Executor number `n`.
+    pub fn new(n: usize) -> Self {
+        Executor {
+            instance: format!("e{n}"),
+            seq: 0,
+            held: Vec::new(),
+            cache: SpecCache::default(),
+            cancels: "0".into(),
+            need_check: false,
+        }
+    }
+
+    /// The seq of a new claim call.
+    pub fn next_seq(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
+    }
+
+    /// The (ref, token) pairs it holds, in `held` order.
+    pub fn pairs(&self) -> Vec<(String, String)> {
+        self.held.iter().map(|h| (h.claim.shard_ref.to_string(), h.claim.token.clone())).collect()
+    }
+}
+
+/// The instance of a token `<instance>:<seq>`.
+pub fn instance_of(token: &str) -> &str {
+    token.rsplit_once(':').map_or(token, |(i, _)| i)
+}

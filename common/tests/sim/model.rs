@@ -1,0 +1,138 @@
+//! The reference model: what the simulator knows each task incarnation must look like in Redis
+//! after every step, kept from the outcomes the scripts accepted (each checked before it is
+//! applied): terminal shards and how they ended, failure counts, the task's state, and how many
+//! times its aggregation was enqueued and it ended.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+/// How a shard ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Term {
+    /// Completed (counted in `done`).
+    Done,
+    /// Failed for good (counted in `failed`).
+    Failed,
+}
+
+/// A task's lifecycle state, as the task hash must hold it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    Running,
+    Aggregating,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+impl State {
+    /// The `state` field.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Running => "running",
+            State::Aggregating => "aggregating",
+            State::Completed => "completed",
+            State::Failed => "failed",
+            State::Cancelled => "cancelled",
+        }
+    }
+
+    /// True once the task ended.
+    pub fn ended(self) -> bool {
+        matches!(self, State::Completed | State::Failed | State::Cancelled)
+    }
+}
+
+/// One incarnation of a task id.
+#[derive(Debug, Clone)]
+pub struct TaskModel {
+    /// Its `seq`.
+    pub inc: u64,
+    pub total: u64,
+    pub attempts: u32,
+    /// The dispatch's nonce (its payload), so that a result tells which spec made it.
+    pub nonce: u64,
+    /// Dispatched with a retention (its keys get a PEXPIRE and an `expiring` entry at its end).
+    pub retain: bool,
+    pub state: State,
+    pub terminal: Vec<Option<Term>>,
+    /// Failed attempts per shard (`<i>:fails`), and of the aggregation job.
+    pub fails: Vec<u32>,
+    pub agg_fails: u32,
+    /// Aggregation rounds: 1 per enqueue of the aggregation job (a retry starts another).
+    pub rounds: u32,
+    /// Ends (completed, failed, cancelled): at most one per round, and one cancel.
+    pub ends: u32,
+}
+
+impl TaskModel {
+    /// A fresh incarnation.
+    pub fn new(inc: u64, total: u64, attempts: u32, nonce: u64, retain: bool) -> Self {
+        TaskModel {
+            inc,
+            total,
+            attempts,
+            nonce,
+            retain,
+            state: State::Running,
+            terminal: vec![None; total as usize],
+            fails: vec![0; total as usize],
+            agg_fails: 0,
+            rounds: 0,
+            ends: 0,
+        }
+    }
+
+    /// Shards that ended as `t`.
+    pub fn count(&self, t: Term) -> u64 {
+        self.terminal.iter().filter(|x| **x == Some(t)).count() as u64
+    }
+
+    /// True when every shard is terminal.
+    pub fn all_terminal(&self) -> bool {
+        self.terminal.iter().all(Option::is_some)
+    }
+
+    /// Shard `idx` ended as `t` (counted once: the caller checked it was not terminal); the last
+    /// one enqueues the aggregation.
+    pub fn set_terminal(&mut self, idx: u64, t: Term) {
+        assert!(self.terminal[idx as usize].is_none(), "model: shard {idx} counted twice");
+        self.terminal[idx as usize] = Some(t);
+        self.fails[idx as usize] = 0;
+        if self.all_terminal() {
+            self.state = State::Aggregating;
+            self.rounds += 1;
+        }
+    }
+
+    /// The aggregation ended (ok: its job completed).
+    pub fn end_aggregation(&mut self, ok: bool) {
+        self.state = if ok && self.count(Term::Failed) == 0 { State::Completed } else { State::Failed };
+        self.agg_fails = 0;
+        self.ends += 1;
+    }
+
+    /// The result an executor running shard `idx` with this spec reports.
+    pub fn result(inc: u64, nonce: u64, idx: u64) -> String {
+        format!("\"{inc}:{idx}:{nonce}\"")
+    }
+
+    /// The result of the aggregation job.
+    pub fn agg_result(inc: u64, nonce: u64) -> String {
+        format!("\"agg:{inc}:{nonce}\"")
+    }
+}
+
+/// Everything the model knows of the queue.
+#[derive(Default)]
+pub struct Model {
+    /// The current incarnation under each id (ids absent: no task).
+    pub tasks: BTreeMap<String, TaskModel>,
+    /// Ids whose keys vanished (retention) while `finished`/`expiring` still list them.
+    pub stale_entries: BTreeSet<String>,
+    /// `meta.paused`.
+    pub paused: bool,
+    /// The last incarnation handed out (`meta.seq` only grows).
+    pub last_seq: u64,
+    /// The last dispatch nonce.
+    pub nonce: u64,
+}

@@ -1,0 +1,179 @@
+//! The dispatcher's and the operators' steps: dispatch (ids reused after cancel and clean, after
+//! clean of an ended task, after retention), cancel, retry, clean (older than 0), pause and
+//! resume, and retention expiry (the task's keys vanish, its `finished`/`expiring` entries stay).
+
+use std::time::Duration;
+
+use redis::AsyncCommands;
+use shardctl_common::control;
+use shardctl_common::model::TaskSpec;
+use shardctl_common::scripts;
+use shardctl_common::{Error, ScriptCode};
+
+use super::clock::now_ms;
+use super::model::{State, TaskModel, Term};
+use super::world::World;
+use super::Outcome;
+
+impl World {
+    /// A dispatcher submits a small task under a random id of the pool.
+    pub async fn dispatch(&mut self) -> Outcome {
+        let id = self.ids[self.rng.below(self.ids.len())].clone();
+        self.dispatch_id(&id).await
+    }
+
+    /// An operator runs task `id` again from scratch, as README advises after Redis lost data:
+    /// cancel it (if it runs), clean, dispatch the id again. Each part is checked.
+    pub async fn redo(&mut self, id: &str) -> Outcome {
+        if self.model.tasks.get(id).is_some_and(|t| !t.state.ended()) {
+            self.cancel(id).await?;
+            self.settle().await?;
+        }
+        self.clean().await?;
+        self.settle().await?;
+        self.dispatch_id(id).await
+    }
+
+    /// A dispatcher submits a small task under `id`.
+    pub async fn dispatch_id(&mut self, id: &str) -> Outcome {
+        let id = id.to_owned();
+        let taken = self.model.tasks.contains_key(&id);
+        self.model.nonce += 1;
+        let nonce = self.model.nonce;
+        let mut spec = TaskSpec::new(id.as_str(), "sim", self.rng.range(1, 12));
+        spec.attempts = self.rng.range(1, 3) as u32;
+        spec.payload = format!("{{\"n\":{nonce}}}");
+        // a retention that never runs out by itself: `expire_task` plays it out
+        spec.retain = self.rng.chance(30).then(|| Duration::from_secs(600));
+        let r = scripts::dispatch(&mut self.con, &self.keys, &spec, now_ms()).await;
+        self.note(format!(
+            "dispatch {id} ({} shards, {} attempts, retain {:?}, dispatch {nonce}): {r:?}",
+            spec.shards, spec.attempts, spec.retain
+        ));
+        match (taken, r) {
+            (true, Err(Error::Script(ScriptCode::TaskExists))) => Ok(()),
+            (false, Ok(())) => {
+                let seq: u64 = self.con.hget(self.keys.task(&id), "seq").await.map_err(|e| format!("HGET seq: {e}"))?;
+                ensure!(
+                    seq > self.model.last_seq,
+                    "dispatch of {id} got incarnation {seq} after {}",
+                    self.model.last_seq
+                );
+                self.model.last_seq = seq;
+                let tm = TaskModel::new(seq, spec.shards, spec.attempts, nonce, spec.retain.is_some());
+                self.model.tasks.insert(id.clone(), tm);
+                self.model.stale_entries.remove(&id);
+                Ok(())
+            }
+            (taken, r) => Err(format!("dispatch of {id} (taken: {taken}) answered {r:?}")),
+        }
+    }
+
+    /// An operator cancels task `id`.
+    pub async fn cancel(&mut self, id: &str) -> Outcome {
+        let pre = format!("{id}:");
+        let held = self.snap.active.keys().filter(|r| r.starts_with(&pre)).count() as u64;
+        let state = self.model.tasks.get(id).map(|t| t.state);
+        let r = control::cancel(&mut self.con, &self.keys, id, now_ms()).await;
+        self.note(format!("cancel {id} ({state:?}): {r:?}"));
+        match (state, r) {
+            (None, Err(Error::NoTask(_))) => Ok(()),
+            (Some(s), Err(Error::Invalid(_))) if s.ended() => Ok(()),
+            (Some(s), Ok(n)) if !s.ended() => {
+                ensure!(n == held, "cancel of {id} stopped {n} shards, {held} were held");
+                let tm = self.model.tasks.get_mut(id).expect("cancelled task");
+                tm.state = State::Cancelled;
+                tm.ends += 1;
+                Ok(())
+            }
+            (s, r) => Err(format!("cancel of {id} in state {s:?} answered {r:?}")),
+        }
+    }
+
+    /// An operator retries task `id`'s failed shards (or its failed aggregation).
+    pub async fn retry(&mut self, id: &str) -> Outcome {
+        let expected = self.model.tasks.get(id).map(|tm| {
+            let failed = tm.count(Term::Failed);
+            (tm.state, if failed > 0 { failed } else { u64::from(tm.state == State::Failed) })
+        });
+        let r = control::retry(&mut self.con, &self.keys, id, now_ms()).await;
+        self.note(format!("retry {id} ({expected:?}): {r:?}"));
+        match (expected, r) {
+            (None, Err(Error::NoTask(_))) => Ok(()),
+            (Some((State::Cancelled, _)), Err(Error::Invalid(_))) => Ok(()),
+            (Some((s, want)), Ok(n)) if s != State::Cancelled => {
+                ensure!(n == want, "retry of {id} ({s:?}) sent {n} again, the model expects {want}");
+                let tm = self.model.tasks.get_mut(id).expect("retried task");
+                if tm.count(Term::Failed) > 0 {
+                    for i in 0..tm.total as usize {
+                        if tm.terminal[i] == Some(Term::Failed) {
+                            tm.terminal[i] = None;
+                            tm.fails[i] = 0;
+                        }
+                    }
+                    // an aggregation queued or running is void
+                    tm.agg_fails = 0;
+                    tm.state = State::Running;
+                } else if n == 1 {
+                    tm.state = State::Aggregating;
+                    tm.rounds += 1;
+                    tm.agg_fails = 0;
+                }
+                Ok(())
+            }
+            (e, r) => Err(format!("retry of {id} (model {e:?}) answered {r:?}")),
+        }
+    }
+
+    /// An operator removes every ended task (`clean --older-than 0s`): no key of one is left.
+    pub async fn clean(&mut self) -> Outcome {
+        let ended: Vec<String> =
+            self.model.tasks.iter().filter(|(_, t)| t.state.ended()).map(|(i, _)| i.clone()).collect();
+        let stale: Vec<String> = self.model.stale_entries.iter().cloned().collect();
+        let want = (ended.len() + stale.len()) as u64;
+        let r = control::clean(&mut self.con, &self.keys, now_ms(), Some(Duration::ZERO)).await;
+        self.note(format!("clean: ended {ended:?}, expired {stale:?}: {r:?}"));
+        let n = r.map_err(|e| format!("clean: {e}"))?;
+        ensure!(n == want, "clean removed {n} tasks, the model expects {want} ({ended:?} and expired {stale:?})");
+        for id in ended.iter().chain(&stale) {
+            self.model.tasks.remove(id);
+            let base = self.keys.task(id);
+            for pattern in [base.clone(), format!("{base}:*")] {
+                let left: Vec<String> = self.con.keys(&pattern).await.map_err(|e| format!("KEYS: {e}"))?;
+                ensure!(left.is_empty(), "cleaned task {id} left {left:?}");
+            }
+        }
+        self.model.stale_entries.clear();
+        Ok(())
+    }
+
+    /// An operator pauses the queue, or resumes it.
+    pub async fn pause_or_resume(&mut self) -> Outcome {
+        let meta = self.keys.meta();
+        let r: redis::RedisResult<()> = if self.model.paused {
+            self.con.hdel(&meta, "paused").await
+        } else {
+            self.con.hset(&meta, "paused", 1).await
+        };
+        r.map_err(|e| format!("pause: {e}"))?;
+        self.model.paused = !self.model.paused;
+        self.note(format!("paused = {}", self.model.paused));
+        Ok(())
+    }
+
+    /// The retention of an ended task runs out: its keys vanish (as their PEXPIRE would make
+    /// them), its entries in `finished`, `expiring` and `index` stay until a clean or a dispatch.
+    pub async fn expire_task(&mut self) -> Outcome {
+        let due: Vec<String> =
+            self.model.tasks.iter().filter(|(_, t)| t.retain && t.state.ended()).map(|(i, _)| i.clone()).collect();
+        let Some(id) = (!due.is_empty()).then(|| due[self.rng.below(due.len())].clone()) else {
+            self.note("no task to expire".into());
+            return Ok(());
+        };
+        let () = self.con.del(&self.keys.task_keys(&id)[..]).await.map_err(|e| format!("DEL: {e}"))?;
+        self.note(format!("retention of {id} runs out"));
+        self.model.tasks.remove(&id);
+        self.model.stale_entries.insert(id);
+        Ok(())
+    }
+}

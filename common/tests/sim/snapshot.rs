@@ -1,0 +1,165 @@
+//! What Redis holds after a step, read in one pipeline: the queue-level structures the
+//! invariants look at, and every key of each task id of the simulation's pool.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::LazyLock;
+
+use serde_json::Value as Json;
+use shardctl_common::conn::Conn;
+use shardctl_common::keys::ACTIVE_PIN;
+use shardctl_common::Keys;
+
+/// Reads everything at once, as one JSON text (a reply of a few hundred values costs the
+/// debug-built client far more than the server). KEYS: active, wait, delayed, stalled, meta,
+/// then one lease per instance, then each id's `Keys::task_keys` (6 each: the task hash,
+/// terminal, results, errors, keys, shards). ARGV: the number of instances, of ids.
+static SNAPSHOT: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r"
+local function map(flat)
+  local m = {}
+  for i = 1, #flat, 2 do m[flat[i]] = flat[i + 1] end
+  return m
+end
+local function bits(s)
+  local b = {}
+  for i = 1, #s do
+    local c = string.byte(s, i)
+    for j = 7, 0, -1 do b[#b + 1] = (math.floor(c / 2 ^ j) % 2 == 1) and '1' or '0' end
+  end
+  return table.concat(b)
+end
+local out = {
+  active = map(redis.call('HGETALL', KEYS[1])), wait = redis.call('LRANGE', KEYS[2], 0, -1),
+  delayed = redis.call('ZRANGE', KEYS[3], 0, -1), stalled = redis.call('SMEMBERS', KEYS[4]),
+  cancels = redis.call('HGET', KEYS[5], 'cancels') or '0', leases = {}, tasks = {},
+}
+local k = 6
+for i = 1, tonumber(ARGV[1]) do
+  out.leases[i] = redis.call('EXISTS', KEYS[k])
+  k = k + 1
+end
+for i = 1, tonumber(ARGV[2]) do
+  out.tasks[i] = {
+    hash = map(redis.call('HGETALL', KEYS[k])), terminal = bits(redis.call('GET', KEYS[k + 1]) or ''),
+    results = map(redis.call('HGETALL', KEYS[k + 2])), errors = map(redis.call('HGETALL', KEYS[k + 3])),
+    keys = redis.call('EXISTS', unpack(KEYS, k, k + 5)),
+  }
+  k = k + 6
+end
+return cjson.encode(out)
+",
+    )
+});
+
+fn list(v: &Json) -> Vec<String> {
+    match v {
+        Json::Array(a) => a.iter().map(|x| x.as_str().expect("a string").to_owned()).collect(),
+        _ => Vec::new(), // cjson writes an empty table as {}
+    }
+}
+
+fn map(v: &Json) -> HashMap<String, String> {
+    match v {
+        Json::Object(o) => o.iter().map(|(k, x)| (k.clone(), x.as_str().expect("a string").to_owned())).collect(),
+        _ => HashMap::new(),
+    }
+}
+
+/// One task id's keys.
+#[derive(Debug, Default, Clone)]
+pub struct TaskView {
+    /// `task:<id>` (empty: no task).
+    pub hash: HashMap<String, String>,
+    /// `task:<id>:terminal`, bit by bit.
+    pub terminal: Vec<bool>,
+    /// `task:<id>:results`.
+    pub results: HashMap<String, String>,
+    /// `task:<id>:errors`.
+    pub errors: HashMap<String, String>,
+    /// How many of the task's keys exist (`Keys::task_keys`).
+    pub keys: u64,
+}
+
+impl TaskView {
+    /// A numeric field of the task hash (0 when absent).
+    pub fn num(&self, f: &str) -> u64 {
+        self.hash.get(f).map_or(0, |v| v.parse().unwrap_or_else(|_| panic!("task field {f}={v} is not a number")))
+    }
+
+    /// Bit `i` of the terminal bitmap.
+    pub fn bit(&self, i: u64) -> bool {
+        self.terminal.get(i as usize).copied().unwrap_or(false)
+    }
+
+    /// Set bits at or past `from`.
+    pub fn bits_from(&self, from: u64) -> Vec<u64> {
+        (from..self.terminal.len() as u64).filter(|&i| self.bit(i)).collect()
+    }
+}
+
+/// The state the invariants are checked on.
+#[derive(Debug, Default, Clone)]
+pub struct Snapshot {
+    /// `active` without its pin: ref -> token.
+    pub active: HashMap<String, String>,
+    pub wait: Vec<String>,
+    pub delayed: Vec<String>,
+    pub stalled: HashSet<String>,
+    /// `meta.cancels`.
+    pub cancels: String,
+    /// Whether each executor's lease exists, by instance.
+    pub leases: HashMap<String, bool>,
+    /// Each pool id's keys.
+    pub tasks: HashMap<String, TaskView>,
+}
+
+impl Snapshot {
+    /// Reads it.
+    pub async fn read(con: &mut Conn, keys: &Keys, ids: &[String], instances: &[String]) -> Snapshot {
+        // one read-only script: one round trip, and a view of one instant
+        let mut inv = SNAPSHOT.prepare_invoke();
+        inv.key(keys.active()).key(keys.wait()).key(keys.delayed()).key(keys.stalled()).key(keys.meta());
+        inv.arg(instances.len()).arg(ids.len());
+        for i in instances {
+            inv.key(keys.lease(i));
+        }
+        for id in ids {
+            for k in keys.task_keys(id) {
+                inv.key(k);
+            }
+        }
+        let text: String = inv.invoke_async(con).await.expect("snapshot script");
+        let v: Json = serde_json::from_str(&text).expect("snapshot JSON");
+        let mut active = map(&v["active"]);
+        active.remove(ACTIVE_PIN);
+        let mut s = Snapshot {
+            active,
+            wait: list(&v["wait"]),
+            delayed: list(&v["delayed"]),
+            stalled: list(&v["stalled"]).into_iter().collect(),
+            cancels: v["cancels"].as_str().expect("cancels").to_owned(),
+            ..Default::default()
+        };
+        for (n, i) in instances.iter().enumerate() {
+            s.leases.insert(i.clone(), v["leases"][n] == 1);
+        }
+        for (n, id) in ids.iter().enumerate() {
+            let t = &v["tasks"][n];
+            let view = TaskView {
+                hash: map(&t["hash"]),
+                terminal: t["terminal"].as_str().expect("bits").bytes().map(|b| b == b'1').collect(),
+                results: map(&t["results"]),
+                errors: map(&t["errors"]),
+                keys: t["keys"].as_u64().expect("a count"),
+            };
+            s.tasks.insert(id.clone(), view);
+        }
+        s
+    }
+
+    /// True when the holder of `token` has a lease.
+    pub fn alive(&self, token: &str) -> bool {
+        self.leases.get(super::executor::instance_of(token)).copied().unwrap_or(false)
+    }
+}

@@ -1,0 +1,309 @@
+//! The executors' steps: claim (its reply possibly lost), report an outcome (its reply possibly
+//! lost, so that it is reported again later), release, heartbeat, give back unknown shards, and
+//! lose the lease. Each predicts the script's answer from the last snapshot and the model, and a
+//! different answer is a violation.
+
+use std::collections::HashSet;
+
+use shardctl_common::model::Part;
+use shardctl_common::scripts::{self, ClaimRequest, Claimed, Finished, FinishedAs};
+use shardctl_common::ScriptCode;
+
+use redis::AsyncCommands;
+
+use super::clock::{now_ms, wait_past};
+use super::executor::{instance_of, Held};
+use super::model::{State, TaskModel, Term};
+use super::world::{World, LOCK_MS, NODE};
+use super::Outcome;
+
+/// A batch script's per-item answer as the script returns it.
+fn code_of(c: &Result<i64, ScriptCode>) -> i64 {
+    match c {
+        Ok(n) => *n,
+        Err(ScriptCode::LockMissing) => -1,
+        Err(ScriptCode::LockMismatch) => -2,
+        Err(ScriptCode::TaskMissing) => -3,
+        Err(other) => panic!("unexpected refusal {other:?}"),
+    }
+}
+
+impl World {
+    /// The holder check of complete, fail and release: `Some(-1|-2)` unless `c` holds its shard.
+    fn holder_code(&self, c: &Claimed) -> Option<i64> {
+        match self.snap.active.get(&c.shard_ref.to_string()) {
+            None => Some(-1),
+            Some(t) if *t != c.token => Some(-2),
+            Some(_) => None,
+        }
+    }
+
+    /// What complete (`fail` false) or fail must answer for `c`.
+    fn expected_code(&self, c: &Claimed, fail: bool) -> i64 {
+        if let Some(code) = self.holder_code(c) {
+            return code;
+        }
+        let Some(tm) = self.model.tasks.get(&c.shard_ref.task).filter(|tm| tm.inc == c.shard_ref.inc) else {
+            return -3;
+        };
+        match (c.shard_ref.part, fail) {
+            (Part::Shard(i), _) if i >= tm.total => -3,
+            (Part::Shard(i), false) => i64::from(tm.terminal[i as usize].is_none()),
+            (Part::Shard(i), true) if tm.fails[i as usize] + 1 < tm.attempts => 2,
+            (Part::Shard(i), true) => i64::from(tm.terminal[i as usize].is_none()),
+            (Part::Aggregate, true) if tm.agg_fails + 1 < tm.attempts => 2,
+            (Part::Aggregate, _) => i64::from(tm.state == State::Aggregating),
+        }
+    }
+
+    /// Checks one shard a claim handed out under `token`.
+    fn check_claimed(&self, c: &Claimed, token: &str, seen: &mut HashSet<String>) -> Outcome {
+        let r = c.shard_ref.to_string();
+        ensure!(seen.insert(r.clone()), "one claim handed out {r} twice");
+        ensure!(c.token == token, "claim of {token} returned {r} under {}", c.token);
+        if let Some(t) = self.snap.active.get(&r) {
+            return Err(format!("claim by {token} handed out {r}, held by {t}"));
+        }
+        let Some(tm) = self.model.tasks.get(&c.shard_ref.task) else {
+            return Err(format!("claim handed out {r}: no task {} exists", c.shard_ref.task));
+        };
+        ensure!(
+            tm.inc == c.shard_ref.inc,
+            "claim handed out {r} of incarnation {}, task {} is incarnation {}",
+            c.shard_ref.inc,
+            c.shard_ref.task,
+            tm.inc
+        );
+        match c.shard_ref.part {
+            Part::Shard(i) => {
+                ensure!(i < tm.total, "claim handed out {r}, past the task's {} shards", tm.total);
+                ensure!(tm.state == State::Running, "claim handed out {r} of a task {:?}", tm.state);
+                ensure!(tm.terminal[i as usize].is_none(), "claim handed out {r}, already terminal");
+                let fails = tm.fails[i as usize];
+                ensure!(c.fails == fails, "claim of {r} says {} failed attempts, the model counts {fails}", c.fails);
+            }
+            Part::Aggregate => {
+                ensure!(tm.state == State::Aggregating, "claim handed out {r} of a task {:?}", tm.state);
+                ensure!(c.fails == tm.agg_fails, "claim of {r} says {} fails, the model {}", c.fails, tm.agg_fails);
+            }
+        }
+        Ok(())
+    }
+
+    /// Executor `e` claims up to `count` shards; with `lost` the reply never reaches it (the
+    /// shards stay held under its lease, unknown to it, until it gives them back).
+    pub async fn claim(&mut self, e: usize, count: usize, lost: bool) -> Outcome {
+        self.retries_due().await?;
+        let seq = self.execs[e].next_seq();
+        let inst = self.execs[e].instance.clone();
+        let token = format!("{inst}:{seq}");
+        let req = ClaimRequest { count, lock_ms: LOCK_MS, token_base: &inst, seq, node: NODE, now_ms: now_ms() };
+        let out = scripts::claim(&mut self.con, &self.keys, &req).await.map_err(|e| format!("claim: {e}"))?;
+        let refs: Vec<String> = out.shards.iter().map(|c| c.shard_ref.to_string()).collect();
+        let how = if lost { " (reply lost)" } else { "" };
+        self.note(format!("{token} claims {count}{how}: {refs:?} paused={} lapsed={}", out.paused, out.lease_lapsed));
+        if self.model.paused {
+            ensure!(out.paused && out.shards.is_empty(), "a claim on the paused queue returned {refs:?}");
+            return Ok(());
+        }
+        ensure!(!out.paused, "a claim says paused, the queue is not");
+        ensure!(out.shards.len() <= count, "asked for {count}, got {refs:?}");
+        let mut seen = HashSet::new();
+        for c in &out.shards {
+            self.check_claimed(c, &token, &mut seen)?;
+        }
+        if !out.shards.is_empty() {
+            let had = self.snap.leases[&inst];
+            ensure!(out.lease_lapsed != had, "claim says lapsed={}, the lease existed={had}", out.lease_lapsed);
+        }
+        if lost {
+            // the executor saw its claim call fail: it compares every token at its next beat
+            self.execs[e].need_check = true;
+            return Ok(());
+        }
+        if out.lease_lapsed {
+            self.execs[e].need_check = true;
+        }
+        for c in out.shards {
+            let r = c.shard_ref.clone();
+            let Some(spec) = self.execs[e].cache.get(&mut self.con, &self.keys, &r.task, r.inc).await else {
+                return Err(format!("{inst} finds no spec for {r}, which it just claimed"));
+            };
+            let tm = &self.model.tasks[&r.task];
+            ensure!(
+                spec.inc == r.inc && spec.nonce == tm.nonce,
+                "{inst} would run {r} (incarnation {}, dispatch {}) with the spec of incarnation {} (dispatch {})",
+                r.inc,
+                tm.nonce,
+                spec.inc,
+                spec.nonce
+            );
+            self.execs[e].held.push(Held { claim: c, spec, reported: false });
+        }
+        Ok(())
+    }
+
+    /// Waits until every retry waiting out its backoff (0 to 5 ms) is due, so that which ones a
+    /// claim promotes does not depend on how fast the steps ran: a seed replays step for step.
+    /// Retries still wait in `delayed` between their failure and the next claim, where cancel,
+    /// retry and the sweep meet them.
+    async fn retries_due(&mut self) -> Outcome {
+        if self.snap.delayed.is_empty() {
+            return Ok(());
+        }
+        let last: Vec<(String, u64)> =
+            self.con.zrange_withscores(self.keys.delayed(), -1, -1).await.map_err(|e| format!("ZRANGE: {e}"))?;
+        if let Some((_, due)) = last.first() {
+            wait_past(*due).await;
+        }
+        Ok(())
+    }
+
+    /// Executor `e` reports its `j`-th shard: completed, or failed with a retry after `delay`
+    /// ms. With `lost` the reply never arrives: it keeps the shard and reports it again later.
+    pub async fn report(&mut self, e: usize, j: usize, delay: Option<u64>, lost: bool) -> Outcome {
+        let h = &self.execs[e].held[j];
+        let (claim, spec, again) = (h.claim.clone(), h.spec, h.reported);
+        let r = claim.shard_ref.to_string();
+        let expected = self.expected_code(&claim, delay.is_some());
+        let result = match claim.shard_ref.part {
+            Part::Shard(i) => TaskModel::result(spec.inc, spec.nonce, i),
+            Part::Aggregate => TaskModel::agg_result(spec.inc, spec.nonce),
+        };
+        let outcome = match delay {
+            None => FinishedAs::Completed(&result),
+            Some(delay_ms) => FinishedAs::Failed { delay_ms, reason: "boom" },
+        };
+        let items = [Finished { claim: &claim, outcome }];
+        let codes = scripts::finish(&mut self.con, &self.keys, NODE, &items, now_ms())
+            .await
+            .map_err(|e| format!("finish: {e}"))?;
+        let got = code_of(&codes[0]);
+        let what = match delay {
+            None => "completes".to_owned(),
+            Some(d) => format!("fails (retry in {d} ms)"),
+        };
+        let how = match (again, lost) {
+            (true, _) => " again (its first reply was lost)",
+            (false, true) => " (reply lost)",
+            _ => "",
+        };
+        self.note(format!("{} {what} {r}{how}: {got}", claim.token));
+        ensure!(got == expected, "{} {what} {r}{how}: code {got}, the model expects {expected}", claim.token);
+        self.apply_report(&claim, delay.is_some(), got);
+        if lost {
+            self.execs[e].held[j].reported = true;
+        } else {
+            self.execs[e].held.remove(j);
+        }
+        Ok(())
+    }
+
+    /// What an accepted complete or fail did to the model.
+    fn apply_report(&mut self, c: &Claimed, fail: bool, code: i64) {
+        if code < 0 {
+            return;
+        }
+        let tm = self.model.tasks.get_mut(&c.shard_ref.task).expect("accepted: the task exists");
+        match (c.shard_ref.part, fail, code) {
+            (Part::Shard(i), false, 1) => tm.set_terminal(i, Term::Done),
+            (Part::Shard(i), true, 2) => tm.fails[i as usize] += 1,
+            (Part::Shard(i), true, 1) => tm.set_terminal(i, Term::Failed),
+            (Part::Shard(i), _, _) => tm.fails[i as usize] = 0,
+            (Part::Aggregate, true, 2) => tm.agg_fails += 1,
+            (Part::Aggregate, failed, 1) => tm.end_aggregation(!failed),
+            (Part::Aggregate, _, _) => tm.agg_fails = 0,
+        }
+    }
+
+    /// Executor `b` gives back one shard, or all it holds (shutdown).
+    pub async fn release(&mut self, b: usize, all: bool) -> Outcome {
+        let n = if all { self.execs[b].held.len() } else { 1 };
+        let start = self.rng.below(self.execs[b].held.len() - n + 1);
+        let gone: Vec<Held> = self.execs[b].held.drain(start..start + n).collect();
+        let claims: Vec<&Claimed> = gone.iter().map(|h| &h.claim).collect();
+        let expected: Vec<i64> = claims.iter().map(|c| self.holder_code(c).unwrap_or(1)).collect();
+        let got: Vec<i64> = scripts::release(&mut self.con, &self.keys, &claims)
+            .await
+            .map_err(|e| format!("release: {e}"))?
+            .iter()
+            .map(code_of)
+            .collect();
+        let refs: Vec<String> = claims.iter().map(|c| c.shard_ref.to_string()).collect();
+        self.note(format!("{} releases {refs:?}: {got:?}", self.execs[b].instance));
+        ensure!(got == expected, "release of {refs:?}: codes {got:?}, the model expects {expected:?}");
+        Ok(())
+    }
+
+    /// Executor `e`'s heartbeat, comparing its tokens when `check` (or when it must).
+    pub async fn heartbeat(&mut self, e: usize, check: bool) -> Outcome {
+        let ex = &self.execs[e];
+        let inst = ex.instance.clone();
+        let pairs = ex.pairs();
+        let check = check || ex.need_check;
+        let compared = check || !self.snap.leases[&inst] || self.snap.cancels != ex.cancels;
+        let beat = scripts::extend(&mut self.con, &self.keys, &inst, LOCK_MS, &pairs, check, &ex.cancels)
+            .await
+            .map_err(|e| format!("extend: {e}"))?;
+        let mut lost: Vec<usize> = beat.lost.iter().chain(&beat.cancelled).copied().collect();
+        lost.sort_unstable();
+        let expected: Vec<usize> = if compared {
+            (0..pairs.len()).filter(|&p| self.snap.active.get(&pairs[p].0) != Some(&pairs[p].1)).collect()
+        } else {
+            Vec::new()
+        };
+        let lost_refs: Vec<&String> = lost.iter().map(|&p| &pairs[p].0).collect();
+        self.note(format!("{inst} heartbeat check={check}: lost {lost_refs:?}"));
+        ensure!(lost == expected, "{inst}'s heartbeat lost {lost:?} of {pairs:?}, the model expects {expected:?}");
+        ensure!(
+            beat.cancels == self.snap.cancels,
+            "heartbeat says cancels={}, meta {}",
+            beat.cancels,
+            self.snap.cancels
+        );
+        let ex = &mut self.execs[e];
+        for &p in lost.iter().rev() {
+            ex.held.remove(p);
+        }
+        ex.cancels = beat.cancels;
+        ex.need_check = false;
+        // every shard it goes on running is its own (but those whose report it lost track of)
+        for h in ex.held.iter().filter(|h| !h.reported) {
+            let r = h.claim.shard_ref.to_string();
+            let holder = self.snap.active.get(&r);
+            ensure!(
+                holder == Some(&h.claim.token),
+                "after its heartbeat {inst} goes on running {r} under {}, which Redis gives to {holder:?}",
+                h.claim.token
+            );
+        }
+        Ok(())
+    }
+
+    /// Executor `e` gives back what `active` holds under its instance that it does not know.
+    pub async fn disown(&mut self, e: usize) -> Outcome {
+        let inst = self.execs[e].instance.clone();
+        let mine: HashSet<(String, String)> = self.execs[e].pairs().into_iter().collect();
+        let mut unknown: Vec<(String, String)> = self
+            .snap
+            .active
+            .iter()
+            .filter(|(_, t)| instance_of(t) == inst)
+            .map(|(r, t)| (r.clone(), t.clone()))
+            .filter(|p| !mine.contains(p))
+            .collect();
+        unknown.sort();
+        let n = scripts::disown(&mut self.con, &self.keys, &unknown).await.map_err(|e| format!("disown: {e}"))?;
+        self.note(format!("{inst} disowns {unknown:?}: {n}"));
+        ensure!(n == unknown.len() as u64, "disown of {unknown:?} gave back {n}");
+        Ok(())
+    }
+
+    /// Executor `e`'s lease runs out (it froze past its lock duration).
+    pub async fn expire_lease(&mut self, e: usize) -> Outcome {
+        let key = self.keys.lease(&self.execs[e].instance);
+        let () = self.con.del(&key).await.map_err(|e| format!("DEL lease: {e}"))?;
+        self.note(format!("{}'s lease expires", self.execs[e].instance));
+        Ok(())
+    }
+}
