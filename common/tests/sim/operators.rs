@@ -10,7 +10,6 @@ use shardctl_common::model::TaskSpec;
 use shardctl_common::scripts;
 use shardctl_common::{Error, ScriptCode};
 
-use super::clock::now_ms;
 use super::model::{State, TaskModel, Term};
 use super::world::World;
 use super::Outcome;
@@ -45,7 +44,7 @@ impl World {
         spec.payload = format!("{{\"n\":{nonce}}}");
         // a retention that never runs out by itself: `expire_task` plays it out
         spec.retain = self.rng.chance(30).then(|| Duration::from_secs(600));
-        let r = scripts::dispatch(&mut self.con, &self.keys, &spec, now_ms()).await;
+        let r = scripts::dispatch(&mut self.con, &self.keys, &spec).await;
         self.note(format!(
             "dispatch {id} ({} shards, {} attempts, retain {:?}, dispatch {nonce}): {r:?}",
             spec.shards, spec.attempts, spec.retain
@@ -74,7 +73,7 @@ impl World {
         let pre = format!("{id}:");
         let held = self.snap.active.keys().filter(|r| r.starts_with(&pre)).count() as u64;
         let state = self.model.tasks.get(id).map(|t| t.state);
-        let r = control::cancel(&mut self.con, &self.keys, id, now_ms()).await;
+        let r = control::cancel(&mut self.con, &self.keys, id).await;
         self.note(format!("cancel {id} ({state:?}): {r:?}"));
         match (state, r) {
             (None, Err(Error::NoTask(_))) => Ok(()),
@@ -96,7 +95,7 @@ impl World {
             let failed = tm.count(Term::Failed);
             (tm.state, if failed > 0 { failed } else { u64::from(tm.state == State::Failed) })
         });
-        let r = control::retry(&mut self.con, &self.keys, id, now_ms()).await;
+        let r = control::retry(&mut self.con, &self.keys, id).await;
         self.note(format!("retry {id} ({expected:?}): {r:?}"));
         match (expected, r) {
             (None, Err(Error::NoTask(_))) => Ok(()),
@@ -131,7 +130,7 @@ impl World {
             self.model.tasks.iter().filter(|(_, t)| t.state.ended()).map(|(i, _)| i.clone()).collect();
         let stale: Vec<String> = self.model.stale_entries.iter().cloned().collect();
         let want = (ended.len() + stale.len()) as u64;
-        let r = control::clean(&mut self.con, &self.keys, now_ms(), Some(Duration::ZERO)).await;
+        let r = control::clean(&mut self.con, &self.keys, Some(Duration::ZERO)).await;
         self.note(format!("clean: ended {ended:?}, expired {stale:?}: {r:?}"));
         let n = r.map_err(|e| format!("clean: {e}"))?;
         ensure!(n == want, "clean removed {n} tasks, the model expects {want} ({ended:?} and expired {stale:?})");

@@ -11,7 +11,7 @@ use shardctl_common::ScriptCode;
 
 use redis::AsyncCommands;
 
-use super::clock::{now_ms, wait_past};
+use super::clock::wait_past;
 use super::executor::{instance_of, Held};
 use super::model::{State, TaskModel, Term};
 use super::world::{World, LOCK_MS, NODE};
@@ -97,7 +97,7 @@ impl World {
         let seq = self.execs[e].next_seq();
         let inst = self.execs[e].instance.clone();
         let token = format!("{inst}:{seq}");
-        let req = ClaimRequest { count, lock_ms: LOCK_MS, token_base: &inst, seq, node: NODE, now_ms: now_ms() };
+        let req = ClaimRequest { count, lock_ms: LOCK_MS, token_base: &inst, seq, node: NODE };
         let out = scripts::claim(&mut self.con, &self.keys, &req).await.map_err(|e| format!("claim: {e}"))?;
         let refs: Vec<String> = out.shards.iter().map(|c| c.shard_ref.to_string()).collect();
         let how = if lost { " (reply lost)" } else { "" };
@@ -154,7 +154,7 @@ impl World {
         let last: Vec<(String, u64)> =
             self.con.zrange_withscores(self.keys.delayed(), -1, -1).await.map_err(|e| format!("ZRANGE: {e}"))?;
         if let Some((_, due)) = last.first() {
-            wait_past(*due).await;
+            wait_past(&mut self.con, *due).await?;
         }
         Ok(())
     }
@@ -175,9 +175,8 @@ impl World {
             Some(delay_ms) => FinishedAs::Failed { delay_ms, reason: "boom" },
         };
         let items = [Finished { claim: &claim, outcome }];
-        let codes = scripts::finish(&mut self.con, &self.keys, NODE, &items, now_ms())
-            .await
-            .map_err(|e| format!("finish: {e}"))?;
+        let codes =
+            scripts::finish(&mut self.con, &self.keys, NODE, &items).await.map_err(|e| format!("finish: {e}"))?;
         let got = code_of(&codes[0]);
         let what = match delay {
             None => "completes".to_owned(),

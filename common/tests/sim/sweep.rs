@@ -10,7 +10,6 @@ use redis::AsyncCommands;
 use shardctl_common::model::{Part, ShardRef};
 use shardctl_common::scripts::{self, STALLED_REASON};
 
-use super::clock::now_ms;
 use super::model::{State, Term};
 use super::world::World;
 use super::Outcome;
@@ -22,9 +21,8 @@ impl World {
             let max_stalled = self.rng.range(0, 2) as u32;
             let pre = self.snap.clone();
             let () = self.con.del(self.keys.stalled_check()).await.map_err(|e| format!("DEL stalled-check: {e}"))?;
-            let rep = scripts::sweep(&mut self.con, &self.keys, now_ms(), 1, max_stalled)
-                .await
-                .map_err(|e| format!("sweep: {e}"))?;
+            let rep =
+                scripts::sweep(&mut self.con, &self.keys, 1, max_stalled).await.map_err(|e| format!("sweep: {e}"))?;
             self.note(format!("sweep (max stalled {max_stalled}): {rep:?}"));
             let Some(rep) = rep else { return Err("the sweep was throttled with no throttle key".into()) };
             self.refresh().await;
