@@ -88,8 +88,8 @@ for _, g in ipairs(groups) do
           mine[#mine + 1] = i
           ops[#ops + 1] = 'SET'
           ops[#ops + 1] = 'u1'
-          ops[#ops + 1] = idx
-          ops[#ops + 1] = 1
+          ops[#ops + 1] = idxs[i] -- the text: a Lua number would be formatted per shard
+          ops[#ops + 1] = '1'
         end
       end
     end
