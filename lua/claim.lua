@@ -82,6 +82,14 @@ local n = 0
 -- so that one call never keeps Redis busy for long
 local junk_left = 1000
 
+-- Plan, then commit (ARCHITECTURE.md "Declared keys", order of writes): the refs to take are
+-- decided by reads alone, the writes they need are listed, and only then made. A read of a key
+-- of a slot being migrated aborts the script before anything was popped or handed out.
+local attempts = {} -- { key, field, value }: attempt numbers of explicit refs with state
+local drops = {}    -- { tid, idx }: terminal refs whose state goes with them
+local cursors = {}  -- { task key, k }: fresh indexes taken from a task's cursor
+local exhausted = {} -- task ids to leave `tasks`
+
 local function take_ref(ref, attempt, fails)
   held[#held + 1] = ref
   held[#held + 1] = token
@@ -110,7 +118,8 @@ local function try_ref(ref, lazy)
     ok = i ~= nil and i < tonumber(t[2])
     if ok and rcall('GETBIT', task_key(prefix, tid, ':terminal'), idx) == 1 then
       -- terminal (requeued after it finished): its state, if any, goes with the ref
-      drop_state(prefix, tid, idx)
+      rcall('EXISTS', shards_key(prefix, tid))
+      drops[#drops + 1] = { tid, idx }
       ok = false
     end
   end
@@ -126,43 +135,62 @@ local function try_ref(ref, lazy)
   if lazy and not s[1] then
     take_ref(ref, 1, 0)
   else
-    take_ref(ref, rcall('HINCRBY', skey, idx .. ':attempt', 1), tonumber(s[2] or '0'))
+    local attempt = tonumber(s[1] or '0') + 1
+    attempts[#attempts + 1] = { skey, idx .. ':attempt', attempt }
+    take_ref(ref, attempt, tonumber(s[2] or '0'))
   end
 end
 
-while n < count and junk_left > 0 do
-  local ref = rcall('LPOP', K.wait)
-  if not ref then break end
-  try_ref(ref, false)
-end
-
-if n < count and junk_left > 0 and rcall('EXISTS', K.rebalancing) == 0 then
+-- how many refs at the head of list `key` this call takes or drops
+local function plan_list(key, lazy)
+  local consumed = 0
   while n < count and junk_left > 0 do
-    local ref = rcall('LPOP', K.node_wait)
-    if not ref then break end
-    try_ref(ref, true)
+    local peek = rcall('LRANGE', key, consumed, consumed + (count - n) - 1)
+    if #peek == 0 then break end
+    for _, ref in ipairs(peek) do
+      consumed = consumed + 1
+      try_ref(ref, lazy)
+      if n >= count or junk_left <= 0 then break end
+    end
   end
+  return consumed
 end
 
+local from_wait = plan_list(K.wait, false)
+local from_node = 0
+if n < count and junk_left > 0 and rcall('EXISTS', K.rebalancing) == 0 then
+  from_node = plan_list(K.node_wait, true)
+end
+
+local j = 0
 while n < count do
-  local head = rcall('ZRANGE', K.tasks, 0, 0)
+  local head = rcall('ZRANGE', K.tasks, j, j)
   if #head == 0 then break end
+  j = j + 1
   local tid = head[1]
   local tkey = task_key(prefix, tid, '')
   local t = rcall('HMGET', tkey, 'cursor', 'total', 'seq')
   if not t[1] then
-    rcall('ZREM', K.tasks, tid)
+    exhausted[#exhausted + 1] = tid
   else
     local cursor, total = tonumber(t[1]), tonumber(t[2])
     local k = math.min(count - n, total - cursor)
-    if k > 0 then rcall('HINCRBY', tkey, 'cursor', k) end
-    if cursor + k >= total then rcall('ZREM', K.tasks, tid) end
+    if k > 0 then cursors[#cursors + 1] = { tkey, k } end
+    if cursor + k >= total then exhausted[#exhausted + 1] = tid end
     local pre = tid .. ':' .. t[3] .. ':'
     for i = cursor, cursor + k - 1 do
       take_ref(pre .. i, 1, 0)
     end
   end
 end
+
+-- commit
+if from_wait > 0 then rcall('LTRIM', K.wait, from_wait, -1) end
+if from_node > 0 then rcall('LTRIM', K.node_wait, from_node, -1) end
+for _, a in ipairs(attempts) do rcall('HSET', a[1], a[2], a[3]) end
+for _, d in ipairs(drops) do drop_state(prefix, d[1], d[2]) end
+for _, c in ipairs(cursors) do rcall('HINCRBY', c[1], 'cursor', c[2]) end
+if #exhausted > 0 then call_chunked('ZREM', K.tasks, exhausted) end
 
 -- junk left behind: make sure some executor comes back for the rest
 if junk_left <= 0 then wake(prefix) end

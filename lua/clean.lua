@@ -36,10 +36,13 @@ if cutoff >= 0 and #victims < limit then
 end
 local removed = 0
 for _, tid in ipairs(victims) do
+  -- read first: an abort at a key of a slot being migrated leaves the task listed, to be
+  -- cleaned by a later call
+  local state = rcall('HGET', task_key(prefix, tid, ''), 'state')
+  touch_task(prefix, tid)
   rcall('ZREM', K.finished, tid)
   rcall('ZREM', K.expiring, tid)
   -- listed as ended but running: a later task under the same id (the entry is stale)
-  local state = rcall('HGET', task_key(prefix, tid, ''), 'state')
   if not state or state == 'completed' or state == 'failed' or state == 'cancelled' then
     rcall('DEL', unpack(task_keys(prefix, tid)))
     rcall('ZREM', K.index, tid)

@@ -66,10 +66,38 @@ end
 if #taken == 0 then return codes end
 
 local per_shard_events = rcall('HGET', K.meta, 'events_completions') == '1'
-for _, g in ipairs(groups) do
+-- read first: every key of a task this call may write, before the first write (an abort at a
+-- key of a slot being migrated then leaves the shards held and nothing counted)
+local tasks = {}
+for gi, g in ipairs(groups) do
+  local tid, first, last, inc = g[1], g[2], g[3], g[4]
+  local any, agg, kept, state = false, false, false, false
+  for i = first, last do
+    if codes[i] == true then
+      any = true
+      if idxs[i] == 'agg' then agg = true end
+      if results[i] ~= '' then kept = true end
+      if states[i] == '1' then state = true end
+    end
+  end
+  if any then
+    local t = rcall('HMGET', task_key(prefix, tid, ''), 'seq', 'total')
+    tasks[gi] = t
+    if t[1] == inc then
+      local sfx = { ':terminal' }
+      if kept then sfx[#sfx + 1] = ':results' end
+      if state then sfx[#sfx + 1] = ':errors'; sfx[#sfx + 1] = ':shards' end
+      -- the aggregation job ends the task: its retention touches every key of it
+      if agg then sfx = nil end
+      touch_task(prefix, tid, sfx)
+    end
+  end
+end
+
+for gi, g in ipairs(groups) do
   local tid, first, last, inc = g[1], g[2], g[3], g[4]
   local tkey = task_key(prefix, tid, '')
-  local t = rcall('HMGET', tkey, 'seq', 'total')
+  local t = tasks[gi] or {}
   local live = t[1] == inc
   local total = tonumber(t[2] or '0')
   local ops, mine, dropped = {}, {}, {}

@@ -37,8 +37,10 @@ for s = 1, #refs, 4000 do
   for j = 1, #cur do
     local pair = s + j - 1
     if cur[j] ~= ARGV[2 * pair + 3] then
-      local tid = split_ref(refs[pair])
-      if tid and rcall('HGET', task_key(prefix, tid, ''), 'state') == 'cancelled' then
+      -- cancelled: the ref's own incarnation of its task is (not a later one under the id)
+      local tid, inc = split_ref(refs[pair])
+      local t = tid and rcall('HMGET', task_key(prefix, tid, ''), 'state', 'seq')
+      if t and t[1] == 'cancelled' and t[2] == inc then
         lost[#lost + 1] = -pair
       else
         lost[#lost + 1] = pair

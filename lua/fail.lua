@@ -40,6 +40,8 @@ for i = 3, #ARGV, 5 do
       -- another incarnation's shard (or one outside the task): let go, nothing recorded
       code = -3
     else
+      -- read first: an abort at a key of a slot being migrated leaves this shard held, unrecorded
+      touch_task(prefix, tid)
       local skey = shards_key(prefix, tid)
       local fails = rcall('HINCRBY', skey, idx .. ':fails', 1)
       if fails < max then

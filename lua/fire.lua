@@ -48,14 +48,17 @@ local now = now_ms()
 if fire > now then return -11 end
 local last = tonumber(rcall('HGET', K.schedule_state, name .. ':last') or '-1')
 if fire <= last then return 0 end
+-- read first: the previous fire's task (a key this call cannot declare) before anything is
+-- written, so that an abort at a key of a slot being migrated leaves the fire time unhandled
+local prev = run == '1' and overlap == 'skip' and rcall('HGET', K.schedule_state, name .. ':task')
+local prev_state = prev and rcall('HGET', task_key(prefix, prev, ''), 'state')
 rcall('HSET', K.schedule_state, name .. ':last', fire)
 if run ~= '1' then
   emit(prefix, 'event', 'schedule_missed', 'schedule', name, 'fire_ms', fire)
   return 2
 end
 if overlap == 'skip' then
-  local prev = rcall('HGET', K.schedule_state, name .. ':task')
-  local state = prev and rcall('HGET', task_key(prefix, prev, ''), 'state')
+  local state = prev_state
   if state and state ~= 'completed' and state ~= 'failed' and state ~= 'cancelled' then
     emit(prefix, 'event', 'schedule_overlap', 'schedule', name, 'fire_ms', fire, 'running', prev)
     return 3

@@ -44,7 +44,10 @@ for _, ref in ipairs(candidates) do
   local token = rcall('HGET', K.active, ref)
   if token and not holder_alive(token) then
     local tid, inc, idx = split_ref(ref)
-    if not current(prefix, tid, inc) then
+    local mine = current(prefix, tid, inc)
+    -- read first: an abort at a key of a slot being migrated leaves this shard held, unrecorded
+    if mine then touch_task(prefix, tid) end
+    if not mine then
       -- another incarnation's shard: let go, nothing recorded
     elseif rcall('HINCRBY', shards_key(prefix, tid), idx .. ':stalled', 1) > max_stalled then
       drop_state(prefix, tid, idx)

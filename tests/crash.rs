@@ -494,13 +494,14 @@ fn monitor(port: u16, prefix: &str, task: &str) -> JoinHandle<Observed> {
                     o.done_incr += n.parse::<u64>().unwrap_or_else(|_| panic!("HINCRBY done of no count: {cmd}"));
                 } else if has(&format!("{tkey} \"failed\" \"1\"")) {
                     o.failed_incr += 1;
-                } else if has(&format!("{shards} \"agg:attempt\" \"1\"")) {
-                    o.agg_claims += 1;
                 } else if has(&shards) && has(":stalled\" \"1\"") {
                     o.stall_recoveries += 1;
                 } else if has(&shards) && has(":fails\" \"1\"") {
                     o.failed_attempts += 1;
                 }
+            } else if cmd.starts_with(&format!("\"HSET\" {shards} \"agg:attempt\" ")) {
+                // a claim of the aggregation job records its attempt number
+                o.agg_claims += 1;
             } else if cmd.starts_with("\"SETBIT\" ") && has(&terminal) {
                 o.setbit += 1;
             } else if cmd.starts_with("\"BITFIELD\" ") && has(&terminal) {

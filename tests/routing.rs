@@ -1108,7 +1108,7 @@ fn each_node_is_live_for_its_own_member_timeout() {
         let client = shardctl_common::conn::open(&redis.url()).unwrap();
         let mut con = client.manager().await.unwrap();
         // both beat 30 s ago by the server's clock (the one join.lua scores with)
-        let beat = shardctl_common::time::server_now_ms(&mut con).await.unwrap() - 30_000;
+        let beat = shardctl_common::time::server_now_ms(&mut con, &keys).await.unwrap() - 30_000;
         for (node, timeout) in [("patient", 60_000u64), ("hasty", 20_000)] {
             let fields = [("host", "h".to_owned())];
             let joined = scripts::join(&mut con, &keys, node, node, timeout, &fields).await.unwrap();

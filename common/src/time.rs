@@ -11,11 +11,16 @@ pub fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
-/// Milliseconds since the Unix epoch by the Redis server's clock (`TIME`): what the scripts
-/// store and compare, so what a process must use to judge a stored time (due fire times,
-/// ages of heartbeats). On a cluster, the clock of the node the connection routes `TIME` to.
-pub async fn server_now_ms<C: ConnectionLike + Send>(con: &mut C) -> crate::Result<u64> {
-    let (s, us): (u64, u64) = redis::cmd("TIME").query_async(con).await?;
+/// `TIME` in a script whose one key is the queue's `meta`: it touches no key, the key only routes
+/// the call to the queue's master on a cluster.
+static SERVER_TIME: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new("return redis.call('TIME')"));
+
+/// Milliseconds since the Unix epoch by the clock of the Redis server that holds queue `keys`
+/// (`TIME` on its master, also on a cluster): what the scripts store and compare, so what a
+/// process must use to judge a stored time (due fire times, ages of heartbeats).
+pub async fn server_now_ms<C: ConnectionLike + Send>(con: &mut C, keys: &crate::Keys) -> crate::Result<u64> {
+    let (s, us): (u64, u64) = SERVER_TIME.key(keys.meta()).invoke_async(con).await?;
     Ok(s * 1000 + us / 1000)
 }
 

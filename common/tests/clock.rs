@@ -19,7 +19,7 @@ use support::Env;
 const LONG_LOCK: u64 = 60_000;
 
 async fn server_ms(env: &mut Env) -> u64 {
-    server_now_ms(&mut env.con).await.unwrap()
+    server_now_ms(&mut env.con, &env.keys).await.unwrap()
 }
 
 #[tokio::test]

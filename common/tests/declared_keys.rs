@@ -101,6 +101,10 @@ fn uses(
         let name: String = text[i + 2..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
         k.insert(name);
     }
+    if text.contains("TASK_SUFFIXES") {
+        // every key of the task (task_keys, touch_task without a list)
+        t.extend(["", ":terminal", ":results", ":errors", ":keys", ":shards"].map(str::to_owned));
+    }
     for (i, _) in text.match_indices("task_key(prefix, ") {
         let rest = &text[i..];
         let arg = rest.split(", ").nth(2).unwrap_or_default();

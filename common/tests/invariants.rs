@@ -39,9 +39,9 @@ async fn dispatch_of_a_million_shards_is_constant_in_keys() {
     spec.payload = r#"{"k":1}"#.into();
     spec.attempts = 5;
     spec.priority = 3;
-    let before = shardctl_common::time::server_now_ms(&mut env.con).await.unwrap();
+    let before = shardctl_common::time::server_now_ms(&mut env.con, &env.keys).await.unwrap();
     env.dispatch(&spec).await;
-    let after = shardctl_common::time::server_now_ms(&mut env.con).await.unwrap();
+    let after = shardctl_common::time::server_now_ms(&mut env.con, &env.keys).await.unwrap();
 
     let keys = env.all_keys().await;
     assert!(keys.len() < 10, "dispatching 1,000,000 shards created {} keys: {keys:?}", keys.len());

@@ -106,7 +106,7 @@ pub async fn leave(con: &mut Conn, keys: &Keys, m: &Member) -> Result<bool> {
 /// The live node ids, sorted: those whose last heartbeat is within their own member timeout, by
 /// the Redis server's clock (the one `join.lua` scored them with).
 pub async fn live(con: &mut Conn, keys: &Keys) -> Result<Vec<String>> {
-    let now = server_now_ms(con).await?;
+    let now = server_now_ms(con, keys).await?;
     let mut v: Vec<String> =
         redis::cmd("ZRANGEBYSCORE").arg(keys.nodes()).arg(format!("({now}")).arg("+inf").query_async(con).await?;
     v.sort();

@@ -161,7 +161,7 @@ pub struct NodeStatus {
 /// The live executors with their routed waiting and active shards.
 pub async fn nodes<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Result<Vec<NodeStatus>> {
     // scores are "alive until": the heartbeat plus the node's own timeout, by the server's clock
-    let now = shardctl_common::time::server_now_ms(con).await?;
+    let now = shardctl_common::time::server_now_ms(con, keys).await?;
     let live: Vec<(String, f64)> = redis::cmd("ZRANGEBYSCORE")
         .arg(keys.nodes())
         .arg(format!("({now}"))

@@ -18,7 +18,7 @@ const MAX_SLEEP: Duration = Duration::from_secs(1);
 /// Runs until `stop`.
 pub async fn run(mut con: Conn, keys: Keys, stop: CancellationToken) {
     loop {
-        let now = server_now_ms(&mut con).await;
+        let now = server_now_ms(&mut con, &keys).await;
         let ticked = match now {
             Ok(now) => schedule::tick(&mut con, &keys, now).await.map(|r| (now, r)),
             Err(e) => Err(e),

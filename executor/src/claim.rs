@@ -64,6 +64,10 @@ pub(crate) async fn run(shared: Arc<Shared>, tracker: &TaskTracker, shutdown: Ca
             Ok(o) if !o.shards.is_empty() => {
                 failures = 0;
                 if o.lease_lapsed {
+                    // Redis may have lost data (a restart, a failover to a lagging replica): an
+                    // id dispatched again there may reuse an incarnation number, so nothing
+                    // cached is trusted any more
+                    shared.tasks.clear();
                     shared.must_check.store(true, Ordering::SeqCst);
                     shared.check_tokens.notify_one();
                 }
@@ -146,6 +150,8 @@ pub(crate) async fn run(shared: Arc<Shared>, tracker: &TaskTracker, shutdown: Ca
                 drop(batch);
                 // the script may have run and its reply been lost: the heartbeat reconciles
                 shared.must_reconcile.store(true, Ordering::SeqCst);
+                // Redis may be another server when it answers again (see `lease_lapsed` above)
+                shared.tasks.clear();
                 // and it may have retaken a lapsed lease: compare every token at the next beat
                 shared.must_check.store(true, Ordering::SeqCst);
                 shared.check_tokens.notify_one();

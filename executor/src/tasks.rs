@@ -67,6 +67,11 @@ impl TaskCache {
     pub(crate) fn forget(&self, id: &str) {
         self.map.lock().unwrap().remove(id);
     }
+
+    /// Forgets every task: after Redis may have lost data, an incarnation number can repeat.
+    pub(crate) fn clear(&self) {
+        self.map.lock().unwrap().clear();
+    }
 }
 
 /// Reads a task from Redis, uncached.

@@ -60,6 +60,19 @@ local function split_ref(ref)
   return string.match(ref, '^([^:]+):(%d+):([^:]+)$')
 end
 
+-- Every key a task owns, as suffixes of `task:<id>` (the same list as Keys::task_keys).
+local TASK_SUFFIXES = { '', ':terminal', ':results', ':errors', ':keys', ':shards' }
+
+-- Reads keys of task `tid` (suffixes of `task:<id>`; all of them when none are given) before a
+-- script writes any of them: on a cluster, a key of a slot being migrated that is not here any
+-- more aborts the script at this read, before anything was written, instead of part-way
+-- (ARCHITECTURE.md "Declared keys", order of writes).
+local function touch_task(prefix, tid, suffixes)
+  local ks = {}
+  for i, sfx in ipairs(suffixes or TASK_SUFFIXES) do ks[i] = task_key(prefix, tid, sfx) end
+  rcall('EXISTS', unpack(ks))
+end
+
 -- The hash of a task's per-shard state: `<index>:attempt`, `:fails`, `:stalled`, `:node` (and
 -- `agg:*`), only for shards that were claimed more than once, failed, stalled or routed back.
 local function shards_key(prefix, tid)
@@ -113,14 +126,16 @@ end
 -- Starts delayed tasks whose start time has come (at most 100): a pull task becomes runnable,
 -- a routed one waits in `unrouted` for a rebalancer to place it. Returns how many.
 local function start_due_tasks(prefix, now)
-  local key = K.scheduled
-  local due = rcall('ZRANGEBYSCORE', key, '-inf', now, 'LIMIT', 0, 100)
-  for _, tid in ipairs(due) do
-    rcall('ZREM', key, tid)
-    local tkey = task_key(prefix, tid, '')
-    local t = rcall('HMGET', tkey, 'state', 'strategy', 'priority', 'seq')
+  local due = rcall('ZRANGEBYSCORE', K.scheduled, '-inf', now, 'LIMIT', 0, 100)
+  if #due == 0 then return 0 end
+  -- read first: an abort at a key of a slot being migrated leaves the tasks scheduled
+  local ts = {}
+  for i, tid in ipairs(due) do ts[i] = rcall('HMGET', task_key(prefix, tid, ''), 'state', 'strategy', 'priority', 'seq') end
+  call_chunked('ZREM', K.scheduled, due)
+  for i, tid in ipairs(due) do
+    local t = ts[i]
     if t[1] == 'delayed' then
-      rcall('HSET', tkey, 'state', 'running')
+      rcall('HSET', task_key(prefix, tid, ''), 'state', 'running')
       if t[2] == 'pull' then
         rcall('ZADD', K.tasks, runnable_score(t[3], t[4]), tid)
         wake(prefix)
@@ -147,14 +162,23 @@ end
 -- failed on, the others to `wait`. Returns how many.
 local function promote_due(prefix, now)
   start_due_tasks(prefix, now)
-  local delayed = K.delayed
-  local due = rcall('ZRANGEBYSCORE', delayed, '-inf', now, 'LIMIT', 0, 1000)
+  local due = rcall('ZRANGEBYSCORE', K.delayed, '-inf', now, 'LIMIT', 0, 1000)
   if #due == 0 then return 0 end
-  call_chunked('ZREM', delayed, due)
-  local plain = {}
-  for _, ref in ipairs(due) do
+  -- read first (where each goes), then move: an abort at a key of a slot being migrated leaves
+  -- every retry in `delayed`
+  local nodes = {}
+  for i, ref in ipairs(due) do
     local tid, inc, idx = split_ref(ref)
     local node = current(prefix, tid, inc) and rcall('HGET', shards_key(prefix, tid), idx .. ':node')
+    if node then
+      rcall('EXISTS', prefix .. 'node:' .. node .. ':wait', prefix .. 'node:' .. node .. ':marker')
+    end
+    nodes[i] = node
+  end
+  call_chunked('ZREM', K.delayed, due)
+  local plain = {}
+  for i, ref in ipairs(due) do
+    local node = nodes[i]
     if node then
       rcall('RPUSH', prefix .. 'node:' .. node .. ':wait', ref)
       rcall('SADD', K.routed_nodes, node)
@@ -187,6 +211,7 @@ end
 local function requeue(prefix, ref, front)
   local tid, inc, idx = split_ref(ref)
   if not current(prefix, tid, inc) then return false end
+  touch_task(prefix, tid, { ':shards' })
   rcall('HSETNX', shards_key(prefix, tid), idx .. ':attempt', 1)
   if idx ~= 'agg' and rcall('HGET', task_key(prefix, tid, ''), 'strategy') ~= 'pull' then
     rcall('RPUSH', K.reroute, ref)
@@ -236,11 +261,9 @@ end
 
 -- Every key a task owns (the same list as common::keys::Keys::task_keys).
 local function task_keys(prefix, tid)
-  local t = task_key(prefix, tid, '')
-  return {
-    t, task_key(prefix, tid, ':terminal'), task_key(prefix, tid, ':results'), task_key(prefix, tid, ':errors'),
-    task_key(prefix, tid, ':keys'), task_key(prefix, tid, ':shards'),
-  }
+  local ks = {}
+  for i, sfx in ipairs(TASK_SUFFIXES) do ks[i] = task_key(prefix, tid, sfx) end
+  return ks
 end
 
 -- Ends a task in `state` (completed, failed, cancelled): it leaves `running` for `finished`, its

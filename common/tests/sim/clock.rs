@@ -4,12 +4,13 @@
 
 use shardctl_common::conn::Conn;
 use shardctl_common::time::server_now_ms;
+use shardctl_common::Keys;
 
 /// Sleeps until the server's clock has passed `due_ms` (a retry's due time as a script wrote it,
 /// at most a few ms away).
-pub async fn wait_past(con: &mut Conn, due_ms: u64) -> Result<(), String> {
+pub async fn wait_past(con: &mut Conn, keys: &Keys, due_ms: u64) -> Result<(), String> {
     loop {
-        let now = server_now_ms(con).await.map_err(|e| format!("TIME: {e}"))?;
+        let now = server_now_ms(con, keys).await.map_err(|e| format!("TIME: {e}"))?;
         if now > due_ms {
             return Ok(());
         }

@@ -154,7 +154,7 @@ impl World {
         let last: Vec<(String, u64)> =
             self.con.zrange_withscores(self.keys.delayed(), -1, -1).await.map_err(|e| format!("ZRANGE: {e}"))?;
         if let Some((_, due)) = last.first() {
-            wait_past(&mut self.con, *due).await?;
+            wait_past(&mut self.con, &self.keys, *due).await?;
         }
         Ok(())
     }
