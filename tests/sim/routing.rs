@@ -181,6 +181,8 @@ impl World {
         let r = rebalance(&mut self.con, &self.keys).await.map_err(|e| format!("rebalance: {e}"))?;
         self.note(format!("rebalance (live {live:?}, expired {expired:?}): {r:?}"));
         let Some(mut rep) = r else { return Err("the rebalance lock is taken, no rebalancer runs".into()) };
+        // it removes the flag at its end, whoever set it
+        self.rebalancing = false;
         for ex in self.execs.iter_mut().filter(|e| e.member == Member::Expired) {
             ex.member = Member::Out;
         }
@@ -223,6 +225,34 @@ impl World {
         }
         for n in &self.snap.routed_nodes {
             ensure!(live.contains(n), "after a rebalance `routed-nodes` names departed {n}");
+        }
+        Ok(())
+    }
+
+    /// A rebalancer mid-way through re-placing the live lists (it set `rebalancing`), or done.
+    pub async fn flag_rebalancing(&mut self) -> Outcome {
+        let key = self.keys.rebalancing();
+        let r: redis::RedisResult<()> = if self.rebalancing {
+            self.con.del(&key).await
+        } else {
+            redis::cmd("SET").arg(&key).arg(1).arg("PX").arg(600_000).query_async(&mut self.con).await
+        };
+        r.map_err(|e| format!("rebalancing: {e}"))?;
+        self.rebalancing = !self.rebalancing;
+        self.note(format!("rebalancing = {}", self.rebalancing));
+        Ok(())
+    }
+
+    /// While `rebalancing` is set a claim pops no node list: each list before it starts what it
+    /// holds after it (due routed retries may have joined their node's list at its back).
+    pub async fn check_lists_untouched(&mut self, before: &[(String, Vec<String>)]) -> Outcome {
+        self.refresh().await;
+        for (n, l) in before {
+            let now = self.snap.list(n);
+            ensure!(
+                now.starts_with(l),
+                "a claim while `rebalancing` is set took from node {n}'s list {l:?}: now {now:?}"
+            );
         }
         Ok(())
     }

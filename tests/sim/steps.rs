@@ -103,6 +103,12 @@ impl World {
         let refs: Vec<String> = out.shards.iter().map(|c| c.shard_ref.to_string()).collect();
         let how = if lost { " (reply lost)" } else { "" };
         self.note(format!("{token} claims {count}{how}: {refs:?} paused={} lapsed={}", out.paused, out.lease_lapsed));
+        if self.rebalancing {
+            let (pre, lists) = (self.snap.clone(), self.snap.lists.clone());
+            self.check_lists_untouched(&lists).await?;
+            // the checks below compare with the state before the claim
+            self.snap = pre;
+        }
         if self.model.paused {
             ensure!(out.paused && out.shards.is_empty(), "a claim on the paused queue returned {refs:?}");
             return Ok(());

@@ -35,6 +35,8 @@ pub struct World {
     pub instances: Vec<String>,
     pub nodes: Vec<String>,
     pub log: VecDeque<String>,
+    /// A rebalancer is re-placing live lists (`rebalancing` is set): claims leave node lists alone.
+    pub rebalancing: bool,
     /// The step being taken (for the log).
     pub at: u64,
     log_len: usize,
@@ -57,6 +59,7 @@ impl World {
             snap: Snapshot::default(),
             ids: (0..IDS).map(|i| format!("t{i}")).collect(),
             log: VecDeque::new(),
+            rebalancing: false,
             at: 0,
             log_len: log_len(),
             tally: Default::default(),
@@ -108,8 +111,8 @@ impl World {
     pub async fn step(&mut self) -> Outcome {
         let resume = if self.model.paused { 10 } else { 1 };
         //          disp claim compl fail rel beat lostc disown lostr lease sweep cancel retry clean pause expire redo
-        //          join leave depart rebal resume lateroute laterehome
-        let weights = [8, 18, 22, 8, 3, 6, 2, 3, 3, 2, 4, 3, 3, 3, resume, 1, 3, 4, 1, 2, 5, 1, 1, 2];
+        //          join leave depart rebal resume lateroute laterehome flag
+        let weights = [8, 18, 22, 8, 3, 6, 2, 3, 3, 2, 4, 3, 3, 3, resume, 1, 3, 4, 1, 2, 5, 1, 1, 2, 1];
         let action = self.rng.weighted(&weights);
         let e = self.rng.below(self.execs.len());
         let count = self.rng.range(1, 4) as usize;
@@ -158,7 +161,8 @@ impl World {
             20 => self.rebalance().await?,
             21 => self.resume().await?,
             22 => self.stale_route().await?,
-            _ => self.stale_rehome().await?,
+            23 => self.stale_rehome().await?,
+            _ => self.flag_rebalancing().await?,
         }
         self.settle().await
     }
