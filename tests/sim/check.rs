@@ -5,8 +5,12 @@
 //! - results only of completed shards, each written with the spec of this incarnation; reasons
 //!   for every failed shard and for no completed one;
 //! - no lost and no duplicated shard: a shard handed out and not terminal is in exactly one of
-//!   `wait`, `active`, `delayed`; a terminal or not yet handed out one in none; the aggregation
-//!   job exactly once while aggregating (one per round) and never otherwise;
+//!   `wait`, `active`, `delayed`, a node list, `reroute`; a terminal or not yet handed out one
+//!   (past a pull task's `cursor`, past a routed task's `routed` cursor) in none; the
+//!   aggregation job exactly once while aggregating (one per round) and never otherwise;
+//! - a routed task is in `unrouted` exactly while it runs not fully placed;
+//! - `nodes` holds exactly the executors the model counts as members (an expired one with its
+//!   score in the past), `routed-nodes` only the executors' nodes, and lists only refs;
 //! - only current incarnations of unended tasks are held or delayed, only non-terminal shards
 //!   are held;
 //! - a task the model does not know (never dispatched, cleaned, expired) has no key at all.
@@ -15,6 +19,7 @@ use std::collections::HashMap;
 
 use shardctl_common::model::{Part, ShardRef};
 
+use super::executor::Member;
 use super::model::{State, TaskModel, Term};
 use super::snapshot::TaskView;
 use super::world::World;
@@ -24,9 +29,10 @@ impl World {
     /// Every invariant on the last snapshot.
     pub fn check(&self) -> Outcome {
         let mut copies: HashMap<&str, usize> = HashMap::new();
-        for r in self.snap.wait.iter().chain(self.snap.active.keys()).chain(&self.snap.delayed) {
+        for r in self.snap.placed() {
             *copies.entry(r.as_str()).or_default() += 1;
         }
+        self.check_membership()?;
         for id in &self.ids {
             let v = &self.snap.tasks[id];
             match self.model.tasks.get(id) {
@@ -36,7 +42,12 @@ impl World {
                     v.keys,
                     v.hash
                 ),
-                Some(tm) => check_task(id, tm, v, &copies)?,
+                Some(tm) => {
+                    check_task(id, tm, v, &copies)?;
+                    let listed = self.snap.unrouted.contains(id);
+                    let want = tm.routed() && tm.state == State::Running && v.num("routed") < tm.total;
+                    ensure!(listed == want, "task {id}:{} ({:?}) in `unrouted`: {listed}", tm.inc, tm.state);
+                }
             }
         }
         for (r, t) in &self.snap.active {
@@ -55,6 +66,31 @@ impl World {
             let sr: ShardRef = r.parse().map_err(|e| format!("delayed ref {r}: {e}"))?;
             let tm = self.model.tasks.get(&sr.task).filter(|tm| tm.inc == sr.inc && !tm.state.ended());
             ensure!(tm.is_some(), "{r} waits in `delayed`: not a running incarnation");
+        }
+        Ok(())
+    }
+
+    /// `nodes` and `routed-nodes` against the executors.
+    fn check_membership(&self) -> Outcome {
+        for ex in &self.execs {
+            let score = self.snap.nodes.get(&ex.node);
+            match ex.member {
+                Member::Out => ensure!(score.is_none(), "node {} left but is in `nodes` ({score:?})", ex.node),
+                Member::Live => ensure!(score.is_some_and(|s| s != "1"), "live node {} scored {score:?}", ex.node),
+                Member::Expired => {
+                    ensure!(score.is_some_and(|s| s == "1"), "expired node {} scored {score:?}", ex.node)
+                }
+            }
+        }
+        ensure!(self.snap.nodes.len() <= self.execs.len(), "`nodes` holds strangers: {:?}", self.snap.nodes);
+        for n in &self.snap.routed_nodes {
+            ensure!(self.nodes.contains(n), "`routed-nodes` names {n}, no executor's node");
+        }
+        for (n, l) in &self.snap.lists {
+            ensure!(
+                l.is_empty() || self.snap.routed_nodes.contains(n),
+                "node {n} has a list {l:?} but is not in `routed-nodes`"
+            );
         }
         Ok(())
     }
@@ -109,7 +145,9 @@ fn check_task(id: &str, tm: &TaskModel, v: &TaskView, copies: &HashMap<&str, usi
         // its queued refs are left for the claims to drop
         return Ok(());
     }
-    let cursor = v.num("cursor");
+    // shards a pull task handed out are below its cursor; a routed task's, below its `routed`
+    let cursor = if tm.routed() { v.num("routed") } else { v.num("cursor") };
+    ensure!(cursor <= total, "task {id}:{inc}: cursor {cursor} past its {total} shards");
     for i in 0..total {
         let r = format!("{id}:{inc}:{i}");
         let n = copies.get(r.as_str()).copied().unwrap_or(0);

@@ -1,10 +1,15 @@
 //! Quiescence: the queue is resumed and every executor beats (comparing its tokens), reports
 //! what it holds, gives back what it does not know, and claims and completes until nothing is
-//! left; sweeps recover what lease-less holders kept. Then every task not cancelled must have
-//! ended completed or failed with `done + failed == total`, and nothing may be held.
+//! left (the live members; a member joins if none is left); sweeps recover what lease-less
+//! holders kept and rebalances place routed work. Then every task not cancelled must have ended
+//! completed or failed with `done + failed == total`, nothing may be held, and no node list,
+//! `reroute` or `wait` may keep a ref of a current incarnation that was not cancelled.
 
 use std::time::Duration;
 
+use shardctl_common::model::ShardRef;
+
+use super::executor::Member;
 use super::model::State;
 use super::world::World;
 use super::Outcome;
@@ -20,6 +25,11 @@ impl World {
             self.pause_or_resume().await?;
             self.settle().await?;
         }
+        if self.live_nodes().is_empty() {
+            // routed work needs a member: the first executor joins
+            self.join(0).await?;
+            self.settle().await?;
+        }
         for round in 0..ROUNDS {
             let mut claimed = false;
             for e in 0..self.execs.len() {
@@ -28,12 +38,17 @@ impl World {
                 self.finish_all(e).await?;
                 self.disown(e).await?;
                 self.settle().await?;
+                if self.execs[e].member != Member::Live {
+                    continue;
+                }
                 self.claim(e, 4, false).await?;
                 self.settle().await?;
                 claimed |= !self.execs[e].held.is_empty();
                 self.finish_all(e).await?;
             }
             self.sweep().await?;
+            self.settle().await?;
+            self.rebalance().await?;
             self.settle().await?;
             let idle = self.snap.active.is_empty() && self.execs.iter().all(|e| e.held.is_empty());
             if idle && self.model.tasks.values().all(|t| t.state.ended()) {
@@ -66,6 +81,13 @@ impl World {
     }
 
     fn quiescent(&self) -> Outcome {
+        // no queued ref of an incarnation that still counts (cancelled ones are dropped lazily)
+        let lists = self.snap.lists.iter().flat_map(|(_, l)| l);
+        for r in self.snap.reroute.iter().chain(lists).chain(&self.snap.wait) {
+            let sr: ShardRef = r.parse().map_err(|e| format!("queued ref {r}: {e}"))?;
+            let live = self.model.tasks.get(&sr.task).is_some_and(|t| t.inc == sr.inc && t.state != State::Cancelled);
+            ensure!(!live, "at quiescence {r} is still queued");
+        }
         for (id, tm) in &self.model.tasks {
             let v = &self.snap.tasks[id];
             let (done, failed) = (v.num("done"), v.num("failed"));

@@ -11,8 +11,9 @@ use shardctl_common::Keys;
 
 /// Reads everything at once, as one JSON text (a reply of a few hundred values costs the
 /// debug-built client far more than the server). KEYS: active, wait, delayed, stalled, meta,
-/// then one lease per instance, then each id's `Keys::task_keys` (6 each: the task hash,
-/// terminal, results, errors, keys, shards). ARGV: the number of instances, of ids.
+/// reroute, unrouted, nodes, routed-nodes, then one lease per instance, then each id's
+/// `Keys::task_keys` (6 each: the task hash, terminal, results, errors, keys, shards), then one
+/// `node:<n>:wait` per node. ARGV: the number of instances, of ids, of nodes.
 static SNAPSHOT: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(
         r"
@@ -33,8 +34,11 @@ local out = {
   active = map(redis.call('HGETALL', KEYS[1])), wait = redis.call('LRANGE', KEYS[2], 0, -1),
   delayed = redis.call('ZRANGE', KEYS[3], 0, -1), stalled = redis.call('SMEMBERS', KEYS[4]),
   cancels = redis.call('HGET', KEYS[5], 'cancels') or '0', leases = {}, tasks = {},
+  reroute = redis.call('LRANGE', KEYS[6], 0, -1), unrouted = redis.call('ZRANGE', KEYS[7], 0, -1),
+  nodes = map(redis.call('ZRANGE', KEYS[8], 0, -1, 'WITHSCORES')), routed_nodes = redis.call('SMEMBERS', KEYS[9]),
+  lists = {},
 }
-local k = 6
+local k = 10
 for i = 1, tonumber(ARGV[1]) do
   out.leases[i] = redis.call('EXISTS', KEYS[k])
   k = k + 1
@@ -46,6 +50,10 @@ for i = 1, tonumber(ARGV[2]) do
     keys = redis.call('EXISTS', unpack(KEYS, k, k + 5)),
   }
   k = k + 6
+end
+for i = 1, tonumber(ARGV[3]) do
+  out.lists[i] = redis.call('LRANGE', KEYS[k], 0, -1)
+  k = k + 1
 end
 return cjson.encode(out)
 ",
@@ -112,15 +120,23 @@ pub struct Snapshot {
     pub leases: HashMap<String, bool>,
     /// Each pool id's keys.
     pub tasks: HashMap<String, TaskView>,
+    pub reroute: Vec<String>,
+    pub unrouted: Vec<String>,
+    /// `nodes`: node -> alive until (ms).
+    pub nodes: HashMap<String, String>,
+    pub routed_nodes: HashSet<String>,
+    /// `node:<n>:wait` of every executor's node, by node.
+    pub lists: Vec<(String, Vec<String>)>,
 }
 
 impl Snapshot {
     /// Reads it.
-    pub async fn read(con: &mut Conn, keys: &Keys, ids: &[String], instances: &[String]) -> Snapshot {
+    pub async fn read(con: &mut Conn, keys: &Keys, ids: &[String], instances: &[String], nodes: &[String]) -> Snapshot {
         // one read-only script: one round trip, and a view of one instant
         let mut inv = SNAPSHOT.prepare_invoke();
         inv.key(keys.active()).key(keys.wait()).key(keys.delayed()).key(keys.stalled()).key(keys.meta());
-        inv.arg(instances.len()).arg(ids.len());
+        inv.key(keys.reroute()).key(keys.unrouted()).key(keys.nodes()).key(keys.routed_nodes());
+        inv.arg(instances.len()).arg(ids.len()).arg(nodes.len());
         for i in instances {
             inv.key(keys.lease(i));
         }
@@ -128,6 +144,9 @@ impl Snapshot {
             for k in keys.task_keys(id) {
                 inv.key(k);
             }
+        }
+        for n in nodes {
+            inv.key(keys.node_wait(n));
         }
         let text: String = inv.invoke_async(con).await.expect("snapshot script");
         let v: Json = serde_json::from_str(&text).expect("snapshot JSON");
@@ -139,8 +158,15 @@ impl Snapshot {
             delayed: list(&v["delayed"]),
             stalled: list(&v["stalled"]).into_iter().collect(),
             cancels: v["cancels"].as_str().expect("cancels").to_owned(),
+            reroute: list(&v["reroute"]),
+            unrouted: list(&v["unrouted"]),
+            nodes: map(&v["nodes"]),
+            routed_nodes: list(&v["routed_nodes"]).into_iter().collect(),
             ..Default::default()
         };
+        for (n, node) in nodes.iter().enumerate() {
+            s.lists.push((node.clone(), list(&v["lists"][n])));
+        }
         for (n, i) in instances.iter().enumerate() {
             s.leases.insert(i.clone(), v["leases"][n] == 1);
         }
@@ -156,6 +182,17 @@ impl Snapshot {
             s.tasks.insert(id.clone(), view);
         }
         s
+    }
+
+    /// Every ref queued in a node list, `reroute`, `wait` or `delayed`, or held.
+    pub fn placed(&self) -> impl Iterator<Item = &String> {
+        let lists = self.lists.iter().flat_map(|(_, l)| l);
+        self.wait.iter().chain(self.active.keys()).chain(&self.delayed).chain(&self.reroute).chain(lists)
+    }
+
+    /// The list of `node`.
+    pub fn list(&self, node: &str) -> &[String] {
+        self.lists.iter().find(|(n, _)| n == node).map_or(&[], |(_, l)| l)
     }
 
     /// True when the holder of `token` has a lease.

@@ -7,6 +7,7 @@ use std::time::Duration;
 use redis::AsyncCommands;
 use shardctl_common::control;
 use shardctl_common::model::TaskSpec;
+use shardctl_common::ring::Strategy;
 use shardctl_common::scripts;
 use shardctl_common::{Error, ScriptCode};
 
@@ -44,13 +45,28 @@ impl World {
         spec.payload = format!("{{\"n\":{nonce}}}");
         // a retention that never runs out by itself: `expire_task` plays it out
         spec.retain = self.rng.chance(30).then(|| Duration::from_secs(600));
-        let r = scripts::dispatch(&mut self.con, &self.keys, &spec).await;
+        if self.rng.chance(50) {
+            spec.strategy = [Strategy::ConsistentHash, Strategy::RoundRobin, Strategy::HashMod][self.rng.below(3)];
+        }
+        let routed = spec.strategy != Strategy::Pull;
+        // a routed dispatch: the coordinator's, or one cut short (the task created, part placed)
+        let cut = routed && self.rng.chance(30);
+        let r = if routed && !cut {
+            self.dispatch_routed(&spec).await?
+        } else {
+            scripts::dispatch(&mut self.con, &self.keys, &spec).await
+        };
         self.note(format!(
-            "dispatch {id} ({} shards, {} attempts, retain {:?}, dispatch {nonce}): {r:?}",
-            spec.shards, spec.attempts, spec.retain
+            "dispatch {id} ({} shards, {} attempts, retain {:?}, {}{}, dispatch {nonce}): {r:?}",
+            spec.shards,
+            spec.attempts,
+            spec.retain,
+            spec.strategy.as_str(),
+            if cut { " cut short" } else { "" }
         ));
         match (taken, r) {
             (true, Err(Error::Script(ScriptCode::TaskExists))) => Ok(()),
+            (true, Err(Error::Invalid(_))) if routed && !cut => Ok(()),
             (false, Ok(())) => {
                 let seq: u64 = self.con.hget(self.keys.task(&id), "seq").await.map_err(|e| format!("HGET seq: {e}"))?;
                 ensure!(
@@ -59,9 +75,16 @@ impl World {
                     self.model.last_seq
                 );
                 self.model.last_seq = seq;
-                let tm = TaskModel::new(seq, spec.shards, spec.attempts, nonce, spec.retain.is_some());
+                let mut tm = TaskModel::new(seq, spec.shards, spec.attempts, nonce, spec.retain.is_some());
+                tm.strategy = spec.strategy;
+                let shards = spec.shards;
+                tm.spec = routed.then_some(spec);
                 self.model.tasks.insert(id.clone(), tm);
                 self.model.stale_entries.remove(&id);
+                if cut {
+                    let n = self.rng.range(0, shards);
+                    self.route_part(&id, n).await?;
+                }
                 Ok(())
             }
             (taken, r) => Err(format!("dispatch of {id} (taken: {taken}) answered {r:?}")),

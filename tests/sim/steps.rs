@@ -14,7 +14,7 @@ use redis::AsyncCommands;
 use super::clock::wait_past;
 use super::executor::{instance_of, Held};
 use super::model::{State, TaskModel, Term};
-use super::world::{World, LOCK_MS, NODE};
+use super::world::{World, LOCK_MS};
 use super::Outcome;
 
 /// A batch script's per-item answer as the script returns it.
@@ -96,12 +96,19 @@ impl World {
         self.retries_due().await?;
         let seq = self.execs[e].next_seq();
         let inst = self.execs[e].instance.clone();
+        let node = self.execs[e].node.clone();
         let token = format!("{inst}:{seq}");
-        let req = ClaimRequest { count, lock_ms: LOCK_MS, token_base: &inst, seq, node: NODE };
+        let req = ClaimRequest { count, lock_ms: LOCK_MS, token_base: &inst, seq, node: &node };
         let out = scripts::claim(&mut self.con, &self.keys, &req).await.map_err(|e| format!("claim: {e}"))?;
         let refs: Vec<String> = out.shards.iter().map(|c| c.shard_ref.to_string()).collect();
         let how = if lost { " (reply lost)" } else { "" };
         self.note(format!("{token} claims {count}{how}: {refs:?} paused={} lapsed={}", out.paused, out.lease_lapsed));
+        if self.rebalancing {
+            let (pre, lists) = (self.snap.clone(), self.snap.lists.clone());
+            self.check_lists_untouched(&lists).await?;
+            // the checks below compare with the state before the claim
+            self.snap = pre;
+        }
         if self.model.paused {
             ensure!(out.paused && out.shards.is_empty(), "a claim on the paused queue returned {refs:?}");
             return Ok(());
@@ -175,8 +182,9 @@ impl World {
             Some(delay_ms) => FinishedAs::Failed { delay_ms, reason: "boom" },
         };
         let items = [Finished { claim: &claim, outcome }];
+        let node = &self.execs[e].node;
         let codes =
-            scripts::finish(&mut self.con, &self.keys, NODE, &items).await.map_err(|e| format!("finish: {e}"))?;
+            scripts::finish(&mut self.con, &self.keys, node, &items).await.map_err(|e| format!("finish: {e}"))?;
         let got = code_of(&codes[0]);
         let what = match delay {
             None => "completes".to_owned(),

@@ -15,9 +15,24 @@ pub struct Held {
     pub reported: bool,
 }
 
+/// An executor's membership, as `nodes` must hold it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Member {
+    /// Not in `nodes` (never joined, left, or reaped).
+    Out,
+    /// Joined: its score is in the future.
+    Live,
+    /// Its membership ran out (score in the past), not reaped yet.
+    Expired,
+}
+
 /// One executor.
 pub struct Executor {
     pub instance: String,
+    /// Its node id: numeric, so that `routed-nodes` is an intset and `SMEMBERS` (the order in
+    /// which a rebalance fails departed nodes over) does not follow the server's hash seed.
+    pub node: String,
+    pub member: Member,
     /// The seq of the next claim token `<instance>:<seq>`.
     pub seq: u64,
     pub held: Vec<Held>,
@@ -33,6 +48,8 @@ impl Executor {
     pub fn new(n: usize) -> Self {
         Executor {
             instance: format!("e{n}"),
+            node: format!("{}", 10 + n),
+            member: Member::Out,
             seq: 0,
             held: Vec::new(),
             cache: SpecCache::default(),

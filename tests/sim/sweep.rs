@@ -26,7 +26,8 @@ impl World {
             self.note(format!("sweep (max stalled {max_stalled}): {rep:?}"));
             let Some(rep) = rep else { return Err("the sweep was throttled with no throttle key".into()) };
             self.refresh().await;
-            self.canonical_requeue_order(&pre.wait).await?;
+            self.canonical_requeue_order(&pre.wait, false).await?;
+            self.canonical_requeue_order(&pre.reroute, true).await?;
             let mut confirmed: Vec<&String> =
                 pre.stalled.iter().filter(|r| pre.active.get(*r).is_some_and(|t| !pre.alive(t))).collect();
             confirmed.sort();
@@ -38,7 +39,7 @@ impl World {
                     continue;
                 };
                 let view = &self.snap.tasks[&sr.task];
-                let requeued = self.snap.wait.contains(*r);
+                let requeued = self.snap.wait.contains(*r) || self.snap.reroute.contains(*r);
                 match sr.part {
                     Part::Shard(i) if view.bit(i) => {
                         ensure!(tm.terminal[i as usize].is_none(), "the sweep failed {r}, terminal already");
@@ -89,17 +90,23 @@ impl World {
     /// the server's random hash seed: at the back of `wait`, and the aggregation jobs of tasks
     /// whose last shard it failed at the front. Sorting what it added at either end keeps a
     /// seed's replay step for step (no order among recovered refs is promised).
-    async fn canonical_requeue_order(&mut self, before: &[String]) -> Outcome {
-        let wait = &self.snap.wait;
+    /// Likewise for `reroute` (`reroute`: true), where it puts recovered refs of routed tasks.
+    async fn canonical_requeue_order(&mut self, before: &[String], reroute: bool) -> Outcome {
+        let wait = if reroute { &self.snap.reroute } else { &self.snap.wait };
         let at = (0..=wait.len().saturating_sub(before.len())).find(|&k| wait[k..].starts_with(before));
-        let Some(k) = at else { return Err("the sweep changed `wait` other than by adding at its ends".into()) };
+        let Some(k) = at else {
+            return Err(format!(
+                "the sweep changed {} other than by adding at its ends",
+                if reroute { "`reroute`" } else { "`wait`" }
+            ));
+        };
         let mut front = wait[..k].to_vec();
         let mut back = wait[k + before.len()..].to_vec();
         front.sort();
         back.sort();
         let all: Vec<String> = front.into_iter().chain(before.iter().cloned()).chain(back).collect();
         if all != *wait {
-            let key = self.keys.wait();
+            let key = if reroute { self.keys.reroute() } else { self.keys.wait() };
             let () = redis::pipe()
                 .atomic()
                 .del(&key)
@@ -109,7 +116,11 @@ impl World {
                 .query_async(&mut self.con)
                 .await
                 .map_err(|e| format!("reorder wait: {e}"))?;
-            self.snap.wait = all;
+            if reroute {
+                self.snap.reroute = all;
+            } else {
+                self.snap.wait = all;
+            }
         }
         Ok(())
     }

@@ -5,6 +5,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use shardctl_common::model::TaskSpec;
+use shardctl_common::ring::Strategy;
+
 /// How a shard ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Term {
@@ -53,6 +56,9 @@ pub struct TaskModel {
     pub nonce: u64,
     /// Dispatched with a retention (its keys get a PEXPIRE and an `expiring` entry at its end).
     pub retain: bool,
+    /// How its shards are handed out; a routed task's spec is kept to resume its dispatch.
+    pub strategy: Strategy,
+    pub spec: Option<TaskSpec>,
     pub state: State,
     pub terminal: Vec<Option<Term>>,
     /// Failed attempts per shard (`<i>:fails`), and of the aggregation job.
@@ -73,6 +79,8 @@ impl TaskModel {
             attempts,
             nonce,
             retain,
+            strategy: Strategy::Pull,
+            spec: None,
             state: State::Running,
             terminal: vec![None; total as usize],
             fails: vec![0; total as usize],
@@ -80,6 +88,11 @@ impl TaskModel {
             rounds: 0,
             ends: 0,
         }
+    }
+
+    /// True for a routed task (placed on node lists).
+    pub fn routed(&self) -> bool {
+        self.strategy != Strategy::Pull
     }
 
     /// Shards that ended as `t`.

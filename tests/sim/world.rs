@@ -15,8 +15,6 @@ use super::Outcome;
 
 /// Lease of the simulated executors: never runs out by itself (lease expiry is a step).
 pub const LOCK_MS: u64 = 60_000;
-/// The node the executors claim and fail as (pull tasks only: it routes nothing).
-pub const NODE: &str = "sim-node";
 /// Task ids in play: few, so that ids are reused all the time.
 pub const IDS: usize = 5;
 /// Executors.
@@ -35,7 +33,10 @@ pub struct World {
     pub snap: Snapshot,
     pub ids: Vec<String>,
     pub instances: Vec<String>,
+    pub nodes: Vec<String>,
     pub log: VecDeque<String>,
+    /// A rebalancer is re-placing live lists (`rebalancing` is set): claims leave node lists alone.
+    pub rebalancing: bool,
     /// The step being taken (for the log).
     pub at: u64,
     log_len: usize,
@@ -53,10 +54,12 @@ impl World {
             rng: Rng::new(seed),
             model: Model::default(),
             instances: execs.iter().map(|e| e.instance.clone()).collect(),
+            nodes: execs.iter().map(|e| e.node.clone()).collect(),
             execs,
             snap: Snapshot::default(),
             ids: (0..IDS).map(|i| format!("t{i}")).collect(),
             log: VecDeque::new(),
+            rebalancing: false,
             at: 0,
             log_len: log_len(),
             tally: Default::default(),
@@ -79,7 +82,7 @@ impl World {
 
     /// Reads Redis again.
     pub async fn refresh(&mut self) {
-        self.snap = Snapshot::read(&mut self.con, &self.keys, &self.ids, &self.instances).await;
+        self.snap = Snapshot::read(&mut self.con, &self.keys, &self.ids, &self.instances, &self.nodes).await;
     }
 
     /// Reads Redis again and checks every invariant.
@@ -108,7 +111,8 @@ impl World {
     pub async fn step(&mut self) -> Outcome {
         let resume = if self.model.paused { 10 } else { 1 };
         //          disp claim compl fail rel beat lostc disown lostr lease sweep cancel retry clean pause expire redo
-        let weights = [8, 18, 22, 8, 3, 6, 2, 3, 3, 2, 4, 3, 3, 3, resume, 1, 3];
+        //          join leave depart rebal resume lateroute laterehome flag
+        let weights = [8, 18, 22, 8, 3, 6, 2, 3, 3, 2, 4, 3, 3, 3, resume, 1, 3, 4, 1, 2, 5, 1, 1, 2, 1];
         let action = self.rng.weighted(&weights);
         let e = self.rng.below(self.execs.len());
         let count = self.rng.range(1, 4) as usize;
@@ -147,10 +151,18 @@ impl World {
             13 => self.clean().await?,
             14 => self.pause_or_resume().await?,
             15 => self.expire_task().await?,
-            _ => {
+            16 => {
                 let id = self.pick_id();
                 self.redo(&id).await?
             }
+            17 => self.join(e).await?,
+            18 => self.leave(e).await?,
+            19 => self.depart(e).await?,
+            20 => self.rebalance().await?,
+            21 => self.resume().await?,
+            22 => self.stale_route().await?,
+            23 => self.stale_rehome().await?,
+            _ => self.flag_rebalancing().await?,
         }
         self.settle().await
     }

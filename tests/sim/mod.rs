@@ -22,6 +22,7 @@ pub mod executor;
 pub mod model;
 mod operators;
 pub mod rng;
+mod routing;
 mod run;
 mod snapshot;
 mod steps;

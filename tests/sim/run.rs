@@ -31,7 +31,7 @@ impl fmt::Display for Failure {
         }
         write!(
             f,
-            "replay: SHARDCTL_SIM_SEED={} SHARDCTL_SIM_STEPS={} cargo test -p shardctl-common --test simulator -- --nocapture",
+            "replay: SHARDCTL_SIM_SEED={} SHARDCTL_SIM_STEPS={} cargo test --test simulator -- --nocapture",
             self.seed, self.steps
         )
     }
