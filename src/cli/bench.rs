@@ -10,12 +10,15 @@
 //!   the same 2000 ranges counted by 2 plain threads.
 //! - `idle`: 100 idle executors in this process for 10 s.
 //! - `upkeep`: one executor holding 10,000 `sleep` shards, heartbeat every second.
+//! - `failover`: an executor process holding 4 shards (lock 5 s, other flags default) is
+//!   SIGKILLed; the time until another executor process holds them all.
 //! - `bullmq`: `bench/bullmq/bench.js`, BullMQ's best case, on the same Redis.
 //!
 //! Redis figures come from `INFO` before and after (CPU = user + sys; commands = the `calls` of
 //! `INFO commandstats`, which counts commands run inside scripts under their own names too).
 
 mod bullmq;
+mod failover;
 mod holding;
 mod primes;
 mod queue;
@@ -73,6 +76,8 @@ pub enum Scenario {
     Idle,
     /// One executor holding 10,000 shards.
     Upkeep,
+    /// A SIGKILLed executor's shards held elsewhere.
+    Failover,
     /// BullMQ's best case on the same Redis.
     Bullmq,
 }
@@ -86,6 +91,7 @@ impl Scenario {
             Scenario::Primes => "primes",
             Scenario::Idle => "idle",
             Scenario::Upkeep => "upkeep",
+            Scenario::Failover => "failover",
             Scenario::Bullmq => "bullmq",
         }
     }
@@ -219,6 +225,7 @@ async fn measure(
                 Scenario::Primes => primes::run(ctx).await,
                 Scenario::Idle => holding::idle(ctx).await,
                 Scenario::Upkeep => holding::upkeep(ctx).await,
+                Scenario::Failover => failover::run(ctx).await,
                 Scenario::Bullmq => {
                     let script = bullmq_script.as_deref().expect("prepared");
                     bullmq::run(ctx, script, a.shards.min(bullmq::CAP)).await

@@ -97,6 +97,7 @@ const SPECS: &[Spec] = &[
     spec(Scenario::Upkeep, "locks_lost", "locks lost", "", 0, AtMost(0.0, None)),
     spec(Scenario::Upkeep, "marked", "shards a sweep marks stalled", "", 0, AtMost(0.0, None)),
     spec(Scenario::Upkeep, "released", "released at shutdown", "", 0, AtLeast(10_000.0, None)),
+    spec(Scenario::Failover, "secs", "kill -9 → shards held elsewhere, lock 5 s", "s", 1, AtMost(6.0, None)),
     spec(Scenario::Bullmq, "jobs", "jobs", "", 0, Target::None),
     spec(Scenario::Bullmq, "add_rate", "bulk add (addBulk of 1000)", "jobs/s", 0, Target::None),
     spec(Scenario::Bullmq, "process_rate", "processing, 1 worker × 200", "jobs/s", 0, Target::None),
