@@ -193,7 +193,7 @@ for _, c in ipairs(cursors) do rcall('HINCRBY', c[1], 'cursor', c[2]) end
 if #exhausted > 0 then call_chunked('ZREM', K.tasks, exhausted) end
 
 -- junk left behind: make sure some executor comes back for the rest
-if junk_left <= 0 then wake(prefix) end
+if junk_left <= 0 then wake() end
 if n > 0 then
   held[#held + 1] = ACTIVE_PIN
   held[#held + 1] = ACTIVE_PIN_VALUE
@@ -204,8 +204,8 @@ if n > 0 then
     rcall('HINCRBY', K.meta, 'limit_used', n)
   end
   -- pass the wake-up on to the next blocked executor while work remains
-  if rcall('LLEN', K.wait) > 0 or rcall('ZCARD', K.tasks) > 0 then wake(prefix) end
+  if rcall('LLEN', K.wait) > 0 or rcall('ZCARD', K.tasks) > 0 then wake() end
   return out
 end
-local due = next_due(prefix)
+local due = next_due()
 return { due and math.max(1, due - now) or -1, 0 }

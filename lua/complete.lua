@@ -138,7 +138,7 @@ for gi, g in ipairs(groups) do
           end
           -- only a shard that failed before can have left a reason
           if states[i] == '1' then cleared[#cleared + 1] = idxs[i] end
-          if per_shard_events then emit(prefix, 'event', 'shard_completed', 'task', tid, 'shard', idxs[i]) end
+          if per_shard_events then emit('event', 'shard_completed', 'task', tid, 'shard', idxs[i]) end
         else
           codes[i] = 0
         end

@@ -27,5 +27,5 @@ for i = 2, #ARGV, 2 do
     n = n + 1
   end
 end
-if n > 0 then wake(prefix) end
+if n > 0 then wake() end
 return n

@@ -30,7 +30,7 @@ for i = 3, #ARGV, 5 do
   local ref, token, attempt, delay, reason = ARGV[i], ARGV[i + 1], ARGV[i + 2], tonumber(ARGV[i + 3]), ARGV[i + 4]
   -- a failed shard always has a reason: `retry` finds the failed shards by it
   if reason == '' then reason = 'failed' end
-  local code = holds(prefix, ref, token)
+  local code = holds(ref, token)
   if code == 0 then
     local tid, inc, idx = split_ref(ref)
     local tkey = tid and task_key(prefix, tid, '')
@@ -52,7 +52,7 @@ for i = 3, #ARGV, 5 do
         rcall('ZADD', K.delayed, due, ref)
         -- blocked executors learn the due time and wake for it
         rcall('ZADD', K.marker, 'LT', due, 'delayed')
-        emit(prefix, 'event', 'shard_retried', 'task', tid, 'shard', idx, 'attempt', attempt, 'reason', reason)
+        emit('event', 'shard_retried', 'task', tid, 'shard', idx, 'attempt', attempt, 'reason', reason)
         code = 2
       else
         drop_state(prefix, tid, idx)

@@ -54,13 +54,13 @@ local prev = run == '1' and overlap == 'skip' and rcall('HGET', K.schedule_state
 local prev_state = prev and rcall('HGET', task_key(prefix, prev, ''), 'state')
 rcall('HSET', K.schedule_state, name .. ':last', fire)
 if run ~= '1' then
-  emit(prefix, 'event', 'schedule_missed', 'schedule', name, 'fire_ms', fire)
+  emit('event', 'schedule_missed', 'schedule', name, 'fire_ms', fire)
   return 2
 end
 if overlap == 'skip' then
   local state = prev_state
   if state and state ~= 'completed' and state ~= 'failed' and state ~= 'cancelled' then
-    emit(prefix, 'event', 'schedule_overlap', 'schedule', name, 'fire_ms', fire, 'running', prev)
+    emit('event', 'schedule_overlap', 'schedule', name, 'fire_ms', fire, 'running', prev)
     return 3
   end
 end

@@ -19,7 +19,7 @@ local codes = {}
 local released = 0
 for i = 2, #ARGV, 2 do
   local ref, token = ARGV[i], ARGV[i + 1]
-  local code = holds(prefix, ref, token)
+  local code = holds(ref, token)
   if code == 0 then
     -- a ref of another incarnation is let go, not requeued
     if requeue(prefix, ref, true) then released = released + 1 end
@@ -29,5 +29,5 @@ for i = 2, #ARGV, 2 do
   end
   codes[#codes + 1] = code
 end
-if released > 0 then wake(prefix) end
+if released > 0 then wake() end
 return codes

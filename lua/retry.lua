@@ -61,8 +61,8 @@ if agg_again then
   drop_state(prefix, tid, 'agg')
   rcall('HSET', tkey, 'state', 'aggregating', 'aggregating_ms', now)
   rcall('LPUSH', K.wait, aref)
-  wake(prefix)
-  emit(prefix, 'event', 'task_retried', 'task', tid, 'shards', 0)
+  wake()
+  emit('event', 'task_retried', 'task', tid, 'shards', 0)
   return 1
 end
 if state == 'aggregating' then
@@ -92,6 +92,6 @@ for _, idx in ipairs(again) do
 end
 call_chunked('HDEL', task_key(prefix, tid, ':errors'), again)
 rcall('HINCRBY', tkey, 'failed', -#again)
-wake(prefix)
-emit(prefix, 'event', 'task_retried', 'task', tid, 'shards', #again)
+wake()
+emit('event', 'task_retried', 'task', tid, 'shards', #again)
 return #again

@@ -59,14 +59,14 @@ for _, ref in ipairs(candidates) do
       failed = failed + 1
     else
       requeue(prefix, ref, false)
-      emit(prefix, 'event', 'shard_stalled', 'task', tid, 'shard', idx)
+      emit('event', 'shard_stalled', 'task', tid, 'shard', idx)
       recovered = recovered + 1
     end
     -- last: the shard leaves `active` (an abort before this leaves it held, for the next sweep)
     rcall('HDEL', K.active, ref)
   end
 end
-if recovered > 0 then wake(prefix) end
+if recovered > 0 then wake() end
 
 local marked = {}
 local held = rcall('HGETALL', K.active)

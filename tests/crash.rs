@@ -1,10 +1,11 @@
-//! The crash test (DESIGN.md §6, invariants 2 to 4): four real `shardctl executor` processes run
-//! a `primes` task of 2,000 shards on a private redis-server while the test SIGKILLs, SIGSTOPs
+//! The crash test (README "Guarantees": no loss, counted once, one trigger): four real
+//! `shardctl executor` processes run a `primes` task of 2,000 shards on a private redis-server
+//! while the test SIGKILLs, SIGSTOPs
 //! (past the lock) and SIGTERMs them at random moments. Then it checks that the prime count is
 //! exact, that every shard was counted once and none failed, that the task was aggregated once,
 //! and that nothing is left behind (no shard held in `active`, no shard state, nothing waiting).
 //!
-//! A third round dispatches the task with `--strategy consistent-hash` (DESIGN.md §7): shards
+//! A third round dispatches the task with `--strategy consistent-hash` (ARCHITECTURE.md "Routing and rebalancing"): shards
 //! wait on their owners' lists, a dead or frozen node's shards move to their new owners, and every
 //! executor started to replace one joins the ring. Its executors beat their membership every
 //! 200 ms and count as gone after 1 s, so that failover keeps pace with the schedule; it also

@@ -1,7 +1,7 @@
 //! The executor runtime in process, against a real redis-server: claiming, running handlers
 //! (Rust and child processes), retries, failures, graceful shutdown, lost locks, a Redis restart
-//! and the recovery of a dead executor's shards (DESIGN.md §5, §6, §8). Each test has its own
-//! server; timings are small, and only states and counts are asserted, never elapsed times.
+//! and the recovery of a dead executor's shards (ARCHITECTURE.md "Lock protocol"). Each test has
+//! its own server; timings are small, and only states and counts are asserted, never elapsed times.
 
 #[path = "runtime_support/mod.rs"]
 mod support;

@@ -70,6 +70,8 @@ async fn seeded_protocol_simulation() {
     }
 }
 
+// ignored: a million steps take about 18 minutes, past CI's budget; the CI test above runs the
+// same simulation on 20 seeds × 2,000 steps, and this one is for a long hunt by hand
 #[tokio::test]
 #[ignore = "a million steps: run with --ignored"]
 async fn seeded_protocol_simulation_long() {

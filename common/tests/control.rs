@@ -1,6 +1,6 @@
-//! The controls of `shardctl_common::control` (cancel, retry, clean) at the script level, with the
-//! fake clock T0: the interleavings the CLI tests cannot time (a retry while the aggregation
-//! runs, a heartbeat after a cancellation) and the batches of `clean`.
+//! The controls of `shardctl_common::control` (cancel, retry, clean) at the script level, one call
+//! at a time: the interleavings the CLI tests cannot time (a retry while the aggregation runs, a
+//! heartbeat after a cancellation) and the batches of `clean`.
 
 #[allow(dead_code)]
 mod support;

@@ -1,6 +1,7 @@
-//! The invariants of DESIGN.md §6 that the Lua scripts carry, checked against a real
+//! The invariants of README "Guarantees" that the Lua scripts carry, checked against a real
 //! redis-server through the typed wrappers of `shardctl_common::scripts`. Each test has its own
-//! server and queue; time goes in as `now_ms`, only lease expiry uses the server's clock.
+//! server and queue; every time is the server's (the scripts read `TIME`), so delays are short
+//! and real.
 //!
 //! Holding a shard: the `active` hash maps each held ref to the token of its claim call
 //! (`<instance>:<seq>`), besides one permanent pin field that is no shard; the executor's lease

@@ -25,8 +25,8 @@ local rcall = redis.call
   Keys (ARCHITECTURE.md "Declared keys"). The registry (common/src/scripts.rs) puts a preamble
   before this file, made from the script's header: `K` maps each declared key's name to its key
   (`K.wait`, `K.node_wait` for `node:<n>:wait`, `K.task` for `task:<id>`), in the order of the
-  script's KEYS, and raises on a name the header does not declare; `DECLARED` is the set of declared key strings; `TASK_ANCHOR` is the
-  declared `task:<id>` of a single-task script, or nil. Queue-level keys are only ever reached
+  script's KEYS, and raises on a name the header does not declare; `DECLARED` is the set of
+  declared key strings; `TASK_ANCHOR` is the declared `task:<id>` of a single-task script, or nil. Queue-level keys are only ever reached
   through `K`. Keys of a task are built by `task_key`: in a single-task script, every key of its
   own task must be declared too; multi-task scripts (claim, complete, ...) derive them from the
   prefix, in the queue's slot. Per-node keys (`node:<n>:*`) and leases of other executors are
@@ -98,12 +98,12 @@ local function call_chunked(cmd, key, args)
 end
 
 -- Wakes one blocked executor; the claim script passes the wake-up along while work remains.
-local function wake(prefix)
+local function wake()
   rcall('ZADD', K.marker, 0, '0')
 end
 
 -- Appends to the event log (best effort, capped); nothing counts from it.
-local function emit(prefix, ...)
+local function emit(...)
   local maxlen = rcall('HGET', K.meta, 'events_maxlen') or '10000'
   if maxlen ~= '0' then
     rcall('XADD', K.events, 'MAXLEN', '~', maxlen, '*', ...)
@@ -113,7 +113,7 @@ end
 -- Asks for a rebalance soon: routed work waits in `unrouted` or `reroute` for the current ring.
 -- The blocked executor that pops this marker rebalances at once instead of at its next
 -- membership heartbeat.
-local function want_routing(prefix)
+local function want_routing()
   rcall('ZADD', K.marker, 0, 'route')
 end
 
@@ -138,19 +138,19 @@ local function start_due_tasks(prefix, now)
       rcall('HSET', task_key(prefix, tid, ''), 'state', 'running')
       if t[2] == 'pull' then
         rcall('ZADD', K.tasks, runnable_score(t[3], t[4]), tid)
-        wake(prefix)
+        wake()
       else
         rcall('ZADD', K.unrouted, now, tid)
-        want_routing(prefix)
+        want_routing()
       end
-      emit(prefix, 'event', 'task_started', 'task', tid)
+      emit('event', 'task_started', 'task', tid)
     end
   end
   return #due
 end
 
 -- The earliest due time of a delayed shard or a delayed task, or nil.
-local function next_due(prefix)
+local function next_due()
   local a = rcall('ZRANGE', K.delayed, 0, 0, 'WITHSCORES')
   local b = rcall('ZRANGE', K.scheduled, 0, 0, 'WITHSCORES')
   local d = a[2] and tonumber(a[2])
@@ -197,7 +197,7 @@ end
 -- Whether `token` holds the shard: 0 when it does, else an error code. The caller removes the
 -- shard from `active` after its other writes (an abort part-way then leaves the shard held, and
 -- the holder's retry or the sweep finishes the step).
-local function holds(prefix, ref, token)
+local function holds(ref, token)
   local cur = rcall('HGET', K.active, ref)
   if not cur then return -1 end
   if cur ~= token then return -2 end
@@ -215,7 +215,7 @@ local function requeue(prefix, ref, front)
   rcall('HSETNX', shards_key(prefix, tid), idx .. ':attempt', 1)
   if idx ~= 'agg' and rcall('HGET', task_key(prefix, tid, ''), 'strategy') ~= 'pull' then
     rcall('RPUSH', K.reroute, ref)
-    want_routing(prefix)
+    want_routing()
   elseif front then
     rcall('LPUSH', K.wait, ref)
   else
@@ -231,8 +231,8 @@ local function maybe_aggregate(prefix, tid, now)
   if tonumber(c[1]) + tonumber(c[2]) == tonumber(c[3]) then
     rcall('HSET', tkey, 'state', 'aggregating', 'aggregating_ms', now)
     rcall('LPUSH', K.wait, tid .. ':' .. c[4] .. ':agg')
-    wake(prefix)
-    emit(prefix, 'event', 'task_aggregating', 'task', tid, 'done', c[1], 'failed', c[2])
+    wake()
+    emit('event', 'task_aggregating', 'task', tid, 'done', c[1], 'failed', c[2])
   end
 end
 
@@ -253,7 +253,7 @@ local function mark_terminal(prefix, tid, idx, field, suffix, value, now)
     -- a completed shard may have left a reason from an earlier failed attempt
     rcall('HDEL', task_key(prefix, tid, ':errors'), idx)
   else
-    emit(prefix, 'event', 'shard_failed', 'task', tid, 'shard', idx, 'reason', value)
+    emit('event', 'shard_failed', 'task', tid, 'shard', idx, 'reason', value)
   end
   maybe_aggregate(prefix, tid, now)
   return 1
@@ -280,7 +280,7 @@ local function end_task(prefix, tid, state, now)
     for _, k in ipairs(task_keys(prefix, tid)) do rcall('PEXPIRE', k, retain) end
     rcall('ZADD', K.expiring, now + retain, tid)
   end
-  emit(prefix, 'event', 'task_' .. state, 'task', tid)
+  emit('event', 'task_' .. state, 'task', tid)
 end
 
 -- Ends a task's aggregation: records the result (or the aggregation's failure) once.
@@ -331,11 +331,11 @@ local function create_task(prefix, tid, now, priority, start, fields)
     rcall('ZADD', K.marker, 'LT', start, 'delayed')
   elseif pull then
     rcall('ZADD', K.tasks, runnable_score(priority, seq), tid)
-    wake(prefix)
+    wake()
   else
     rcall('ZADD', K.unrouted, now, tid)
   end
   local t = rcall('HMGET', tkey, 'kind', 'total')
-  emit(prefix, 'event', 'task_dispatched', 'task', tid, 'seq', seq, 'kind', t[1], 'total', t[2])
+  emit('event', 'task_dispatched', 'task', tid, 'seq', seq, 'kind', t[1], 'total', t[2])
   return 1
 end
