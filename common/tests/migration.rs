@@ -16,33 +16,9 @@ use shardctl_testkit::TestCluster;
 
 /// The slot's owner and another master, with `slot` set MIGRATING from the one to the other.
 fn start_migrating(cluster: &TestCluster, slot: u16) -> (u16, u16) {
-    let from = cluster.owner(slot);
-    let to = *cluster.ports().iter().find(|&&p| p != from).expect("another master");
-    let id = |port: u16| -> String { redis::cmd("CLUSTER").arg("MYID").query(&mut cluster.node_con(port)).unwrap() };
-    let (from_id, to_id) = (id(from), id(to));
-    let () = redis::cmd("CLUSTER")
-        .arg("SETSLOT")
-        .arg(slot)
-        .arg("IMPORTING")
-        .arg(&from_id)
-        .query(&mut cluster.node_con(to))
-        .unwrap();
-    let () = redis::cmd("CLUSTER")
-        .arg("SETSLOT")
-        .arg(slot)
-        .arg("MIGRATING")
-        .arg(&to_id)
-        .query(&mut cluster.node_con(from))
-        .unwrap();
-    (from, to)
-}
-
-/// Ends the migration without moving anything: the slot stays with its owner.
-fn stop_migrating(cluster: &TestCluster, slot: u16, from: u16, to: u16) {
-    for port in [from, to] {
-        let () =
-            redis::cmd("CLUSTER").arg("SETSLOT").arg(slot).arg("STABLE").query(&mut cluster.node_con(port)).unwrap();
-    }
+    let owner = cluster.owner(slot);
+    let to = *cluster.ports().iter().find(|&&p| p != owner).expect("another master");
+    (cluster.begin_migration(slot, to), to)
 }
 
 async fn node(port: u16) -> MultiplexedConnection {
@@ -139,7 +115,7 @@ async fn a_completion_aborted_by_a_migrating_slot_writes_nothing() {
     assert_eq!(held.as_deref(), Some(c[1].token.as_str()));
 
     // the migration called off, the holder's retry counts it once and the aggregation follows
-    stop_migrating(&cluster, slot, from, to);
+    cluster.abort_migration(slot, from, to);
     assert_eq!(scripts::finish(&mut con, &keys, "n1", &done1).await.unwrap(), [Ok(1)]);
     let t: (Option<String>, Option<String>) =
         redis::cmd("HMGET").arg(keys.task("x")).arg("done").arg("state").query_async(&mut con).await.unwrap();
@@ -160,16 +136,7 @@ async fn a_promotion_aborted_by_a_migrating_slot_leaves_the_delayed_task_schedul
     busy(&mut con, &keys).await;
     let (from, to) = start_migrating(&cluster, slot);
     // the task's hash moves first; its entry in `scheduled` is still on the source
-    let () = redis::cmd("MIGRATE")
-        .arg("127.0.0.1")
-        .arg(to)
-        .arg("")
-        .arg(0)
-        .arg(5000)
-        .arg("KEYS")
-        .arg(keys.task("d"))
-        .query(&mut cluster.node_con(from))
-        .unwrap();
+    cluster.move_keys(from, to, &[keys.task("d")]);
     tokio::time::sleep(Duration::from_millis(80)).await;
     let r = scripts::promote(&mut con, &keys).await;
     assert!(r.is_err(), "the script must abort at the moved task hash: {r:?}");

@@ -196,42 +196,72 @@ impl TestCluster {
         redis::cmd("CLUSTER").arg("MYID").query(&mut self.node_con(port)).expect("CLUSTER MYID")
     }
 
+    /// Starts moving `slot` to the master on `to`: the target IMPORTING, the owner MIGRATING
+    /// (keys not moved yet are served by the owner, the others answered with ASK). Returns the
+    /// owner's port.
+    pub fn begin_migration(&self, slot: u16, to: u16) -> u16 {
+        let from = self.owner(slot);
+        let (from_id, to_id) = (self.node_id(from), self.node_id(to));
+        self.setslot(to, slot, "IMPORTING", Some(&from_id));
+        self.setslot(from, slot, "MIGRATING", Some(&to_id));
+        from
+    }
+
+    /// Moves `keys` of a migrating slot from the node on `from` to the node on `to`.
+    pub fn move_keys(&self, from: u16, to: u16, keys: &[String]) {
+        let () = redis::cmd("MIGRATE")
+            .arg("127.0.0.1")
+            .arg(to)
+            .arg("")
+            .arg(0)
+            .arg(5000)
+            .arg("KEYS")
+            .arg(keys)
+            .query(&mut self.node_con(from))
+            .expect("MIGRATE");
+    }
+
+    /// Calls a migration of `slot` off before any key moved: both nodes STABLE, the owner keeps it.
+    pub fn abort_migration(&self, slot: u16, from: u16, to: u16) {
+        for port in [from, to] {
+            self.setslot(port, slot, "STABLE", None);
+        }
+    }
+
+    fn setslot(&self, port: u16, slot: u16, state: &str, id: Option<&str>) {
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("SETSLOT").arg(slot).arg(state);
+        if let Some(id) = id {
+            cmd.arg(id);
+        }
+        let () = cmd.query(&mut self.node_con(port)).expect("SETSLOT");
+    }
+
     /// Moves `slot` with its keys to the master on `to`, while clients keep using it: the
     /// source answers ASK for keys already moved, then every node answers MOVED.
     pub fn migrate_slot(&self, slot: u16, to: u16) {
-        let from = self.owner(slot);
-        if from == to {
+        if self.owner(slot) == to {
             return;
         }
-        let (from_id, to_id) = (self.node_id(from), self.node_id(to));
-        let (mut src, mut dst) = (self.node_con(from), self.node_con(to));
-        let setslot = |con: &mut redis::Connection, state: &str, id: &str| {
-            let () = redis::cmd("CLUSTER").arg("SETSLOT").arg(slot).arg(state).arg(id).query(con).expect("SETSLOT");
-        };
-        setslot(&mut dst, "IMPORTING", &from_id);
-        setslot(&mut src, "MIGRATING", &to_id);
+        let from = self.begin_migration(slot, to);
         loop {
-            let keys: Vec<String> =
-                redis::cmd("CLUSTER").arg("GETKEYSINSLOT").arg(slot).arg(10).query(&mut src).expect("GETKEYSINSLOT");
+            let keys: Vec<String> = redis::cmd("CLUSTER")
+                .arg("GETKEYSINSLOT")
+                .arg(slot)
+                .arg(10)
+                .query(&mut self.node_con(from))
+                .expect("GETKEYSINSLOT");
             if keys.is_empty() {
                 break;
             }
-            let () = redis::cmd("MIGRATE")
-                .arg("127.0.0.1")
-                .arg(to)
-                .arg("")
-                .arg(0)
-                .arg(5000)
-                .arg("KEYS")
-                .arg(&keys)
-                .query(&mut src)
-                .expect("MIGRATE");
+            self.move_keys(from, to, &keys);
         }
-        setslot(&mut dst, "NODE", &to_id);
-        setslot(&mut src, "NODE", &to_id);
+        let to_id = self.node_id(to);
+        self.setslot(to, slot, "NODE", Some(&to_id));
+        self.setslot(from, slot, "NODE", Some(&to_id));
         for n in &self.nodes {
             if n.port != from && n.port != to {
-                setslot(&mut self.node_con(n.port), "NODE", &to_id);
+                self.setslot(n.port, slot, "NODE", Some(&to_id));
             }
         }
     }
