@@ -12,6 +12,8 @@
   by Redis's own clock (TIME, in µs, as every time here), so that executors share one window;
   `meta` limit_used is the sum of k over the log. In no window of limit_per_ms do more than
   limit_max shards start; when the window is full the claim returns the exact time it frees.
+  Under a limit the claim takes at most start_now shards: a shard claimed ahead would start
+  later than the log says, and a window could then hold more starts than the limit.
 
   KEYS[1]  wait                   list    explicit refs ready now
   KEYS[2]  tasks                  zset    runnable tasks
@@ -20,7 +22,7 @@
   KEYS[5]  meta                   hash    `paused`
   KEYS[6]  node:<n>:wait          list    refs routed to this executor's node
   KEYS[7]  rebalancing            string  while set, node lists are being re-placed: leave them alone
-  KEYS[8]  lease:<instance>       string  this executor's lease
+  KEYS[8]  leases                 zset    instance -> lease expiry (ms): this executor's is renewed
   KEYS[9]  limiter                zset    claim calls in the rate limit's window, by start time (µs)
   KEYS[10] events                 stream  the event log
   KEYS[11] marker                 zset    wakes blocked executors
@@ -31,14 +33,18 @@
   ARGV[2] count       shards wanted (> 0)
   ARGV[3] lock_ms     lease duration
   ARGV[4] token       `<instance>:<seq>`
+  ARGV[5] start_now   how many of `count` the executor can start at once (the others it claims
+                      ahead, to start when a running shard ends)
 
   Returns { next, lapsed, ref_1, attempt_1, fails_1, ... }: `next` is 0 when shards were
-  claimed, -2 when the queue is paused, else how many ms from now the earliest delayed ref or
+  claimed, -2 when the queue is paused, -3 when the queue has a rate limit and start_now is 0
+  (the limit counts starts: nothing is claimed ahead under it), else how many ms from now the earliest delayed ref or
   task is due, or the rate limit frees a slot (at least 1), or -1 if none; `lapsed` is 1 when
   this claim had to take the executor's lease again (it had expired: the executor must check
   which of its shards are still its own, see extend.lua).
 ]]
-local prefix, count, lock_ms, token = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local prefix, count, lock_ms, token = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+local start_now = tonumber(ARGV[5] or ARGV[2])
 local clock = rcall('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 
@@ -50,6 +56,8 @@ promote_due(prefix, now)
 
 local limit_max, rnow = tonumber(m[2] or '0'), 0
 if limit_max > 0 then
+  if start_now <= 0 then return { -3, 0 } end
+  count = math.min(count, start_now)
   -- in microseconds: a start exactly one window after another is allowed, none sooner
   local per = tonumber(m[3]) * 1000
   rnow = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
@@ -198,7 +206,11 @@ if n > 0 then
   held[#held + 1] = ACTIVE_PIN
   held[#held + 1] = ACTIVE_PIN_VALUE
   call_chunked('HSET', K.active, held)
-  if rcall('SET', K.lease, 1, 'PX', lock_ms, 'GET') == false then out[2] = 1 end
+  -- the token is `<instance>:<seq>`: the lease is the instance's
+  local inst = string.match(token, '^(.*):[^:]*$')
+  local lease = rcall('ZSCORE', K.leases, inst)
+  if not lease or tonumber(lease) <= now then out[2] = 1 end
+  rcall('ZADD', K.leases, now + lock_ms, inst)
   if limit_max > 0 then
     rcall('ZADD', K.limiter, rnow, token .. '|' .. n)
     rcall('HINCRBY', K.meta, 'limit_used', n)

@@ -1,34 +1,45 @@
 --[[
   The heartbeat: keeps every shard one executor holds, in one call. The shards are held by
-  their tokens in `active`; the executor's lease says it is alive. Normally this only extends the
-  lease. If the lease had expired (the executor froze or lost Redis past lockDuration), the call
-  must carry the held (ref, token) pairs: it keeps the shards still held by their tokens (no sweep
-  has confirmed them stalled yet), takes the lease again, and reports the others as lost.
+  their tokens in `active`; the executor's lease (its entry in `leases`, scored by its expiry on
+  Redis's clock) says it is alive. Normally this only extends the lease. If the lease had expired
+  (the executor froze or lost Redis past lockDuration), the call must carry the held (ref, token)
+  pairs: it keeps the shards still held by their tokens (the sweep has not recovered them yet),
+  takes the lease again, and reports the others as lost.
 
-  KEYS[1] lease:<instance> string  the executor's lease
-  KEYS[2] active           hash    ref -> token
-  KEYS[3] meta             hash    `cancels`
-  ARGV[1] lock_ms
-  ARGV[2] mode      `beat`, or `check` to compare the tokens even if the lease lived (after a
+  KEYS[1] leases  zset  instance -> lease expiry (ms)
+  KEYS[2] active  hash  ref -> token
+  KEYS[3] meta    hash  `cancels`
+  ARGV[1] instance
+  ARGV[2] lock_ms
+  ARGV[3] mode      `beat`, or `check` to compare the tokens even if the lease lived (after a
                     claim had to take a lapsed lease again, or tasks were cancelled)
-  ARGV[3] cancels   the `cancels` count the executor saw last
-  ARGV[4..] ref, token pairs (only needed when the lease expired, or to check)
+  ARGV[4] cancels   the `cancels` count the executor saw last
+  ARGV[5..] ref, token pairs (only needed when the lease expired, or to check)
 
   Returns { status, cancels, ... }: status 0 and the 1-based pair numbers of the lost shards,
-  negated for a shard of a cancelled task (none when all is kept), or status -1 when the lease expired or tasks were cancelled and no
-  pairs were given (call again with them, in `check` mode).
+  negated for a shard of a cancelled task (none when all is kept), or status -1 when the lease
+  expired or tasks were cancelled and no pairs were given (call again with them, in `check`
+  mode).
 ]]
+local inst, lock_ms, mode, seen = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local now = now_ms()
 local cancels = rcall('HGET', K.meta, 'cancels') or '0'
-if rcall('PEXPIRE', K.lease, ARGV[1]) == 1 and ARGV[2] ~= 'check' then
-  if cancels == ARGV[3] then return { 0, cancels } end
+local score = rcall('ZSCORE', K.leases, inst)
+local live = score and tonumber(score) > now
+if live then rcall('ZADD', K.leases, now + lock_ms, inst) end
+if live and mode ~= 'check' then
+  if cancels == seen then return { 0, cancels } end
   return { -1, cancels }
 end
-if #ARGV < 4 then
-  if ARGV[2] == 'check' then rcall('SET', K.lease, 1, 'PX', ARGV[1]) return { 0, cancels } end
+if #ARGV < 5 then
+  if mode == 'check' then
+    rcall('ZADD', K.leases, now + lock_ms, inst)
+    return { 0, cancels }
+  end
   return { -1, cancels }
 end
 local refs = {}
-for i = 4, #ARGV, 2 do refs[#refs + 1] = ARGV[i] end
+for i = 5, #ARGV, 2 do refs[#refs + 1] = ARGV[i] end
 -- the queue's key prefix `{P:Q}:`, from the meta key's name
 local prefix = string.sub(K.meta, 1, #K.meta - #'meta')
 local lost = { 0, cancels }
@@ -36,7 +47,7 @@ for s = 1, #refs, 4000 do
   local cur = rcall('HMGET', K.active, unpack(refs, s, math.min(s + 3999, #refs)))
   for j = 1, #cur do
     local pair = s + j - 1
-    if cur[j] ~= ARGV[2 * pair + 3] then
+    if cur[j] ~= ARGV[2 * pair + 4] then
       -- cancelled: the ref's own incarnation of its task is (not a later one under the id)
       local tid, inc = split_ref(refs[pair])
       local t = tid and rcall('HMGET', task_key(prefix, tid, ''), 'state', 'seq')
@@ -48,5 +59,5 @@ for s = 1, #refs, 4000 do
     end
   end
 end
-rcall('SET', K.lease, 1, 'PX', ARGV[1])
+rcall('ZADD', K.leases, now + lock_ms, inst)
 return lost

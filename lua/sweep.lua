@@ -1,12 +1,22 @@
 --[[
-  The stalled-shard sweep of Bull, at most once per interval across all executors. A shard is
-  stalled when its holder's lease is gone. First confirm the refs the last sweep marked (still
-  held by a holder without a lease): each goes back to `wait` (or, for a routed task, to
-  `reroute`) with its stalled count raised, or past max_stalled fails for good. Then mark the
-  held refs whose holder has no lease now.
+  The stalled-shard sweep. A shard is stalled when its holder is dead: the holder's lease in
+  `leases` (instance -> expiry, by Redis TIME) has run out. Two passes:
 
-  KEYS[1]  stalled-check string PX the throttle
-  KEYS[2]  stalled       set     candidates of the last sweep
+  - Expired leases, on every call: the held refs of each executor whose lease expired go back at
+    once, and its lease entry goes. Callers call again at the earliest expiry this returns, so a
+    dead executor's shards are claimable again within a few ms of its lease running out, whatever
+    the interval.
+  - The full sweep, at most once per interval across all processes (throttled by
+    `stalled-check`): Bull's mark-then-confirm for held refs whose holder has no lease entry at
+    all (its lease was lost with data of a failed-over server, or removed by hand): confirm the
+    refs the last full sweep marked that are still held by a holder without a live lease, then
+    mark the held refs whose holder has no entry now.
+
+  A stalled ref goes back to `wait` (a routed task's to `reroute`) with its stalled count raised,
+  or past max_stalled fails for good with `reason`.
+
+  KEYS[1]  stalled-check string PX the throttle of the full sweep
+  KEYS[2]  stalled       set     candidates of the last full sweep
   KEYS[3]  active        hash    ref -> token `<instance>:<seq>`
   KEYS[4]  wait          list
   KEYS[5]  reroute       list    recovered refs of routed tasks (placed by the current ring)
@@ -16,62 +26,96 @@
   KEYS[9]  marker        zset    wakes blocked executors
   KEYS[10] meta          hash    queue metadata (paused, seq, cancels, limits, events_maxlen)
   KEYS[11] running       zset    tasks not finished
+  KEYS[12] leases        zset    instance -> lease expiry (ms, Redis TIME)
   ARGV[1] key prefix  `{P:Q}:`
-  ARGV[2] interval_ms
+  ARGV[2] interval_ms of the full sweep
   ARGV[3] max_stalled   stalls a shard may survive
   ARGV[4] reason        failure reason past the cap
 
-  Returns { recovered, failed, marked }, or { -1 } when another sweep ran within the interval.
+  Returns { ran, recovered, failed, marked, next }: ran is 1 when either pass ran (0: nothing
+  expired and the full sweep was throttled), next is how many ms from now the earliest live
+  lease expires (-1: none).
 ]]
 local prefix, now, interval, max_stalled, reason = ARGV[1], now_ms(), ARGV[2], tonumber(ARGV[3]), ARGV[4]
-if not rcall('SET', K.stalled_check, now, 'NX', 'PX', interval) then return { -1 } end
 
+local function next_expiry()
+  local e = rcall('ZRANGE', K.leases, 0, 0, 'WITHSCORES')
+  if not e[2] then return -1 end
+  return math.max(1, tonumber(e[2]) - now)
+end
+
+local expired = rcall('ZRANGEBYSCORE', K.leases, '-inf', now)
+local full = rcall('SET', K.stalled_check, now, 'NX', 'PX', interval)
+if #expired == 0 and not full then return { 0, 0, 0, 0, next_expiry() } end
+
+-- a holder's lease: 'live', 'expired' or 'none'
 local leases = {}
-local function holder_alive(token)
+for _, inst in ipairs(expired) do leases[inst] = 'expired' end
+local function lease_of(token)
   local inst = string.match(token, '^(.*):[^:]*$') or token
-  local alive = leases[inst]
-  if alive == nil then
-    alive = rcall('EXISTS', prefix .. 'lease:' .. inst) == 1
-    leases[inst] = alive
+  local l = leases[inst]
+  if l == nil then
+    local s = rcall('ZSCORE', K.leases, inst)
+    l = (s == false and 'none') or (tonumber(s) > now and 'live') or 'expired'
+    leases[inst] = l
   end
-  return alive
+  return l
 end
 
 local recovered, failed = 0, 0
-local candidates = rcall('SMEMBERS', K.stalled)
-rcall('DEL', K.stalled)
-for _, ref in ipairs(candidates) do
-  local token = rcall('HGET', K.active, ref)
-  if token and not holder_alive(token) then
-    local tid, inc, idx = split_ref(ref)
-    local mine = current(prefix, tid, inc)
-    -- read first: an abort at a key of a slot being migrated leaves this shard held, unrecorded
-    if mine then touch_task(prefix, tid) end
-    if not mine then
-      -- another incarnation's shard: let go, nothing recorded
-    elseif rcall('HINCRBY', shards_key(prefix, tid), idx .. ':stalled', 1) > max_stalled then
-      drop_state(prefix, tid, idx)
-      if idx == 'agg' then
-        finish_task(prefix, tid, false, reason, now)
-      else
-        mark_terminal(prefix, tid, tonumber(idx), 'failed', 'errors', reason, now)
-      end
-      failed = failed + 1
+local function stall(ref)
+  local tid, inc, idx = split_ref(ref)
+  local mine = current(prefix, tid, inc)
+  -- read first: an abort at a key of a slot being migrated leaves this shard held, unrecorded
+  if mine then touch_task(prefix, tid) end
+  if not mine then
+    -- another incarnation's shard: let go, nothing recorded
+  elseif rcall('HINCRBY', shards_key(prefix, tid), idx .. ':stalled', 1) > max_stalled then
+    drop_state(prefix, tid, idx)
+    if idx == 'agg' then
+      finish_task(prefix, tid, false, reason, now)
     else
-      requeue(prefix, ref, false)
-      emit('event', 'shard_stalled', 'task', tid, 'shard', idx)
-      recovered = recovered + 1
+      mark_terminal(prefix, tid, tonumber(idx), 'failed', 'errors', reason, now)
     end
-    -- last: the shard leaves `active` (an abort before this leaves it held, for the next sweep)
-    rcall('HDEL', K.active, ref)
+    failed = failed + 1
+  else
+    requeue(prefix, ref, false)
+    emit('event', 'shard_stalled', 'task', tid, 'shard', idx)
+    recovered = recovered + 1
+  end
+  -- last: the shard leaves `active` (an abort before this leaves it held, for the next sweep)
+  rcall('HDEL', K.active, ref)
+end
+
+if full then
+  local candidates = rcall('SMEMBERS', K.stalled)
+  rcall('DEL', K.stalled)
+  for _, ref in ipairs(candidates) do
+    local token = rcall('HGET', K.active, ref)
+    if token and lease_of(token) ~= 'live' then stall(ref) end
   end
 end
-if recovered > 0 then wake() end
 
 local marked = {}
 local held = rcall('HGETALL', K.active)
 for i = 1, #held, 2 do
-  if held[i] ~= ACTIVE_PIN and not holder_alive(held[i + 1]) then marked[#marked + 1] = held[i] end
+  local ref = held[i]
+  if ref ~= ACTIVE_PIN then
+    local l = lease_of(held[i + 1])
+    if l == 'expired' then
+      stall(ref)
+    elseif l == 'none' and full then
+      marked[#marked + 1] = ref
+    end
+  end
 end
 if #marked > 0 then call_chunked('SADD', K.stalled, marked) end
-return { recovered, failed, #marked }
+-- the expired leases found here go (their refs are all back); a lease found expired by a ref's
+-- holder lookup goes too
+local gone = {}
+for inst, l in pairs(leases) do
+  if l == 'expired' then gone[#gone + 1] = inst end
+end
+if #gone > 0 then call_chunked('ZREM', K.leases, gone) end
+if recovered > 0 then wake() end
+return { 1, recovered, failed, #marked, next_expiry() }

@@ -40,10 +40,10 @@ const DISRUPTIONS: usize = 10;
 const MIN_DISRUPTIONS: usize = 6;
 const GRACE: Duration = Duration::from_secs(1);
 /// Well past the lock (1 s): its lease expires while the process sleeps (1 s after its last beat,
-/// at most 300 ms before the stop), and the sweep (mark, then confirm: two intervals of 300 ms,
-/// run by whichever executors live, maybe replacements still starting) hands its shards to others
-/// before it wakes, so that its late work is refused. A lease that lapsed alone loses nothing:
-/// shards no sweep confirmed stay with their holder, whose heartbeat takes the lease again.
+/// at most 300 ms before the stop), and the sweep (run at the lease's expiry by whichever
+/// executors live, maybe replacements still starting) hands its shards to others before it wakes,
+/// so that its late work is refused. A lease that lapsed alone loses nothing: shards no sweep
+/// recovered stay with their holder, whose heartbeat takes the lease again.
 const STOP_MS: (u64, u64) = (3000, 4000);
 const GAP_MS: (u64, u64) = (200, 900);
 /// `--max-stalled-count 1000`: repeated crashes never fail a shard, so the count must be exact.

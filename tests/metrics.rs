@@ -225,10 +225,10 @@ fn metrics_of_a_known_run_on_executor_and_coordinator() {
     assert_eq!(s.value("shardctl_shard_run_seconds_count", &en), 110.0);
     assert_eq!(s.value("shardctl_shard_run_seconds_bucket", &[("queue", q), ("node", "m1"), ("le", "+Inf")]), 110.0);
     assert!(s.value("shardctl_shard_run_seconds_sum", &en) > 0.0);
-    // a claim takes at most --concurrency (2) refs: at least 56 calls brought the 111
+    // every claim call is timed: at least one, at most one per ref (claims ahead take several)
     assert_eq!(s.kind("shardctl_claim_seconds"), Some("histogram"));
     let claims = s.value("shardctl_claim_seconds_count", &en);
-    assert!(claims >= 56.0, "{claims} claim calls for 111 refs at concurrency 2");
+    assert!((1.0..=111.0).contains(&claims), "{claims} claim calls for 111 refs");
     assert!(s.value("shardctl_claim_seconds_sum", &en) > 0.0);
     for (name, kind) in [
         ("shardctl_shards_claimed_total", "counter"),

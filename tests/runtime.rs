@@ -572,6 +572,7 @@ async fn shards_of_a_claim_whose_reply_was_lost_are_recovered() {
         token_base: &instance,
         seq: 1 << 40,
         node: &cfg.node_id,
+        ahead: 0,
     };
     let mut con = env.con.clone();
     let orphans = scripts::claim(&mut con, &env.keys, &req).await.expect("claim").shards;
@@ -627,16 +628,19 @@ async fn aborting_the_run_future_lets_its_locks_expire() {
     assert_eq!(waiting, ["ab:1:0", "ab:1:1", "ab:1:2", "ab:1:3"]);
 }
 
-/// Counts handlers running at once and the most ever seen; each run takes `ms`.
+/// Counts handlers running at once and the most ever seen; shards below index `quick` take 5 ms,
+/// the others `ms`.
 struct Gauge {
     now: Arc<std::sync::atomic::AtomicUsize>,
     most: Arc<std::sync::atomic::AtomicUsize>,
+    quick: u64,
     ms: u64,
 }
 
 impl Handler for Gauge {
-    fn run(&self, _ctx: ShardContext) -> BoxFuture<Result<Value, ShardError>> {
-        let (now, most, ms) = (self.now.clone(), self.most.clone(), self.ms);
+    fn run(&self, ctx: ShardContext) -> BoxFuture<Result<Value, ShardError>> {
+        let (now, most) = (self.now.clone(), self.most.clone());
+        let ms = if ctx.index < self.quick { 5 } else { self.ms };
         Box::pin(async move {
             let n = now.fetch_add(1, Ordering::SeqCst) + 1;
             most.fetch_max(n, Ordering::SeqCst);
@@ -648,38 +652,54 @@ impl Handler for Gauge {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn prefetched_shards_wait_for_a_slot_and_are_given_back_at_shutdown() {
+async fn shards_are_claimed_ahead_only_when_short_and_given_back_at_shutdown() {
     let env = Env::start().await;
     let now = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let most = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let registry = |ms| {
+    let registry = |quick, ms| {
         let mut r = Registry::with_builtins();
-        r.handler("gauge", Gauge { now: now.clone(), most: most.clone(), ms });
+        r.handler("gauge", Gauge { now: now.clone(), most: most.clone(), quick, ms });
         r
     };
-    // concurrency 2, prefetch 3: five shards held, never more than two running
     let cfg = ExecutorConfig { concurrency: 2, prefetch: 3, grace: Duration::from_millis(100), ..config("a") };
-    let a = env.executor(cfg.clone(), registry(60_000)).await;
-    env.dispatch(&spec("p", "gauge", 20, Value::Null)).await;
+
+    // long shards from the start: nothing is claimed ahead of a free slot
+    let a = env.executor(cfg.clone(), registry(0, 60_000)).await;
+    env.dispatch(&spec("long", "gauge", 20, Value::Null)).await;
+    eventually("two shards held", || async { env.active().await == 2 }).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(env.active().await, 2, "a long shard is never claimed ahead");
+    let stats = a.stop().await;
+    assert_eq!((stats.claimed, stats.released), (2, 2), "{stats:?}");
+    let mut con = env.con.clone();
+    shardctl_common::control::cancel(&mut con, &env.keys, "long").await.expect("cancel");
+
+    // 20 quick shards teach the executor their run time; it claims the slow ones after them
+    // ahead, up to the bound of 3: five held, never more than two running (the two long ones
+    // were dropped mid-sleep: the gauge starts again from zero)
+    most.store(0, Ordering::SeqCst);
+    now.store(0, Ordering::SeqCst);
+    let a = env.executor(cfg.clone(), registry(20, 60_000)).await;
+    env.dispatch(&spec("p", "gauge", 40, Value::Null)).await;
     eventually("five shards held", || async { env.active().await == 5 }).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(most.load(Ordering::SeqCst), 2, "only `concurrency` handlers run");
     assert_eq!(env.active().await, 5, "no more than concurrency + prefetch held");
     // shutdown: the three waiting are given back at once, the two running after the grace
     let stats = a.stop().await;
-    assert_eq!((stats.claimed, stats.released, stats.completed), (5, 5, 0), "{stats:?}");
+    assert_eq!((stats.claimed, stats.released, stats.completed), (25, 5, 20), "{stats:?}");
     assert_eq!(env.active().await, 0);
     assert_eq!(env.wait_list().await.len(), 5, "all five claimable at once");
     let t = env.task("p").await;
-    assert_eq!((t.done, t.failed), (0, 0), "{t:?}");
+    assert_eq!((t.done, t.failed), (20, 0), "{t:?}");
 
     // run to the end with quick shards: each counted once, still two at a time (the running two
     // were dropped mid-sleep by the shutdown: the gauge starts again from zero)
     most.store(0, Ordering::SeqCst);
     now.store(0, Ordering::SeqCst);
-    let b = env.executor(ExecutorConfig { grace: Duration::from_secs(5), ..cfg }, registry(5)).await;
+    let b = env.executor(ExecutorConfig { grace: Duration::from_secs(5), ..cfg }, registry(40, 5)).await;
     let t = env.wait("p").await;
-    assert_eq!((t.state, t.done, t.failed), (TaskState::Completed, 20, 0), "{t:?}");
+    assert_eq!((t.state, t.done, t.failed), (TaskState::Completed, 40, 0), "{t:?}");
     assert!(most.load(Ordering::SeqCst) <= 2, "{} ran at once", most.load(Ordering::SeqCst));
     b.stop().await;
     assert_queue_is_clean(&env).await;

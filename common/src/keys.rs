@@ -79,9 +79,10 @@ impl Keys {
     pub fn active(&self) -> String {
         self.key("active")
     }
-    /// String PX: an executor's lease; while it lives, the shards its tokens hold are not stalled.
-    pub fn lease(&self, instance: &str) -> String {
-        self.key(&format!("lease:{instance}"))
+    /// Zset: executor instance → its lease's expiry (ms, Redis's clock); while it has not passed,
+    /// the shards its tokens hold are not stalled.
+    pub fn leases(&self) -> String {
+        self.key("leases")
     }
     /// Zset: tasks not finished, by creation time.
     pub fn running(&self) -> String {
@@ -191,7 +192,7 @@ mod tests {
         let k = Keys::new("shardctl", "default").unwrap();
         assert_eq!(k.wait(), "{shardctl:default}:wait");
         assert_eq!(k.queue(), "default");
-        assert_eq!(k.lease("abc"), "{shardctl:default}:lease:abc");
+        assert_eq!(k.leases(), "{shardctl:default}:leases");
         assert_eq!(k.terminal("t1"), "{shardctl:default}:task:t1:terminal");
     }
 

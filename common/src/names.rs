@@ -4,8 +4,7 @@
 //!
 //! # Why these rules make keys collision-free
 //! Every key of queue `Q` under prefix `P` is `{P:Q}:` followed by a fixed word, optionally with
-//! one name and a fixed suffix (`task:<id>:terminal`, `node:<n>:wait`, `lease:<instance>`,
-//! `shard:<task>:<index>`). Key words and suffixes are separated by `:`. Names of every kind but
+//! one name and a fixed suffix (`task:<id>:terminal`, `node:<n>:wait`). Key words and suffixes are separated by `:`. Names of every kind but
 //! locks are 1 to 64 (schedules: 40) bytes of `A-Z a-z 0-9 . _ -`: no `:`, so a name can never
 //! contain a separator and `node:x:wait` can only be node `x`'s list, never the hash of a node
 //! `x:wait`; no `{` or `}`, so a name can never move a key to another hash tag (slot); no
@@ -42,7 +41,7 @@ pub enum Kind {
     TaskId,
     /// An executor's node id (`node:<n>`, `node:<n>:wait`, members of `nodes`).
     NodeId,
-    /// An executor process's instance id (`lease:<instance>`, tokens `<instance>:<seq>`).
+    /// An executor process's instance id (its member of `leases`, tokens `<instance>:<seq>`).
     Instance,
     /// A schedule's name (fields of `schedules` and `schedule-state`, its task ids).
     Schedule,

@@ -49,7 +49,7 @@ impl Lua {
     }
 
     /// An invocation with every declared key of queue `keys` already passed, in order; `at`
-    /// names the task, node, instance or list that the per-entity keys stand for.
+    /// names the task, node or list that the per-entity keys stand for.
     pub fn keyed(&self, keys: &Keys, at: &KeyArgs<'_>) -> ScriptInvocation<'_> {
         let mut inv = self.script.prepare_invoke();
         for name in &self.declared {
@@ -66,8 +66,6 @@ pub struct KeyArgs<'a> {
     pub task: Option<&'a str>,
     /// `node:<n>`, `node:<n>:wait`, `node:<n>:marker`.
     pub node: Option<&'a str>,
-    /// `lease:<instance>`.
-    pub instance: Option<&'a str>,
     /// `source`: a list given by name (rehome).
     pub source: Option<&'a str>,
 }
@@ -84,6 +82,7 @@ pub fn queue_key(keys: &Keys, name: &str, at: &KeyArgs<'_>) -> std::result::Resu
         "wait" => keys.wait(),
         "delayed" => keys.delayed(),
         "active" => keys.active(),
+        "leases" => keys.leases(),
         "stalled" => keys.stalled(),
         "stalled-check" => keys.stalled_check(),
         "marker" => keys.marker(),
@@ -109,7 +108,6 @@ pub fn queue_key(keys: &Keys, name: &str, at: &KeyArgs<'_>) -> std::result::Resu
         "node:<n>" => keys.node(&node()?),
         "node:<n>:wait" => keys.node_wait(&node()?),
         "node:<n>:marker" => keys.node_marker(&node()?),
-        "lease:<instance>" => keys.lease(&need(at.instance, "instance")?),
         "source" => need(at.source, "list")?,
         other => return Err(format!("no queue key is named {other}")),
     })
@@ -320,6 +318,9 @@ pub struct ClaimOutcome {
     /// The claim had to take the executor's lease again (it had expired): some held shards may
     /// have been recovered meanwhile, so the executor must check its tokens (see [`extend`]).
     pub lease_lapsed: bool,
+    /// The queue has a rate limit and every shard asked for was wanted ahead: nothing was
+    /// claimed; ask again when a run slot frees.
+    pub busy: bool,
 }
 
 /// A finished attempt, as reported by an executor.
@@ -382,13 +383,17 @@ pub struct ClaimRequest<'a> {
     pub count: usize,
     /// Lock time to live.
     pub lock_ms: u64,
-    /// The executor's instance: its lease is `lease:<instance>` and the token of this claim is
-    /// `<instance>:<seq>`.
+    /// The executor's instance: its lease is its entry in `leases` and the token of this claim
+    /// is `<instance>:<seq>`.
     pub token_base: &'a str,
     /// This claim's sequence number (one token per claim call).
     pub seq: u64,
     /// The executor's node id: refs routed to it are claimed too.
     pub node: &'a str,
+    /// How many of `count` are wanted ahead of a free run slot (they wait, held, until one frees).
+    /// Under a queue rate limit the claim takes only the others, so that the limit counts starts:
+    /// with none startable now it claims nothing and says [`ClaimOutcome::busy`].
+    pub ahead: usize,
 }
 
 /// Claims up to `req.count` shards under one token, and renews the executor's lease.
@@ -396,11 +401,12 @@ pub async fn claim<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, req: &Cla
     let token = format!("{}:{}", req.token_base, req.seq);
     let v: Vec<Value> = scripts()
         .claim
-        .keyed(keys, &KeyArgs { node: Some(req.node), instance: Some(req.token_base), ..Default::default() })
+        .keyed(keys, &KeyArgs { node: Some(req.node), ..Default::default() })
         .arg(keys.prefix())
         .arg(req.count)
         .arg(req.lock_ms)
         .arg(&token)
+        .arg(req.count.saturating_sub(req.ahead))
         .invoke_async(con)
         .await?;
     let [head, lapsed, shards @ ..] = v.as_slice() else {
@@ -409,6 +415,7 @@ pub async fn claim<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, req: &Cla
     let head = int(head)?;
     let mut out = ClaimOutcome {
         paused: head == -2,
+        busy: head == -3,
         next_due_in_ms: (head > 0).then_some(head as u64),
         lease_lapsed: int(lapsed)? == 1,
         ..Default::default()
@@ -452,8 +459,8 @@ pub async fn extend<C: ConnectionLike + Send>(
     cancels: &str,
 ) -> Result<Beat> {
     let call = |mode: &str, pairs: &[(String, String)]| {
-        let mut inv = scripts().extend.keyed(keys, &KeyArgs { instance: Some(instance), ..Default::default() });
-        inv.arg(lock_ms).arg(mode).arg(cancels);
+        let mut inv = scripts().extend.keyed(keys, &KeyArgs::default());
+        inv.arg(instance).arg(lock_ms).arg(mode).arg(cancels);
         for (r, t) in pairs {
             inv.arg(r).arg(t);
         }
@@ -573,6 +580,15 @@ pub async fn release<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, claims:
     Ok(codes(c))
 }
 
+/// How long executor `instance`'s lease has left by the server's clock; `None` when it has none or
+/// it expired (its shards are the sweep's).
+pub async fn lease_left_ms<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, instance: &str) -> Result<Option<u64>> {
+    let expiry: Option<u64> = redis::cmd("ZSCORE").arg(keys.leases()).arg(instance).query_async(con).await?;
+    let Some(expiry) = expiry else { return Ok(None) };
+    let now = crate::time::server_now_ms(con, keys).await?;
+    Ok(expiry.checked_sub(now).filter(|&l| l > 0))
+}
+
 /// What one stalled sweep did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SweepReport {
@@ -580,20 +596,33 @@ pub struct SweepReport {
     pub recovered: u64,
     /// Stalled shards failed for good (over the cap).
     pub failed: u64,
-    /// Lockless active shards marked for the next sweep to confirm.
+    /// Active shards whose holder has no lease entry at all, marked for the next full sweep to
+    /// confirm.
     pub marked: u64,
+}
+
+/// One call of the sweep: what it did, and when to call again.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sweep {
+    /// `None` when nothing ran: no lease had expired and the full sweep ran within its interval.
+    pub report: Option<SweepReport>,
+    /// How long from now (the server's clock) the earliest live lease expires; `None` when no
+    /// executor holds one. The sweep loop calls again then, so that a dead executor's shards
+    /// come back as soon as its lease runs out.
+    pub next_expiry_in_ms: Option<u64>,
 }
 
 /// The reason a shard fails with once it stalled more than allowed.
 pub const STALLED_REASON: &str = "shard stalled more than allowable limit";
 
-/// Runs the stalled sweep unless another ran within `interval_ms`; `None` when throttled.
+/// Recovers the shards of every executor whose lease expired, and runs the full sweep (which
+/// also finds shards whose holder has no lease at all) unless another ran within `interval_ms`.
 pub async fn sweep<C: ConnectionLike + Send>(
     con: &mut C,
     keys: &Keys,
     interval_ms: u64,
     max_stalled: u32,
-) -> Result<Option<SweepReport>> {
+) -> Result<Sweep> {
     let v: Vec<i64> = scripts()
         .sweep
         .keyed(keys, &KeyArgs::default())
@@ -603,10 +632,12 @@ pub async fn sweep<C: ConnectionLike + Send>(
         .arg(STALLED_REASON)
         .invoke_async(con)
         .await?;
-    Ok(match v.as_slice() {
-        [-1] => None,
-        [r, f, m] => Some(SweepReport { recovered: *r as u64, failed: *f as u64, marked: *m as u64 }),
-        other => return Err(Error::Protocol(format!("sweep reply {other:?}"))),
+    let [ran, r, f, m, next] = v.as_slice() else {
+        return Err(Error::Protocol(format!("sweep reply {v:?}")));
+    };
+    Ok(Sweep {
+        report: (*ran == 1).then_some(SweepReport { recovered: *r as u64, failed: *f as u64, marked: *m as u64 }),
+        next_expiry_in_ms: (*next >= 0).then_some(*next as u64),
     })
 }
 

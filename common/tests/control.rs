@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use shardctl_common::control;
 use shardctl_common::model::TaskSpec;
-use shardctl_common::scripts;
+use shardctl_common::scripts::{self, ClaimRequest};
 use shardctl_common::ScriptCode;
 use support::Env;
 
@@ -232,4 +232,31 @@ async fn the_rate_limit_logs_one_entry_per_claim_call_and_hands_out_exactly_the_
     control::set_limit(&mut env.con, &env.keys, None).await.unwrap();
     assert_eq!(env.claim("a", 4, 4, LONG_LOCK).await.shards.len(), 4, "no limit any more");
     assert_eq!(env.cmd::<u64>(redis::cmd("EXISTS").arg(env.keys.limiter())).await, 0);
+}
+
+/// Under a rate limit the log counts starts: a claim takes only the shards its executor can start
+/// at once, never those it wanted ahead of a free slot; with none startable it takes nothing and
+/// says `busy` (the executor asks again when a slot frees). Without a limit, ahead is no matter.
+#[tokio::test]
+async fn under_a_rate_limit_nothing_is_claimed_ahead() {
+    let mut env = Env::start("limit_ahead").await;
+    env.dispatch(&TaskSpec::new("t", "noop", 100)).await;
+    let claim = |seq: u64, count: usize, ahead: usize| ClaimRequest {
+        count,
+        lock_ms: LONG_LOCK,
+        token_base: "a",
+        seq,
+        node: "n1",
+        ahead,
+    };
+    let out = scripts::claim(&mut env.con, &env.keys, &claim(0, 8, 6)).await.unwrap();
+    assert_eq!((out.shards.len(), out.busy), (8, false), "no limit: ahead is claimed too");
+    let limit = control::RateLimit { max: 10, per: Duration::from_secs(60) };
+    control::set_limit(&mut env.con, &env.keys, Some(limit)).await.unwrap();
+    let out = scripts::claim(&mut env.con, &env.keys, &claim(1, 8, 6)).await.unwrap();
+    assert_eq!((out.shards.len(), out.busy), (2, false), "only the two startable at once");
+    let out = scripts::claim(&mut env.con, &env.keys, &claim(2, 8, 8)).await.unwrap();
+    assert_eq!((out.shards.len(), out.busy, out.next_due_in_ms), (0, true, None), "none startable: busy");
+    let used: Option<u64> = env.cmd(redis::cmd("HGET").arg(env.keys.meta()).arg("limit_used")).await;
+    assert_eq!(used, Some(2), "the log counts the two started");
 }

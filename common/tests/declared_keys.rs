@@ -186,7 +186,7 @@ fn no_queue_level_key_is_built_from_the_prefix_and_keys_are_reached_by_name() {
 #[test]
 fn every_queue_scripts_keys_are_built_by_the_registry() {
     let keys = Keys::new("shardctl", "q").unwrap();
-    let at = KeyArgs { task: Some("t"), node: Some("n"), instance: Some("i"), source: Some("{shardctl:q}:reroute") };
+    let at = KeyArgs { task: Some("t"), node: Some("n"), source: Some("{shardctl:q}:reroute") };
     let queue: Vec<&Lua> = scripts().all().into_iter().filter(|s| !NOT_QUEUE.contains(&s.file())).collect();
     assert!(queue.len() >= 19, "{}", queue.len());
     for s in queue {

@@ -31,6 +31,7 @@ const QUEUE_KEYS: &[(&str, QueueKey)] = &[
     ("wait", Keys::wait),
     ("delayed", Keys::delayed),
     ("active", Keys::active),
+    ("leases", Keys::leases),
     ("running", Keys::running),
     ("finished", Keys::finished),
     ("events", Keys::events),
@@ -61,9 +62,8 @@ const TASK_KEYS: &[(&str, NamedKey)] = &[
 /// Every key of one node, by node id.
 const NODE_KEYS: &[(&str, NamedKey)] =
     &[("node", Keys::node), ("node_wait", Keys::node_wait), ("node_marker", Keys::node_marker)];
-/// Keys by executor instance (no key is built from a shard ref: per-shard state is a field of
-/// the task's `shards` hash).
-const INSTANCE_KEYS: &[(&str, NamedKey)] = &[("lease", Keys::lease)];
+// No key is built from an executor instance (leases are members of `leases`) nor from a shard
+// ref (per-shard state is a field of the task's `shards` hash).
 /// `Keys` methods that build no key of their own.
 const NOT_KEYS: &[&str] = &["new", "queue", "prefix", "task_keys"];
 
@@ -170,7 +170,7 @@ fn plausible() -> Vec<String> {
     let k = Keys::new("p", "q").unwrap();
     let mut words: BTreeSet<String> = BTreeSet::new();
     let mut all: Vec<String> = QUEUE_KEYS.iter().map(|(_, f)| f(&k)).collect();
-    for (_, f) in TASK_KEYS.iter().chain(NODE_KEYS).chain(INSTANCE_KEYS) {
+    for (_, f) in TASK_KEYS.iter().chain(NODE_KEYS) {
         all.push(f(&k, "t"));
     }
     all.extend(k.task_keys("t"));
@@ -284,10 +284,9 @@ impl Registry {
 
 #[test]
 fn no_two_entities_share_a_key_and_every_key_has_its_queues_tag() {
-    let (tasks, nodes, instances, locks) =
-        (valid(Kind::TaskId), valid(Kind::NodeId), valid(Kind::Instance), valid(Kind::Lock));
+    let (tasks, nodes, locks) = (valid(Kind::TaskId), valid(Kind::NodeId), valid(Kind::Lock));
     assert!(tasks.len() > 50 && nodes.len() > 50 && locks.len() > tasks.len(), "too few names to prove anything");
-    for n in ["wait", "terminal", "x", "x.y", "agg", "0", "node", "lease"] {
+    for n in ["wait", "terminal", "x", "x.y", "agg", "0", "node", "leases"] {
         assert!(tasks.contains(&n.to_owned()) && nodes.contains(&n.to_owned()), "{n} is not enumerated");
     }
     // the queues: plain, named like key words, prefixes of one another, at the length limit; and
@@ -335,12 +334,6 @@ fn no_two_entities_share_a_key_and_every_key_has_its_queues_tag() {
                 for (what, f) in NODE_KEYS {
                     reg.add(f(&k, n), &owner, what);
                     of_queue.push(f(&k, n));
-                }
-            }
-            for i in &instances {
-                for (what, f) in INSTANCE_KEYS {
-                    reg.add(f(&k, i), &format!("{queue_owner} instance {i:?}"), what);
-                    of_queue.push(f(&k, i));
                 }
             }
             for key in &of_queue {
@@ -431,7 +424,6 @@ fn every_keys_method_is_enumerated() {
         .map(|(n, _)| *n)
         .chain(TASK_KEYS.iter().map(|(n, _)| *n))
         .chain(NODE_KEYS.iter().map(|(n, _)| *n))
-        .chain(INSTANCE_KEYS.iter().map(|(n, _)| *n))
         .chain(NOT_KEYS.iter().copied())
         .map(str::to_owned)
         .collect();

@@ -34,8 +34,8 @@ pub struct Member {
 }
 
 impl Member {
-    /// The node id and the instance become parts of keys (`node:<n>`, `node:<n>:wait`,
-    /// `lease:<instance>`): each must follow its rule in [`shardctl_common::names`].
+    /// The node id becomes part of keys (`node:<n>`, `node:<n>:wait`), the instance a member of
+    /// `leases` and of tokens: each must follow its rule in [`shardctl_common::names`].
     pub fn validate(&self) -> Result<()> {
         shardctl_common::names::validate_node_id(&self.node)?;
         shardctl_common::names::validate_instance(&self.instance)

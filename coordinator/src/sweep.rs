@@ -1,7 +1,9 @@
-//! Maintenance that any process may run: the stalled sweep, throttled in Redis so that one
-//! sweep runs per interval however many processes call it, and after each sweep the removal of
-//! ended tasks whose retention ran out. What the sweeps of this process
-//! recovered and failed is counted in [`crate::metrics`].
+//! Maintenance that any process may run: the stalled sweep, and after each sweep that ran the
+//! removal of ended tasks whose retention ran out. The loop calls the sweep when the earliest
+//! executor lease expires (the script says when), at least every [`LEASE_CHECK`], so a dead
+//! executor's shards come back within a moment of its lease running out; the full sweep inside it
+//! is throttled in Redis to once per interval however many processes call. What the sweeps of
+//! this process recovered and failed is counted in [`crate::metrics`].
 
 use std::time::Duration;
 
@@ -23,6 +25,9 @@ pub struct SweepConfig {
 pub const DEFAULT_STALLED_INTERVAL: Duration = Duration::from_secs(30);
 /// Default stalls a shard survives.
 pub const DEFAULT_MAX_STALLED: u32 = 1;
+/// Longest the loop sleeps between two calls: a lease taken while it slept with an expiry before
+/// the one it was told of is found at most this late.
+pub const LEASE_CHECK: Duration = Duration::from_secs(1);
 
 impl Default for SweepConfig {
     fn default() -> Self {
@@ -30,7 +35,8 @@ impl Default for SweepConfig {
     }
 }
 
-/// Runs the sweep every interval until `stop`; `on_report` sees each sweep that ran.
+/// Runs the sweep until `stop`, at each lease expiry and at least every [`LEASE_CHECK`] (the full
+/// sweep once per interval); `on_report` sees each sweep that ran.
 pub async fn run(
     mut con: Conn,
     keys: Keys,
@@ -41,27 +47,32 @@ pub async fn run(
     let interval = cfg.interval.max(Duration::from_millis(10));
     let m = crate::metrics::SweepMetrics::new(keys.queue());
     loop {
+        let mut next = None;
         match scripts::sweep(&mut con, &keys, interval.as_millis() as u64, cfg.max_stalled).await {
-            Ok(Some(r)) => {
-                m.recovered.increment(r.recovered);
-                m.failed.increment(r.failed);
-                if r.recovered + r.failed > 0 {
-                    tracing::info!(recovered = r.recovered, failed = r.failed, "stalled sweep");
-                }
-                on_report(r);
-                match shardctl_common::control::clean(&mut con, &keys, None).await {
-                    Ok(0) => {}
-                    Ok(n) => tracing::info!(removed = n, "removed ended tasks past their retention"),
-                    Err(e) => tracing::warn!("removing expired tasks failed: {e}"),
+            Ok(sweep) => {
+                next = sweep.next_expiry_in_ms.map(Duration::from_millis);
+                if let Some(r) = sweep.report {
+                    m.recovered.increment(r.recovered);
+                    m.failed.increment(r.failed);
+                    if r.recovered + r.failed > 0 {
+                        tracing::info!(recovered = r.recovered, failed = r.failed, "stalled sweep");
+                    }
+                    on_report(r);
+                    match shardctl_common::control::clean(&mut con, &keys, None).await {
+                        Ok(0) => {}
+                        Ok(n) => tracing::info!(removed = n, "removed ended tasks past their retention"),
+                        Err(e) => tracing::warn!("removing expired tasks failed: {e}"),
+                    }
                 }
             }
-            Ok(None) => {}
             Err(e) => tracing::warn!("stalled sweep failed: {e}"),
         }
-        // a little jitter keeps many executors from calling at the same instant
-        let jitter = Duration::from_millis(u64::from(uuid::Uuid::new_v4().as_u128() as u16 % 50));
+        // a little jitter keeps many processes from calling at the same instant; the first to
+        // call after an expiry recovers the shards, the others find nothing to do
+        let jitter = Duration::from_millis(1 + u64::from(uuid::Uuid::new_v4().as_u128() as u16 % 20));
+        let sleep = next.unwrap_or(LEASE_CHECK).min(LEASE_CHECK).min(interval) + jitter;
         tokio::select! {
-            _ = tokio::time::sleep(interval + jitter) => {}
+            _ = tokio::time::sleep(sleep) => {}
             _ = stop.cancelled() => return,
         }
     }

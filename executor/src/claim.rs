@@ -1,9 +1,11 @@
-//! The claim loop: take a slot first (a concurrency permit, or with `prefetch` one of the
-//! concurrency + prefetch slots), then as many more as are free, claim that many shards in one
-//! script call, and start each. A prefetched shard waits, held under the executor's lease, until
-//! a running one ends; at shutdown it is given back at once, never started. With nothing to
-//! claim, block on the queue's marker on a dedicated connection (no polling) until work arrives,
-//! a delayed shard falls due, or the block timeout passes.
+//! The claim loop: hold `concurrency` shards running plus those claimed ahead ([`crate::ahead`]
+//! sizes them from observed run and claim times, at most `prefetch`), and claim again once a
+//! claim's worth is missing: at least one shard, or half the shards held ahead, so that short
+//! shards come in large batches. Every claimed shard waits, held under the executor's lease, for
+//! one of `concurrency` run permits; at shutdown or when lost (its task cancelled) before it
+//! started, it is given back at once, never started. With nothing to claim, block on the queue's
+//! marker on a dedicated connection (no polling) until work arrives, a delayed shard falls due,
+//! or the block timeout passes.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -12,11 +14,10 @@ use std::time::Duration;
 use shardctl_common::conn::Conn;
 use shardctl_common::scripts::{self, ClaimRequest};
 use shardctl_common::time::now_ms;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
-use crate::runtime::{Shared, NO_CLAIM};
+use crate::runtime::{Held, Shared, NO_CLAIM};
+use crate::starts::Waiting;
 use crate::stats::Stats;
 
 /// Backoff after a failed Redis call: doubles from 100 ms up to 5 s.
@@ -24,33 +25,37 @@ pub(crate) fn retry_delay(failures: u32) -> Duration {
     Duration::from_millis(100u64 << failures.min(6)).min(Duration::from_secs(5))
 }
 
-pub(crate) async fn run(shared: Arc<Shared>, tracker: &TaskTracker, shutdown: CancellationToken) {
-    let permits = Arc::new(Semaphore::new(shared.cfg.concurrency + shared.cfg.prefetch));
-    // with prefetch, a claimed shard also needs one of `concurrency` run permits to start
-    let running = (shared.cfg.prefetch > 0).then(|| Arc::new(Semaphore::new(shared.cfg.concurrency)));
+pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
+    let concurrency = shared.cfg.concurrency;
     let mut blocking: Option<Conn> = None;
     let mut failures = 0u32;
     let mut next_due: Option<u64> = None;
     loop {
-        let first = tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => return,
-            p = permits.clone().acquire_owned() => p.expect("semaphore never closes"),
-        };
-        let mut batch = vec![first];
-        while batch.len() < shared.cfg.max_claim_batch {
-            match permits.clone().try_acquire_owned() {
-                Ok(p) => batch.push(p),
-                Err(_) => break,
+        // how many to hold: every slot busy, plus what the observed rates say to claim ahead
+        let ahead = shared.ahead.target(concurrency, shared.cfg.prefetch);
+        let target = concurrency + ahead;
+        let missing = target.saturating_sub(shared.starts.outstanding());
+        if missing < (ahead / 2).max(1) {
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return,
+                _ = shared.starts.freed.notified() => continue,
             }
         }
+        if shutdown.is_cancelled() {
+            return;
+        }
+        let count = missing.min(shared.cfg.max_claim_batch);
+        // those beyond the free run slots wait for one: under a rate limit they are not claimed
+        let free = shared.starts.free();
         let seq = shared.seq.fetch_add(1, Ordering::Relaxed);
         let req = ClaimRequest {
-            count: batch.len(),
+            count,
             lock_ms: shared.cfg.lock_duration.as_millis() as u64,
             token_base: &shared.token_base,
             seq,
             node: &shared.cfg.node_id,
+            ahead: count.saturating_sub(free),
         };
         let mut con = shared.con.clone();
         // never dropped half-way: the script may have run, and its shards would wait for the sweep
@@ -59,6 +64,7 @@ pub(crate) async fn run(shared: Arc<Shared>, tracker: &TaskTracker, shutdown: Ca
         let outcome = scripts::claim(&mut con, &shared.keys, &req).await;
         if outcome.is_ok() {
             shared.metrics.claim_seconds.record(started.elapsed().as_secs_f64());
+            shared.ahead.claimed(started.elapsed());
         }
         match outcome {
             Ok(o) if !o.shards.is_empty() => {
@@ -73,55 +79,42 @@ pub(crate) async fn run(shared: Arc<Shared>, tracker: &TaskTracker, shutdown: Ca
                 }
                 Stats::add(&shared.stats.claimed, o.shards.len() as u64);
                 shared.metrics.claimed.increment(o.shards.len() as u64);
-                for (claim, permit) in o.shards.into_iter().zip(batch) {
-                    let cancel = CancellationToken::new();
-                    {
-                        let mut held = shared.held.lock().unwrap();
+                let mut claimed = Vec::with_capacity(o.shards.len());
+                {
+                    let mut held = shared.held.lock().unwrap();
+                    for claim in o.shards {
+                        let cancel = CancellationToken::new();
                         // claimed again while an older claim of ours still runs it (we froze past
                         // the lease and a sweep recovered it): that older handler is stale
-                        if let Some(old) = held.get(&claim.shard_ref.to_string()) {
+                        let key = claim.shard_ref.to_string();
+                        if let Some(old) = held.get(&key) {
                             old.cancel.cancel();
                         }
-                        held.insert(
-                            claim.shard_ref.to_string(),
-                            crate::runtime::Held {
-                                claim: claim.clone(),
-                                cancel: cancel.clone(),
-                                lost: false,
-                                reporting: false,
-                            },
-                        );
-                        // set from the map, not counted up and down: a ref claimed again while
-                        // its old claim is still held replaces it
-                        shared.metrics.in_flight.set(held.len() as f64);
+                        let h = Held { claim: claim.clone(), cancel: cancel.clone(), lost: false, reporting: false };
+                        held.insert(key, h);
+                        claimed.push(Waiting { claim, cancel });
                     }
-                    match &running {
-                        None => {
-                            tracker.spawn(crate::run::shard(shared.clone(), claim, cancel, permit));
-                        }
-                        Some(running) => {
-                            let (shared, running, shutdown) = (shared.clone(), running.clone(), shutdown.clone());
-                            tracker.spawn(async move {
-                                tokio::select! {
-                                    biased;
-                                    _ = shutdown.cancelled() => crate::run::unstarted(&shared, claim, &cancel, permit),
-                                    // lost (its task cancelled, or claimed again) before it started
-                                    _ = cancel.cancelled() => crate::run::unstarted(&shared, claim, &cancel, permit),
-                                    p = running.acquire_owned() => {
-                                        let p = p.expect("semaphore never closes");
-                                        crate::run::shard(shared, claim, cancel, (permit, p)).await
-                                    }
-                                }
-                            });
-                        }
-                    }
+                    // set from the map, not counted up and down: a ref claimed again while its
+                    // old claim is still held replaces it
+                    shared.metrics.in_flight.set(held.len() as f64);
                 }
+                // in claim order: those that fit start now, the others when a running shard ends
+                crate::starts::push(&shared, claimed);
                 shared.claiming.store(NO_CLAIM, Ordering::SeqCst);
+            }
+            Ok(o) if o.busy => {
+                // a rate limit and no free slot: claim again when a running shard ends
+                shared.claiming.store(NO_CLAIM, Ordering::SeqCst);
+                failures = 0;
+                tokio::select! {
+                    biased;
+                    _ = shutdown.cancelled() => return,
+                    _ = shared.starts.freed.notified() => {}
+                }
             }
             Ok(o) => {
                 shared.claiming.store(NO_CLAIM, Ordering::SeqCst);
                 failures = 0;
-                drop(batch);
                 // the script says how long from now (the server's clock); the wait is local
                 next_due = o.next_due_in_ms.map(|d| now_ms() + d).or(next_due.filter(|&d| d > now_ms()));
                 let wait = match next_due {
@@ -147,7 +140,6 @@ pub(crate) async fn run(shared: Arc<Shared>, tracker: &TaskTracker, shutdown: Ca
             }
             Err(e) => {
                 shared.claiming.store(NO_CLAIM, Ordering::SeqCst);
-                drop(batch);
                 // the script may have run and its reply been lost: the heartbeat reconciles
                 shared.must_reconcile.store(true, Ordering::SeqCst);
                 // Redis may be another server when it answers again (see `lease_lapsed` above)

@@ -10,7 +10,9 @@
 //! - [`builtin`]: the kinds `primes`, `noop`, `sleep`, `fail` and the summary aggregator.
 //! - [`child`]: `--exec` / `--aggregate-exec`, the any-language protocol.
 //! - `runtime`: the [`Executor`], its shared state and its shutdown order.
-//! - `claim`: permits, batched claims, blocking on the marker.
+//! - `claim`: batched claims ahead of free slots, blocking on the marker.
+//! - `starts`: the run slots, and the claimed shards waiting for one in claim order.
+//! - `ahead`: how many shards to claim ahead, from observed run and claim times.
 //! - `run`: one shard: handler lookup, panics, cancellation, result limits.
 //! - `heartbeat`: the batched lock extension and lost-lock cancellation.
 //! - `report`: batched completion, failure (with backoff) and release.
@@ -40,6 +42,7 @@
 #![warn(missing_docs)]
 
 mod aggregate;
+mod ahead;
 pub mod builtin;
 pub mod child;
 mod claim;
@@ -51,6 +54,7 @@ mod report;
 mod run;
 mod runtime;
 pub mod shutdown;
+mod starts;
 pub mod stats;
 mod tasks;
 

@@ -8,7 +8,6 @@ use serde_json::Value;
 use shardctl_common::model::{Part, ShardRef};
 use shardctl_common::scripts::Claimed;
 use shardctl_common::split::shard_range;
-use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 
 use crate::handler::{panic_message, AggregateContext, BoxFuture, ShardContext, ShardError};
@@ -16,16 +15,17 @@ use crate::report::{Outcome, Report};
 use crate::runtime::Shared;
 use crate::tasks::TaskMeta;
 
-pub(crate) async fn shard<P: Send>(shared: Arc<Shared>, claim: Claimed, cancel: CancellationToken, permit: P) {
+/// Runs one shard in its slot (freed, and the next shard started, when this ends).
+pub(crate) async fn shard(shared: Arc<Shared>, claim: Claimed, cancel: CancellationToken, slot: crate::starts::Slot) {
     let outcome = run(&shared, &claim, &cancel).await;
     report(&shared, claim, outcome, &cancel);
-    drop(permit);
+    drop(slot);
 }
 
-/// A prefetched shard that waited for a slot until shutdown: given back, no attempt used up.
-pub(crate) fn unstarted(shared: &Shared, claim: Claimed, cancel: &CancellationToken, permit: OwnedSemaphorePermit) {
+/// A shard claimed ahead that waited for a slot until shutdown (or was lost meanwhile): given
+/// back, no attempt used up.
+pub(crate) fn unstarted(shared: &Shared, claim: Claimed, cancel: &CancellationToken) {
     report(shared, claim, Outcome::Release, cancel);
-    drop(permit);
 }
 
 /// Hands an outcome to the reporter, unless the shard is no longer ours.
@@ -76,7 +76,9 @@ async fn run(shared: &Shared, claim: &Claimed, cancel: &CancellationToken) -> Ou
         Part::Shard(index) => {
             let started = std::time::Instant::now();
             let r = run_handler(shared, claim, &meta, index, cancel).await;
-            shared.metrics.run_seconds.record(started.elapsed().as_secs_f64());
+            let took = started.elapsed();
+            shared.metrics.run_seconds.record(took.as_secs_f64());
+            shared.ahead.ran(took);
             r
         }
         Part::Aggregate => run_aggregator(shared, claim, r, cancel).await,

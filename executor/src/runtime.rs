@@ -67,6 +67,10 @@ pub(crate) struct Shared {
     /// compares every token (a cancelled task's shards lost theirs).
     pub(crate) cancels: Mutex<String>,
     pub(crate) node_id: Arc<str>,
+    /// Observed run and claim times: how many shards to claim ahead.
+    pub(crate) ahead: crate::ahead::Ahead,
+    /// The run slots and the claimed shards waiting for one.
+    pub(crate) starts: crate::starts::Starts,
 }
 
 /// One executor process's runtime.
@@ -83,6 +87,7 @@ impl Executor {
         let (tx, rx) = mpsc::unbounded_channel();
         let node_id: Arc<str> = Arc::from(cfg.node_id.as_str());
         let token_base = cfg.instance.clone();
+        let concurrency = cfg.concurrency;
         let metrics = Metrics::new(keys.queue(), &cfg.node_id);
         let shared = Arc::new(Shared {
             cfg,
@@ -105,6 +110,8 @@ impl Executor {
             must_reconcile: AtomicBool::new(false),
             cancels: Mutex::new(String::new()),
             node_id,
+            ahead: Default::default(),
+            starts: crate::starts::Starts::new(concurrency, TaskTracker::new()),
         });
         Ok(Executor { shared, reports: rx })
     }
@@ -123,7 +130,7 @@ impl Executor {
     /// still running so it is claimable at once, and flushes every report.
     pub async fn run(self, shutdown: CancellationToken) -> Result<StatsSnapshot> {
         let Executor { shared, reports } = self;
-        let tracker = TaskTracker::new();
+        let tracker = shared.starts.tracker().clone();
         let closing = CancellationToken::new();
         let reporter = tokio::spawn(crate::report::run(shared.clone(), reports, closing.clone()));
         let beat_stop = CancellationToken::new();
@@ -133,8 +140,12 @@ impl Executor {
         let mut guard =
             AbortGuard { shared: Some(shared.clone()), beat_stop: beat_stop.clone(), closing: closing.clone() };
 
-        crate::claim::run(shared.clone(), &tracker, shutdown).await;
+        crate::claim::run(shared.clone(), shutdown).await;
 
+        // shards claimed ahead and not started: given back at once
+        for w in shared.starts.close() {
+            crate::run::unstarted(&shared, w.claim, &w.cancel);
+        }
         tracker.close();
         let drained = tokio::time::timeout(shared.cfg.grace, tracker.wait()).await.is_ok();
         if !drained {
@@ -181,6 +192,9 @@ impl Drop for AbortGuard {
         let Some(shared) = self.shared.take() else { return };
         self.beat_stop.cancel();
         shared.aborting.store(true, Ordering::SeqCst);
+        for w in shared.starts.close() {
+            crate::run::unstarted(&shared, w.claim, &w.cancel);
+        }
         if let Ok(held) = shared.held.lock() {
             for h in held.values() {
                 h.cancel.cancel();

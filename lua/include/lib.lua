@@ -2,9 +2,10 @@
   Shared helpers, prepended to every script (see common/src/scripts.rs). Not an operation.
 
   Holding a shard: `active` is a hash ref -> token `<instance>:<seq>`; the shard is held by that
-  token and no other. Whether its holder is alive is told by the holder's lease
-  `lease:<instance>` (string, PX lockDuration), which the holder's heartbeat extends. A shard
-  whose holder's lease is gone is stalled (the sweep confirms it on its next run).
+  token and no other. Whether its holder is alive is told by the holder's lease: its entry in
+  the zset `leases`, scored by its expiry on Redis's clock (TIME + lockDuration), which the
+  holder's claims and heartbeats renew. A shard whose holder's lease expired is stalled: the
+  sweep, called at the earliest expiry, puts it back.
 
   Error codes (mirrored by common::ScriptCode):
     -1  lock missing    the shard is no longer held (recovered, or never claimed)
@@ -29,8 +30,7 @@ local rcall = redis.call
   declared key strings; `TASK_ANCHOR` is the declared `task:<id>` of a single-task script, or nil. Queue-level keys are only ever reached
   through `K`. Keys of a task are built by `task_key`: in a single-task script, every key of its
   own task must be declared too; multi-task scripts (claim, complete, ...) derive them from the
-  prefix, in the queue's slot. Per-node keys (`node:<n>:*`) and leases of other executors are
-  derived the same way.
+  prefix, in the queue's slot. Per-node keys (`node:<n>:*`) are derived the same way.
 ]]
 local function task_key(prefix, tid, suffix)
   local k = prefix .. 'task:' .. tid .. suffix

@@ -25,7 +25,9 @@ pub struct CoordinatorArgs {
     /// (at the second scrape after it, or three refreshes later if scrapes are more frequent).
     #[arg(long, default_value = "5m", value_parser = duration)]
     pub finished_retention: Duration,
-    /// How often the stalled sweep runs (one sweep per interval across all processes).
+    /// How often the full stalled sweep runs (once per interval across all processes): it finds
+    /// shards whose holder has no lease at all. A dead executor's shards come back when its lease
+    /// expires, whatever this interval.
     #[arg(long, default_value = "30s", value_parser = duration)]
     pub stalled_interval: Duration,
     /// Stalls a shard survives; one more fails it.

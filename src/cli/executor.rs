@@ -23,10 +23,12 @@ pub struct ExecutorArgs {
     /// Shards run at once.
     #[arg(long, default_value_t = cfg::DEFAULT_CONCURRENCY)]
     pub concurrency: usize,
-    /// Claim up to this many shards ahead of a free slot, so that the claim's round trip overlaps
-    /// the work (for shards of a few ms or less); they wait held and are given back at shutdown.
-    /// Not with a queue rate limit: it counts claims, and a prefetched shard starts later.
-    #[arg(long, default_value_t = 0)]
+    /// Most shards claimed ahead of a free slot. The executor claims ahead what it would start
+    /// within 20 ms at the rate it observes (none for long shards, hundreds for tiny ones), so
+    /// that claims come in batches; they wait held and are given back at once at shutdown. Under
+    /// a queue rate limit only shards that can start at once are claimed. 0: claim only for a
+    /// free slot.
+    #[arg(long, default_value_t = cfg::DEFAULT_PREFETCH)]
     pub prefetch: usize,
     /// Run every kind that is not built in with this command (no shell): shard facts in
     /// SHARDCTL_* variables, payload on stdin, result on stdout.
@@ -42,7 +44,9 @@ pub struct ExecutorArgs {
     /// Heartbeat period (default: half the lock duration).
     #[arg(long, value_parser = duration)]
     pub lock_renew: Option<Duration>,
-    /// How often the stalled sweep runs (one sweep per interval across all executors).
+    /// How often the full stalled sweep runs (once per interval across all processes): it finds
+    /// shards whose holder has no lease at all. A dead executor's shards come back when its lease
+    /// expires, whatever this interval.
     #[arg(long, default_value = "30s", value_parser = duration)]
     pub stalled_interval: Duration,
     /// Stalls a shard survives; one more fails it.

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use shardctl_common::conn::Conn;
 use shardctl_common::keys::ACTIVE_PIN;
 use shardctl_common::model::{TaskInfo, TaskSpec};
-use shardctl_common::{conn, Keys};
+use shardctl_common::{conn, scripts, Keys};
 use shardctl_executor::{Executor, ExecutorConfig, Registry, Stats, StatsSnapshot};
 use shardctl_testkit::TestRedis;
 use tokio::task::JoinHandle;
@@ -93,8 +93,7 @@ impl Env {
         match wait::wait(&mut con, &self.keys, id, Some(PATIENCE), |t| last = Some(t.clone())).await {
             Ok(t) => t,
             Err(e) => {
-                let (held, waiting, leases) =
-                    (self.holders().await, self.wait_list().await, self.keys_like(":lease:").await);
+                let (held, waiting, leases) = (self.holders().await, self.wait_list().await, self.leases().await);
                 panic!(
                     "task {id} did not end: {e}\nlast seen: {last:?}\nheld: {held:?}\nwaiting: {waiting:?}\nleases: \
                      {leases:?}\nredis log:\n{}",
@@ -140,11 +139,11 @@ impl Env {
         assert!(fields.iter().all(|f| f == ACTIVE_PIN), "shards still held in `active`: {fields:?}");
     }
 
-    /// The remaining time to live (ms) of executor `instance`'s lease; `None` when it is gone.
+    /// The time (ms) executor `instance`'s lease has left by the server's clock; `None` when it
+    /// has none or it expired.
     pub async fn lease_ttl(&self, instance: &str) -> Option<u64> {
-        let ttl: i64 = self.cmd(redis::cmd("PTTL").arg(self.keys.lease(instance))).await;
-        assert_ne!(ttl, -1, "the lease of {instance} has no time to live");
-        u64::try_from(ttl).ok()
+        let mut con = self.con.clone();
+        scripts::lease_left_ms(&mut con, &self.keys, instance).await.expect("reading a lease")
     }
 
     /// Another holder takes `shard_ref` over while executor `instance`'s lease is gone, as after
@@ -154,10 +153,15 @@ impl Env {
         let () = redis::pipe()
             .atomic()
             .hset(self.keys.active(), shard_ref, token)
-            .del(self.keys.lease(instance))
+            .zadd(self.keys.leases(), instance, 1)
             .query_async(&mut con)
             .await
             .expect("take over");
+    }
+
+    /// `leases`: instance → expiry (ms, the server's clock).
+    pub async fn leases(&self) -> Vec<(String, u64)> {
+        self.cmd(redis::cmd("ZRANGE").arg(self.keys.leases()).arg(0).arg(-1).arg("WITHSCORES")).await
     }
 
     /// The `wait` list, head first.

@@ -11,7 +11,7 @@ use shardctl_common::Keys;
 
 /// Reads everything at once, as one JSON text (a reply of a few hundred values costs the
 /// debug-built client far more than the server). KEYS: active, wait, delayed, stalled, meta,
-/// reroute, unrouted, nodes, routed-nodes, then one lease per instance, then each id's
+/// reroute, unrouted, nodes, routed-nodes, leases (ARGV: the instances after the 3 counts), then each id's
 /// `Keys::task_keys` (6 each: the task hash, terminal, results, errors, keys, shards), then one
 /// `node:<n>:wait` per node. ARGV: the number of instances, of ids, of nodes.
 static SNAPSHOT: LazyLock<redis::Script> = LazyLock::new(|| {
@@ -38,11 +38,14 @@ local out = {
   nodes = map(redis.call('ZRANGE', KEYS[8], 0, -1, 'WITHSCORES')), routed_nodes = redis.call('SMEMBERS', KEYS[9]),
   lists = {},
 }
-local k = 10
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 for i = 1, tonumber(ARGV[1]) do
-  out.leases[i] = redis.call('EXISTS', KEYS[k])
-  k = k + 1
+  -- 0: no lease entry, 1: live, 2: expired (not yet swept)
+  local e = redis.call('ZSCORE', KEYS[10], ARGV[3 + i])
+  out.leases[i] = (not e and 0) or (tonumber(e) > now and 1) or 2
 end
+local k = 11
 for i = 1, tonumber(ARGV[2]) do
   out.tasks[i] = {
     hash = map(redis.call('HGETALL', KEYS[k])), terminal = bits(redis.call('GET', KEYS[k + 1]) or ''),
@@ -116,8 +119,10 @@ pub struct Snapshot {
     pub stalled: HashSet<String>,
     /// `meta.cancels`.
     pub cancels: String,
-    /// Whether each executor's lease exists, by instance.
+    /// Whether each executor's lease is live, by instance.
     pub leases: HashMap<String, bool>,
+    /// The instances whose lease entry is there but expired (the sweep has not seen it yet).
+    pub expired: HashSet<String>,
     /// Each pool id's keys.
     pub tasks: HashMap<String, TaskView>,
     pub reroute: Vec<String>,
@@ -136,9 +141,10 @@ impl Snapshot {
         let mut inv = SNAPSHOT.prepare_invoke();
         inv.key(keys.active()).key(keys.wait()).key(keys.delayed()).key(keys.stalled()).key(keys.meta());
         inv.key(keys.reroute()).key(keys.unrouted()).key(keys.nodes()).key(keys.routed_nodes());
+        inv.key(keys.leases());
         inv.arg(instances.len()).arg(ids.len()).arg(nodes.len());
         for i in instances {
-            inv.key(keys.lease(i));
+            inv.arg(i);
         }
         for id in ids {
             for k in keys.task_keys(id) {
@@ -169,6 +175,9 @@ impl Snapshot {
         }
         for (n, i) in instances.iter().enumerate() {
             s.leases.insert(i.clone(), v["leases"][n] == 1);
+            if v["leases"][n] == 2 {
+                s.expired.insert(i.clone());
+            }
         }
         for (n, id) in ids.iter().enumerate() {
             let t = &v["tasks"][n];
@@ -195,8 +204,13 @@ impl Snapshot {
         self.lists.iter().find(|(n, _)| n == node).map_or(&[], |(_, l)| l)
     }
 
-    /// True when the holder of `token` has a lease.
+    /// True when the holder of `token` has a live lease.
     pub fn alive(&self, token: &str) -> bool {
         self.leases.get(super::executor::instance_of(token)).copied().unwrap_or(false)
+    }
+
+    /// True when the holder of `token` has a lease entry that expired.
+    pub fn expired(&self, token: &str) -> bool {
+        self.expired.contains(super::executor::instance_of(token))
     }
 }

@@ -98,7 +98,7 @@ impl World {
         let inst = self.execs[e].instance.clone();
         let node = self.execs[e].node.clone();
         let token = format!("{inst}:{seq}");
-        let req = ClaimRequest { count, lock_ms: LOCK_MS, token_base: &inst, seq, node: &node };
+        let req = ClaimRequest { count, lock_ms: LOCK_MS, token_base: &inst, seq, node: &node, ahead: 0 };
         let out = scripts::claim(&mut self.con, &self.keys, &req).await.map_err(|e| format!("claim: {e}"))?;
         let refs: Vec<String> = out.shards.iter().map(|c| c.shard_ref.to_string()).collect();
         let how = if lost { " (reply lost)" } else { "" };
@@ -306,11 +306,17 @@ impl World {
         Ok(())
     }
 
-    /// Executor `e`'s lease runs out (it froze past its lock duration).
+    /// Executor `e`'s lease runs out (it froze past its lock duration), or, one time in four, its
+    /// entry vanishes (lost with a failed-over server's data).
     pub async fn expire_lease(&mut self, e: usize) -> Outcome {
-        let key = self.keys.lease(&self.execs[e].instance);
-        let () = self.con.del(&key).await.map_err(|e| format!("DEL lease: {e}"))?;
-        self.note(format!("{}'s lease expires", self.execs[e].instance));
+        let inst = self.execs[e].instance.clone();
+        if self.rng.below(4) == 0 {
+            let () = self.con.zrem(self.keys.leases(), &inst).await.map_err(|e| format!("ZREM lease: {e}"))?;
+            self.note(format!("{inst}'s lease entry vanishes"));
+        } else {
+            let () = self.con.zadd(self.keys.leases(), &inst, 1).await.map_err(|e| format!("ZADD lease: {e}"))?;
+            self.note(format!("{inst}'s lease expires"));
+        }
         Ok(())
     }
 }

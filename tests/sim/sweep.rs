@@ -1,8 +1,10 @@
-//! The stalled sweep as a step: two runs (mark, then confirm), each with its throttle key
-//! removed first, as if its interval had passed. Each run is checked against the snapshot before
-//! it: the refs it confirms are exactly those the last run marked whose holder still has no
-//! lease, each is requeued or failed for good (never lost, never left held), nothing else held
-//! changes hands, and the new marks are exactly the held refs whose holder has no lease.
+//! The stalled sweep as a step: two calls, each either a full sweep (its throttle key removed
+//! first, as if its interval had passed) or the lease pass alone (throttled). Each call is
+//! checked against the snapshot before it: the refs it stalls are exactly the held refs whose
+//! holder's lease expired, plus (full sweep) those the last full sweep marked whose holder still
+//! has no live lease; each is requeued or failed for good (never lost, never left held), nothing
+//! else held changes hands, no expired lease is left, and the new marks (full sweep) are exactly
+//! the held refs whose holder has no lease entry.
 
 use std::collections::HashSet;
 
@@ -15,21 +17,50 @@ use super::world::World;
 use super::Outcome;
 
 impl World {
-    /// Two sweeps (mark, confirm), each checked.
+    /// Two sweeps (e.g. mark, confirm), each checked.
     pub async fn sweep(&mut self) -> Outcome {
         for _ in 0..2 {
             let max_stalled = self.rng.range(0, 2) as u32;
+            let full = self.rng.below(3) > 0;
             let pre = self.snap.clone();
-            let () = self.con.del(self.keys.stalled_check()).await.map_err(|e| format!("DEL stalled-check: {e}"))?;
-            let rep =
-                scripts::sweep(&mut self.con, &self.keys, 1, max_stalled).await.map_err(|e| format!("sweep: {e}"))?;
-            self.note(format!("sweep (max stalled {max_stalled}): {rep:?}"));
-            let Some(rep) = rep else { return Err("the sweep was throttled with no throttle key".into()) };
+            if full {
+                let () =
+                    self.con.del(self.keys.stalled_check()).await.map_err(|e| format!("DEL stalled-check: {e}"))?;
+            } else {
+                // the throttle as if a full sweep had just run
+                let () = self
+                    .con
+                    .set_ex(self.keys.stalled_check(), 1, 3600)
+                    .await
+                    .map_err(|e| format!("SET stalled-check: {e}"))?;
+            }
+            let out = scripts::sweep(&mut self.con, &self.keys, 3_600_000, max_stalled)
+                .await
+                .map_err(|e| format!("sweep: {e}"))?;
+            self.note(format!("sweep (full {full}, max stalled {max_stalled}): {out:?}"));
+            let expired_held = pre.active.values().any(|t| pre.expired(t));
+            let Some(rep) = out.report else {
+                ensure!(
+                    !full && pre.expired.is_empty(),
+                    "the sweep did nothing: full {full}, expired leases {:?}",
+                    pre.expired
+                );
+                continue;
+            };
+            ensure!(
+                full || !pre.expired.is_empty(),
+                "a throttled sweep ran with no expired lease (held by expired holders: {expired_held})"
+            );
             self.refresh().await;
             self.canonical_requeue_order(&pre.wait, false).await?;
             self.canonical_requeue_order(&pre.reroute, true).await?;
-            let mut confirmed: Vec<&String> =
-                pre.stalled.iter().filter(|r| pre.active.get(*r).is_some_and(|t| !pre.alive(t))).collect();
+            ensure!(self.snap.expired.is_empty(), "the sweep left expired leases {:?}", self.snap.expired);
+            let mut confirmed: Vec<&String> = pre
+                .active
+                .iter()
+                .filter(|(r, t)| pre.expired(t) || (full && pre.stalled.contains(*r) && !pre.alive(t)))
+                .map(|(r, _)| r)
+                .collect();
             confirmed.sort();
             let (mut recovered, mut failed) = (0, 0);
             for r in &confirmed {
@@ -73,8 +104,12 @@ impl World {
                 let now = self.snap.active.get(r);
                 ensure!(now == Some(t), "the sweep moved {r} from {t} to {now:?}");
             }
-            let marks: HashSet<String> =
-                self.snap.active.iter().filter(|(_, t)| !self.snap.alive(t)).map(|(r, _)| r.clone()).collect();
+            let marks: HashSet<String> = if full {
+                self.snap.active.iter().filter(|(_, t)| !self.snap.alive(t)).map(|(r, _)| r.clone()).collect()
+            } else {
+                // the lease pass leaves the marks of the last full sweep alone
+                pre.stalled.clone()
+            };
             ensure!(
                 self.snap.stalled == marks,
                 "the sweep marked {:?}, lease-less holders hold {marks:?}",

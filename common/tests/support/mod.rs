@@ -63,9 +63,9 @@ impl Env {
     }
 
     /// Claims up to `count` shards as executor instance `base`, all under the one token
-    /// `<base>:<seq>`; renews the lease `lease:<base>` for `lock_ms`.
+    /// `<base>:<seq>`; renews the lease of `<base>` for `lock_ms`.
     pub async fn claim(&mut self, base: &str, seq: u64, count: usize, lock_ms: u64) -> ClaimOutcome {
-        let req = ClaimRequest { count, lock_ms, token_base: base, seq, node: NODE };
+        let req = ClaimRequest { count, lock_ms, token_base: base, seq, node: NODE, ahead: 0 };
         scripts::claim(&mut self.con, &self.keys, &req).await.expect("claim")
     }
 
@@ -98,9 +98,9 @@ impl Env {
         scripts::extend(&mut self.con, &self.keys, instance, lock_ms, &pairs, check, "0").await.expect("extend").lost
     }
 
-    /// One stalled sweep; `None` when throttled.
+    /// One stalled sweep; `None` when nothing ran (no lease expired, the full sweep throttled).
     pub async fn sweep(&mut self, interval_ms: u64, max_stalled: u32) -> Option<SweepReport> {
-        scripts::sweep(&mut self.con, &self.keys, interval_ms, max_stalled).await.expect("sweep")
+        scripts::sweep(&mut self.con, &self.keys, interval_ms, max_stalled).await.expect("sweep").report
     }
 
     /// Waits out the sweep throttle (`interval_ms` on the server clock) and sweeps.
@@ -157,18 +157,24 @@ impl Env {
         self.cmd::<()>(redis::cmd("HSET").arg(key).arg(shard_ref).arg(token)).await;
     }
 
-    /// The remaining time to live (ms) of executor `instance`'s lease; `None` when it is gone.
+    /// The time (ms) executor `instance`'s lease has left by the server's clock; `None` when it
+    /// has none or it expired.
     pub async fn lease_ttl(&mut self, instance: &str) -> Option<u64> {
-        let key = self.keys.lease(instance);
-        let ttl: i64 = self.cmd(redis::cmd("PTTL").arg(key)).await;
-        assert_ne!(ttl, -1, "the lease of {instance} has no time to live");
-        u64::try_from(ttl).ok()
+        scripts::lease_left_ms(&mut self.con, &self.keys, instance).await.expect("reading a lease")
     }
 
-    /// Deletes executor `instance`'s lease (it died, or froze past its lock duration).
+    /// Executor `instance`'s lease runs out now (it died, or froze past its lock duration): its
+    /// expiry is set in the past, where the sweep finds it.
     pub async fn drop_lease(&mut self, instance: &str) {
-        let key = self.keys.lease(instance);
-        self.cmd::<()>(redis::cmd("DEL").arg(key)).await;
+        let key = self.keys.leases();
+        self.cmd::<()>(redis::cmd("ZADD").arg(key).arg(1).arg(instance)).await;
+    }
+
+    /// Executor `instance`'s lease entry vanishes (lost with the data of a failed-over server):
+    /// only the full sweep's mark-then-confirm finds its shards.
+    pub async fn remove_lease(&mut self, instance: &str) {
+        let key = self.keys.leases();
+        self.cmd::<()>(redis::cmd("ZREM").arg(key).arg(instance)).await;
     }
 
     /// `OBJECT ENCODING` of `key`.

@@ -105,10 +105,10 @@ pub(crate) async fn upkeep(ctx: &mut Ctx) -> anyhow::Result<Figures> {
         let after = stats::info(&mut con).await?;
         let d = after.since(&before);
         let held = held_by(&mut con, &keys, &instance).await?;
-        let lease_ms: i64 = redis::cmd("PTTL").arg(keys.lease(&instance)).query_async(&mut con).await?;
-        ensure!(lease_ms > 0, "the executor's lease is gone");
+        let lease_ms = scripts::lease_left_ms(&mut con, &keys, &instance).await?;
+        ensure!(lease_ms.is_some(), "the executor's lease is gone");
         // a sweep now must find nothing to mark: every holder's lease is alive
-        let sweep = scripts::sweep(&mut con, &keys, 1, 1).await?.context("sweep throttled")?;
+        let sweep = scripts::sweep(&mut con, &keys, 1, 1).await?.report.context("sweep throttled")?;
         Ok::<_, anyhow::Error>(Figures::from([
             ("claim_secs", claim_secs),
             ("scripts_per_beat", d.scripts() as f64 / f64::from(UPKEEP_BEATS)),

@@ -1,0 +1,111 @@
+//! How many shards to claim ahead of a free run slot, from what the executor observes.
+//!
+//! A claim call costs a round trip and a script call. For shards of a few µs, claiming only for
+//! free slots means one call per shard or two; for shards of minutes, claiming ahead would hoard
+//! work other executors could start. So the executor measures the rate it starts shards at when
+//! every slot is busy (`concurrency / mean run time`) and holds ahead what it would start within
+//! [`HOLD`] at that rate, and at least what it starts during two claim round trips, never more
+//! than the `--prefetch` bound. Long shards get none (a claim only for a free slot), a million
+//! 200-µs shards get hundreds per call, with the same command line.
+//!
+//! The means are exponentially weighted and kept in atomics: every shard updates one, racing
+//! updates lose a sample, which does not matter for an estimate.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// At most this much work (at the observed start rate) is held ahead of the free slots: what a
+/// higher-priority task or another executor waits at worst for shards this one claimed ahead.
+pub const HOLD: Duration = Duration::from_millis(20);
+
+/// Weight of a new sample in the means (1/8).
+const WEIGHT: f64 = 0.125;
+
+/// The observed means (nanoseconds, as f64 bits; 0 = no sample yet).
+#[derive(Debug, Default)]
+pub(crate) struct Ahead {
+    run_ns: AtomicU64,
+    claim_ns: AtomicU64,
+}
+
+fn update(cell: &AtomicU64, sample: Duration) {
+    let x = sample.as_nanos() as f64;
+    let old = f64::from_bits(cell.load(Ordering::Relaxed));
+    let new = if old == 0.0 { x } else { old + WEIGHT * (x - old) };
+    cell.store(new.max(1.0).to_bits(), Ordering::Relaxed);
+}
+
+impl Ahead {
+    /// One shard's handler took `d` (from its start, waits for a CPU included: the rate derived
+    /// from it is what the executor achieves, not what the handler alone could).
+    pub(crate) fn ran(&self, d: Duration) {
+        update(&self.run_ns, d);
+    }
+
+    /// One claim call took `d`, round trip included.
+    pub(crate) fn claimed(&self, d: Duration) {
+        update(&self.claim_ns, d);
+    }
+
+    /// Shards to hold ahead of the `concurrency` running ones, at most `max`.
+    pub(crate) fn target(&self, concurrency: usize, max: usize) -> usize {
+        let run = f64::from_bits(self.run_ns.load(Ordering::Relaxed));
+        if run == 0.0 || max == 0 {
+            // nothing measured yet: claim for free slots only, the first shards tell the rest
+            return 0;
+        }
+        let claim = f64::from_bits(self.claim_ns.load(Ordering::Relaxed));
+        // shards started per ns with every slot busy
+        let rate = concurrency as f64 / run;
+        let hold = rate * HOLD.as_nanos() as f64;
+        let cover = rate * 2.0 * claim;
+        let want = hold.max(cover.min(hold * 4.0));
+        // below one shard of work ahead, none: the claim for a free slot is cheap next to it
+        if want < 1.0 {
+            return 0;
+        }
+        (want.ceil() as usize).min(max)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ahead(run: Duration, claim: Duration) -> Ahead {
+        let a = Ahead::default();
+        a.ran(run);
+        a.claimed(claim);
+        a
+    }
+
+    #[test]
+    fn long_shards_are_never_claimed_ahead_and_short_ones_up_to_the_bound() {
+        let rtt = Duration::from_micros(300);
+        // nothing measured
+        assert_eq!(Ahead::default().target(16, 1024), 0);
+        // ten-minute shards, one-second shards: none ahead
+        assert_eq!(ahead(Duration::from_secs(600), rtt).target(16, 1024), 0);
+        assert_eq!(ahead(Duration::from_secs(1), rtt).target(16, 1024), 0);
+        // 10 ms shards on 16 slots: 1600/s, 32 in 20 ms
+        assert_eq!(ahead(Duration::from_millis(10), rtt).target(16, 1024), 32);
+        // 200-µs shards: 80,000/s, 1600 in 20 ms: the bound
+        assert_eq!(ahead(Duration::from_micros(200), rtt).target(16, 1024), 1024);
+        assert_eq!(ahead(Duration::from_micros(200), rtt).target(16, 100), 100);
+        assert_eq!(ahead(Duration::from_micros(200), rtt).target(16, 0), 0);
+    }
+
+    #[test]
+    fn a_slow_claim_round_trip_is_covered_up_to_four_holds() {
+        // 1 ms shards on 4 slots: 4000/s; 80 in 20 ms; a 50 ms round trip would want 400
+        assert_eq!(ahead(Duration::from_millis(1), Duration::from_millis(1)).target(4, 10_000), 80);
+        assert_eq!(ahead(Duration::from_millis(1), Duration::from_millis(50)).target(4, 10_000), 320);
+    }
+
+    #[test]
+    fn the_means_move_by_an_eighth_of_each_sample() {
+        let a = ahead(Duration::from_millis(8), Duration::ZERO);
+        a.ran(Duration::from_millis(16));
+        assert_eq!(f64::from_bits(a.run_ns.load(Ordering::Relaxed)), 9e6);
+    }
+}
