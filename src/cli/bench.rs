@@ -2,8 +2,8 @@
 //! (or `--redis`, whose database must be empty). Each scenario runs `--runs` times on a freshly
 //! flushed database; the table shows medians, each against its target.
 //!
-//! - `e2e`: N no-op pull shards, one executor (concurrency 1024) and the sweep loop in this
-//!   process, from dispatch to the task's `completed` state.
+//! - `e2e`: N no-op pull shards, one executor process with default flags, from dispatch to the
+//!   task's `completed` state; Redis's CPU and the executor process's.
 //! - `dispatch-pull`, `dispatch-routed`: dispatch alone (routed: consistent hash over 8 live
 //!   members, no executor running).
 //! - `primes`: primes below 2×10^8 in 2000 shards on 2 executor processes of concurrency 1 vs
@@ -21,6 +21,7 @@ mod bullmq;
 mod failover;
 mod holding;
 mod primes;
+mod process;
 mod queue;
 mod stats;
 mod table;
