@@ -12,6 +12,8 @@
 //! - `upkeep`: one executor holding 10,000 `sleep` shards, heartbeat every second.
 //! - `failover`: an executor process holding 4 shards (lock 5 s, other flags default) is
 //!   SIGKILLed; the time until another executor process holds them all.
+//! - `pickup`: an idle executor process (default flags) blocked on the marker; dispatch of a
+//!   one-shard task → its claim, from the server's `MONITOR` timestamps, 250 times.
 //! - `bullmq`: `bench/bullmq/bench.js`, BullMQ's best case, on the same Redis.
 //!
 //! Redis figures come from `INFO` before and after (CPU = user + sys; commands = the `calls` of
@@ -20,6 +22,7 @@
 mod bullmq;
 mod failover;
 mod holding;
+mod pickup;
 mod primes;
 mod process;
 mod queue;
@@ -77,6 +80,8 @@ pub enum Scenario {
     Idle,
     /// One executor holding 10,000 shards.
     Upkeep,
+    /// Dispatch → claim latency of an idle executor.
+    Pickup,
     /// A SIGKILLed executor's shards held elsewhere.
     Failover,
     /// BullMQ's best case on the same Redis.
@@ -92,6 +97,7 @@ impl Scenario {
             Scenario::Primes => "primes",
             Scenario::Idle => "idle",
             Scenario::Upkeep => "upkeep",
+            Scenario::Pickup => "pickup",
             Scenario::Failover => "failover",
             Scenario::Bullmq => "bullmq",
         }
@@ -226,6 +232,7 @@ async fn measure(
                 Scenario::Primes => primes::run(ctx).await,
                 Scenario::Idle => holding::idle(ctx).await,
                 Scenario::Upkeep => holding::upkeep(ctx).await,
+                Scenario::Pickup => pickup::run(ctx).await,
                 Scenario::Failover => failover::run(ctx).await,
                 Scenario::Bullmq => {
                     let script = bullmq_script.as_deref().expect("prepared");
