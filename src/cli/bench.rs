@@ -14,6 +14,7 @@
 //!   SIGKILLed; the time until another executor process holds them all.
 //! - `pickup`: an idle executor process (default flags) blocked on the marker; dispatch of a
 //!   one-shard task → its claim, from the server's `MONITOR` timestamps, 250 times.
+//! - `rss`: an executor process's RSS idle and with 10,000 `sleep` shards in flight.
 //! - `bullmq`: `bench/bullmq/bench.js`, BullMQ's best case, on the same Redis.
 //!
 //! Redis figures come from `INFO` before and after (CPU = user + sys; commands = the `calls` of
@@ -26,6 +27,7 @@ mod pickup;
 mod primes;
 mod process;
 mod queue;
+mod rss;
 mod stats;
 mod table;
 
@@ -80,6 +82,8 @@ pub enum Scenario {
     Idle,
     /// One executor holding 10,000 shards.
     Upkeep,
+    /// Executor process RSS, idle and with 10,000 shards in flight.
+    Rss,
     /// Dispatch → claim latency of an idle executor.
     Pickup,
     /// A SIGKILLed executor's shards held elsewhere.
@@ -97,6 +101,7 @@ impl Scenario {
             Scenario::Primes => "primes",
             Scenario::Idle => "idle",
             Scenario::Upkeep => "upkeep",
+            Scenario::Rss => "rss",
             Scenario::Pickup => "pickup",
             Scenario::Failover => "failover",
             Scenario::Bullmq => "bullmq",
@@ -232,6 +237,7 @@ async fn measure(
                 Scenario::Primes => primes::run(ctx).await,
                 Scenario::Idle => holding::idle(ctx).await,
                 Scenario::Upkeep => holding::upkeep(ctx).await,
+                Scenario::Rss => rss::run(ctx).await,
                 Scenario::Pickup => pickup::run(ctx).await,
                 Scenario::Failover => failover::run(ctx).await,
                 Scenario::Bullmq => {

@@ -59,6 +59,21 @@ fn parse_cpu_ticks(stat: &str) -> Option<f64> {
     Some(fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?)
 }
 
+/// Resident set size of process `pid` in bytes (`VmRSS` of `/proc/<pid>/status`).
+pub(crate) fn rss_bytes(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("reading /proc/{pid}/status (the bench reads RSS on Linux only)"))?;
+    parse_status_kib(&status, "VmRSS").map(|k| k * 1024).context("no VmRSS in /proc/<pid>/status")
+}
+
+/// A `Name:   1234 kB` line of `/proc/<pid>/status`, in KiB.
+fn parse_status_kib(status: &str, name: &str) -> Option<u64> {
+    status.lines().find_map(|l| {
+        let rest = l.strip_prefix(name)?.strip_prefix(':')?;
+        rest.split_whitespace().next()?.parse().ok()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -67,6 +82,10 @@ mod tests {
     fn parses_proc_files() {
         let stat = "4242 (shard ctl) S 1 2 3 4 5 6 7 8 9 10 250 37 0 0 20 0 9 0 100 0 0";
         assert_eq!(parse_cpu_ticks(stat), Some(287.0));
+        let status = "Name:\tshardctl\nVmPeak:\t  20000 kB\nVmRSS:\t    8356 kB\nRssAnon:\t 4000 kB\n";
+        assert_eq!(parse_status_kib(status, "VmRSS"), Some(8356));
+        assert_eq!(parse_status_kib(status, "VmHWM"), None);
         assert!(cpu_s("self").is_some_and(|s| s >= 0.0));
+        assert!(rss_bytes(std::process::id()).unwrap() > 0);
     }
 }
