@@ -8,6 +8,8 @@
 //!   members, no executor running).
 //! - `primes`: primes below 2×10^8 in 2000 shards on 2 executor processes of concurrency 1 vs
 //!   the same 2000 ranges counted by 2 plain threads.
+//! - `small`: primes below 2×10^8 in 20,000 shards on 2 executor processes with default flags
+//!   vs the same task as 1 shard on them.
 //! - `idle`: 100 idle executors in this process for 10 s.
 //! - `upkeep`: one executor holding 10,000 `sleep` shards, heartbeat every second.
 //! - `failover`: an executor process holding 4 shards (lock 5 s, other flags default) is
@@ -28,6 +30,7 @@ mod primes;
 mod process;
 mod queue;
 mod rss;
+mod small;
 mod stats;
 mod table;
 
@@ -78,6 +81,8 @@ pub enum Scenario {
     DispatchRouted,
     /// Real work: coordination overhead against a plain program.
     Primes,
+    /// Small shards, default flags: 20,000 shards vs 1 shard.
+    Small,
     /// 100 idle executors.
     Idle,
     /// One executor holding 10,000 shards.
@@ -99,6 +104,7 @@ impl Scenario {
             Scenario::DispatchPull => "dispatch-pull",
             Scenario::DispatchRouted => "dispatch-routed",
             Scenario::Primes => "primes",
+            Scenario::Small => "small",
             Scenario::Idle => "idle",
             Scenario::Upkeep => "upkeep",
             Scenario::Rss => "rss",
@@ -235,6 +241,7 @@ async fn measure(
                 Scenario::DispatchPull => queue::dispatch_pull(ctx).await,
                 Scenario::DispatchRouted => queue::dispatch_routed(ctx).await,
                 Scenario::Primes => primes::run(ctx).await,
+                Scenario::Small => small::run(ctx).await,
                 Scenario::Idle => holding::idle(ctx).await,
                 Scenario::Upkeep => holding::upkeep(ctx).await,
                 Scenario::Rss => rss::run(ctx).await,
