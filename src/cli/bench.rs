@@ -2,16 +2,21 @@
 //! (or `--redis`, whose database must be empty). Each scenario runs `--runs` times on a freshly
 //! flushed database; the table shows medians, each against its target.
 //!
-//! - `e2e`: N no-op pull shards, one executor (concurrency 1024) and the sweep loop in this
-//!   process, from dispatch to the task's `completed` state.
+//! - `e2e`: N no-op pull shards, one executor process with default flags, from dispatch to the
+//!   task's `completed` state; Redis's CPU and the executor process's.
 //! - `dispatch-pull`, `dispatch-routed`: dispatch alone (routed: consistent hash over 8 live
 //!   members, no executor running).
 //! - `primes`: primes below 2×10^8 in 2000 shards on 2 executor processes of concurrency 1 vs
 //!   the same 2000 ranges counted by 2 plain threads.
+//! - `small`: primes below 2×10^8 in 20,000 shards on 2 executor processes with default flags
+//!   vs the same task as 1 shard on them.
 //! - `idle`: 100 idle executors in this process for 10 s.
 //! - `upkeep`: one executor holding 10,000 `sleep` shards, heartbeat every second.
 //! - `failover`: an executor process holding 4 shards (lock 5 s, other flags default) is
 //!   SIGKILLed; the time until another executor process holds them all.
+//! - `pickup`: an idle executor process (default flags) blocked on the marker; dispatch of a
+//!   one-shard task → its claim, from the server's `MONITOR` timestamps, 250 times.
+//! - `rss`: an executor process's RSS idle and with 10,000 `sleep` shards in flight.
 //! - `bullmq`: `bench/bullmq/bench.js`, BullMQ's best case, on the same Redis.
 //!
 //! Redis figures come from `INFO` before and after (CPU = user + sys; commands = the `calls` of
@@ -20,8 +25,12 @@
 mod bullmq;
 mod failover;
 mod holding;
+mod pickup;
 mod primes;
+mod process;
 mod queue;
+mod rss;
+mod small;
 mod stats;
 mod table;
 
@@ -72,10 +81,16 @@ pub enum Scenario {
     DispatchRouted,
     /// Real work: coordination overhead against a plain program.
     Primes,
+    /// Small shards, default flags: 20,000 shards vs 1 shard.
+    Small,
     /// 100 idle executors.
     Idle,
     /// One executor holding 10,000 shards.
     Upkeep,
+    /// Executor process RSS, idle and with 10,000 shards in flight.
+    Rss,
+    /// Dispatch → claim latency of an idle executor.
+    Pickup,
     /// A SIGKILLed executor's shards held elsewhere.
     Failover,
     /// BullMQ's best case on the same Redis.
@@ -89,8 +104,11 @@ impl Scenario {
             Scenario::DispatchPull => "dispatch-pull",
             Scenario::DispatchRouted => "dispatch-routed",
             Scenario::Primes => "primes",
+            Scenario::Small => "small",
             Scenario::Idle => "idle",
             Scenario::Upkeep => "upkeep",
+            Scenario::Rss => "rss",
+            Scenario::Pickup => "pickup",
             Scenario::Failover => "failover",
             Scenario::Bullmq => "bullmq",
         }
@@ -223,8 +241,11 @@ async fn measure(
                 Scenario::DispatchPull => queue::dispatch_pull(ctx).await,
                 Scenario::DispatchRouted => queue::dispatch_routed(ctx).await,
                 Scenario::Primes => primes::run(ctx).await,
+                Scenario::Small => small::run(ctx).await,
                 Scenario::Idle => holding::idle(ctx).await,
                 Scenario::Upkeep => holding::upkeep(ctx).await,
+                Scenario::Rss => rss::run(ctx).await,
+                Scenario::Pickup => pickup::run(ctx).await,
                 Scenario::Failover => failover::run(ctx).await,
                 Scenario::Bullmq => {
                     let script = bullmq_script.as_deref().expect("prepared");

@@ -4,16 +4,15 @@
 //! duration plus one second, whatever the stalled interval.
 
 use std::collections::HashMap;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use shardctl_common::keys::ACTIVE_PIN;
 use shardctl_common::model::TaskSpec;
 use shardctl_coordinator::dispatch::{dispatch, new_task_id};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
-use super::{stats, Ctx, Figures};
+use super::{process, stats, Ctx, Figures};
 
 /// Shards the killed executor holds.
 const SHARDS: u64 = 4;
@@ -33,15 +32,7 @@ pub(crate) async fn run(ctx: &mut Ctx) -> anyhow::Result<Figures> {
 }
 
 fn executor(ctx: &Ctx, node: &str) -> anyhow::Result<Child> {
-    let exe = std::env::current_exe().context("finding this program to start executors")?;
-    Command::new(exe)
-        .args(["--redis", &ctx.url, "--prefix", &ctx.prefix, "--queue", &ctx.queue, "--log", "error"])
-        .args(["executor", "--concurrency", &SHARDS.to_string(), "--lock-duration", LOCK, "--node-id", node])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting an executor process")
+    process::executor(ctx, node, &["--concurrency", &SHARDS.to_string(), "--lock-duration", LOCK])
 }
 
 /// The held shards: ref → the instance of its holder (the token without its `:<seq>`).

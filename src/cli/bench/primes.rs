@@ -2,19 +2,17 @@
 //! processes of concurrency 1, against the same 2000 ranges counted by two plain threads taking
 //! the next range as they go (what rayon's `par_iter` does, without the dependency).
 
-use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{ensure, Context};
+use anyhow::ensure;
 use serde_json::json;
 use shardctl_common::model::TaskSpec;
 use shardctl_common::split::shard_range;
 use shardctl_coordinator::dispatch::{dispatch, new_task_id};
 use shardctl_executor::builtin::count_primes;
-use tokio::process::{Child, Command};
 
-use super::{stats, Ctx, Figures};
+use super::{process, stats, Ctx, Figures};
 
 const ITEMS: u64 = 200_000_000;
 const SHARDS: u64 = 2000;
@@ -44,19 +42,11 @@ pub(crate) async fn run(ctx: &mut Ctx) -> anyhow::Result<Figures> {
 /// One primes task on WORKERS executor processes of concurrency 1 claiming `prefetch` ahead:
 /// its time and what Redis did meanwhile.
 async fn executors(ctx: &mut Ctx, expected: u64, prefetch: usize) -> anyhow::Result<(f64, stats::Delta)> {
-    let exe = std::env::current_exe().context("finding this program to start executors")?;
     let mut children = Vec::new();
     let measured = async {
         for i in 0..WORKERS {
-            let child = Command::new(&exe)
-                .args(["--redis", &ctx.url, "--prefix", &ctx.prefix, "--queue", &ctx.queue, "--log", "error"])
-                .args(["executor", "--concurrency", "1", "--node-id", &format!("bench-primes-{i}")])
-                .args(["--prefetch", &prefetch.to_string()])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .kill_on_drop(true)
-                .spawn()
-                .context("starting an executor process")?;
+            let node = format!("bench-primes-{i}");
+            let child = process::executor(ctx, &node, &["--concurrency", "1", "--prefetch", &prefetch.to_string()])?;
             children.push(child);
         }
         stats::wait_blocked(&mut ctx.con, WORKERS as u64, Duration::from_secs(30)).await?;
@@ -81,7 +71,7 @@ async fn executors(ctx: &mut Ctx, expected: u64, prefetch: usize) -> anyhow::Res
     }
     .await;
     for c in &mut children {
-        terminate(c).await;
+        process::terminate(c).await;
     }
     measured
 }
@@ -104,15 +94,4 @@ fn plain() -> (f64, u64) {
         }
     });
     (start.elapsed().as_secs_f64(), total.load(Ordering::Relaxed))
-}
-
-/// SIGTERM (a graceful stop: the executor leaves the membership), SIGKILL after 15 s.
-async fn terminate(c: &mut Child) {
-    if let Some(pid) = c.id() {
-        let _ = Command::new("kill").arg("-TERM").arg(pid.to_string()).status().await;
-        if tokio::time::timeout(Duration::from_secs(15), c.wait()).await.is_ok() {
-            return;
-        }
-    }
-    let _ = c.kill().await;
 }

@@ -1,4 +1,4 @@
-//! Throughput scenarios: end to end with one executor, and dispatch alone (pull and routed).
+//! Throughput scenarios: end to end with one executor process, and dispatch alone (pull and routed).
 
 use std::time::{Duration, Instant};
 
@@ -7,43 +7,39 @@ use shardctl_common::model::TaskSpec;
 use shardctl_common::ring::Strategy;
 use shardctl_coordinator::dispatch::{dispatch, dispatch_any, new_task_id};
 use shardctl_coordinator::membership::{self, Member, MembershipConfig};
-use shardctl_coordinator::sweep::{self, SweepConfig};
-use shardctl_executor::{Executor, ExecutorConfig, Registry};
-use tokio_util::sync::CancellationToken;
 
-use super::{stats, Ctx, Figures};
+use super::{process, stats, Ctx, Figures};
 
-/// Concurrency of the end-to-end executor.
-const E2E_CONCURRENCY: usize = 1024;
 /// Live members of the routed dispatch.
 const ROUTED_MEMBERS: usize = 8;
 
-/// N no-op pull shards through one executor (concurrency 1024) with the sweep loop beside it,
-/// from dispatch to `completed`.
+/// N no-op pull shards through one executor process started with default flags (the command
+/// line an operator would use, its own stalled sweep included), from dispatch to `completed`.
+/// The executor's CPU is that of its whole process, from /proc.
 pub(crate) async fn e2e(ctx: &mut Ctx) -> anyhow::Result<Figures> {
     let n = ctx.shards;
     let keys = ctx.keys.clone();
-    let stop = CancellationToken::new();
-    let cfg = ExecutorConfig { node_id: "bench-e2e".into(), concurrency: E2E_CONCURRENCY, ..Default::default() };
-    let ex = Executor::connect(ctx.client.clone(), keys.clone(), cfg, Registry::with_builtins()).await?;
-    let running = tokio::spawn(ex.run(stop.clone()));
-    let sweeper = tokio::spawn(sweep::run(ctx.con.clone(), keys.clone(), SweepConfig::default(), stop.clone(), |_| {}));
+    let mut child = process::executor(ctx, "bench-e2e", &[])?;
+    let pid = process::pid(&child)?.to_string();
     let measured = async {
         // the executor has found nothing and waits on its marker: nothing else is going on
-        stats::wait_blocked(&mut ctx.con, 1, Duration::from_secs(10)).await?;
+        stats::wait_blocked(&mut ctx.con, 1, Duration::from_secs(30)).await?;
         let mut con = ctx.con.clone();
         stats::reset_stats(&mut con).await?;
         let before = stats::info(&mut con).await?;
-        let cpu_before = stats::process_cpu_s();
+        let cpu_before = process::cpu_s(&pid);
         let spec = TaskSpec::new(new_task_id(), "noop", n);
         let start = Instant::now();
         dispatch(&mut con, &keys, &spec).await?;
         let dispatched = stats::used_memory(&mut con).await?;
         let timeout = Duration::from_secs(60) + Duration::from_millis(n);
-        let ended = stats::wait_ended(&mut con, &keys, &spec.id, Duration::from_millis(5), timeout).await?;
+        let ended = tokio::select! {
+            ended = stats::wait_ended(&mut con, &keys, &spec.id, Duration::from_millis(5), timeout) => ended?,
+            status = child.wait() => bail!("the executor process exited during the run ({})", status?),
+        };
+        let cpu = process::cpu_s(&pid).zip(cpu_before).map(|(a, b)| a - b);
         let secs = ended.at.duration_since(start).as_secs_f64();
         let after = stats::info(&mut con).await?;
-        let cpu = stats::process_cpu_s().zip(cpu_before).map(|(a, b)| a - b);
         ensure!(
             ended.state == "completed" && ended.done == n,
             "task ended {} with {} of {n} shards done",
@@ -62,22 +58,14 @@ pub(crate) async fn e2e(ctx: &mut Ctx) -> anyhow::Result<Figures> {
             ("peak_bytes_per_shard", per(ended.peak_memory.max(dispatched) as f64 - before.used_memory as f64)),
         ]);
         if let Some(cpu) = cpu {
-            // the executor, its sweep loop and this waiter: the process Redis is serving
             f.insert("executor_cpu_us_per_shard", per(cpu * 1e6));
             f.insert("executor_cores", cpu / secs);
         }
         Ok::<_, anyhow::Error>(f)
     }
     .await;
-    stop.cancel();
-    let stopped = running.await;
-    let _ = sweeper.await;
-    let figures = measured?;
-    let st = stopped??;
-    if st.refused + st.duplicates + st.locks_lost + st.redis_errors > 0 {
-        bail!("the executor saw trouble: {st:?}");
-    }
-    Ok(figures)
+    process::terminate(&mut child).await;
+    measured
 }
 
 /// Dispatch of N pull shards: one script call, whatever N. Measured twice: the first task of a

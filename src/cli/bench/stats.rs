@@ -144,6 +144,11 @@ pub(crate) async fn preload_scripts<C: ConnectionLike + Send>(con: &mut C) -> an
     Ok(())
 }
 
+/// Clients blocked in a command (executors waiting on their marker).
+pub(crate) async fn blocked_clients<C: ConnectionLike + Send>(con: &mut C) -> anyhow::Result<u64> {
+    Ok(field(con, "clients", "blocked_clients").await?.parse()?)
+}
+
 /// Waits until at least `n` clients are blocked (executors waiting on their marker).
 pub(crate) async fn wait_blocked<C: ConnectionLike + Send>(
     con: &mut C,
@@ -152,7 +157,7 @@ pub(crate) async fn wait_blocked<C: ConnectionLike + Send>(
 ) -> anyhow::Result<()> {
     let start = Instant::now();
     loop {
-        let blocked: u64 = field(con, "clients", "blocked_clients").await?.parse()?;
+        let blocked = blocked_clients(con).await?;
         if blocked >= n {
             return Ok(());
         }
@@ -161,17 +166,6 @@ pub(crate) async fn wait_blocked<C: ConnectionLike + Send>(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-/// CPU time (user + system) of this whole process so far, from `/proc/self/stat`; None where
-/// there is no /proc.
-pub(crate) fn process_cpu_s() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // after "pid (comm) ", fields start at the state (field 3); utime and stime are 14 and 15
-    let fields: Vec<&str> = stat.get(stat.rfind(')')? + 2..)?.split_whitespace().collect();
-    let ticks = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
-    // USER_HZ, 100 on every Linux
-    Some(ticks / 100.0)
 }
 
 /// The 1-minute load average, where /proc has it.

@@ -55,8 +55,8 @@ const fn spec(
 const SPECS: &[Spec] = &[
     spec(Scenario::E2e, "shards_per_s", "throughput, dispatch to completed", "shards/s", 0, Target::None),
     spec(Scenario::E2e, "secs", "wall time", "s", 2, Target::None),
-    spec(Scenario::E2e, "cpu_us_per_shard", "Redis CPU per shard", "µs", 2, AtMost(5.0, Some(2.5))),
-    spec(Scenario::E2e, "executor_cpu_us_per_shard", "executor process CPU per shard", "µs", 2, Target::None),
+    spec(Scenario::E2e, "cpu_us_per_shard", "Redis CPU per shard", "µs", 2, AtMost(2.5, None)),
+    spec(Scenario::E2e, "executor_cpu_us_per_shard", "executor process CPU per shard", "µs", 2, AtMost(2.0, None)),
     spec(Scenario::E2e, "executor_cores", "executor process CPU", "cores", 2, Target::None),
     spec(Scenario::E2e, "script_calls_per_shard", "EVALSHA calls per shard", "", 4, Target::None),
     spec(Scenario::E2e, "commands_per_shard", "Redis commands per shard (in scripts too)", "", 2, Target::None),
@@ -86,6 +86,12 @@ const SPECS: &[Spec] = &[
     spec(Scenario::Primes, "prefetch_overhead_us_per_shard", "the same with --prefetch 1", "µs", 0, Target::None),
     spec(Scenario::Primes, "cpu_us_per_shard", "Redis CPU per shard", "µs", 1, Target::None),
     spec(Scenario::Primes, "script_calls_per_shard", "EVALSHA calls per shard", "", 2, Target::None),
+    spec(Scenario::Small, "sharded_secs", "20,000 shards, 2 executor processes, default flags", "s", 2, Target::None),
+    spec(Scenario::Small, "one_shard_secs", "the same task in 1 shard", "s", 2, Target::None),
+    spec(Scenario::Small, "ratio_pct", "speed vs the same task in 1 shard", "%", 1, AtLeast(80.0, Some(90.0))),
+    spec(Scenario::Small, "work_us_per_shard", "work per shard (1-shard time ÷ 20,000)", "µs", 1, Target::None),
+    spec(Scenario::Small, "cpu_us_per_shard", "Redis CPU per shard", "µs", 2, Target::None),
+    spec(Scenario::Small, "script_calls_per_shard", "EVALSHA calls per shard", "", 3, Target::None),
     spec(Scenario::Idle, "bzpopmin_per_block", "BZPOPMIN per executor per block timeout", "", 2, AtMost(1.0, None)),
     spec(Scenario::Idle, "sent_per_block", "commands sent per executor per block timeout", "", 2, Target::None),
     spec(Scenario::Idle, "commands_per_block", "Redis commands (in scripts too) per ditto", "", 2, Target::None),
@@ -97,6 +103,14 @@ const SPECS: &[Spec] = &[
     spec(Scenario::Upkeep, "locks_lost", "locks lost", "", 0, AtMost(0.0, None)),
     spec(Scenario::Upkeep, "marked", "shards a sweep marks stalled", "", 0, AtMost(0.0, None)),
     spec(Scenario::Upkeep, "released", "released at shutdown", "", 0, AtLeast(10_000.0, None)),
+    // the issue fixes no memory target: the figures are shown for the record
+    spec(Scenario::Rss, "idle_mib", "executor process RSS, idle", "MiB", 1, Target::None),
+    spec(Scenario::Rss, "in_flight_mib", "executor RSS, 10,000 sleep shards in flight", "MiB", 1, Target::None),
+    spec(Scenario::Rss, "bytes_per_shard_in_flight", "RSS per in-flight shard", "B", 0, Target::None),
+    spec(Scenario::Pickup, "p50_ms", "dispatch → claim, idle executor, median", "ms", 3, Target::None),
+    spec(Scenario::Pickup, "p99_ms", "dispatch → claim, 99th percentile", "ms", 3, AtMost(1.0, None)),
+    spec(Scenario::Pickup, "max_ms", "dispatch → claim, slowest", "ms", 3, Target::None),
+    spec(Scenario::Pickup, "samples", "samples (server MONITOR timestamps)", "", 0, Target::None),
     spec(Scenario::Failover, "secs", "kill -9 → shards held elsewhere, lock 5 s", "s", 1, AtMost(6.0, None)),
     spec(Scenario::Bullmq, "jobs", "jobs", "", 0, Target::None),
     spec(Scenario::Bullmq, "add_rate", "bulk add (addBulk of 1000)", "jobs/s", 0, Target::None),
@@ -119,7 +133,7 @@ pub(crate) fn rows(medians: &BTreeMap<Scenario, Figures>) -> Vec<Row> {
     let (e2e, bull) = (Scenario::E2e, Scenario::Bullmq);
     if let (Some(ours), Some(theirs)) = (get(e2e, "shards_per_s"), get(bull, "process_rate")) {
         let r = ours / theirs;
-        out.push(row("compare", "e2e shards/s ÷ BullMQ jobs/s", r, "×", 1, AtLeast(5.0, Some(10.0))));
+        out.push(row("compare", "e2e shards/s ÷ BullMQ jobs/s", r, "×", 1, AtLeast(10.0, None)));
     }
     if let (Some(ours), Some(theirs)) = (get(e2e, "cpu_us_per_shard"), get(bull, "cpu_us_per_job")) {
         out.push(row("compare", "BullMQ Redis CPU ÷ ours, per item", theirs / ours, "×", 1, Target::None));
