@@ -21,27 +21,56 @@ pub fn count_primes(start: u64, end: u64) -> u64 {
     }
     let start = start.max(2);
     let limit = (end as f64).sqrt() as u64 + 1;
-    let mut small = vec![true; limit as usize + 1];
-    let mut base = Vec::new();
-    for i in 2..=limit as usize {
-        if small[i] {
-            base.push(i as u64);
-            let mut j = i * i;
-            while j <= limit as usize {
-                small[j] = false;
-                j += i;
+    // the sieving primes up to √end, kept per thread: a shard of a large task needs the same
+    // table as the one before it, and building it costs as much as sieving a small shard
+    BASE.with_borrow_mut(|base| {
+        if base.limit < limit {
+            *base = BasePrimes::up_to(limit.max(base.limit * 2));
+        }
+        sieve(start, end, &base.primes)
+    })
+}
+
+/// The primes up to `limit`.
+#[derive(Default)]
+struct BasePrimes {
+    limit: u64,
+    primes: Vec<u64>,
+}
+
+impl BasePrimes {
+    fn up_to(limit: u64) -> BasePrimes {
+        let mut small = vec![true; limit as usize + 1];
+        let mut primes = Vec::new();
+        for i in 2..=limit as usize {
+            if small[i] {
+                primes.push(i as u64);
+                let mut j = i * i;
+                while j <= limit as usize {
+                    small[j] = false;
+                    j += i;
+                }
             }
         }
+        BasePrimes { limit, primes }
     }
+}
+
+thread_local!(static BASE: std::cell::RefCell<BasePrimes> = std::cell::RefCell::default());
+
+/// Counts the primes in `[start, end)` (start ≥ 2) by a segmented sieve over `base` (every prime
+/// up to √end at least; larger ones are skipped).
+fn sieve(start: u64, end: u64, base: &[u64]) -> u64 {
     const SEGMENT: u64 = 1 << 18;
     let mut count = 0;
     let mut lo = start;
-    let mut seg = vec![true; SEGMENT as usize];
+    // no larger than the range: a small shard allocates (and clears) only what it sieves
+    let mut seg = vec![true; SEGMENT.min(end - start) as usize];
     while lo < end {
         let hi = (lo + SEGMENT).min(end);
         let len = (hi - lo) as usize;
         seg[..len].fill(true);
-        for &p in &base {
+        for &p in base {
             if p * p >= hi {
                 break;
             }

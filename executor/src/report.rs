@@ -1,6 +1,9 @@
 //! The reporter: shard tasks send their outcomes here; it records them in batches (one script
-//! call for all completions and one for all failures waiting at that moment), retries while
-//! Redis is away, and only then forgets the shards (their locks are kept alive until recorded).
+//! call for all completions and failures, one for releases), retries while Redis is away, and only
+//! then forgets the shards (their locks are kept alive until recorded). While other shards of this
+//! executor run, an outcome waits up to [`FLUSH_AFTER`] for more to join its batch (so that short
+//! shards cost a fraction of a call each); the outcome of an executor's last running shard, and
+//! every outcome at shutdown, is recorded at once.
 
 use std::sync::Arc;
 
@@ -35,6 +38,9 @@ pub(crate) struct Report {
 /// Most reports recorded by one call.
 const MAX_BATCH: usize = 512;
 
+/// Longest an outcome waits for others to join its batch.
+pub const FLUSH_AFTER: std::time::Duration = std::time::Duration::from_millis(5);
+
 /// Records reports until `closing` is cancelled (every shard task has ended by then) and the
 /// channel is empty.
 pub(crate) async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Report>, closing: CancellationToken) {
@@ -53,6 +59,17 @@ pub(crate) async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Rep
                 if batch.is_empty() {
                     return;
                 }
+            }
+        }
+        // more outcomes are coming while other shards run: let them join, a few ms at most
+        let deadline = tokio::time::Instant::now() + FLUSH_AFTER;
+        while batch.len() < MAX_BATCH && !closing.is_cancelled() && shared.starts.outstanding() > 1 {
+            let room = MAX_BATCH - batch.len();
+            tokio::select! {
+                biased;
+                n = rx.recv_many(&mut batch, room) => if n == 0 { break },
+                _ = tokio::time::sleep_until(deadline) => break,
+                _ = closing.cancelled() => break,
             }
         }
         record(&shared, &batch, &closing).await;

@@ -186,14 +186,15 @@ async fn run_aggregator(
     guarded(Box::pin(async move { aggregator.aggregate(ctx).await }), cancel, None).await
 }
 
-/// Runs a handler's future on its own task, so that a panic becomes a failure and
-/// cancellation stops it (dropping it kills a child process).
+/// Runs a handler's future so that a panic becomes a failure and cancellation or the time limit
+/// stops it (dropping it kills a child process). It runs in the shard's own task: a second task
+/// per shard cost a spawn, a wake-up and a copy of the future (see ARCHITECTURE.md, "Where an
+/// executor's time goes").
 async fn guarded(
     fut: BoxFuture<Result<Value, ShardError>>,
     cancel: &CancellationToken,
     limit: Option<std::time::Duration>,
 ) -> Result<Value, ShardError> {
-    let mut task = tokio::spawn(fut);
     let deadline = async {
         match limit {
             Some(d) => tokio::time::sleep(d).await,
@@ -201,19 +202,27 @@ async fn guarded(
         }
     };
     tokio::select! {
-        r = &mut task => match r {
+        r = CatchUnwind(fut) => match r {
             Ok(r) => r,
-            Err(e) if e.is_panic() => Err(ShardError(format!("handler panicked: {}", panic_message(&*e.into_panic())))),
-            Err(e) => Err(ShardError(format!("handler task ended: {e}"))),
+            Err(p) => Err(ShardError(format!("handler panicked: {}", panic_message(&*p)))),
         },
-        _ = cancel.cancelled() => {
-            task.abort();
-            Err(ShardError::new("cancelled"))
-        }
-        _ = deadline => {
-            // aborting drops the handler's future: a child process is killed with it
-            task.abort();
-            Err(ShardError(format!("timed out after {:?}", limit.unwrap_or_default())))
+        _ = cancel.cancelled() => Err(ShardError::new("cancelled")),
+        _ = deadline => Err(ShardError(format!("timed out after {:?}", limit.unwrap_or_default()))),
+    }
+}
+
+/// Polls a future, turning a panic in it into `Err` with the panic's payload.
+struct CatchUnwind(BoxFuture<Result<Value, ShardError>>);
+
+impl std::future::Future for CatchUnwind {
+    type Output = Result<Result<Value, ShardError>, Box<dyn std::any::Any + Send>>;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        let fut = &mut self.0;
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
+            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
+            Ok(std::task::Poll::Ready(r)) => std::task::Poll::Ready(Ok(r)),
+            Err(p) => std::task::Poll::Ready(Err(p)),
         }
     }
 }

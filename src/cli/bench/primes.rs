@@ -1,6 +1,7 @@
 //! Coordination overhead on real work: the primes below 2×10^8 in 2000 shards on two executor
-//! processes of concurrency 1, against the same 2000 ranges counted by two plain threads taking
-//! the next range as they go (what rayon's `par_iter` does, without the dependency).
+//! processes of concurrency 1 (other flags default: claim-ahead on), against the same 2000 ranges
+//! counted by two plain threads taking the next range as they go (what rayon's `par_iter` does,
+//! without the dependency); then again with `--prefetch 0`, claiming only for a free slot.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -21,8 +22,8 @@ const WORKERS: usize = 2;
 
 pub(crate) async fn run(ctx: &mut Ctx) -> anyhow::Result<Figures> {
     let (plain_secs, expected) = tokio::task::spawn_blocking(plain).await?;
-    let (secs, redis) = executors(ctx, expected, 0).await?;
-    let (prefetch_secs, _) = executors(ctx, expected, 1).await?;
+    let (secs, redis) = executors(ctx, expected, None).await?;
+    let (prefetch_secs, _) = executors(ctx, expected, Some(0)).await?;
     // per shard, in one worker's time: the work, and what the executors spent on top of it
     let per_shard = |s: f64| s * WORKERS as f64 / SHARDS as f64 * 1e6;
     Ok(Figures::from([
@@ -39,14 +40,19 @@ pub(crate) async fn run(ctx: &mut Ctx) -> anyhow::Result<Figures> {
     ]))
 }
 
-/// One primes task on WORKERS executor processes of concurrency 1 claiming `prefetch` ahead:
-/// its time and what Redis did meanwhile.
-async fn executors(ctx: &mut Ctx, expected: u64, prefetch: usize) -> anyhow::Result<(f64, stats::Delta)> {
+/// One primes task on WORKERS executor processes of concurrency 1 with `--prefetch` (default when
+/// `None`): its time and what Redis did meanwhile.
+async fn executors(ctx: &mut Ctx, expected: u64, prefetch: Option<usize>) -> anyhow::Result<(f64, stats::Delta)> {
     let mut children = Vec::new();
     let measured = async {
         for i in 0..WORKERS {
             let node = format!("bench-primes-{i}");
-            let child = process::executor(ctx, &node, &["--concurrency", "1", "--prefetch", &prefetch.to_string()])?;
+            let mut args = vec!["--concurrency".to_owned(), "1".to_owned()];
+            if let Some(p) = prefetch {
+                args.extend(["--prefetch".to_owned(), p.to_string()]);
+            }
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let child = process::executor(ctx, &node, &args)?;
             children.push(child);
         }
         stats::wait_blocked(&mut ctx.con, WORKERS as u64, Duration::from_secs(30)).await?;
