@@ -36,7 +36,9 @@
   ARGV[5] start_now   how many of `count` the executor can start at once (the others it claims
                       ahead, to start when a running shard ends)
 
-  Returns { next, lapsed, ref_1, attempt_1, fails_1, ... }: `next` is 0 when shards were
+  Returns { next, lapsed, ref_1, attempt_1, fails_1, ... }; a run of k fresh shards of one task
+  (consecutive indexes from its cursor, attempt 1, no fails) is one triple { first ref, -k, 0 }
+  (the reply and its parsing cost nothing per shard). `next` is 0 when shards were
   claimed, -2 when the queue is paused, -3 when the queue has a rate limit and start_now is 0
   (the limit counts starts: nothing is claimed ahead under it), else how many ms from now the earliest delayed ref or
   task is due, or the rate limit frees a slot (at least 1), or -1 if none; `lapsed` is 1 when
@@ -85,7 +87,8 @@ end
 
 local out = { 0, 0 }
 local held = {}
-local n = 0
+-- entries in `out` and `held` (counted: `#t` is a search in Lua 5.1), shards taken
+local on, hn, n = 2, 0, 0
 -- refs of removed tasks or already terminal shards are dropped, at most this many per call,
 -- so that one call never keeps Redis busy for long
 local junk_left = 1000
@@ -99,11 +102,10 @@ local cursors = {}  -- { task key, k }: fresh indexes taken from a task's cursor
 local exhausted = {} -- task ids to leave `tasks`
 
 local function take_ref(ref, attempt, fails)
-  held[#held + 1] = ref
-  held[#held + 1] = token
-  out[#out + 1] = ref
-  out[#out + 1] = attempt
-  out[#out + 1] = fails
+  held[hn + 1], held[hn + 2] = ref, token
+  hn = hn + 2
+  out[on + 1], out[on + 2], out[on + 3] = ref, attempt, fails
+  on = on + 3
   n = n + 1
 end
 
@@ -185,9 +187,15 @@ while n < count do
     local k = math.min(count - n, total - cursor)
     if k > 0 then cursors[#cursors + 1] = { tkey, k } end
     if cursor + k >= total then exhausted[#exhausted + 1] = tid end
-    local pre = tid .. ':' .. t[3] .. ':'
-    for i = cursor, cursor + k - 1 do
-      take_ref(pre .. i, 1, 0)
+    if k > 0 then
+      local pre = tid .. ':' .. t[3] .. ':'
+      out[on + 1], out[on + 2], out[on + 3] = pre .. cursor, -k, 0
+      on = on + 3
+      for i = cursor, cursor + k - 1 do
+        held[hn + 1], held[hn + 2] = pre .. i, token
+        hn = hn + 2
+      end
+      n = n + k
     end
   end
 end
@@ -203,8 +211,7 @@ if #exhausted > 0 then call_chunked('ZREM', K.tasks, exhausted) end
 -- junk left behind: make sure some executor comes back for the rest
 if junk_left <= 0 then wake() end
 if n > 0 then
-  held[#held + 1] = ACTIVE_PIN
-  held[#held + 1] = ACTIVE_PIN_VALUE
+  held[hn + 1], held[hn + 2] = ACTIVE_PIN, ACTIVE_PIN_VALUE
   call_chunked('HSET', K.active, held)
   -- the token is `<instance>:<seq>`: the lease is the instance's
   local inst = string.match(token, '^(.*):[^:]*$')

@@ -20,39 +20,45 @@
   KEYS[8] running  zset    tasks not finished
   KEYS[9] wait     list    explicit refs ready now
   ARGV[1] key prefix  `{P:Q}:`
-  ARGV[2..] per task: task id, seq (its incarnation), m, then m groups of 4: index (or `agg`),
-            token, has_state (1 when the shard may have state in `task:<id>:shards`), result
-            (JSON text; empty for none)
+  ARGV[2..] groups: task id, seq (its incarnation), token, m, `p` or `f`, then m entries: for
+            `p` (plain: no state, no result) an index each; for `f` an index (or `agg`),
+            has_state (1 when the shard may have state in `task:<id>:shards`) and result (JSON
+            text; empty for none) each
 
   Returns one code per shard, in the order given: 1 counted, 0 already terminal (finished
   twice), -1 lock missing, -2 lock mismatch, -3 task missing (or another incarnation).
 ]]
 local prefix, now = ARGV[1], now_ms()
 
--- parse: one entry per shard
-local tids, idxs, tokens, states, results, refs = {}, {}, {}, {}, {}, {}
+-- parse: one entry per shard (counted: `#t` is a search in Lua 5.1)
+local idxs, tokens, states, results, refs = {}, {}, {}, {}, {}
 local groups = {}
-local a = 2
-while a <= #ARGV do
-  local tid, inc, m = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
-  local first = #refs + 1
-  a = a + 3
+local a, n, nargs = 2, 0, #ARGV
+while a <= nargs do
+  local tid, inc, token, m, plain = ARGV[a], ARGV[a + 1], ARGV[a + 2], tonumber(ARGV[a + 3]), ARGV[a + 4] == 'p'
+  local first, pre = n + 1, tid .. ':' .. inc .. ':'
+  a = a + 5
   for _ = 1, m do
-    local i = #refs + 1
-    tids[i], idxs[i], tokens[i], states[i], results[i] = tid, ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
-    refs[i] = tid .. ':' .. inc .. ':' .. ARGV[a]
-    a = a + 4
+    n = n + 1
+    local idx = ARGV[a]
+    idxs[n], tokens[n], refs[n] = idx, token, pre .. idx
+    if plain then
+      states[n], results[n] = '0', ''
+      a = a + 1
+    else
+      states[n], results[n] = ARGV[a + 1], ARGV[a + 2]
+      a = a + 3
+    end
   end
-  groups[#groups + 1] = { tid, first, #refs, inc }
+  groups[#groups + 1] = { tid, first, n, inc }
 end
-local n = #refs
 local cur = {}
 for s = 1, n, 4000 do
   local part = rcall('HMGET', K.active, unpack(refs, s, math.min(s + 3999, n)))
   for j = 1, #part do cur[s + j - 1] = part[j] end
 end
 
-local codes, taken = {}, {}
+local codes, taken, nt = {}, {}, 0
 for i = 1, n do
   if not cur[i] then
     codes[i] = -1
@@ -60,10 +66,11 @@ for i = 1, n do
     codes[i] = -2
   else
     codes[i] = true
-    taken[#taken + 1] = refs[i]
+    nt = nt + 1
+    taken[nt] = refs[i]
   end
 end
-if #taken == 0 then return codes end
+if nt == 0 then return codes end
 
 local per_shard_events = rcall('HGET', K.meta, 'events_completions') == '1'
 -- read first: every key of a task this call may write, before the first write (an abort at a
@@ -113,11 +120,10 @@ for gi, g in ipairs(groups) do
         if idx == nil or idx >= total then
           codes[i] = -3
         else
-          mine[#mine + 1] = i
-          ops[#ops + 1] = 'SET'
-          ops[#ops + 1] = 'u1'
-          ops[#ops + 1] = idxs[i] -- the text: a Lua number would be formatted per shard
-          ops[#ops + 1] = '1'
+          local k = #mine + 1
+          mine[k] = i
+          -- the index as text: a Lua number would be formatted per shard
+          ops[4 * k - 3], ops[4 * k - 2], ops[4 * k - 1], ops[4 * k] = 'SET', 'u1', idxs[i], '1'
         end
       end
     end

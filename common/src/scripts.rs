@@ -424,12 +424,23 @@ pub async fn claim<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, req: &Cla
         let [r, a, f] = triple else {
             return Err(Error::Protocol("claim reply is not ref/attempt/fails triples".into()));
         };
-        out.shards.push(Claimed {
-            shard_ref: string(r)?.parse()?,
-            token: token.clone(),
-            attempt: int(a)? as u32,
-            fails: int(f)? as u32,
-        });
+        let first: ShardRef = string(r)?.parse()?;
+        match (int(a)?, &first.part) {
+            // a run of k fresh shards from `first`: attempt 1, no fails
+            (a, &Part::Shard(from)) if a < 0 => {
+                for i in from..from + a.unsigned_abs() {
+                    let shard_ref = ShardRef { part: Part::Shard(i), ..first.clone() };
+                    out.shards.push(Claimed { shard_ref, token: token.clone(), attempt: 1, fails: 0 });
+                }
+            }
+            (a, _) if a < 0 => return Err(Error::Protocol(format!("claim reply: a run from {first}"))),
+            (a, _) => out.shards.push(Claimed {
+                shard_ref: first,
+                token: token.clone(),
+                attempt: a as u32,
+                fails: int(f)? as u32,
+            }),
+        }
     }
     Ok(out)
 }
@@ -520,25 +531,32 @@ pub async fn finish<C: ConnectionLike + Send>(
     }
     let mut out: ItemCodes = vec![Ok(0); items.len()];
     if !complete.is_empty() {
-        // grouped by task: the script parses no refs and touches each task's keys once
-        let task_of = |i: usize| {
-            let r = &items[i].claim.shard_ref;
-            (r.task.as_str(), r.inc)
+        // grouped by task, token and whether plain (a shard without state or result): the script
+        // parses no refs, reads one index per plain shard, and touches each task's keys once
+        let result_of = |i: usize| match items[i].outcome {
+            FinishedAs::Completed(r) => r,
+            FinishedAs::Failed { .. } => unreachable!("only completions here"),
         };
-        complete.sort_by(|&a, &b| task_of(a).cmp(&task_of(b)));
+        let group_of = |i: usize| {
+            let c = items[i].claim;
+            let plain = !c.has_state() && !c.shard_ref.is_aggregate() && result_of(i).is_empty();
+            (c.shard_ref.task.as_str(), c.shard_ref.inc, c.token.as_str(), plain)
+        };
+        complete.sort_by(|&a, &b| group_of(a).cmp(&group_of(b)));
         let mut inv = scripts().complete.keyed(keys, &KeyArgs::default());
         inv.arg(keys.prefix());
-        for group in complete.chunk_by(|&a, &b| task_of(a) == task_of(b)) {
-            let (task, inc) = task_of(group[0]);
-            inv.arg(task).arg(inc).arg(group.len());
+        for group in complete.chunk_by(|&a, &b| group_of(a) == group_of(b)) {
+            let (task, inc, token, plain) = group_of(group[0]);
+            inv.arg(task).arg(inc).arg(token).arg(group.len()).arg(if plain { "p" } else { "f" });
             for &i in group {
                 let it = &items[i];
-                let FinishedAs::Completed(result) = it.outcome else { unreachable!() };
                 match it.claim.shard_ref.part {
                     Part::Shard(idx) => inv.arg(idx),
                     Part::Aggregate => inv.arg("agg"),
                 };
-                inv.arg(&it.claim.token).arg(u8::from(it.claim.has_state())).arg(result);
+                if !plain {
+                    inv.arg(u8::from(it.claim.has_state())).arg(result_of(i));
+                }
             }
         }
         let c: Vec<i64> = inv.invoke_async(con).await?;

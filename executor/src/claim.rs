@@ -86,7 +86,7 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
                         let cancel = CancellationToken::new();
                         // claimed again while an older claim of ours still runs it (we froze past
                         // the lease and a sweep recovered it): that older handler is stale
-                        let key = claim.shard_ref.to_string();
+                        let key = claim.shard_ref.clone();
                         if let Some(old) = held.get(&key) {
                             old.cancel.cancel();
                         }

@@ -4,6 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use shardctl_common::model::ShardRef;
 use shardctl_common::scripts;
 use tokio_util::sync::CancellationToken;
 
@@ -44,14 +45,14 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
 pub(crate) async fn beat(shared: &Shared) -> bool {
     // read before `held`: a claim in flight may have shards in `active` not yet in `held`
     let claim_in_flight = shared.claiming.load(Ordering::SeqCst) != NO_CLAIM;
-    let held: Vec<(String, String)> = shared
+    let (keys, held): (Vec<ShardRef>, Vec<(String, String)>) = shared
         .held
         .lock()
         .unwrap()
         .iter()
         .filter(|(_, h)| !h.lost)
-        .map(|(r, h)| (r.clone(), h.claim.token.clone()))
-        .collect();
+        .map(|(r, h)| (r.clone(), (r.to_string(), h.claim.token.clone())))
+        .unzip();
     let mut con = shared.con.clone();
     let lock_ms = shared.cfg.lock_duration.as_millis() as u64;
     // the lease is extended even with nothing held: an idle executor stays visibly alive
@@ -70,7 +71,7 @@ pub(crate) async fn beat(shared: &Shared) -> bool {
             for (i, by_cancel) in stopped {
                 let (r, token) = &held[i];
                 // a reported shard's lock may just have been deleted by its own completion
-                if let Some(h) = map.get_mut(r).filter(|h| &h.claim.token == token && !h.reporting) {
+                if let Some(h) = map.get_mut(&keys[i]).filter(|h| &h.claim.token == token && !h.reporting) {
                     h.lost = true;
                     h.cancel.cancel();
                     if by_cancel {
@@ -130,7 +131,8 @@ pub(crate) async fn reconcile(shared: &Shared) -> shardctl_common::Result<()> {
     let in_flight = format!("{mine}{}", shared.claiming.load(Ordering::SeqCst));
     let orphans: Vec<(String, String)> = {
         let held = shared.held.lock().unwrap();
-        all.into_iter().filter(|(r, t)| t.starts_with(&mine) && *t != in_flight && !held.contains_key(r)).collect()
+        let known = |r: &str| r.parse::<ShardRef>().is_ok_and(|k| held.contains_key(&k));
+        all.into_iter().filter(|(r, t)| t.starts_with(&mine) && *t != in_flight && !known(r)).collect()
     };
     let n = scripts::disown(&mut con, &shared.keys, &orphans).await?;
     if n > 0 {

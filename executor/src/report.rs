@@ -75,9 +75,8 @@ pub(crate) async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Rep
         record(&shared, &batch, &closing).await;
         let mut held = shared.held.lock().unwrap();
         for r in batch.drain(..) {
-            let key = r.claim.shard_ref.to_string();
-            if held.get(&key).is_some_and(|h| h.claim.token == r.claim.token) {
-                held.remove(&key);
+            if held.get(&r.claim.shard_ref).is_some_and(|h| h.claim.token == r.claim.token) {
+                held.remove(&r.claim.shard_ref);
             }
         }
         shared.metrics.in_flight.set(held.len() as f64);

@@ -31,7 +31,7 @@ pub(crate) fn unstarted(shared: &Shared, claim: Claimed, cancel: &CancellationTo
 /// Hands an outcome to the reporter, unless the shard is no longer ours.
 fn report(shared: &Shared, claim: Claimed, outcome: Outcome, cancel: &CancellationToken) {
     // only our own claim's entry: a later claim of the same ref may have replaced it
-    let lost = match shared.held.lock().unwrap().get_mut(&claim.shard_ref.to_string()) {
+    let lost = match shared.held.lock().unwrap().get_mut(&claim.shard_ref) {
         Some(h) if h.claim.token == claim.token => {
             h.reporting = true;
             h.lost

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use shardctl_common::conn::Conn;
 use shardctl_common::conn::Endpoint;
+use shardctl_common::model::ShardRef;
 use shardctl_common::scripts::Claimed;
 use shardctl_common::{Keys, Result};
 use tokio::sync::mpsc;
@@ -42,7 +43,7 @@ pub(crate) struct Shared {
     pub(crate) client: Endpoint,
     pub(crate) con: Conn,
     /// ref → held shard. std Mutex: only short lookups, never held across an await.
-    pub(crate) held: Mutex<HashMap<String, Held>>,
+    pub(crate) held: Mutex<HashMap<ShardRef, Held>>,
     pub(crate) tasks: TaskCache,
     pub(crate) stats: Arc<Stats>,
     pub(crate) metrics: Metrics,

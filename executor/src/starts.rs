@@ -105,6 +105,8 @@ fn start_next(shared: &Arc<Shared>) {
             // the slot's drop started the next ones
             return;
         }
-        starts.tracker.spawn(crate::run::shard(shared.clone(), next.claim, next.cancel, slot));
+        // boxed: the task then moves a pointer, not the whole future (a few KB), on its way in
+        // boxed: the task then moves a pointer, not the whole future (a few KB), on its way in
+        starts.tracker.spawn(Box::pin(crate::run::shard(shared.clone(), next.claim, next.cancel, slot)));
     }
 }
