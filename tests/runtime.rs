@@ -728,3 +728,47 @@ async fn a_timed_out_handler_is_stopped_with_everything_it_started() {
     a.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Records the task of every shard it starts, then sleeps 2 ms.
+struct Starts(Arc<Mutex<Vec<String>>>);
+
+impl Handler for Starts {
+    fn run(&self, ctx: ShardContext) -> BoxFuture<Result<Value, ShardError>> {
+        self.0.lock().unwrap().push(ctx.task_id.clone());
+        Box::pin(async move {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            Ok(Value::Null)
+        })
+    }
+}
+
+// Claim-ahead and priorities: an executor busy with short low-priority shards holds ahead only
+// what it would start within 20 ms, so a higher-priority task dispatched meanwhile starts after at
+// most about that many more low shards (2 ms shards at concurrency 1: ~10), not after the
+// `--prefetch` bound of 1024 it could have claimed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn shards_claimed_ahead_delay_a_higher_priority_task_by_little() {
+    let env = Env::start().await;
+    let started = Arc::new(Mutex::new(Vec::new()));
+    let mut r = Registry::with_builtins();
+    r.handler("rec", Starts(started.clone()));
+    let cfg = ExecutorConfig { concurrency: 1, grace: Duration::from_millis(100), ..config("a") };
+    assert_eq!(cfg.prefetch, 1024, "the default bound");
+    let a = env.executor(cfg, r).await;
+    env.dispatch(&spec("low", "rec", 5000, Value::Null)).await;
+    // the executor has measured its shards' run time and claims ahead
+    eventually("200 low shards to start", || async { started.lock().unwrap().len() >= 200 }).await;
+    let at = started.lock().unwrap().len();
+    let mut high = spec("high", "rec", 3, Value::Null);
+    high.priority = 10;
+    env.dispatch(&high).await;
+    eventually("the high task to start", || async { started.lock().unwrap()[at..].iter().any(|t| t == "high") }).await;
+    let seen = started.lock().unwrap().clone();
+    let before = seen[at..].iter().take_while(|t| *t == "low").count();
+    assert!(before <= 25, "{before} low shards started after the high task was dispatched, before it");
+    let t = env.wait("high").await;
+    assert_eq!(t.done, 3);
+    let mut con = env.con.clone();
+    shardctl_common::control::cancel(&mut con, &env.keys, "low").await.expect("cancel");
+    a.stop().await;
+}
