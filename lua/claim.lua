@@ -36,14 +36,15 @@
   ARGV[5] start_now   how many of `count` the executor can start at once (the others it claims
                       ahead, to start when a running shard ends)
 
-  Returns { next, lapsed, ref_1, attempt_1, fails_1, ... }; a run of k fresh shards of one task
+  Returns { next, flags, ref_1, attempt_1, fails_1, ... }; a run of k fresh shards of one task
   (consecutive indexes from its cursor, attempt 1, no fails) is one triple { first ref, -k, 0 }
-  (the reply and its parsing cost nothing per shard). `next` is 0 when shards were
-  claimed, -2 when the queue is paused, -3 when the queue has a rate limit and start_now is 0
-  (the limit counts starts: nothing is claimed ahead under it), else how many ms from now the earliest delayed ref or
-  task is due, or the rate limit frees a slot (at least 1), or -1 if none; `lapsed` is 1 when
-  this claim had to take the executor's lease again (it had expired: the executor must check
-  which of its shards are still its own, see extend.lua).
+  (the reply and its parsing cost nothing per shard). `next` is 0 when shards were claimed, -2
+  when the queue is paused, -3 when the queue has a rate limit and start_now is 0 (the limit
+  counts starts: nothing is claimed ahead under it), else how many ms from now the earliest
+  delayed ref or task is due, or the rate limit frees a slot (at least 1), or -1 if none.
+  `flags`: 1 when this claim had to take the executor's lease again (it had expired: the
+  executor must check which of its shards are still its own, see extend.lua), plus 2 when the
+  queue has a rate limit (the executor gives back what it holds ahead).
 ]]
 local prefix, count, lock_ms, token = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local start_now = tonumber(ARGV[5] or ARGV[2])
@@ -51,14 +52,16 @@ local clock = rcall('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 
 local m = rcall('HMGET', K.meta, 'paused', 'limit_max', 'limit_per_ms', 'limit_used')
-if m[1] == '1' then return { -2, 0 } end
+-- bit 2 of the reply's flags: the queue has a rate limit (the executor then holds nothing ahead)
+local limited = tonumber(m[2] or '0') > 0 and 2 or 0
+if m[1] == '1' then return { -2, limited } end
 
 -- due retries become explicit refs (routed ones go back to their node's list), due tasks start
 promote_due(prefix, now)
 
 local limit_max, rnow = tonumber(m[2] or '0'), 0
 if limit_max > 0 then
-  if start_now <= 0 then return { -3, 0 } end
+  if start_now <= 0 then return { -3, limited } end
   count = math.min(count, start_now)
   -- in microseconds: a start exactly one window after another is allowed, none sooner
   local per = tonumber(m[3]) * 1000
@@ -80,12 +83,12 @@ if limit_max > 0 then
   if free <= 0 then
     local oldest = rcall('ZRANGE', K.limiter, 0, 0, 'WITHSCORES')
     -- when the oldest start leaves the window, in ms from now (rounded up)
-    return { math.max(1, math.ceil((tonumber(oldest[2]) + per - rnow) / 1000)), 0 }
+    return { math.max(1, math.ceil((tonumber(oldest[2]) + per - rnow) / 1000)), limited }
   end
   count = math.min(count, free)
 end
 
-local out = { 0, 0 }
+local out = { 0, limited }
 local held = {}
 -- entries in `out` and `held` (counted: `#t` is a search in Lua 5.1), shards taken
 local on, hn, n = 2, 0, 0
@@ -113,9 +116,10 @@ end
 local taken = {}
 
 -- an explicit or routed ref, if the current incarnation of its task still wants it and nobody
--- holds it; `lazy` refs have state only when they were recovered or released before. A ref of
--- another incarnation has no state to remove: state lives in the current incarnation's `:shards`.
-local function try_ref(ref, lazy)
+-- holds it; a ref has state only once it was claimed and given back, recovered, retried or
+-- released before. A ref of another incarnation has no state to remove: state lives in the
+-- current incarnation's `:shards`.
+local function try_ref(ref)
   local tid, inc, idx = split_ref(ref)
   local tkey = tid and task_key(prefix, tid, '')
   local t = tid and not taken[ref] and rcall('HMGET', tkey, 'state', 'total', 'seq')
@@ -142,7 +146,9 @@ local function try_ref(ref, lazy)
   taken[ref] = true
   local skey = shards_key(prefix, tid)
   local s = rcall('HMGET', skey, idx .. ':attempt', idx .. ':fails')
-  if lazy and not s[1] then
+  if not s[1] and not s[2] then
+    -- no state: a first claim (a lazy ref, an aggregation job, a shard given back unstarted),
+    -- implied; whatever gives it back later records the attempt (requeue)
     take_ref(ref, 1, 0)
   else
     local attempt = tonumber(s[1] or '0') + 1
@@ -152,24 +158,24 @@ local function try_ref(ref, lazy)
 end
 
 -- how many refs at the head of list `key` this call takes or drops
-local function plan_list(key, lazy)
+local function plan_list(key)
   local consumed = 0
   while n < count and junk_left > 0 do
     local peek = rcall('LRANGE', key, consumed, consumed + (count - n) - 1)
     if #peek == 0 then break end
     for _, ref in ipairs(peek) do
       consumed = consumed + 1
-      try_ref(ref, lazy)
+      try_ref(ref)
       if n >= count or junk_left <= 0 then break end
     end
   end
   return consumed
 end
 
-local from_wait = plan_list(K.wait, false)
+local from_wait = plan_list(K.wait)
 local from_node = 0
 if n < count and junk_left > 0 and rcall('EXISTS', K.rebalancing) == 0 then
-  from_node = plan_list(K.node_wait, true)
+  from_node = plan_list(K.node_wait)
 end
 
 local j = 0
@@ -216,7 +222,7 @@ if n > 0 then
   -- the token is `<instance>:<seq>`: the lease is the instance's
   local inst = string.match(token, '^(.*):[^:]*$')
   local lease = rcall('ZSCORE', K.leases, inst)
-  if not lease or tonumber(lease) <= now then out[2] = 1 end
+  if not lease or tonumber(lease) <= now then out[2] = out[2] + 1 end
   rcall('ZADD', K.leases, now + lock_ms, inst)
   if limit_max > 0 then
     rcall('ZADD', K.limiter, rnow, token .. '|' .. n)
@@ -227,4 +233,4 @@ if n > 0 then
   return out
 end
 local due = next_due()
-return { due and math.max(1, due - now) or -1, 0 }
+return { due and math.max(1, due - now) or -1, limited }

@@ -1,8 +1,11 @@
 --[[
-  Gives claimed shards back without failing them (graceful shutdown), each only if its token
-  still holds it: to the front of `wait`, claimable at once, or, for a routed task, to `reroute`
-  for the current ring to place. The next claim raises `attempt` (it counts claims); `fails` is
-  left alone.
+  Gives claimed shards back without failing them (graceful shutdown, or shards an executor
+  claimed ahead and will not start soon), each only if its token still holds it: to `wait`,
+  claimable at once (at its front, or at its back behind aggregation jobs and retries), or, for
+  a routed task, to `reroute` for the current ring to place. The next claim raises `attempt` (it
+  counts claims); `fails` is left alone. A shard that never started (claimed ahead) has its
+  claim undone: its `attempt` goes back to what it was before that claim, so the next claim
+  hands out the same number.
 
   KEYS[1] active  hash    ref -> token
   KEYS[2] stalled set
@@ -10,19 +13,31 @@
   KEYS[4] reroute list    where released refs of routed tasks go
   KEYS[5] marker  zset    wakes blocked executors
   ARGV[1] key prefix  `{P:Q}:`
-  ARGV[2..] groups of 2: ref, token
+  ARGV[2] `front` (a started shard, to the front of `wait`), `unstarted` (never started, to the
+          front) or `back` (never started, to the back)
+  ARGV[3..] groups of 2: ref, token
 
   Returns one code per group: 1 released, -1 lock missing, -2 lock mismatch.
 ]]
-local prefix = ARGV[1]
+local prefix, front, undo = ARGV[1], ARGV[2] ~= 'back', ARGV[2] ~= 'front'
 local codes = {}
 local released = 0
-for i = 2, #ARGV, 2 do
+for i = 3, #ARGV, 2 do
   local ref, token = ARGV[i], ARGV[i + 1]
   local code = holds(ref, token)
   if code == 0 then
+    local tid, _, idx = split_ref(ref)
+    local skey, field = shards_key(prefix, tid), idx .. ':attempt'
+    local before = undo and rcall('HGET', skey, field)
     -- a ref of another incarnation is let go, not requeued
-    if requeue(prefix, ref, true) then released = released + 1 end
+    if requeue(prefix, ref, front) then
+      released = released + 1
+      if undo then
+        -- the claim never started it: as if it had not been claimed (no state for a lazy shard)
+        local was = tonumber(before or '1') - 1
+        if was > 0 then rcall('HSET', skey, field, was) else rcall('HDEL', skey, field) end
+      end
+    end
     rcall('HDEL', K.active, ref)
     rcall('SREM', K.stalled, ref)
     code = 1

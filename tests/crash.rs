@@ -467,6 +467,7 @@ fn monitor(port: u16, prefix: &str, task: &str) -> JoinHandle<Observed> {
     // per-shard state: one hash per task, fields `<index>:attempt|fails|stalled` (`agg:*`)
     let shards = format!("\"{prefix}task:{task}:shards\"");
     let wait = format!("\"{prefix}wait\"");
+    let active = format!("\"{prefix}active\"");
     // refs are `<task>:<incarnation>:<index|agg>`
     let any_ref = format!("\"{task}:");
     let agg_ref = any_ref.clone();
@@ -500,8 +501,8 @@ fn monitor(port: u16, prefix: &str, task: &str) -> JoinHandle<Observed> {
                 } else if has(&shards) && has(":fails\" \"1\"") {
                     o.failed_attempts += 1;
                 }
-            } else if cmd.starts_with(&format!("\"HSET\" {shards} \"agg:attempt\" ")) {
-                // a claim of the aggregation job records its attempt number
+            } else if cmd.starts_with(&format!("\"HSET\" {active} ")) && is_agg(cmd) {
+                // a claim of the aggregation job holds its ref in `active`
                 o.agg_claims += 1;
             } else if cmd.starts_with("\"SETBIT\" ") && has(&terminal) {
                 o.setbit += 1;

@@ -321,6 +321,9 @@ pub struct ClaimOutcome {
     /// The queue has a rate limit and every shard asked for was wanted ahead: nothing was
     /// claimed; ask again when a run slot frees.
     pub busy: bool,
+    /// The queue has a rate limit: hold nothing ahead (shards claimed ahead before the limit
+    /// was set would start uncounted).
+    pub limited: bool,
 }
 
 /// A finished attempt, as reported by an executor.
@@ -409,7 +412,7 @@ pub async fn claim<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, req: &Cla
         .arg(req.count.saturating_sub(req.ahead))
         .invoke_async(con)
         .await?;
-    let [head, lapsed, shards @ ..] = v.as_slice() else {
+    let [head, flags, shards @ ..] = v.as_slice() else {
         return Err(Error::Protocol("short claim reply".into()));
     };
     let head = int(head)?;
@@ -417,7 +420,8 @@ pub async fn claim<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, req: &Cla
         paused: head == -2,
         busy: head == -3,
         next_due_in_ms: (head > 0).then_some(head as u64),
-        lease_lapsed: int(lapsed)? == 1,
+        lease_lapsed: int(flags)? & 1 == 1,
+        limited: int(flags)? & 2 == 2,
         ..Default::default()
     };
     for triple in shards.chunks(3) {
@@ -586,11 +590,39 @@ pub async fn finish<C: ConnectionLike + Send>(
 
 /// Gives claimed shards back to the front of `wait` (1 released), each checked against its token.
 pub async fn release<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, claims: &[&Claimed]) -> Result<ItemCodes> {
+    release_as(con, keys, claims, GiveBack::Started).await
+}
+
+/// Which shards [`release_as`] gives back, and where.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GiveBack {
+    /// Shards that ran (stopped at shutdown): to the front of `wait`; the claim counted.
+    Started,
+    /// Shards claimed ahead that never started: to the front of `wait`, the claim undone (the
+    /// next claim hands out the same `attempt`).
+    Unstarted,
+    /// Shards claimed ahead that never started: to the back of `wait`, behind the aggregation
+    /// jobs and retries waiting there, the claim undone.
+    Behind,
+}
+
+/// Gives claimed shards back as `how` says, each checked against its token.
+pub async fn release_as<C: ConnectionLike + Send>(
+    con: &mut C,
+    keys: &Keys,
+    claims: &[&Claimed],
+    how: GiveBack,
+) -> Result<ItemCodes> {
     if claims.is_empty() {
         return Ok(Vec::new());
     }
+    let mode = match how {
+        GiveBack::Started => "front",
+        GiveBack::Unstarted => "unstarted",
+        GiveBack::Behind => "back",
+    };
     let mut inv = scripts().release.keyed(keys, &KeyArgs::default());
-    inv.arg(keys.prefix());
+    inv.arg(keys.prefix()).arg(mode);
     for c in claims {
         inv.arg(c.shard_ref.to_string()).arg(&c.token);
     }

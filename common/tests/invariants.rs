@@ -14,7 +14,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 use shardctl_common::model::{Part, ShardRef, TaskInfo, TaskSpec, TaskState};
-use shardctl_common::scripts::{self, scripts, ClaimRequest, Claimed, Finished, FinishedAs, STALLED_REASON};
+use shardctl_common::scripts::{self, scripts, ClaimRequest, Claimed, Finished, FinishedAs, GiveBack, STALLED_REASON};
 use shardctl_common::{Error, ScriptCode};
 use support::{key_slot, Env, ACTIVE_PIN, NODE};
 
@@ -546,6 +546,35 @@ async fn released_shards_go_first_and_are_claimable_at_once() {
     let next = env.claim("b", 2, 1, LONG_LOCK).await.shards;
     assert_eq!((next[0].shard_ref.to_string(), next[0].attempt), ("t:1:3".into(), 1), "then the cursor");
     assert_eq!(env.count("t", "failed").await, 0, "a release is not a failure");
+}
+
+/// Shards claimed ahead and never started are given back with their claim undone: to the front
+/// (shutdown) or behind what waits (an executor trimming what it holds ahead); the next claim
+/// hands out the same attempt number, and no state is left for a shard that had none.
+#[tokio::test]
+async fn unstarted_shards_are_given_back_with_their_claim_undone() {
+    let mut env = Env::start("give_back").await;
+    env.dispatch(&TaskSpec::new("t", "noop", 4)).await;
+    let held = env.claim("a", 0, 3, LONG_LOCK).await.shards;
+    // t:1:0 was claimed before: given back started, so its next claim is its second
+    assert_eq!(env.release(&held[0]).await, Ok(1));
+    let again = env.claim("a", 1, 1, LONG_LOCK).await.shards.remove(0);
+    assert_eq!((again.shard_ref.to_string(), again.attempt), ("t:1:0".into(), 2));
+    for (c, how) in [(&again, GiveBack::Behind), (&held[1], GiveBack::Unstarted), (&held[2], GiveBack::Behind)] {
+        let r = scripts::release_as(&mut env.con, &env.keys, &[c], how).await.unwrap();
+        assert_eq!(r, [Ok(1)], "{how:?}");
+    }
+    assert_eq!(env.wait_list().await, ["t:1:1", "t:1:0", "t:1:2"], "unstarted to the front, the others behind");
+    let attempts: HashMap<String, String> = env.cmd(redis::cmd("HGETALL").arg(env.keys.shards("t"))).await;
+    assert_eq!(attempts, HashMap::from([("0:attempt".to_owned(), "1".to_owned())]), "only t:1:0 ran before");
+    let next = env.claim("b", 0, 4, LONG_LOCK).await.shards;
+    let got: Vec<(String, u32)> = next.iter().map(|c| (c.shard_ref.to_string(), c.attempt)).collect();
+    assert_eq!(got, [("t:1:1".into(), 1), ("t:1:0".into(), 2), ("t:1:2".into(), 1), ("t:1:3".into(), 1)]);
+    for c in &next {
+        assert_eq!(env.complete(c, "").await, Ok(1));
+    }
+    let left: u64 = env.cmd(redis::cmd("EXISTS").arg(env.keys.shards("t"))).await;
+    assert_eq!(left, 0, "no per-shard state is left");
 }
 
 #[tokio::test]

@@ -18,6 +18,11 @@ use std::time::Duration;
 /// higher-priority task or another executor waits at worst for shards this one claimed ahead.
 pub const HOLD: Duration = Duration::from_millis(20);
 
+/// Running shards that have gone this long (and ten mean run times) without one ending are
+/// slower than the mean says: the start rate is taken as one per this quiet time at most, so
+/// that a slow task met after fast ones is not held ahead at the fast ones' rate.
+pub const QUIET: Duration = Duration::from_millis(100);
+
 /// Weight of a new sample in the means (1/8).
 const WEIGHT: f64 = 0.125;
 
@@ -47,8 +52,9 @@ impl Ahead {
         update(&self.claim_ns, d);
     }
 
-    /// Shards to hold ahead of the `concurrency` running ones, at most `max`.
-    pub(crate) fn target(&self, concurrency: usize, max: usize) -> usize {
+    /// Shards to hold ahead of the `concurrency` running ones, at most `max`; `quiet` is how
+    /// long the running shards have gone without one ending.
+    pub(crate) fn target(&self, concurrency: usize, max: usize, quiet: Option<Duration>) -> usize {
         let run = f64::from_bits(self.run_ns.load(Ordering::Relaxed));
         if run == 0.0 || max == 0 {
             // nothing measured yet: claim for free slots only, the first shards tell the rest
@@ -56,7 +62,12 @@ impl Ahead {
         }
         let claim = f64::from_bits(self.claim_ns.load(Ordering::Relaxed));
         // shards started per ns with every slot busy
-        let rate = concurrency as f64 / run;
+        let mut rate = concurrency as f64 / run;
+        if let Some(q) = quiet.map(|q| q.as_nanos() as f64) {
+            if q > QUIET.as_nanos() as f64 && q > 10.0 * run {
+                rate = rate.min(1.0 / q);
+            }
+        }
         let hold = rate * HOLD.as_nanos() as f64;
         let cover = rate * 2.0 * claim;
         let want = hold.max(cover.min(hold * 4.0));
@@ -83,23 +94,34 @@ mod tests {
     fn long_shards_are_never_claimed_ahead_and_short_ones_up_to_the_bound() {
         let rtt = Duration::from_micros(300);
         // nothing measured
-        assert_eq!(Ahead::default().target(16, 1024), 0);
+        assert_eq!(Ahead::default().target(16, 1024, None), 0);
         // ten-minute shards, one-second shards: none ahead
-        assert_eq!(ahead(Duration::from_secs(600), rtt).target(16, 1024), 0);
-        assert_eq!(ahead(Duration::from_secs(1), rtt).target(16, 1024), 0);
+        assert_eq!(ahead(Duration::from_secs(600), rtt).target(16, 1024, None), 0);
+        assert_eq!(ahead(Duration::from_secs(1), rtt).target(16, 1024, None), 0);
         // 10 ms shards on 16 slots: 1600/s, 32 in 20 ms
-        assert_eq!(ahead(Duration::from_millis(10), rtt).target(16, 1024), 32);
+        assert_eq!(ahead(Duration::from_millis(10), rtt).target(16, 1024, None), 32);
         // 200-µs shards: 80,000/s, 1600 in 20 ms: the bound
-        assert_eq!(ahead(Duration::from_micros(200), rtt).target(16, 1024), 1024);
-        assert_eq!(ahead(Duration::from_micros(200), rtt).target(16, 100), 100);
-        assert_eq!(ahead(Duration::from_micros(200), rtt).target(16, 0), 0);
+        assert_eq!(ahead(Duration::from_micros(200), rtt).target(16, 1024, None), 1024);
+        assert_eq!(ahead(Duration::from_micros(200), rtt).target(16, 100, None), 100);
+        assert_eq!(ahead(Duration::from_micros(200), rtt).target(16, 0, None), 0);
     }
 
     #[test]
     fn a_slow_claim_round_trip_is_covered_up_to_four_holds() {
         // 1 ms shards on 4 slots: 4000/s; 80 in 20 ms; a 50 ms round trip would want 400
-        assert_eq!(ahead(Duration::from_millis(1), Duration::from_millis(1)).target(4, 10_000), 80);
-        assert_eq!(ahead(Duration::from_millis(1), Duration::from_millis(50)).target(4, 10_000), 320);
+        assert_eq!(ahead(Duration::from_millis(1), Duration::from_millis(1)).target(4, 10_000, None), 80);
+        assert_eq!(ahead(Duration::from_millis(1), Duration::from_millis(50)).target(4, 10_000, None), 320);
+    }
+
+    #[test]
+    fn running_shards_quiet_for_long_are_taken_as_slow() {
+        // 200-µs shards, but none has ended for 150 ms: they are not what the mean says
+        let a = ahead(Duration::from_micros(200), Duration::from_micros(300));
+        assert_eq!(a.target(16, 1024, Some(Duration::from_millis(5))), 1024, "a short pause is no sign");
+        assert_eq!(a.target(16, 1024, Some(Duration::from_millis(150))), 0);
+        // 50 ms shards quiet for 150 ms: within ten mean run times, no sign either
+        let a = ahead(Duration::from_millis(50), Duration::from_micros(300));
+        assert_eq!(a.target(16, 1024, Some(Duration::from_millis(150))), 7);
     }
 
     #[test]

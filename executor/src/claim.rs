@@ -32,7 +32,11 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
     let mut next_due: Option<u64> = None;
     loop {
         // how many to hold: every slot busy, plus what the observed rates say to claim ahead
-        let ahead = shared.ahead.target(concurrency, shared.cfg.prefetch);
+        let ahead = if shared.limited.load(Ordering::Relaxed) {
+            0
+        } else {
+            shared.ahead.target(concurrency, shared.cfg.prefetch, shared.starts.quiet())
+        };
         let target = concurrency + ahead;
         let missing = target.saturating_sub(shared.starts.outstanding());
         if missing < (ahead / 2).max(1) {
@@ -62,9 +66,11 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
         shared.claiming.store(seq, Ordering::SeqCst);
         let started = std::time::Instant::now();
         let outcome = scripts::claim(&mut con, &shared.keys, &req).await;
-        if outcome.is_ok() {
+        if let Ok(o) = &outcome {
             shared.metrics.claim_seconds.record(started.elapsed().as_secs_f64());
             shared.ahead.claimed(started.elapsed());
+            // under a rate limit nothing is held ahead: the trim gives back what waits
+            shared.limited.store(o.limited, Ordering::Relaxed);
         }
         match outcome {
             Ok(o) if !o.shards.is_empty() => {

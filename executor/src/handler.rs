@@ -6,8 +6,8 @@ use std::future::Future;
 use std::ops::Range;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
@@ -79,54 +79,70 @@ impl ShardContext {
         T: Send + 'static,
         F: FnOnce() -> T + Send + 'static,
     {
-        run_cpu(f).await
+        run_cpu_of(&self.kind, f).await
     }
 }
 
-/// Mean time of recent [`run_cpu`] closures, in ns (f64 bits; 0: none yet).
-static CPU_MEAN_NS: AtomicU64 = AtomicU64::new(0);
-/// [`run_cpu`] closures running inline on a runtime thread now.
+/// Mean time of recent CPU closures by kind (`""` for [`run_cpu`]), in ns.
+static CPU_MEAN_NS: std::sync::LazyLock<Mutex<HashMap<String, f64>>> = std::sync::LazyLock::new(Default::default);
+/// CPU closures running inline on a runtime thread now.
 static INLINE_NOW: AtomicUsize = AtomicUsize::new(0);
 /// Below this mean, CPU work runs inline: handing it to rayon and back costs two thread
 /// wake-ups, more than the work itself (see ARCHITECTURE.md, "Where an executor's time goes").
 const INLINE_BELOW: Duration = Duration::from_micros(100);
 
-fn cpu_took(d: Duration) {
+fn cpu_took(kind: &str, d: Duration) {
     let x = d.as_nanos() as f64;
-    let old = f64::from_bits(CPU_MEAN_NS.load(Ordering::Relaxed));
-    let new = if old == 0.0 { x } else { old + (x - old) / 8.0 };
-    CPU_MEAN_NS.store(new.max(1.0).to_bits(), Ordering::Relaxed);
+    let mut means = CPU_MEAN_NS.lock().unwrap_or_else(|p| p.into_inner());
+    match means.get_mut(kind) {
+        Some(m) => *m += (x - *m) / 8.0,
+        None => {
+            means.insert(kind.to_owned(), x);
+        }
+    }
 }
 
-/// Runs `f` on rayon and awaits it; a panic becomes a [`ShardError`].
-///
-/// While such closures have taken less than 100 µs on average, `f` runs inline on the calling
-/// runtime thread instead, at most one fewer at a time than the runtime has threads: one always
-/// stays free for heartbeats, so a closure far longer than the mean delays nothing that keeps a
-/// lock alive (its time moves the mean, and the next ones go to rayon).
+/// Runs `f` on rayon and awaits it; a panic becomes a [`ShardError`]. See [`run_cpu_of`].
 pub async fn run_cpu<T, F>(f: F) -> Result<T, ShardError>
 where
     T: Send + 'static,
     F: FnOnce() -> T + Send + 'static,
 {
+    run_cpu_of("", f).await
+}
+
+/// Runs `f`, CPU work of task kind `kind`, on rayon and awaits it; a panic becomes a
+/// [`ShardError`].
+///
+/// While the kind's closures have taken less than 100 µs on average, `f` runs inline on the
+/// calling runtime thread instead, at most one fewer at a time than the runtime has threads: one
+/// always stays free for heartbeats, so a closure far longer than its kind's mean delays nothing
+/// that keeps a lock alive (its time moves the mean, and the next ones go to rayon). An inline
+/// closure cannot be interrupted: a shard timeout or a cancellation takes effect when it returns.
+pub async fn run_cpu_of<T, F>(kind: &str, f: F) -> Result<T, ShardError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
     let panicked = |p: Box<dyn std::any::Any + Send>| ShardError(format!("handler panicked: {}", panic_message(&*p)));
-    let mean = f64::from_bits(CPU_MEAN_NS.load(Ordering::Relaxed));
-    if mean > 0.0 && mean < INLINE_BELOW.as_nanos() as f64 {
+    let mean = CPU_MEAN_NS.lock().unwrap_or_else(|p| p.into_inner()).get(kind).copied();
+    if mean.is_some_and(|m| m < INLINE_BELOW.as_nanos() as f64) {
         let workers = tokio::runtime::Handle::try_current().map_or(1, |h| h.metrics().num_workers());
         if INLINE_NOW.fetch_add(1, Ordering::SeqCst) + 1 < workers {
             let started = Instant::now();
             let r = std::panic::catch_unwind(AssertUnwindSafe(f));
             INLINE_NOW.fetch_sub(1, Ordering::SeqCst);
-            cpu_took(started.elapsed());
+            cpu_took(kind, started.elapsed());
             return r.map_err(panicked);
         }
         INLINE_NOW.fetch_sub(1, Ordering::SeqCst);
     }
     let (tx, rx) = tokio::sync::oneshot::channel();
+    let kind = kind.to_owned();
     rayon::spawn(move || {
         let started = Instant::now();
         let r = std::panic::catch_unwind(AssertUnwindSafe(f));
-        cpu_took(started.elapsed());
+        cpu_took(&kind, started.elapsed());
         let _ = tx.send(r.map_err(panicked));
     });
     rx.await.map_err(|_| ShardError::new("cpu work was dropped"))?

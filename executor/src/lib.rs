@@ -60,7 +60,8 @@ mod tasks;
 
 pub use config::ExecutorConfig;
 pub use handler::{
-    run_cpu, AggregateContext, Aggregator, BoxFuture, Handler, Registry, ShardContext, ShardError, ShardOutcome,
+    run_cpu, run_cpu_of, AggregateContext, Aggregator, BoxFuture, Handler, Registry, ShardContext, ShardError,
+    ShardOutcome,
 };
 pub use runtime::Executor;
 pub use stats::{Stats, StatsSnapshot};

@@ -20,7 +20,7 @@ pub const SHARDS_COMPLETED: &str = "shardctl_shards_completed_total";
 pub const SHARDS_FAILED: &str = "shardctl_shards_failed_total";
 /// Counter: failed attempts scheduled for a retry (shards and aggregation jobs).
 pub const SHARDS_RETRIED: &str = "shardctl_shards_retried_total";
-/// Counter: refs given back at shutdown (claimable at once).
+/// Counter: refs given back (claimable at once): at shutdown, or claimed ahead and not started.
 pub const SHARDS_RELEASED: &str = "shardctl_shards_released_total";
 /// Counter, label `outcome` (`completed`, `failed`): aggregation jobs ended by this executor.
 pub const AGGREGATIONS: &str = "shardctl_aggregations_total";
@@ -63,7 +63,10 @@ pub fn describe() {
     describe_counter!(SHARDS_COMPLETED, "Shards completed and counted by this executor.");
     describe_counter!(SHARDS_FAILED, "Shards failed for good by this executor, by class of reason.");
     describe_counter!(SHARDS_RETRIED, "Failed attempts scheduled for a retry (shards and aggregation jobs).");
-    describe_counter!(SHARDS_RELEASED, "Refs given back at shutdown, claimable at once.");
+    describe_counter!(
+        SHARDS_RELEASED,
+        "Refs given back, claimable at once: at shutdown, or claimed ahead and not started soon."
+    );
     describe_counter!(AGGREGATIONS, "Aggregation jobs ended by this executor, by outcome.");
     describe_counter!(LOCK_HEARTBEATS, "Heartbeats that extended this executor's lease (one per beat).");
     describe_counter!(LOCKS_EXTENDED, "Held refs kept alive by the heartbeats (one per held ref per beat).");

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use shardctl_common::scripts::{self, Claimed, Finished, FinishedAs};
+use shardctl_common::scripts::{self, Claimed, Finished, FinishedAs, GiveBack};
 use shardctl_common::ScriptCode;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -25,6 +25,11 @@ pub(crate) enum Outcome {
     Failed(ShardError),
     /// Shutdown: give the shard back, claimable at once.
     Release,
+    /// Claimed ahead, never started (shutdown): give it back to the front, the claim undone.
+    Unstarted,
+    /// Claimed ahead and not started: give it back behind the aggregation jobs and retries, the
+    /// claim undone.
+    GiveBack,
     /// The lock was lost: nothing to record.
     Dropped,
 }
@@ -92,7 +97,8 @@ async fn record(shared: &Shared, batch: &[Report], closing: &CancellationToken) 
         })
         .collect();
     let mut finished = Vec::new();
-    let mut releases: Vec<&Claimed> = Vec::new();
+    let (mut releases, mut unstarted, mut given_back): (Vec<&Claimed>, Vec<&Claimed>, Vec<&Claimed>) =
+        (Vec::new(), Vec::new(), Vec::new());
     let mut delays = Vec::with_capacity(batch.len());
     for (r, reason) in batch.iter().zip(&reasons) {
         let delay_ms = match &r.outcome {
@@ -108,6 +114,8 @@ async fn record(shared: &Shared, batch: &[Report], closing: &CancellationToken) 
                 finished.push(Finished { claim: &r.claim, outcome: FinishedAs::Failed { delay_ms, reason } })
             }
             Outcome::Release => releases.push(&r.claim),
+            Outcome::Unstarted => unstarted.push(&r.claim),
+            Outcome::GiveBack => given_back.push(&r.claim),
             Outcome::Dropped => {}
         }
     }
@@ -117,7 +125,9 @@ async fn record(shared: &Shared, batch: &[Report], closing: &CancellationToken) 
         let mut con = shared.con.clone();
         let done = async {
             let f = scripts::finish(&mut con, &shared.keys, &shared.cfg.node_id, &finished).await?;
-            let r = scripts::release(&mut con, &shared.keys, &releases).await?;
+            let mut r = scripts::release(&mut con, &shared.keys, &releases).await?;
+            r.extend(scripts::release_as(&mut con, &shared.keys, &unstarted, GiveBack::Unstarted).await?);
+            r.extend(scripts::release_as(&mut con, &shared.keys, &given_back, GiveBack::Behind).await?);
             Ok::<_, shardctl_common::Error>((f, r))
         }
         .await;

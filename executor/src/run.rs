@@ -17,15 +17,40 @@ use crate::tasks::TaskMeta;
 
 /// Runs one shard in its slot (freed, and the next shard started, when this ends).
 pub(crate) async fn shard(shared: Arc<Shared>, claim: Claimed, cancel: CancellationToken, slot: crate::starts::Slot) {
-    let outcome = run(&shared, &claim, &cancel).await;
+    let mut unreported = Unreported { shared: &shared, claim: Some(claim), cancel: &cancel };
+    let outcome = run(&shared, unreported.claim.as_ref().expect("set above"), &cancel).await;
+    let claim = unreported.claim.take().expect("set above");
     report(&shared, claim, outcome, &cancel);
     drop(slot);
+}
+
+/// A shard whose outcome is not reported yet. Should its task unwind (a panic that escaped the
+/// handler's guard, e.g. in a destructor of the dropped handler future), the shard fails instead
+/// of staying held, unreported, under a live lease.
+struct Unreported<'a> {
+    shared: &'a Shared,
+    claim: Option<Claimed>,
+    cancel: &'a CancellationToken,
+}
+
+impl Drop for Unreported<'_> {
+    fn drop(&mut self) {
+        if let Some(claim) = self.claim.take() {
+            report(self.shared, claim, Outcome::Failed(ShardError::new("the shard's task panicked")), self.cancel);
+        }
+    }
 }
 
 /// A shard claimed ahead that waited for a slot until shutdown (or was lost meanwhile): given
 /// back, no attempt used up.
 pub(crate) fn unstarted(shared: &Shared, claim: Claimed, cancel: &CancellationToken) {
-    report(shared, claim, Outcome::Release, cancel);
+    report(shared, claim, Outcome::Unstarted, cancel);
+}
+
+/// A shard claimed ahead that the executor will not start soon: given back behind the
+/// aggregation jobs and retries waiting, no attempt used up.
+pub(crate) fn given_back(shared: &Shared, claim: Claimed, cancel: &CancellationToken) {
+    report(shared, claim, Outcome::GiveBack, cancel);
 }
 
 /// Hands an outcome to the reporter, unless the shard is no longer ours.

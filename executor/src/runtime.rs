@@ -72,6 +72,8 @@ pub(crate) struct Shared {
     pub(crate) ahead: crate::ahead::Ahead,
     /// The run slots and the claimed shards waiting for one.
     pub(crate) starts: crate::starts::Starts,
+    /// The last claim found a queue rate limit: nothing is held ahead.
+    pub(crate) limited: AtomicBool,
 }
 
 /// One executor process's runtime.
@@ -113,6 +115,7 @@ impl Executor {
             node_id,
             ahead: Default::default(),
             starts: crate::starts::Starts::new(concurrency, TaskTracker::new()),
+            limited: AtomicBool::new(false),
         });
         Ok(Executor { shared, reports: rx })
     }
@@ -141,7 +144,11 @@ impl Executor {
         let mut guard =
             AbortGuard { shared: Some(shared.clone()), beat_stop: beat_stop.clone(), closing: closing.clone() };
 
+        let trim_stop = CancellationToken::new();
+        let trim = tokio::spawn(crate::starts::trim_loop(shared.clone(), trim_stop.clone()));
         crate::claim::run(shared.clone(), shutdown).await;
+        trim_stop.cancel();
+        let _ = trim.await;
 
         // shards claimed ahead and not started: given back at once
         for w in shared.starts.close() {

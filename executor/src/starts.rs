@@ -3,9 +3,16 @@
 //! frees its slot and starts the next. Shards claimed ahead therefore start in claim order
 //! (priority order, as the claim script hands them out), whatever order tasks are polled in.
 //! At shutdown the waiting ones are given back at once, never started.
+//!
+//! Every 10 ms the waiting shards are trimmed to what the executor should hold ahead now (see
+//! [`crate::ahead`]): when the shards running turn out slow (none has ended for a while) or the
+//! queue has a rate limit, the newest ones beyond are given back to the back of `wait` (behind
+//! aggregation jobs and retries), so that other executors, and other work, get them at once
+//! instead of waiting behind them here.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use shardctl_common::scripts::Claimed;
 use tokio_util::sync::CancellationToken;
@@ -23,6 +30,8 @@ pub(crate) struct Waiting {
 struct State {
     waiting: VecDeque<Waiting>,
     running: usize,
+    /// While shards run: when the last one ended, or the first started after none ran.
+    busy_since: Option<Instant>,
     /// Set at shutdown: nothing starts any more.
     closed: bool,
 }
@@ -42,7 +51,11 @@ pub(crate) struct Slot(Arc<Shared>);
 impl Drop for Slot {
     fn drop(&mut self) {
         let starts = &self.0.starts;
-        starts.state.lock().unwrap().running -= 1;
+        {
+            let mut s = starts.state.lock().unwrap();
+            s.running -= 1;
+            s.busy_since = (s.running > 0).then(Instant::now);
+        }
         starts.freed.notify_one();
         start_next(&self.0);
     }
@@ -70,6 +83,21 @@ impl Starts {
         self.concurrency.saturating_sub(s.running + s.waiting.len())
     }
 
+    /// How long the running shards have gone without one ending (`None` when none runs): a
+    /// sign that they are slower than the mean run time says, before any of them has ended.
+    pub(crate) fn quiet(&self) -> Option<Duration> {
+        self.state.lock().unwrap().busy_since.map(|t| t.elapsed())
+    }
+
+    /// Takes the newest waiting shards beyond `keep`.
+    fn trim(&self, keep: usize) -> Vec<Waiting> {
+        let mut s = self.state.lock().unwrap();
+        let n = s.waiting.len().saturating_sub(keep);
+        let at = s.waiting.len() - n;
+        // in claim order: given back to the back of `wait` one by one, they keep it
+        s.waiting.drain(at..).collect()
+    }
+
     /// Closes the slots (nothing starts any more) and returns the shards still waiting.
     pub(crate) fn close(&self) -> Vec<Waiting> {
         let mut s = self.state.lock().unwrap();
@@ -78,9 +106,19 @@ impl Starts {
     }
 }
 
-/// Queues claimed shards, in claim order, and starts what fits.
+/// Queues claimed shards, in claim order, and starts what fits. An aggregation job goes first:
+/// its task is otherwise done, and it must not wait behind shards claimed ahead.
 pub(crate) fn push(shared: &Arc<Shared>, shards: impl IntoIterator<Item = Waiting>) {
-    shared.starts.state.lock().unwrap().waiting.extend(shards);
+    {
+        let mut s = shared.starts.state.lock().unwrap();
+        for w in shards {
+            if w.claim.shard_ref.is_aggregate() {
+                s.waiting.push_front(w);
+            } else {
+                s.waiting.push_back(w);
+            }
+        }
+    }
     start_next(shared);
 }
 
@@ -95,18 +133,52 @@ fn start_next(shared: &Arc<Shared>) {
                 return;
             }
             let Some(w) = s.waiting.pop_front() else { return };
+            if w.cancel.is_cancelled() {
+                drop(s);
+                crate::run::unstarted(shared, w.claim, &w.cancel);
+                continue;
+            }
+            if s.running == 0 {
+                s.busy_since = Some(Instant::now());
+            }
             s.running += 1;
             w
         };
         let slot = Slot(shared.clone());
-        if next.cancel.is_cancelled() {
-            crate::run::unstarted(shared, next.claim, &next.cancel);
-            drop(slot);
-            // the slot's drop started the next ones
-            return;
-        }
-        // boxed: the task then moves a pointer, not the whole future (a few KB), on its way in
         // boxed: the task then moves a pointer, not the whole future (a few KB), on its way in
         starts.tracker.spawn(Box::pin(crate::run::shard(shared.clone(), next.claim, next.cancel, slot)));
+    }
+}
+
+/// How often the waiting shards are trimmed.
+const TRIM_EVERY: Duration = Duration::from_millis(10);
+
+/// Trims the waiting shards every [`TRIM_EVERY`] until `stop`: those beyond what the executor
+/// should hold ahead now (none under a queue rate limit) are given back.
+pub(crate) async fn trim_loop(shared: Arc<Shared>, stop: tokio_util::sync::CancellationToken) {
+    let mut tick = tokio::time::interval(TRIM_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.cancelled() => return,
+        }
+        let keep = if shared.limited.load(std::sync::atomic::Ordering::Relaxed) {
+            0
+        } else {
+            shared.ahead.target(shared.cfg.concurrency, shared.cfg.prefetch, shared.starts.quiet())
+        };
+        let excess = shared.starts.trim(keep);
+        if !excess.is_empty() {
+            tracing::debug!(released = excess.len(), keep, "giving back shards claimed ahead");
+            for w in excess {
+                if w.claim.shard_ref.is_aggregate() {
+                    // to the front, as it came
+                    crate::run::unstarted(&shared, w.claim, &w.cancel);
+                } else {
+                    crate::run::given_back(&shared, w.claim, &w.cancel);
+                }
+            }
+        }
     }
 }
