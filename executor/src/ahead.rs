@@ -52,6 +52,13 @@ impl Ahead {
         update(&self.claim_ns, d);
     }
 
+    /// True when the running shards have gone quiet for long ([`QUIET`], and ten mean run times):
+    /// they are slower than the mean says.
+    pub(crate) fn is_quiet(&self, quiet: Option<Duration>) -> bool {
+        let run = f64::from_bits(self.run_ns.load(Ordering::Relaxed));
+        quiet.is_some_and(|q| q > QUIET && q.as_nanos() as f64 > 10.0 * run)
+    }
+
     /// Shards to hold ahead of the `concurrency` running ones, at most `max`; `quiet` is how
     /// long the running shards have gone without one ending.
     pub(crate) fn target(&self, concurrency: usize, max: usize, quiet: Option<Duration>) -> usize {
@@ -63,10 +70,8 @@ impl Ahead {
         let claim = f64::from_bits(self.claim_ns.load(Ordering::Relaxed));
         // shards started per ns with every slot busy
         let mut rate = concurrency as f64 / run;
-        if let Some(q) = quiet.map(|q| q.as_nanos() as f64) {
-            if q > QUIET.as_nanos() as f64 && q > 10.0 * run {
-                rate = rate.min(1.0 / q);
-            }
+        if let Some(q) = quiet.filter(|&q| self.is_quiet(Some(q))) {
+            rate = rate.min(1.0 / q.as_nanos() as f64);
         }
         let hold = rate * HOLD.as_nanos() as f64;
         let cover = rate * 2.0 * claim;

@@ -6,8 +6,8 @@ use std::future::Future;
 use std::ops::Range;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
@@ -83,23 +83,26 @@ impl ShardContext {
     }
 }
 
-/// Mean time of recent CPU closures by kind (`""` for [`run_cpu`]), in ns.
-static CPU_MEAN_NS: std::sync::LazyLock<Mutex<HashMap<String, f64>>> = std::sync::LazyLock::new(Default::default);
+/// Mean time of recent CPU closures (ns, f64 bits; 0: none yet), by a hash of their kind (`""`
+/// for [`run_cpu`]): kinds that share a slot share a mean, which only costs them the inline path.
+static CPU_MEAN_NS: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
 /// CPU closures running inline on a runtime thread now.
 static INLINE_NOW: AtomicUsize = AtomicUsize::new(0);
 /// Below this mean, CPU work runs inline: handing it to rayon and back costs two thread
 /// wake-ups, more than the work itself (see ARCHITECTURE.md, "Where an executor's time goes").
 const INLINE_BELOW: Duration = Duration::from_micros(100);
 
-fn cpu_took(kind: &str, d: Duration) {
+/// The mean's slot of `kind` (FNV-1a).
+fn cpu_mean(kind: &str) -> &'static AtomicU64 {
+    let h = kind.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    &CPU_MEAN_NS[(h % 64) as usize]
+}
+
+fn cpu_took(mean: &AtomicU64, d: Duration) {
     let x = d.as_nanos() as f64;
-    let mut means = CPU_MEAN_NS.lock().unwrap_or_else(|p| p.into_inner());
-    match means.get_mut(kind) {
-        Some(m) => *m += (x - *m) / 8.0,
-        None => {
-            means.insert(kind.to_owned(), x);
-        }
-    }
+    let old = f64::from_bits(mean.load(Ordering::Relaxed));
+    let new = if old == 0.0 { x } else { old + (x - old) / 8.0 };
+    mean.store(new.max(1.0).to_bits(), Ordering::Relaxed);
 }
 
 /// Runs `f` on rayon and awaits it; a panic becomes a [`ShardError`]. See [`run_cpu_of`].
@@ -125,24 +128,24 @@ where
     F: FnOnce() -> T + Send + 'static,
 {
     let panicked = |p: Box<dyn std::any::Any + Send>| ShardError(format!("handler panicked: {}", panic_message(&*p)));
-    let mean = CPU_MEAN_NS.lock().unwrap_or_else(|p| p.into_inner()).get(kind).copied();
-    if mean.is_some_and(|m| m < INLINE_BELOW.as_nanos() as f64) {
+    let slot = cpu_mean(kind);
+    let mean = f64::from_bits(slot.load(Ordering::Relaxed));
+    if mean > 0.0 && mean < INLINE_BELOW.as_nanos() as f64 {
         let workers = tokio::runtime::Handle::try_current().map_or(1, |h| h.metrics().num_workers());
         if INLINE_NOW.fetch_add(1, Ordering::SeqCst) + 1 < workers {
             let started = Instant::now();
             let r = std::panic::catch_unwind(AssertUnwindSafe(f));
             INLINE_NOW.fetch_sub(1, Ordering::SeqCst);
-            cpu_took(kind, started.elapsed());
+            cpu_took(slot, started.elapsed());
             return r.map_err(panicked);
         }
         INLINE_NOW.fetch_sub(1, Ordering::SeqCst);
     }
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let kind = kind.to_owned();
     rayon::spawn(move || {
         let started = Instant::now();
         let r = std::panic::catch_unwind(AssertUnwindSafe(f));
-        cpu_took(&kind, started.elapsed());
+        cpu_took(slot, started.elapsed());
         let _ = tx.send(r.map_err(panicked));
     });
     rx.await.map_err(|_| ShardError::new("cpu work was dropped"))?

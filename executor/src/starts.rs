@@ -4,9 +4,9 @@
 //! (priority order, as the claim script hands them out), whatever order tasks are polled in.
 //! At shutdown the waiting ones are given back at once, never started.
 //!
-//! Every 10 ms the waiting shards are trimmed to what the executor should hold ahead now (see
-//! [`crate::ahead`]): when the shards running turn out slow (none has ended for a while) or the
-//! queue has a rate limit, the newest ones beyond are given back to the back of `wait` (behind
+//! Every 10 ms, when the shards running turn out slow (none has ended for a while, see
+//! [`crate::ahead`]) or the queue has a rate limit, the waiting shards are trimmed to what the
+//! executor should hold ahead now: the newest ones beyond are given back to the back of `wait` (behind
 //! aggregation jobs and retries), so that other executors, and other work, get them at once
 //! instead of waiting behind them here.
 
@@ -89,10 +89,13 @@ impl Starts {
         self.state.lock().unwrap().busy_since.map(|t| t.elapsed())
     }
 
-    /// Takes the newest waiting shards beyond `keep`.
+    /// Takes the newest waiting shards beyond `keep` ahead of the free slots (shards just pushed
+    /// that fit in a free slot are about to start, not ahead: the trim may run between a claim's
+    /// push and its starts).
     fn trim(&self, keep: usize) -> Vec<Waiting> {
         let mut s = self.state.lock().unwrap();
-        let n = s.waiting.len().saturating_sub(keep);
+        let free = self.concurrency.saturating_sub(s.running);
+        let n = s.waiting.len().saturating_sub(keep + free);
         let at = s.waiting.len() - n;
         // in claim order: given back to the back of `wait` one by one, they keep it
         s.waiting.drain(at..).collect()
@@ -163,10 +166,15 @@ pub(crate) async fn trim_loop(shared: Arc<Shared>, stop: tokio_util::sync::Cance
             _ = tick.tick() => {}
             _ = stop.cancelled() => return,
         }
+        // only on a sign, not on the mean's ordinary moves: giving back and claiming again costs
+        // two calls and sends the shards to the back of `wait`
+        let quiet = shared.starts.quiet();
         let keep = if shared.limited.load(std::sync::atomic::Ordering::Relaxed) {
             0
+        } else if shared.ahead.is_quiet(quiet) {
+            shared.ahead.target(shared.cfg.concurrency, shared.cfg.prefetch, quiet)
         } else {
-            shared.ahead.target(shared.cfg.concurrency, shared.cfg.prefetch, shared.starts.quiet())
+            continue;
         };
         let excess = shared.starts.trim(keep);
         if !excess.is_empty() {
