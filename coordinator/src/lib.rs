@@ -6,7 +6,8 @@
 //!
 //! # Layout
 //! - [`dispatch`]: validating and creating a pull task, fresh task ids.
-//! - [`sweep`]: the stalled-shard sweep loop (Bull's design, throttled in Redis).
+//! - [`sweep`]: the stalled-shard sweep loop: at each executor lease's expiry, and Bull's full
+//!   sweep throttled in Redis.
 //! - [`membership`]: executors joining, heartbeating and leaving; the live node set.
 //! - [`route`]: owners of routed refs, chunked placement of a task, moving a list's refs.
 //! - [`rebalance`]: failover and rebalancing under a short lock.

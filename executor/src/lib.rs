@@ -15,7 +15,8 @@
 //! - `ahead`: how many shards to claim ahead, from observed run and claim times.
 //! - `run`: one shard: handler lookup, panics, cancellation, result limits.
 //! - `heartbeat`: the batched lock extension and lost-lock cancellation.
-//! - `report`: batched completion, failure (with backoff) and release.
+//! - `report`: batched completion (an outcome waits up to 5 ms for others), failure (with
+//!   backoff) and release.
 //! - `aggregate`: reading every shard's outcome for the aggregator.
 //! - `tasks`: the task metadata cache.
 //! - [`stats`]: live counters.
