@@ -47,7 +47,7 @@
   queue has a rate limit (the executor gives back what it holds ahead).
 ]]
 local prefix, count, lock_ms, token = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
-local start_now = tonumber(ARGV[5] or ARGV[2])
+local start_now = tonumber(ARGV[5])
 local clock = rcall('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 

@@ -26,8 +26,8 @@ local now = now_ms()
 local cancels = rcall('HGET', K.meta, 'cancels') or '0'
 local score = rcall('ZSCORE', K.leases, inst)
 local live = score and tonumber(score) > now
-if live then rcall('ZADD', K.leases, now + lock_ms, inst) end
 if live and mode ~= 'check' then
+  rcall('ZADD', K.leases, now + lock_ms, inst)
   if cancels == seen then return { 0, cancels } end
   return { -1, cancels }
 end

@@ -33,7 +33,9 @@ pub(crate) struct Ahead {
     claim_ns: AtomicU64,
 }
 
-fn update(cell: &AtomicU64, sample: Duration) {
+/// Moves the mean kept in `cell` (ns, f64 bits; 0 = none yet) by an eighth of `sample`; racing
+/// updates may lose a sample. Also the inline-CPU means of [`crate::handler`].
+pub(crate) fn update(cell: &AtomicU64, sample: Duration) {
     let x = sample.as_nanos() as f64;
     let old = f64::from_bits(cell.load(Ordering::Relaxed));
     let new = if old == 0.0 { x } else { old + WEIGHT * (x - old) };

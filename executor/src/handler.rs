@@ -98,13 +98,6 @@ fn cpu_mean(kind: &str) -> &'static AtomicU64 {
     &CPU_MEAN_NS[(h % 64) as usize]
 }
 
-fn cpu_took(mean: &AtomicU64, d: Duration) {
-    let x = d.as_nanos() as f64;
-    let old = f64::from_bits(mean.load(Ordering::Relaxed));
-    let new = if old == 0.0 { x } else { old + (x - old) / 8.0 };
-    mean.store(new.max(1.0).to_bits(), Ordering::Relaxed);
-}
-
 /// Runs `f` on rayon and awaits it; a panic becomes a [`ShardError`]. See [`run_cpu_of`].
 pub async fn run_cpu<T, F>(f: F) -> Result<T, ShardError>
 where
@@ -136,7 +129,7 @@ where
             let started = Instant::now();
             let r = std::panic::catch_unwind(AssertUnwindSafe(f));
             INLINE_NOW.fetch_sub(1, Ordering::SeqCst);
-            cpu_took(slot, started.elapsed());
+            crate::ahead::update(slot, started.elapsed());
             return r.map_err(panicked);
         }
         INLINE_NOW.fetch_sub(1, Ordering::SeqCst);
@@ -145,7 +138,7 @@ where
     rayon::spawn(move || {
         let started = Instant::now();
         let r = std::panic::catch_unwind(AssertUnwindSafe(f));
-        cpu_took(slot, started.elapsed());
+        crate::ahead::update(slot, started.elapsed());
         let _ = tx.send(r.map_err(panicked));
     });
     rx.await.map_err(|_| ShardError::new("cpu work was dropped"))?

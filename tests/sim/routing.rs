@@ -16,7 +16,7 @@ use shardctl_coordinator::rebalance::rebalance;
 
 use super::executor::Member;
 use super::model::State;
-use super::world::World;
+use super::world::{replace_list, World};
 use super::Outcome;
 
 /// The executors' member timeout: never runs out by itself (departure is a step).
@@ -265,16 +265,7 @@ impl World {
             let mut sorted = l.clone();
             sorted.sort();
             if sorted != *l {
-                let key = self.keys.node_wait(n);
-                let () = redis::pipe()
-                    .atomic()
-                    .del(&key)
-                    .ignore()
-                    .rpush(&key, &sorted)
-                    .ignore()
-                    .query_async(&mut self.con)
-                    .await
-                    .map_err(|e| format!("reorder {key}: {e}"))?;
+                replace_list(&mut self.con, &self.keys.node_wait(n), &sorted).await?;
                 *l = sorted;
             }
         }

@@ -13,7 +13,7 @@ use shardctl_common::model::{Part, ShardRef};
 use shardctl_common::scripts::{self, STALLED_REASON};
 
 use super::model::{State, Term};
-use super::world::World;
+use super::world::{replace_list, World};
 use super::Outcome;
 
 impl World {
@@ -142,15 +142,7 @@ impl World {
         let all: Vec<String> = front.into_iter().chain(before.iter().cloned()).chain(back).collect();
         if all != *wait {
             let key = if reroute { self.keys.reroute() } else { self.keys.wait() };
-            let () = redis::pipe()
-                .atomic()
-                .del(&key)
-                .ignore()
-                .rpush(&key, &all)
-                .ignore()
-                .query_async(&mut self.con)
-                .await
-                .map_err(|e| format!("reorder wait: {e}"))?;
+            replace_list(&mut self.con, &key, &all).await?;
             if reroute {
                 self.snap.reroute = all;
             } else {

@@ -167,3 +167,16 @@ impl World {
         self.settle().await
     }
 }
+
+/// Replaces list `key` by `items` in one atomic step (the canonical orders of a seed's replay).
+pub async fn replace_list(con: &mut Conn, key: &str, items: &[String]) -> Outcome {
+    redis::pipe()
+        .atomic()
+        .del(key)
+        .ignore()
+        .rpush(key, items)
+        .ignore()
+        .query_async::<()>(con)
+        .await
+        .map_err(|e| format!("reorder {key}: {e}"))
+}
