@@ -38,7 +38,39 @@ impl Lua {
         Lua { script: Script::new(&text), file, declared }
     }
 
-    /// The file name, e.g. `claim.lua`.
+    /// One script made of several: each file's body runs as a function of its own, in order,
+    /// with its own ARGV; the script's ARGV is, per part, a count and then that many arguments,
+    /// and it returns a table of the parts' replies. The keys are the union of the parts'
+    /// headers (each checked there), so the parts touch one slot and run as one atomic call.
+    fn composed(name: &'static str, parts: &[(&'static str, &'static str)]) -> Self {
+        let mut declared: Vec<String> = Vec::new();
+        let mut funcs = String::new();
+        let mut calls = Vec::new();
+        for (i, (file, body)) in parts.iter().enumerate() {
+            for k in declared_keys(body).unwrap_or_else(|e| panic!("lua/{file}: {e}")) {
+                if !declared.contains(&k) {
+                    declared.push(k);
+                }
+            }
+            funcs.push_str(&format!("local function part_{i}(ARGV)\n{body}\nend\n"));
+            calls.push(format!("part_{i}"));
+        }
+        let text = format!(
+            "{}\n{LIB}\n{funcs}\nlocal parts, replies, at = {{ {} }}, {{}}, 1\n\
+             for p = 1, #parts do\n\
+               local m, args = tonumber(ARGV[at]), {{}}\n\
+               for i = 1, m do args[i] = ARGV[at + i] end\n\
+               at = at + m + 1\n\
+               replies[p] = parts[p](args)\n\
+             end\n\
+             return replies",
+            preamble(&declared),
+            calls.join(", ")
+        );
+        Lua { script: Script::new(&text), file: name, declared }
+    }
+
+    /// The file name, e.g. `claim.lua` (for a composed script, its parts' names joined by `+`).
     pub fn file(&self) -> &'static str {
         self.file
     }
@@ -215,6 +247,9 @@ pub struct Scripts {
     pub fire: Lua,
     /// `reap.lua`
     pub reap: Lua,
+    /// `complete.lua` then `claim.lua` in one call: an executor's completions ride on its next
+    /// claim when both are due.
+    pub complete_claim: Lua,
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
@@ -244,6 +279,10 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     clean: Lua::new("clean.lua", include_str!("../../lua/clean.lua")),
     fire: Lua::new("fire.lua", include_str!("../../lua/fire.lua")),
     reap: Lua::new("reap.lua", include_str!("../../lua/reap.lua")),
+    complete_claim: Lua::composed(
+        "complete.lua+claim.lua",
+        &[("complete.lua", include_str!("../../lua/complete.lua")), ("claim.lua", include_str!("../../lua/claim.lua"))],
+    ),
 });
 
 /// The registry.
@@ -252,7 +291,12 @@ pub fn scripts() -> &'static Scripts {
 }
 
 impl Scripts {
-    /// Every script.
+    /// The scripts made of others' files ([`Scripts::complete_claim`]).
+    pub fn composed(&self) -> [&Lua; 1] {
+        [&self.complete_claim]
+    }
+
+    /// Every script of one file.
     pub fn all(&self) -> [&Lua; 26] {
         [
             &self.dispatch,
@@ -402,17 +446,44 @@ pub struct ClaimRequest<'a> {
 /// Claims up to `req.count` shards under one token, and renews the executor's lease.
 pub async fn claim<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, req: &ClaimRequest<'_>) -> Result<ClaimOutcome> {
     let token = format!("{}:{}", req.token_base, req.seq);
-    let v: Vec<Value> = scripts()
-        .claim
-        .keyed(keys, &KeyArgs { node: Some(req.node), ..Default::default() })
-        .arg(keys.prefix())
-        .arg(req.count)
-        .arg(req.lock_ms)
-        .arg(&token)
-        .arg(req.count.saturating_sub(req.ahead))
-        .invoke_async(con)
-        .await?;
-    let [head, flags, shards @ ..] = v.as_slice() else {
+    let mut inv = scripts().claim.keyed(keys, &KeyArgs { node: Some(req.node), ..Default::default() });
+    claim_args(&mut inv, keys, req, &token);
+    let v: Vec<Value> = inv.invoke_async(con).await?;
+    parse_claim(&v, &token)
+}
+
+/// Records `completed` (every item a completion; codes as [`finish`]'s) and then claims as
+/// [`claim`] does, in one script call (`complete.lua` then `claim.lua`, atomically).
+pub async fn complete_and_claim<C: ConnectionLike + Send>(
+    con: &mut C,
+    keys: &Keys,
+    completed: &[Finished<'_>],
+    req: &ClaimRequest<'_>,
+) -> Result<(ItemCodes, ClaimOutcome)> {
+    let token = format!("{}:{}", req.token_base, req.seq);
+    let mut order: Vec<usize> = (0..completed.len()).collect();
+    let mut inv = scripts().complete_claim.keyed(keys, &KeyArgs { node: Some(req.node), ..Default::default() });
+    inv.arg(completion_argc(completed, &mut order)?);
+    completion_args(&mut inv, keys, completed, &order);
+    inv.arg(CLAIM_ARGC);
+    claim_args(&mut inv, keys, req, &token);
+    let (c, v): (Vec<i64>, Vec<Value>) = inv.invoke_async(con).await?;
+    let mut out: ItemCodes = vec![Ok(0); completed.len()];
+    for (&i, c) in order.iter().zip(codes(c)) {
+        out[i] = c;
+    }
+    Ok((out, parse_claim(&v, &token)?))
+}
+
+/// How many arguments [`claim_args`] passes.
+const CLAIM_ARGC: usize = 5;
+
+fn claim_args(inv: &mut ScriptInvocation<'_>, keys: &Keys, req: &ClaimRequest<'_>, token: &str) {
+    inv.arg(keys.prefix()).arg(req.count).arg(req.lock_ms).arg(token).arg(req.count.saturating_sub(req.ahead));
+}
+
+fn parse_claim(v: &[Value], token: &str) -> Result<ClaimOutcome> {
+    let [head, flags, shards @ ..] = v else {
         return Err(Error::Protocol("short claim reply".into()));
     };
     let head = int(head)?;
@@ -434,13 +505,13 @@ pub async fn claim<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, req: &Cla
             (a, &Part::Shard(from)) if a < 0 => {
                 for i in from..from + a.unsigned_abs() {
                     let shard_ref = ShardRef { part: Part::Shard(i), ..first.clone() };
-                    out.shards.push(Claimed { shard_ref, token: token.clone(), attempt: 1, fails: 0 });
+                    out.shards.push(Claimed { shard_ref, token: token.to_owned(), attempt: 1, fails: 0 });
                 }
             }
             (a, _) if a < 0 => return Err(Error::Protocol(format!("claim reply: a run from {first}"))),
             (a, _) => out.shards.push(Claimed {
                 shard_ref: first,
-                token: token.clone(),
+                token: token.to_owned(),
                 attempt: a as u32,
                 fails: int(f)? as u32,
             }),
@@ -505,6 +576,60 @@ pub async fn extend<C: ConnectionLike + Send>(
     Ok(parse(call("check", held).invoke_async(con).await?)?.1)
 }
 
+/// The result a completion keeps (empty for none); an error for a failure.
+fn result_of<'a>(f: &Finished<'a>) -> Result<&'a str> {
+    match f.outcome {
+        FinishedAs::Completed(r) => Ok(r),
+        FinishedAs::Failed { .. } => Err(Error::Invalid("only completions are recorded by complete.lua".into())),
+    }
+}
+
+/// Whether a completion is plain: a shard without state or result, one argument in its group.
+fn plain(f: &Finished<'_>) -> bool {
+    !f.claim.has_state() && !f.claim.shard_ref.is_aggregate() && matches!(f.outcome, FinishedAs::Completed(""))
+}
+
+/// The group of a completion in `complete.lua`'s arguments: task, incarnation, token, plain.
+fn group_of<'a>(f: &Finished<'a>) -> (&'a str, u64, &'a str, bool) {
+    let c = f.claim;
+    (c.shard_ref.task.as_str(), c.shard_ref.inc, c.token.as_str(), plain(f))
+}
+
+/// Sorts `order` (indexes into `items`, all completions) into `complete.lua`'s groups, and
+/// returns how many arguments [`completion_args`] will pass.
+fn completion_argc(items: &[Finished<'_>], order: &mut [usize]) -> Result<usize> {
+    // grouped by task, token and whether plain (a shard without state or result): the script
+    // parses no refs, reads one index per plain shard, and touches each task's keys once
+    order.sort_by(|&a, &b| group_of(&items[a]).cmp(&group_of(&items[b])));
+    let mut n = 1;
+    for group in order.chunk_by(|&a, &b| group_of(&items[a]) == group_of(&items[b])) {
+        for &i in group {
+            result_of(&items[i])?;
+        }
+        n += 5 + group.len() * if plain(&items[group[0]]) { 1 } else { 3 };
+    }
+    Ok(n)
+}
+
+/// `complete.lua`'s arguments for `items` in `order` (from [`completion_argc`]).
+fn completion_args(inv: &mut ScriptInvocation<'_>, keys: &Keys, items: &[Finished<'_>], order: &[usize]) {
+    inv.arg(keys.prefix());
+    for group in order.chunk_by(|&a, &b| group_of(&items[a]) == group_of(&items[b])) {
+        let (task, inc, token, plain) = group_of(&items[group[0]]);
+        inv.arg(task).arg(inc).arg(token).arg(group.len()).arg(if plain { "p" } else { "f" });
+        for &i in group {
+            let it = &items[i];
+            match it.claim.shard_ref.part {
+                Part::Shard(idx) => inv.arg(idx),
+                Part::Aggregate => inv.arg("agg"),
+            };
+            if !plain {
+                inv.arg(u8::from(it.claim.has_state())).arg(result_of(it).unwrap_or_default());
+            }
+        }
+    }
+}
+
 /// Per-item result codes of the batch scripts: `Ok(n)` with n ≥ 0, or the refusal.
 pub type ItemCodes = Vec<std::result::Result<i64, ScriptCode>>;
 
@@ -535,34 +660,12 @@ pub async fn finish<C: ConnectionLike + Send>(
     }
     let mut out: ItemCodes = vec![Ok(0); items.len()];
     if !complete.is_empty() {
-        // grouped by task, token and whether plain (a shard without state or result): the script
-        // parses no refs, reads one index per plain shard, and touches each task's keys once
-        let result_of = |i: usize| match items[i].outcome {
-            FinishedAs::Completed(r) => r,
-            FinishedAs::Failed { .. } => unreachable!("only completions here"),
-        };
-        let group_of = |i: usize| {
-            let c = items[i].claim;
-            let plain = !c.has_state() && !c.shard_ref.is_aggregate() && result_of(i).is_empty();
-            (c.shard_ref.task.as_str(), c.shard_ref.inc, c.token.as_str(), plain)
-        };
-        complete.sort_by(|&a, &b| group_of(a).cmp(&group_of(b)));
+        let items_done: Vec<Finished<'_>> = complete.iter().map(|&i| items[i].clone()).collect();
+        let mut order: Vec<usize> = (0..items_done.len()).collect();
+        completion_argc(&items_done, &mut order)?;
         let mut inv = scripts().complete.keyed(keys, &KeyArgs::default());
-        inv.arg(keys.prefix());
-        for group in complete.chunk_by(|&a, &b| group_of(a) == group_of(b)) {
-            let (task, inc, token, plain) = group_of(group[0]);
-            inv.arg(task).arg(inc).arg(token).arg(group.len()).arg(if plain { "p" } else { "f" });
-            for &i in group {
-                let it = &items[i];
-                match it.claim.shard_ref.part {
-                    Part::Shard(idx) => inv.arg(idx),
-                    Part::Aggregate => inv.arg("agg"),
-                };
-                if !plain {
-                    inv.arg(u8::from(it.claim.has_state())).arg(result_of(i));
-                }
-            }
-        }
+        completion_args(&mut inv, keys, &items_done, &order);
+        let complete: Vec<usize> = order.iter().map(|&j| complete[j]).collect();
         let c: Vec<i64> = inv.invoke_async(con).await?;
         for (&i, c) in complete.iter().zip(codes(c)) {
             out[i] = c;

@@ -1041,3 +1041,47 @@ async fn a_claim_renewing_a_lapsed_lease_must_not_hide_lost_shards() {
     let lost = env.extend_checked("ex", &[&lost_one, &kept], LONG_LOCK, true).await;
     assert_eq!(lost, [0], "the heartbeat must report the shard taken over while its lease was gone");
 }
+
+// Completions that ride on a claim (`complete.lua` then `claim.lua` in one call) count exactly as
+// on their own, in the order given, and the claim part sees what the completion part wrote: the
+// aggregation job the last completion enqueued is claimed by the same call.
+#[tokio::test]
+async fn completions_recorded_with_a_claim_count_once_and_the_claim_sees_them() {
+    let mut env = Env::start("complete_claim").await;
+    env.dispatch(&TaskSpec::new("t", "noop", 3)).await;
+    let first = env.claim("ex", 1, 3, LONG_LOCK).await.shards;
+    assert_eq!(first.len(), 3);
+    // shard 2 completes alone first: riding again on the claim, it is refused (its lock is gone)
+    assert_eq!(env.complete(&first[2], "").await, Ok(1));
+    let items: Vec<Finished<'_>> = [(1, r#""one""#), (0, ""), (2, "")]
+        .iter()
+        .map(|&(i, r)| Finished { claim: &first[i], outcome: FinishedAs::Completed(r) })
+        .collect();
+    let req = ClaimRequest { count: 5, lock_ms: LONG_LOCK, token_base: "ex", seq: 2, node: NODE, ahead: 0 };
+    let (codes, claim) =
+        scripts::complete_and_claim(&mut env.con, &env.keys, &items, &req).await.expect("complete and claim");
+    assert_eq!(codes, [Ok(1), Ok(1), Err(ScriptCode::LockMissing)], "one code per completion, in the order given");
+    assert_eq!((env.count("t", "done").await, env.count("t", "total").await), (3, 3));
+    let refs: Vec<String> = claim.shards.iter().map(|c| c.shard_ref.to_string()).collect();
+    assert_eq!(refs, ["t:1:agg"], "the claim part took the aggregation job the completions enqueued");
+    assert_eq!(claim.shards[0].token, "ex:2");
+    let result: Option<String> = env.cmd(redis::cmd("HGET").arg(env.keys.results("t")).arg(1)).await;
+    assert_eq!(result.as_deref(), Some(r#""one""#));
+    assert_eq!(env.active().await, ["t:1:agg"], "the completed shards left `active`");
+
+    // recorded twice (a retry after a lost reply): refused, nothing counted again
+    let (again, _) =
+        scripts::complete_and_claim(&mut env.con, &env.keys, &items[..1], &ClaimRequest { seq: 3, ..req.clone() })
+            .await
+            .expect("again");
+    assert_eq!(again, [Err(ScriptCode::LockMissing)]);
+    assert_eq!(env.count("t", "done").await, 3);
+
+    // a failure is not a completion: refused before anything is sent
+    let failed = [Finished { claim: &claim.shards[0], outcome: FinishedAs::Failed { delay_ms: 0, reason: "x" } }];
+    let e = scripts::complete_and_claim(&mut env.con, &env.keys, &failed, &ClaimRequest { seq: 4, ..req })
+        .await
+        .expect_err("a failure cannot ride on a claim");
+    assert!(matches!(e, Error::Invalid(_)), "{e}");
+    assert_eq!(env.active().await, ["t:1:agg"], "nothing was claimed or recorded");
+}

@@ -25,6 +25,9 @@ pub(crate) fn retry_delay(failures: u32) -> Duration {
     Duration::from_millis(100u64 << failures.min(6)).min(Duration::from_secs(5))
 }
 
+/// Most completions a claim call records: they add ~1 µs each to the claim's time in Redis.
+const WITH_CLAIM_MAX: usize = 16;
+
 pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
     let concurrency = shared.cfg.concurrency;
     let mut blocking: Option<Conn> = None;
@@ -40,11 +43,10 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
         let target = concurrency + ahead;
         let missing = target.saturating_sub(shared.starts.outstanding());
         if missing < (ahead / 2).max(1) {
-            tokio::select! {
-                biased;
-                _ = shutdown.cancelled() => return,
-                _ = shared.starts.freed.notified() => continue,
+            if parked(&shared, &shutdown).await {
+                return;
             }
+            continue;
         }
         if shutdown.is_cancelled() {
             return;
@@ -65,7 +67,32 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
         // never dropped half-way: the script may have run, and its shards would wait for the sweep
         shared.claiming.store(seq, Ordering::SeqCst);
         let started = std::time::Instant::now();
-        let outcome = scripts::claim(&mut con, &shared.keys, &req).await;
+        // with nothing else to run (the reporter then keeps completions for this claim), a few
+        // completions waiting ride on it: one call for both. Not many, nor while other shards
+        // run: a claim carrying hundreds of completions arrives later and the run slots go dry
+        // meanwhile (one executor, no-op shards: -30% throughput when tried)
+        let done =
+            if shared.starts.outstanding() <= 1 { shared.outbox.take_completions(WITH_CLAIM_MAX) } else { Vec::new() };
+        let outcome = if done.is_empty() {
+            scripts::claim(&mut con, &shared.keys, &req).await
+        } else {
+            let finished = crate::report::completions(&done);
+            match scripts::complete_and_claim(&mut con, &shared.keys, &finished, &req).await {
+                Ok((codes, o)) => {
+                    crate::report::count(&shared, &finished, &codes);
+                    Stats::add(&shared.stats.with_claim, finished.len() as u64);
+                    drop(finished);
+                    crate::report::forget(&shared, done);
+                    Ok(o)
+                }
+                Err(e) => {
+                    // the reporter records them (again: a completion recorded twice is refused)
+                    drop(finished);
+                    shared.outbox.put_back(done);
+                    Err(e)
+                }
+            }
+        };
         if let Ok(o) = &outcome {
             shared.metrics.claim_seconds.record(started.elapsed().as_secs_f64());
             shared.ahead.claimed(started.elapsed());
@@ -112,10 +139,8 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
                 // a rate limit and no free slot: claim again when a running shard ends
                 shared.claiming.store(NO_CLAIM, Ordering::SeqCst);
                 failures = 0;
-                tokio::select! {
-                    biased;
-                    _ = shutdown.cancelled() => return,
-                    _ = shared.starts.freed.notified() => {}
+                if parked(&shared, &shutdown).await {
+                    return;
                 }
             }
             Ok(o) => {
@@ -161,6 +186,19 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
             }
         }
     }
+}
+
+/// Waits until a run slot frees (true: shutdown came first). Meanwhile the reporter keeps
+/// completions for the claim that follows.
+async fn parked(shared: &Shared, shutdown: &CancellationToken) -> bool {
+    shared.claim_parked.store(true, Ordering::SeqCst);
+    let stop = tokio::select! {
+        biased;
+        _ = shutdown.cancelled() => true,
+        _ = shared.starts.freed.notified() => false,
+    };
+    shared.claim_parked.store(false, Ordering::SeqCst);
+    stop
 }
 
 async fn pause(d: Duration, shutdown: &CancellationToken) {

@@ -15,6 +15,8 @@
 //! - `ahead`: how many shards to claim ahead, from observed run and claim times.
 //! - `run`: one shard: handler lookup, panics, cancellation, result limits.
 //! - `heartbeat`: the batched lock extension and lost-lock cancellation.
+//! - `outbox`: outcomes waiting to be recorded, taken by the reporter or by the next claim
+//!   (completions and a claim in one script call).
 //! - `report`: batched completion (an outcome waits up to 5 ms for others), failure (with
 //!   backoff) and release.
 //! - `aggregate`: reading every shard's outcome for the aggregator.
@@ -51,6 +53,7 @@ pub mod config;
 pub mod handler;
 mod heartbeat;
 pub mod metrics;
+mod outbox;
 mod report;
 mod run;
 mod runtime;

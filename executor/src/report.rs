@@ -1,15 +1,16 @@
-//! The reporter: shard tasks send their outcomes here; it records them in batches (one script
-//! call for all completions and failures, one for releases), retries while Redis is away, and only
-//! then forgets the shards (their locks are kept alive until recorded). While other shards of this
-//! executor run, an outcome waits up to [`FLUSH_AFTER`] for more to join its batch (so that short
-//! shards cost a fraction of a call each); the outcome of an executor's last running shard, and
-//! every outcome at shutdown, is recorded at once.
+//! The reporter: shard tasks put their outcomes in the outbox ([`crate::outbox`]); it records
+//! them in batches (one script call for all completions and failures, one for releases), retries
+//! while Redis is away, and only then forgets the shards (their locks are kept alive until
+//! recorded). While other shards of this executor run, or the claim loop waits to claim (its
+//! claim takes the completions with it, one call for both), an outcome waits up to
+//! [`FLUSH_AFTER`] for more to join its batch (so that short shards cost a fraction of a call
+//! each); otherwise, and at shutdown, it is recorded at once.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use shardctl_common::scripts::{self, Claimed, Finished, FinishedAs, GiveBack};
 use shardctl_common::ScriptCode;
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::handler::ShardError;
@@ -41,51 +42,72 @@ pub(crate) struct Report {
 }
 
 /// Most reports recorded by one call.
-const MAX_BATCH: usize = 512;
+pub(crate) const MAX_BATCH: usize = 512;
 
 /// Longest an outcome waits for others to join its batch.
 pub const FLUSH_AFTER: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// Records reports until `closing` is cancelled (every shard task has ended by then) and the
-/// channel is empty.
-pub(crate) async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Report>, closing: CancellationToken) {
-    let mut batch = Vec::with_capacity(MAX_BATCH);
+/// outbox is empty.
+pub(crate) async fn run(shared: Arc<Shared>, closing: CancellationToken) {
+    let outbox = &shared.outbox;
     loop {
-        tokio::select! {
-            biased;
-            n = rx.recv_many(&mut batch, MAX_BATCH) => if n == 0 { return },
-            _ = closing.cancelled() => {
-                while batch.len() < MAX_BATCH {
-                    match rx.try_recv() {
-                        Ok(r) => batch.push(r),
-                        Err(_) => break,
-                    }
-                }
-                if batch.is_empty() {
-                    return;
-                }
+        if outbox.len() == 0 {
+            if closing.is_cancelled() {
+                return;
             }
-        }
-        // more outcomes are coming while other shards run: let them join, a few ms at most
-        let deadline = tokio::time::Instant::now() + FLUSH_AFTER;
-        while batch.len() < MAX_BATCH && !closing.is_cancelled() && shared.starts.outstanding() > 1 {
-            let room = MAX_BATCH - batch.len();
             tokio::select! {
                 biased;
-                n = rx.recv_many(&mut batch, room) => if n == 0 { break },
+                _ = outbox.wake.notified() => {}
+                _ = closing.cancelled() => {}
+            }
+            continue;
+        }
+        // more outcomes are coming while other shards run, or the claim loop is about to claim
+        // and takes the completions with it: let them join, a few ms at most
+        let deadline = tokio::time::Instant::now() + FLUSH_AFTER;
+        while outbox.len() > 0
+            && outbox.len() < MAX_BATCH
+            && !closing.is_cancelled()
+            && (shared.starts.outstanding() > 1 || shared.claim_parked.load(Ordering::SeqCst))
+        {
+            tokio::select! {
+                biased;
+                _ = outbox.wake.notified() => {}
                 _ = tokio::time::sleep_until(deadline) => break,
                 _ = closing.cancelled() => break,
             }
         }
-        record(&shared, &batch, &closing).await;
-        let mut held = shared.held.lock().unwrap();
-        for r in batch.drain(..) {
-            if held.get(&r.claim.shard_ref).is_some_and(|h| h.claim.token == r.claim.token) {
-                held.remove(&r.claim.shard_ref);
-            }
+        let batch = outbox.take(MAX_BATCH);
+        if batch.is_empty() {
+            continue;
         }
-        shared.metrics.in_flight.set(held.len() as f64);
+        record(&shared, &batch, &closing).await;
+        forget(&shared, batch);
     }
+}
+
+/// The reports' shards leave `held` (those still held by the reported claim: a later claim of
+/// the same ref may have replaced it).
+pub(crate) fn forget(shared: &Shared, batch: Vec<Report>) {
+    let mut held = shared.held.lock().unwrap();
+    for r in batch {
+        if held.get(&r.claim.shard_ref).is_some_and(|h| h.claim.token == r.claim.token) {
+            held.remove(&r.claim.shard_ref);
+        }
+    }
+    shared.metrics.in_flight.set(held.len() as f64);
+}
+
+/// The completions of `batch` (every report in it a completion), as the scripts take them.
+pub(crate) fn completions(batch: &[Report]) -> Vec<Finished<'_>> {
+    batch
+        .iter()
+        .filter_map(|r| match &r.outcome {
+            Outcome::Completed(result) => Some(Finished { claim: &r.claim, outcome: FinishedAs::Completed(result) }),
+            _ => None,
+        })
+        .collect()
 }
 
 async fn record(shared: &Shared, batch: &[Report], closing: &CancellationToken) {
@@ -182,7 +204,7 @@ async fn record(shared: &Shared, batch: &[Report], closing: &CancellationToken) 
     }
 }
 
-fn count(shared: &Shared, finished: &[Finished<'_>], codes: &scripts::ItemCodes) {
+pub(crate) fn count(shared: &Shared, finished: &[Finished<'_>], codes: &scripts::ItemCodes) {
     let s = &shared.stats;
     let m = &shared.metrics;
     for (f, c) in finished.iter().zip(codes) {

@@ -72,8 +72,7 @@ fn report(shared: &Shared, claim: Claimed, outcome: Outcome, cancel: &Cancellati
     } else {
         outcome
     };
-    // the report channel closes only after every shard task ended
-    let _ = shared.reports.send(Report { claim, outcome });
+    shared.outbox.push(Report { claim, outcome });
 }
 
 async fn run(shared: &Shared, claim: &Claimed, cancel: &CancellationToken) -> Outcome {

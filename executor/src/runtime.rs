@@ -11,14 +11,12 @@ use shardctl_common::conn::Endpoint;
 use shardctl_common::model::ShardRef;
 use shardctl_common::scripts::Claimed;
 use shardctl_common::{Keys, Result};
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::ExecutorConfig;
 use crate::handler::Registry;
 use crate::metrics::Metrics;
-use crate::report::Report;
 use crate::stats::{Stats, StatsSnapshot};
 use crate::tasks::TaskCache;
 
@@ -47,7 +45,11 @@ pub(crate) struct Shared {
     pub(crate) tasks: TaskCache,
     pub(crate) stats: Arc<Stats>,
     pub(crate) metrics: Metrics,
-    pub(crate) reports: mpsc::UnboundedSender<Report>,
+    /// Outcomes waiting to be recorded (by the reporter, or with the next claim).
+    pub(crate) outbox: crate::outbox::Outbox,
+    /// The claim loop waits for a run slot to free before it claims again: the reporter lets
+    /// completions wait for that claim to take them.
+    pub(crate) claim_parked: AtomicBool,
     /// Set when shutdown stopped waiting: cancelled shards are released, not failed.
     pub(crate) aborting: AtomicBool,
     /// Tokens are `<token_base>:<seq>`.
@@ -79,7 +81,6 @@ pub(crate) struct Shared {
 /// One executor process's runtime.
 pub struct Executor {
     shared: Arc<Shared>,
-    reports: mpsc::UnboundedReceiver<Report>,
 }
 
 impl Executor {
@@ -87,7 +88,6 @@ impl Executor {
     pub async fn connect(client: Endpoint, keys: Keys, cfg: ExecutorConfig, registry: Registry) -> Result<Self> {
         cfg.validate().map_err(shardctl_common::Error::Invalid)?;
         let con = client.manager().await?;
-        let (tx, rx) = mpsc::unbounded_channel();
         let node_id: Arc<str> = Arc::from(cfg.node_id.as_str());
         let token_base = cfg.instance.clone();
         let concurrency = cfg.concurrency;
@@ -102,7 +102,8 @@ impl Executor {
             tasks: TaskCache::default(),
             stats: Arc::new(Stats::default()),
             metrics,
-            reports: tx,
+            outbox: Default::default(),
+            claim_parked: AtomicBool::new(false),
             aborting: AtomicBool::new(false),
             token_base,
             seq: AtomicU64::new(0),
@@ -117,7 +118,7 @@ impl Executor {
             starts: crate::starts::Starts::new(concurrency, TaskTracker::new()),
             limited: AtomicBool::new(false),
         });
-        Ok(Executor { shared, reports: rx })
+        Ok(Executor { shared })
     }
 
     /// Notified when routed work waits for a rebalance (whoever rebalances should do it now).
@@ -133,10 +134,10 @@ impl Executor {
     /// Runs until `shutdown` is cancelled, then drains for the grace time, releases what is
     /// still running so it is claimable at once, and flushes every report.
     pub async fn run(self, shutdown: CancellationToken) -> Result<StatsSnapshot> {
-        let Executor { shared, reports } = self;
+        let Executor { shared } = self;
         let tracker = shared.starts.tracker().clone();
         let closing = CancellationToken::new();
-        let reporter = tokio::spawn(crate::report::run(shared.clone(), reports, closing.clone()));
+        let reporter = tokio::spawn(crate::report::run(shared.clone(), closing.clone()));
         let beat_stop = CancellationToken::new();
         let heartbeat = tokio::spawn(crate::heartbeat::run(shared.clone(), beat_stop.clone()));
         // if this future is dropped half-way, stop everything it started: its locks must expire

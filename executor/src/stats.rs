@@ -16,6 +16,7 @@ pub struct Stats {
     pub(crate) duplicates: AtomicU64,
     pub(crate) aggregated: AtomicU64,
     pub(crate) redis_errors: AtomicU64,
+    pub(crate) with_claim: AtomicU64,
 }
 
 /// A copy of the counters at one moment.
@@ -43,6 +44,8 @@ pub struct StatsSnapshot {
     pub aggregated: u64,
     /// Redis calls that failed (and were retried).
     pub redis_errors: u64,
+    /// Completions recorded by a claim call (one script call for both), not by one of their own.
+    pub with_claim: u64,
 }
 
 impl Stats {
@@ -65,6 +68,7 @@ impl Stats {
             duplicates: g(&self.duplicates),
             aggregated: g(&self.aggregated),
             redis_errors: g(&self.redis_errors),
+            with_claim: g(&self.with_claim),
         }
     }
 }

@@ -138,7 +138,7 @@ pub(crate) async fn dbsize<C: ConnectionLike + Send>(con: &mut C) -> anyhow::Res
 /// Loads every script, so that no timed call pays for a `NOSCRIPT` round trip or grows the
 /// script cache.
 pub(crate) async fn preload_scripts<C: ConnectionLike + Send>(con: &mut C) -> anyhow::Result<()> {
-    for s in scripts().all() {
+    for s in scripts().all().into_iter().chain(scripts().composed()) {
         s.prepare_invoke().load_async(con).await.with_context(|| format!("loading {}", s.file()))?;
     }
     Ok(())

@@ -78,6 +78,7 @@ const SPECS: &[Spec] = &[
     spec(Scenario::Primes, "overhead_us_per_shard", "executors' time per shard on top of it", "µs", 0, Target::None),
     spec(Scenario::Primes, "prefetch_overhead_us_per_shard", "the same with --prefetch 0", "µs", 0, Target::None),
     spec(Scenario::Primes, "cpu_us_per_shard", "Redis CPU per shard", "µs", 1, Target::None),
+    spec(Scenario::Primes, "bound_pct", "bound: plain ÷ (plain + Redis CPU ÷ 2 cores)", "%", 1, Target::None),
     spec(Scenario::Primes, "script_calls_per_shard", "EVALSHA calls per shard", "", 2, Target::None),
     spec(Scenario::Small, "sharded_secs", "20,000 shards, 2 executor processes, default flags", "s", 2, Target::None),
     spec(Scenario::Small, "one_shard_secs", "the same task in 1 shard", "s", 2, Target::None),
