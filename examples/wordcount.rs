@@ -14,11 +14,10 @@ use std::io::{Read, Seek, SeekFrom};
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use shardctl_common::model::TaskSpec;
-use shardctl_common::{conn, Keys};
-use shardctl_coordinator::{dispatch, wait};
-use shardctl_executor::{
-    AggregateContext, Aggregator, BoxFuture, Executor, ExecutorConfig, Handler, Registry, ShardContext, ShardError,
+use shardctl::common::conn;
+use shardctl::{
+    dispatch, wait, AggregateContext, Aggregator, BoxFuture, ExecutorConfig, Handler, Keys, Node, NodeConfig, Registry,
+    ShardContext, ShardError, TaskSpec,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -122,10 +121,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let mut registry = Registry::new();
     registry.handler("wordcount", WordCount).aggregator("wordcount", Total);
-    let cfg = ExecutorConfig { node_id: "example".into(), concurrency: 4, ..Default::default() };
-    let executor = Executor::connect(client, keys.clone(), cfg, registry).await?;
+    let executor = ExecutorConfig { node_id: "example".into(), concurrency: 4, ..Default::default() };
+    let node = Node::start(client, keys.clone(), NodeConfig { executor, ..Default::default() }, registry).await?;
     let stop = CancellationToken::new();
-    let running = tokio::spawn(executor.run(stop.clone()));
+    let running = tokio::spawn(node.run(stop.clone()));
 
     let id = dispatch::new_task_id();
     let spec = TaskSpec {

@@ -5,13 +5,14 @@
 //! private Redis (`demo`).
 //!
 //! # Layout
+//! The library half of the package (`src/lib.rs`: `shardctl::Node`, the metrics exporter) is
+//! what this binary runs; here are argument parsing and printing.
 //! - `cli/mod.rs`: the argument model (clap derive; its doc comments are the `--help` text).
 //! - `cli/dispatch.rs`, `cli/executor.rs`, `cli/coordinator.rs`, `cli/status.rs`, `cli/wait.rs`,
 //!   `cli/watch.rs`, `cli/config.rs`, `cli/bench.rs`, `cli/demo.rs`, `cli/lock.rs`,
 //!   `cli/pause.rs`, `cli/schedule.rs`: one file per command.
 //! - `cli/control.rs`: `cancel`, `retry`, `clean` and `limit`.
 //! - `cli/task_args.rs`: the options describing a task, shared by `dispatch` and `schedule add`.
-//! - `cli/metrics.rs`: the Prometheus exporter (`--metrics-addr`).
 //! - `cli/ring.rs`: `ring simulate`.
 //! - `cli/bar.rs`: the progress bar.
 //! - `cli/redis_server.rs`: a private redis-server for the demo.

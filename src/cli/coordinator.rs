@@ -15,7 +15,7 @@ use super::{connect, duration, Args};
 #[derive(Debug, Parser)]
 pub struct CoordinatorArgs {
     /// Serve Prometheus metrics on this address (GET /metrics).
-    #[arg(long, default_value = super::metrics::DEFAULT_COORDINATOR_ADDR)]
+    #[arg(long, default_value = shardctl::metrics::DEFAULT_COORDINATOR_ADDR)]
     pub metrics_addr: SocketAddr,
     /// Time between two readings of the queue's progress (and two promotions and rebalances).
     /// A gauge left unset for three refreshes leaves the output at a following scrape.
@@ -43,7 +43,7 @@ pub async fn run(args: &Args, a: &CoordinatorArgs) -> anyhow::Result<ExitCode> {
     };
     cfg.validate().map_err(shardctl_common::Error::Invalid)?;
     let (_, con) = connect(args).await?;
-    super::metrics::install(a.metrics_addr, Some(cfg.gauge_idle_timeout()))?;
+    shardctl::metrics::install(a.metrics_addr, Some(cfg.gauge_idle_timeout()))?;
     let stop = CancellationToken::new();
     shardctl_executor::shutdown::cancel_on_signal(stop.clone());
     tracing::info!(queue = %args.queue, refresh = ?cfg.refresh, retention = ?cfg.finished_retention, "coordinator started");

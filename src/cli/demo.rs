@@ -1,4 +1,4 @@
-//! `shardctl demo`: a private redis-server, a primes task, K executors in this process, a
+//! `shardctl demo`: a private redis-server, a primes task, K executor nodes in this process, a
 //! progress bar, and the result checked against a direct count.
 
 use std::process::ExitCode;
@@ -7,11 +7,12 @@ use std::time::Instant;
 use anyhow::bail;
 use clap::Parser;
 use serde_json::json;
+use shardctl::{Node, NodeConfig};
 use shardctl_common::conn;
 use shardctl_common::model::TaskSpec;
 use shardctl_coordinator::dispatch::{dispatch, new_task_id};
 use shardctl_executor::builtin::count_primes;
-use shardctl_executor::{Executor, ExecutorConfig, Registry};
+use shardctl_executor::{ExecutorConfig, Registry};
 use tokio_util::sync::CancellationToken;
 
 use super::{redis_server::RedisServer, Args};
@@ -52,17 +53,11 @@ pub async fn run(args: &Args, a: &DemoArgs) -> anyhow::Result<ExitCode> {
     let mut runs = Vec::new();
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     for i in 0..a.executors {
-        let cfg = ExecutorConfig { node_id: format!("demo-{i}"), concurrency: cores, ..Default::default() };
-        let ex = Executor::connect(client.clone(), keys.clone(), cfg, Registry::with_builtins()).await?;
-        runs.push(tokio::spawn(ex.run(stop.clone())));
+        let executor = ExecutorConfig { node_id: format!("demo-{i}"), concurrency: cores, ..Default::default() };
+        let config = NodeConfig { executor, ..Default::default() };
+        let node = Node::start(client.clone(), keys.clone(), config, Registry::with_builtins()).await?;
+        runs.push(tokio::spawn(node.run(stop.clone())));
     }
-    let sweeper = tokio::spawn(shardctl_coordinator::sweep::run(
-        con.clone(),
-        keys.clone(),
-        super::executor::demo_sweep(),
-        stop.clone(),
-        |_| {},
-    ));
     let start = Instant::now();
     let code = tokio::select! {
         c = super::wait::wait_and_print(&mut con, args, &spec.id, None, false) => c,
@@ -73,7 +68,6 @@ pub async fn run(args: &Args, a: &DemoArgs) -> anyhow::Result<ExitCode> {
     for r in runs {
         r.await??;
     }
-    let _ = sweeper.await;
     let code = code?;
 
     let t = shardctl_coordinator::progress::task(&mut con, &keys, &spec.id).await?;

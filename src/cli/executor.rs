@@ -1,4 +1,4 @@
-//! `shardctl executor`: the executor runtime plus the stalled sweep beside it.
+//! `shardctl executor`: its flags made into a [`shardctl::NodeConfig`], and the node run.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -6,14 +6,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use shardctl_coordinator::membership::{self, Member, MembershipConfig};
-use shardctl_coordinator::sweep::{self, SweepConfig, DEFAULT_MAX_STALLED, DEFAULT_STALLED_INTERVAL};
+use shardctl::{Node, NodeConfig};
+use shardctl_coordinator::membership::MembershipConfig;
+use shardctl_coordinator::sweep::{SweepConfig, DEFAULT_MAX_STALLED};
 use shardctl_executor::child::{ExecAggregator, ExecCommand, ExecHandler, DEFAULT_MAX_OUTPUT};
 use shardctl_executor::config::{self as cfg, ExecutorConfig};
-use shardctl_executor::{Executor, Registry};
-use tokio_util::sync::CancellationToken;
+use shardctl_executor::Registry;
 
-use super::{connect, duration, Args};
+use super::{duration, Args};
 
 #[derive(Debug, Parser)]
 pub struct ExecutorArgs {
@@ -73,7 +73,7 @@ pub struct ExecutorArgs {
 }
 
 pub async fn run(args: &Args, a: &ExecutorArgs) -> anyhow::Result<ExitCode> {
-    let config = ExecutorConfig {
+    let executor = ExecutorConfig {
         node_id: a.node_id.clone().unwrap_or_else(cfg::default_node_id),
         concurrency: a.concurrency,
         prefetch: a.prefetch,
@@ -85,61 +85,23 @@ pub async fn run(args: &Args, a: &ExecutorArgs) -> anyhow::Result<ExitCode> {
         max_result_bytes: a.max_result_bytes,
         ..Default::default()
     };
-    config.validate().map_err(shardctl_common::Error::Invalid)?;
-    let mcfg =
-        MembershipConfig { heartbeat: a.member_heartbeat, timeout: a.member_timeout.unwrap_or(a.member_heartbeat * 3) };
-    mcfg.validate().map_err(shardctl_common::Error::Invalid)?;
+    let config = NodeConfig {
+        executor,
+        membership: MembershipConfig {
+            heartbeat: a.member_heartbeat,
+            timeout: a.member_timeout.unwrap_or(a.member_heartbeat * 3),
+        },
+        sweep: SweepConfig { interval: a.stalled_interval, max_stalled: a.max_stalled_count },
+        metrics_addr: a.metrics_addr,
+    };
     let registry = registry(a.exec.as_deref(), a.aggregate_exec.as_deref(), a.max_result_bytes)?;
-    let (client, mut con) = connect(args).await?;
-    if let Some(addr) = a.metrics_addr {
-        super::metrics::install(addr, None)?;
-    }
-    let keys = args.keys()?;
-    let member = Member {
-        node: config.node_id.clone(),
-        instance: config.instance.clone(),
-        host: shardctl_executor::config::hostname(),
-        pid: std::process::id(),
-        concurrency: config.concurrency,
-    };
+    let endpoint = shardctl_common::conn::open(&args.redis_url()?)?;
     // refused at once while another live executor holds this node id
-    membership::join(&mut con, &keys, &member, &mcfg).await?;
-    let shutdown = CancellationToken::new();
-    shardctl_executor::shutdown::cancel_on_signal(shutdown.clone());
-    let redis = client.redacted().to_owned();
-    let executor = Executor::connect(client, keys.clone(), config, registry).await?;
-    let routing_wanted = executor.routing_wanted();
-    let stop = CancellationToken::new();
-    let sweep_cfg = SweepConfig { interval: a.stalled_interval, max_stalled: a.max_stalled_count };
-    let sweeper = tokio::spawn(sweep::run(con.clone(), keys.clone(), sweep_cfg, stop.clone(), |_| {}));
-    let members = {
-        let (con, keys, member, stop, shutdown) =
-            (con.clone(), keys.clone(), member.clone(), stop.clone(), shutdown.clone());
-        tokio::spawn(async move {
-            let r = membership::run(con, keys, member, mcfg, stop, routing_wanted, |_| {}).await;
-            if r.is_err() {
-                // another executor took our node id over: stop claiming as that node
-                shutdown.cancel();
-            }
-            r
-        })
-    };
-    tracing::info!(node = %member.node, queue = %args.queue, %redis, "executor started");
-    let stats = executor.run(shutdown).await?;
-    stop.cancel();
-    let _ = sweeper.await;
-    let taken_over = members.await.map(|r| r.err()).unwrap_or(None);
-    if taken_over.is_none() {
-        // our routed list moves to the remaining executors at their next rebalance
-        if let Err(e) = membership::leave(&mut con, &keys, &member).await {
-            tracing::warn!("leaving the membership: {e}");
-        }
-        let _ = shardctl_coordinator::rebalance::rebalance(&mut con, &keys).await;
-    }
-    tracing::info!(?stats, "executor stopped");
-    match taken_over {
-        Some(e) => Err(anyhow::anyhow!("stopped: {e}")),
-        None => Ok(ExitCode::SUCCESS),
+    let node = Node::start(endpoint, args.keys()?, config, registry).await?;
+    match node.run_until_signal().await {
+        Ok(_) => Ok(ExitCode::SUCCESS),
+        Err(e @ shardctl_common::Error::Invalid(_)) => Err(anyhow::anyhow!("stopped: {e}")),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -157,9 +119,4 @@ pub fn registry(exec: Option<&str>, aggregate_exec: Option<&str>, max_output: us
         r.fallback_aggregator(ExecAggregator(Arc::new(cmd)));
     }
     Ok(r)
-}
-
-/// Defaults the demo shares with the command.
-pub fn demo_sweep() -> SweepConfig {
-    SweepConfig { interval: DEFAULT_STALLED_INTERVAL, max_stalled: DEFAULT_MAX_STALLED }
 }

@@ -9,7 +9,6 @@ mod demo;
 mod dispatch;
 mod executor;
 mod lock;
-mod metrics;
 mod pause;
 mod redis_server;
 mod ring;

@@ -200,21 +200,9 @@ impl<R> Cli<R> {
     /// Starts `shardctl --redis URL --queue Q <args>` and leaves it running, its stderr (the logs)
     /// in a file named after `name`.
     pub fn background(&self, name: &str, args: &[&str]) -> Executor {
-        let log = std::env::temp_dir().join(format!(
-            "shardctl-cli-test-{}-{}-{name}.log",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        ));
-        let file = File::create(&log).expect("log file");
         let mut all = self.global();
         all.extend(args.iter().map(|s| s.to_string()));
-        let child = self
-            .command(&all.iter().map(String::as_str).collect::<Vec<_>>())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(file))
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {BIN} {args:?}: {e}"));
-        Executor { child, log }
+        Executor::spawn(self.command(&all.iter().map(String::as_str).collect::<Vec<_>>()), name)
     }
 }
 
@@ -247,21 +235,37 @@ impl Cli {
     }
 }
 
-/// A running `shardctl executor` (or other long-running command), SIGKILLed on drop unless it
-/// already ended.
+/// A running `shardctl executor` (or other long-running command, or a program of the test's
+/// own), SIGKILLed on drop unless it already ended.
 pub struct Executor {
     child: Child,
     log: PathBuf,
 }
 
 impl Executor {
+    /// Starts `cmd` and leaves it running, its stderr in a file named after `name`.
+    pub fn spawn(mut cmd: Command, name: &str) -> Executor {
+        let log = std::env::temp_dir().join(format!(
+            "shardctl-cli-test-{}-{}-{name}.log",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        let file = File::create(&log).expect("log file");
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(file))
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+        Executor { child, log }
+    }
+
     /// Its stderr so far (the logs), for assertion messages.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// Sends SIGKILL and waits for the process to end: a crash, nothing released.
-    #[allow(dead_code)] // used by tests/cluster.rs
+    #[allow(dead_code)] // used by tests/cluster.rs and tests/embedding.rs
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

@@ -1,0 +1,128 @@
+//! [`Node`]: one executor node, assembled from a handler [`Registry`] and a [`NodeConfig`]: the
+//! executor runtime, its membership (join, heartbeat, failover and rebalancing after each beat),
+//! the stalled sweep beside it (so that a crashed peer's shards come back with no other process
+//! running), the Prometheus exporter if asked, and the graceful shutdown (running shards drain
+//! for the grace time, the rest are given back, the node leaves and its routed list moves on).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use shardctl_common::conn::{self, Conn, Endpoint};
+use shardctl_common::{Error, Keys, Result};
+use shardctl_coordinator::membership::{self, Member, MembershipConfig};
+use shardctl_coordinator::sweep::{self, SweepConfig};
+use shardctl_executor::{Executor, ExecutorConfig, Registry, Stats, StatsSnapshot};
+use tokio_util::sync::CancellationToken;
+
+/// The key prefix of every command and of [`Node::connect`].
+pub const DEFAULT_PREFIX: &str = "shardctl";
+
+/// Everything a node is configured with; the defaults are `shardctl executor`'s.
+#[derive(Debug, Clone, Default)]
+pub struct NodeConfig {
+    /// The executor runtime: node id, concurrency, locks, grace time.
+    pub executor: ExecutorConfig,
+    /// Membership heartbeat and timeout.
+    pub membership: MembershipConfig,
+    /// The stalled sweep run beside the executor.
+    pub sweep: SweepConfig,
+    /// Serve Prometheus metrics here (`GET /metrics`); `None`: no listener.
+    pub metrics_addr: Option<SocketAddr>,
+}
+
+/// An executor node that has joined its queue's membership; [`Node::run`] runs it.
+pub struct Node {
+    executor: Executor,
+    con: Conn,
+    keys: Keys,
+    member: Member,
+    membership: MembershipConfig,
+    sweep: SweepConfig,
+    redis: String,
+}
+
+impl Node {
+    /// Connects to the Redis at `url` and joins queue `queue` (prefix [`DEFAULT_PREFIX`]); see
+    /// [`Node::start`].
+    pub async fn connect(url: &str, queue: &str, config: NodeConfig, registry: Registry) -> Result<Node> {
+        Node::start(conn::open(url)?, Keys::new(DEFAULT_PREFIX, queue)?, config, registry).await
+    }
+
+    /// Validates the config, connects, and joins the membership: refused
+    /// ([`Error::Invalid`]) while another live executor holds the node id.
+    pub async fn start(endpoint: Endpoint, keys: Keys, config: NodeConfig, registry: Registry) -> Result<Node> {
+        config.executor.validate().map_err(Error::Invalid)?;
+        config.membership.validate().map_err(Error::Invalid)?;
+        let mut con = endpoint.manager().await?;
+        let member = Member {
+            node: config.executor.node_id.clone(),
+            instance: config.executor.instance.clone(),
+            host: shardctl_executor::config::hostname(),
+            pid: std::process::id(),
+            concurrency: config.executor.concurrency,
+        };
+        membership::join(&mut con, &keys, &member, &config.membership).await?;
+        if let Some(addr) = config.metrics_addr {
+            crate::metrics::install(addr, None)?;
+        }
+        let redis = endpoint.redacted().to_owned();
+        let executor = Executor::connect(endpoint, keys.clone(), config.executor, registry).await?;
+        Ok(Node { executor, con, keys, member, membership: config.membership, sweep: config.sweep, redis })
+    }
+
+    /// The node id it runs as.
+    pub fn node_id(&self) -> &str {
+        &self.member.node
+    }
+
+    /// Live counters of its executor.
+    pub fn stats(&self) -> Arc<Stats> {
+        self.executor.stats()
+    }
+
+    /// Runs until SIGINT or SIGTERM, then shuts down as [`Node::run`] does.
+    pub async fn run_until_signal(self) -> Result<StatsSnapshot> {
+        let shutdown = CancellationToken::new();
+        shardctl_executor::shutdown::cancel_on_signal(shutdown.clone());
+        self.run(shutdown).await
+    }
+
+    /// Runs until `shutdown` is cancelled (or another executor takes the node id over: an
+    /// [`Error::Invalid`] then), then drains, leaves the membership and rebalances.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<StatsSnapshot> {
+        let Node { executor, mut con, keys, member, membership, sweep, redis } = self;
+        let routing_wanted = executor.routing_wanted();
+        let stop = CancellationToken::new();
+        let sweeper = tokio::spawn(sweep::run(con.clone(), keys.clone(), sweep, stop.clone(), |_| {}));
+        let members = {
+            let (con, keys, member, stop, shutdown) =
+                (con.clone(), keys.clone(), member.clone(), stop.clone(), shutdown.clone());
+            tokio::spawn(async move {
+                let r = membership::run(con, keys, member, membership, stop, routing_wanted, |_| {}).await;
+                if r.is_err() {
+                    // another executor took our node id over: stop claiming as that node
+                    shutdown.cancel();
+                }
+                r
+            })
+        };
+        tracing::info!(node = %member.node, queue = %keys.queue(), %redis, "executor started");
+        let ran = executor.run(shutdown).await;
+        stop.cancel();
+        let _ = sweeper.await;
+        let taken_over = members.await.map(|r| r.err()).unwrap_or(None);
+        if taken_over.is_none() {
+            // our routed list moves to the remaining executors at their next rebalance
+            if let Err(e) = membership::leave(&mut con, &keys, &member).await {
+                tracing::warn!("leaving the membership: {e}");
+            }
+            let _ = shardctl_coordinator::rebalance::rebalance(&mut con, &keys).await;
+        }
+        let stats = ran?;
+        tracing::info!(?stats, "executor stopped");
+        match taken_over {
+            Some(e) => Err(e),
+            None => Ok(stats),
+        }
+    }
+}
