@@ -13,7 +13,7 @@ use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use shardctl_testkit::secure::has_openssl;
+use shardctl_testkit::tool_available;
 use shardctl_testkit::SecureRedis;
 use support::{shardctl, Cli};
 
@@ -152,8 +152,7 @@ fn the_minimal_acl_user_runs_everything_and_its_password_shows_nowhere() {
 
 #[test]
 fn tls_with_a_private_ca_runs_everything() {
-    if !has_openssl() {
-        eprintln!("note: openssl is not installed: the TLS test is skipped (.ci/run installs it)");
+    if !tool_available("openssl", &["version"], "the TLS test (it makes a throwaway CA)") {
         return;
     }
     let server = SecureRedis::start(ADMIN_PASSWORD, &[&acl_user()], true);

@@ -161,3 +161,19 @@ impl Drop for TestRedis {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// Whether the optional tool `name` (run with `probe` arguments) is here for a test that needs
+/// it: `false` with a note on stderr when it is missing, so that a developer without it still
+/// runs the rest; but where `CI` is set (any value but empty, `0` or `false`, as `.ci/run` and
+/// CI services set it) a missing tool panics: in CI no check may skip itself.
+pub fn tool_available(name: &str, probe: &[&str], why: &str) -> bool {
+    let found =
+        Command::new(name).args(probe).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
+    if found {
+        return true;
+    }
+    let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "0" && v != "false");
+    assert!(!ci, "`{name}` is required in CI ({why}) and is not installed");
+    eprintln!("note: `{name}` is not installed: {why} is skipped (CI=true makes this a failure)");
+    false
+}

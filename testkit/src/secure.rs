@@ -17,16 +17,6 @@ pub struct SecureRedis {
     admin_password: String,
 }
 
-/// True when the `openssl` command runs here (the TLS tests need it to make certificates).
-pub fn has_openssl() -> bool {
-    Command::new("openssl")
-        .arg("version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
 fn openssl(dir: &Path, args: &[&str]) {
     let out = Command::new("openssl")
         .current_dir(dir)
