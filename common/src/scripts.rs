@@ -193,97 +193,74 @@ fn preamble(declared: &[String]) -> String {
     )
 }
 
-/// Every script of the project.
-pub struct Scripts {
-    /// `dispatch.lua`
-    pub dispatch: Lua,
-    /// `claim.lua`
-    pub claim: Lua,
-    /// `extend.lua`
-    pub extend: Lua,
-    /// `complete.lua`
-    pub complete: Lua,
-    /// `fail.lua`
-    pub fail: Lua,
-    /// `release.lua`
-    pub release: Lua,
-    /// `sweep.lua`
-    pub sweep: Lua,
-    /// `route.lua`
-    pub route: Lua,
-    /// `rehome.lua`
-    pub rehome: Lua,
-    /// `join.lua`
-    pub join: Lua,
-    /// `leave.lua`
-    pub leave: Lua,
-    /// `unlock.lua`
-    pub unlock: Lua,
-    /// `forget.lua`
-    pub forget: Lua,
-    /// `promote.lua`
-    pub promote: Lua,
-    /// `disown.lua`
-    pub disown: Lua,
-    /// `lock_acquire.lua`
-    pub lock_acquire: Lua,
-    /// `lock_extend.lua`
-    pub lock_extend: Lua,
-    /// `fence_raise.lua`
-    pub fence_raise: Lua,
-    /// `limit_fixed.lua`
-    pub limit_fixed: Lua,
-    /// `limit_sliding.lua`
-    pub limit_sliding: Lua,
-    /// `limit_bucket.lua`
-    pub limit_bucket: Lua,
-    /// `cancel.lua`
-    pub cancel: Lua,
-    /// `retry.lua`
-    pub retry: Lua,
-    /// `clean.lua`
-    pub clean: Lua,
-    /// `fire.lua`
-    pub fire: Lua,
-    /// `reap.lua`
-    pub reap: Lua,
-    /// `complete.lua` then `claim.lua` in one call: an executor's completions ride on its next
-    /// claim when both are due.
-    pub complete_claim: Lua,
+/// The registry, from one list: each name is a file `lua/<name>.lua` and a field of
+/// [`Scripts`]; [`Scripts::all`] lists them in this order.
+macro_rules! registry {
+    ($($name:ident),* $(,)?) => {
+        /// Every script of the project.
+        pub struct Scripts {
+            $(
+                #[doc = concat!("`lua/", stringify!($name), ".lua`")]
+                pub $name: Lua,
+            )*
+            /// `complete.lua` then `claim.lua` in one call: an executor's completions ride on its
+            /// next claim when both are due.
+            pub complete_claim: Lua,
+        }
+
+        static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+            $(
+                $name: Lua::new(
+                    concat!(stringify!($name), ".lua"),
+                    include_str!(concat!("../../lua/", stringify!($name), ".lua")),
+                ),
+            )*
+            complete_claim: Lua::composed(
+                "complete.lua+claim.lua",
+                &[
+                    ("complete.lua", include_str!("../../lua/complete.lua")),
+                    ("claim.lua", include_str!("../../lua/claim.lua")),
+                ],
+            ),
+        });
+
+        impl Scripts {
+            /// Every script of one file.
+            pub fn all(&self) -> Vec<&Lua> {
+                vec![$(&self.$name),*]
+            }
+        }
+    };
 }
 
-static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    dispatch: Lua::new("dispatch.lua", include_str!("../../lua/dispatch.lua")),
-    claim: Lua::new("claim.lua", include_str!("../../lua/claim.lua")),
-    extend: Lua::new("extend.lua", include_str!("../../lua/extend.lua")),
-    complete: Lua::new("complete.lua", include_str!("../../lua/complete.lua")),
-    fail: Lua::new("fail.lua", include_str!("../../lua/fail.lua")),
-    release: Lua::new("release.lua", include_str!("../../lua/release.lua")),
-    sweep: Lua::new("sweep.lua", include_str!("../../lua/sweep.lua")),
-    route: Lua::new("route.lua", include_str!("../../lua/route.lua")),
-    rehome: Lua::new("rehome.lua", include_str!("../../lua/rehome.lua")),
-    join: Lua::new("join.lua", include_str!("../../lua/join.lua")),
-    leave: Lua::new("leave.lua", include_str!("../../lua/leave.lua")),
-    unlock: Lua::new("unlock.lua", include_str!("../../lua/unlock.lua")),
-    forget: Lua::new("forget.lua", include_str!("../../lua/forget.lua")),
-    promote: Lua::new("promote.lua", include_str!("../../lua/promote.lua")),
-    disown: Lua::new("disown.lua", include_str!("../../lua/disown.lua")),
-    lock_acquire: Lua::new("lock_acquire.lua", include_str!("../../lua/lock_acquire.lua")),
-    lock_extend: Lua::new("lock_extend.lua", include_str!("../../lua/lock_extend.lua")),
-    fence_raise: Lua::new("fence_raise.lua", include_str!("../../lua/fence_raise.lua")),
-    limit_fixed: Lua::new("limit_fixed.lua", include_str!("../../lua/limit_fixed.lua")),
-    limit_sliding: Lua::new("limit_sliding.lua", include_str!("../../lua/limit_sliding.lua")),
-    limit_bucket: Lua::new("limit_bucket.lua", include_str!("../../lua/limit_bucket.lua")),
-    cancel: Lua::new("cancel.lua", include_str!("../../lua/cancel.lua")),
-    retry: Lua::new("retry.lua", include_str!("../../lua/retry.lua")),
-    clean: Lua::new("clean.lua", include_str!("../../lua/clean.lua")),
-    fire: Lua::new("fire.lua", include_str!("../../lua/fire.lua")),
-    reap: Lua::new("reap.lua", include_str!("../../lua/reap.lua")),
-    complete_claim: Lua::composed(
-        "complete.lua+claim.lua",
-        &[("complete.lua", include_str!("../../lua/complete.lua")), ("claim.lua", include_str!("../../lua/claim.lua"))],
-    ),
-});
+registry!(
+    dispatch,
+    claim,
+    extend,
+    complete,
+    fail,
+    release,
+    sweep,
+    route,
+    rehome,
+    join,
+    leave,
+    unlock,
+    forget,
+    promote,
+    disown,
+    lock_acquire,
+    lock_extend,
+    fence_raise,
+    limit_fixed,
+    limit_sliding,
+    limit_bucket,
+    cancel,
+    retry,
+    clean,
+    fire,
+    reap,
+);
 
 /// The registry.
 pub fn scripts() -> &'static Scripts {
@@ -294,38 +271,6 @@ impl Scripts {
     /// The scripts made of others' files ([`Scripts::complete_claim`]).
     pub fn composed(&self) -> [&Lua; 1] {
         [&self.complete_claim]
-    }
-
-    /// Every script of one file.
-    pub fn all(&self) -> [&Lua; 26] {
-        [
-            &self.dispatch,
-            &self.claim,
-            &self.extend,
-            &self.complete,
-            &self.fail,
-            &self.release,
-            &self.sweep,
-            &self.route,
-            &self.rehome,
-            &self.join,
-            &self.leave,
-            &self.unlock,
-            &self.forget,
-            &self.promote,
-            &self.disown,
-            &self.lock_acquire,
-            &self.lock_extend,
-            &self.fence_raise,
-            &self.limit_fixed,
-            &self.limit_sliding,
-            &self.limit_bucket,
-            &self.cancel,
-            &self.retry,
-            &self.clean,
-            &self.fire,
-            &self.reap,
-        ]
     }
 }
 
