@@ -1,5 +1,5 @@
 //! Production Redis settings (issue 7): a redis-server behind a password with an ACL user holding
-//! exactly the minimal ACL of README "Production Redis", and the same over TLS with a throwaway CA
+//! exactly the minimal ACL of docs/operations.md "Production Redis", and the same over TLS with a throwaway CA
 //! (`shardctl_testkit::SecureRedis`). Real `shardctl` processes: executor, coordinator (firing a
 //! schedule), dispatch (pull, routed, delayed, failing), status, wait, watch, pause/resume, config,
 //! limit, cancel, retry, schedule, clean. The password never shows in the process list, logs,
@@ -17,8 +17,8 @@ use shardctl_testkit::tool_available;
 use shardctl_testkit::SecureRedis;
 use support::{shardctl, Cli};
 
-/// The rules of the minimal ACL user, exactly as README "Production Redis" gives them (the test
-/// below checks the README holds this line): the queue's keys under the default prefix, no
+/// The rules of the minimal ACL user, exactly as docs/operations.md "Production Redis" gives
+/// them (the test below checks the document holds this line): the queue's keys under the default prefix, no
 /// channels, and only the commands shardctl sends or its scripts call.
 const MINIMAL_ACL: &str =
     "resetkeys ~{shardctl:* resetchannels -@all +evalsha +script|load +multi +exec +bzpopmin +xread \
@@ -171,8 +171,8 @@ fn tls_with_a_private_ca_runs_everything() {
 
 #[test]
 fn the_readme_gives_the_tested_acl() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    assert!(readme.contains(MINIMAL_ACL), "README \"Production Redis\" must give the tested ACL:\n{MINIMAL_ACL}");
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md")).unwrap();
+    assert!(readme.contains(MINIMAL_ACL), "docs/operations.md \"Production Redis\" must give the tested ACL:\n{MINIMAL_ACL}");
 }
 
 #[test]

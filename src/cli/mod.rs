@@ -200,7 +200,7 @@ pub fn describe(e: &anyhow::Error) -> String {
         let said = text.split("error: ").nth(1).and_then(|s| s.split(')').next()).unwrap_or("");
         return format!(
             "the redis user lacks a permission shardctl needs (a command, or the keys ~{{PREFIX:*): \
-             see README, 'Production Redis', for the minimal ACL (redis said: {said})"
+             see docs/operations.md, 'Production Redis', for the minimal ACL (redis said: {said})"
         );
     }
     text
