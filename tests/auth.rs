@@ -172,7 +172,10 @@ fn tls_with_a_private_ca_runs_everything() {
 #[test]
 fn the_readme_gives_the_tested_acl() {
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md")).unwrap();
-    assert!(readme.contains(MINIMAL_ACL), "docs/operations.md \"Production Redis\" must give the tested ACL:\n{MINIMAL_ACL}");
+    assert!(
+        readme.contains(MINIMAL_ACL),
+        "docs/operations.md \"Production Redis\" must give the tested ACL:\n{MINIMAL_ACL}"
+    );
 }
 
 #[test]

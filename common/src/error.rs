@@ -30,6 +30,10 @@ pub enum Error {
     /// Waiting took longer than allowed.
     #[error("timed out after {0:?}")]
     Timeout(std::time::Duration),
+    /// A distributed lock held by this process was lost (it expired, or another holder took
+    /// it): whatever it guarded must stop. Not bad input: the key it names is the lock's.
+    #[error("lock {0} lost")]
+    LockLost(String),
 }
 
 impl Error {

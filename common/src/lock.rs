@@ -152,7 +152,7 @@ impl RedisLock {
             }
             match self.extend(lease).await {
                 Ok(true) => {}
-                Ok(false) => return Err(Error::invalid(format!("lock {} lost", self.keys.lock))),
+                Ok(false) => return Err(Error::LockLost(self.keys.lock.clone())),
                 // a failed renewal is retried at the next period while the TTL lasts
                 Err(e) => tracing::warn!("renewing lock {}: {e}", self.keys.lock),
             }
