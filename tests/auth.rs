@@ -170,10 +170,10 @@ fn tls_with_a_private_ca_runs_everything() {
 }
 
 #[test]
-fn the_readme_gives_the_tested_acl() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md")).unwrap();
+fn the_operations_doc_gives_the_tested_acl() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md")).unwrap();
     assert!(
-        readme.contains(MINIMAL_ACL),
+        doc.contains(MINIMAL_ACL),
         "docs/operations.md \"Production Redis\" must give the tested ACL:\n{MINIMAL_ACL}"
     );
 }
