@@ -1,5 +1,6 @@
-//! Controls over tasks and queues once dispatched: cancel, retry, clean, and the queue-wide rate
-//! limit the claim script enforces. Each is one script call (or one hash write).
+//! Controls over tasks and queues once dispatched: cancel, retry, clean, pause and resume, the
+//! queue's settings, and the queue-wide rate limit the claim script enforces. Each is one script
+//! call (or a few hash writes).
 
 use std::time::Duration;
 
@@ -128,4 +129,72 @@ pub async fn limit<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Result
     let (max, per): (Option<u64>, Option<u64>) =
         redis::cmd("HMGET").arg(keys.meta()).arg("limit_max").arg("limit_per_ms").query_async(con).await?;
     Ok(max.zip(per).map(|(max, per)| RateLimit { max, per: Duration::from_millis(per) }))
+}
+
+/// Pauses the queue: nothing is claimed while paused (the claim script reads `meta.paused`);
+/// running shards go on and finish.
+pub async fn pause<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Result<()> {
+    let () = redis::cmd("HSET").arg(keys.meta()).arg("paused").arg(1).query_async(con).await?;
+    Ok(())
+}
+
+/// Resumes a paused queue and wakes its blocked executors at once (each passes the wake-up on).
+pub async fn resume<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Result<()> {
+    let () = redis::cmd("HDEL").arg(keys.meta()).arg("paused").query_async(con).await?;
+    let nodes: Vec<String> = redis::cmd("SMEMBERS").arg(keys.routed_nodes()).query_async(con).await?;
+    let mut pipe = redis::pipe();
+    pipe.zadd(keys.marker(), "0", 0).ignore();
+    for n in nodes {
+        pipe.zadd(keys.node_marker(&n), "0", 0).ignore();
+    }
+    let () = pipe.query_async(con).await?;
+    Ok(())
+}
+
+/// The event log's cap when none is set: the same number as `emit` in `lua/include/lib.lua`
+/// (a test checks they agree).
+pub const DEFAULT_EVENTS_MAXLEN: u64 = 10_000;
+
+/// A queue's settings stored in Redis (`meta`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueSettings {
+    /// Cap of the event log (approximate, `MAXLEN ~`); 0: no events.
+    pub events_maxlen: u64,
+    /// One event per completed shard (a command per shard).
+    pub events_completions: bool,
+    /// Nothing is claimed.
+    pub paused: bool,
+}
+
+/// Changes what is given (`None`: left as it is) and returns the settings after.
+pub async fn queue_settings<C: ConnectionLike + Send>(
+    con: &mut C,
+    keys: &Keys,
+    events_maxlen: Option<u64>,
+    events_completions: Option<bool>,
+) -> Result<QueueSettings> {
+    let meta = keys.meta();
+    if let Some(n) = events_maxlen {
+        let () = redis::cmd("HSET").arg(&meta).arg("events_maxlen").arg(n).query_async(con).await?;
+    }
+    if let Some(on) = events_completions {
+        let () = redis::cmd("HSET").arg(&meta).arg("events_completions").arg(u8::from(on)).query_async(con).await?;
+    }
+    let (maxlen, completions, paused): (Option<u64>, Option<String>, Option<String>) =
+        redis::cmd("HMGET").arg(&meta).arg(&["events_maxlen", "events_completions", "paused"]).query_async(con).await?;
+    Ok(QueueSettings {
+        events_maxlen: maxlen.unwrap_or(DEFAULT_EVENTS_MAXLEN),
+        events_completions: completions.as_deref() == Some("1"),
+        paused: paused.as_deref() == Some("1"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_default_events_cap_is_the_scripts_own() {
+        let lib = include_str!("../../lua/include/lib.lua");
+        let want = format!("rcall('HGET', K.meta, 'events_maxlen') or '{}'", super::DEFAULT_EVENTS_MAXLEN);
+        assert!(lib.contains(&want), "lib.lua's emit must default to {}", super::DEFAULT_EVENTS_MAXLEN);
+    }
 }

@@ -3,12 +3,9 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use redis::AsyncCommands;
+use shardctl_common::control;
 
 use super::{connect, Args};
-
-/// Default cap of the event log.
-pub const DEFAULT_EVENTS_MAXLEN: u64 = 10_000;
 
 #[derive(Debug, Parser)]
 pub struct ConfigArgs {
@@ -33,31 +30,22 @@ fn on_off(s: &str) -> Result<bool, String> {
 
 pub async fn run(args: &Args, a: &ConfigArgs) -> anyhow::Result<ExitCode> {
     let (_, mut con) = connect(args).await?;
-    let meta = args.keys()?.meta();
-    if let Some(n) = a.events_maxlen {
-        let () = con.hset(&meta, "events_maxlen", n).await?;
-    }
-    if let Some(on) = a.events_completions {
-        let () = con.hset(&meta, "events_completions", u8::from(on)).await?;
-    }
-    let (maxlen, completions, paused): (Option<u64>, Option<String>, Option<String>) = redis::cmd("HMGET")
-        .arg(&meta)
-        .arg(&["events_maxlen", "events_completions", "paused"])
-        .query_async(&mut con)
-        .await?;
-    let maxlen = maxlen.unwrap_or(DEFAULT_EVENTS_MAXLEN);
-    let completions = completions.as_deref() == Some("1");
-    let paused = paused.as_deref() == Some("1");
+    let s = control::queue_settings(&mut con, &args.keys()?, a.events_maxlen, a.events_completions).await?;
     if a.json {
         println!(
             "{}",
-            serde_json::json!({ "queue": args.queue, "events_maxlen": maxlen, "events_completions": completions, "paused": paused })
+            serde_json::json!({
+                "queue": args.queue,
+                "events_maxlen": s.events_maxlen,
+                "events_completions": s.events_completions,
+                "paused": s.paused,
+            })
         );
     } else {
         println!("queue {}", args.queue);
-        println!("events_maxlen      {maxlen}{}", if maxlen == 0 { " (events off)" } else { "" });
-        println!("events_completions {}", if completions { "on" } else { "off" });
-        println!("paused             {paused}");
+        println!("events_maxlen      {}{}", s.events_maxlen, if s.events_maxlen == 0 { " (events off)" } else { "" });
+        println!("events_completions {}", if s.events_completions { "on" } else { "off" });
+        println!("paused             {}", s.paused);
     }
     Ok(ExitCode::SUCCESS)
 }

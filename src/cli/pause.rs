@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use redis::AsyncCommands;
+use shardctl_common::control;
 
 use super::{connect, Args};
 
@@ -11,18 +11,10 @@ pub async fn run(args: &Args, paused: bool) -> anyhow::Result<ExitCode> {
     let (_, mut con) = connect(args).await?;
     let keys = args.keys()?;
     if paused {
-        let () = con.hset(keys.meta(), "paused", 1).await?;
+        control::pause(&mut con, &keys).await?;
         println!("queue {} paused: no new claims; running shards finish", args.queue);
     } else {
-        let () = con.hdel(keys.meta(), "paused").await?;
-        // paused executors block on the markers: wake them all (each passes the wake-up on)
-        let nodes: Vec<String> = con.smembers(keys.routed_nodes()).await?;
-        let mut pipe = redis::pipe();
-        pipe.zadd(keys.marker(), "0", 0).ignore();
-        for n in nodes {
-            pipe.zadd(keys.node_marker(&n), "0", 0).ignore();
-        }
-        let () = pipe.query_async(&mut con).await?;
+        control::resume(&mut con, &keys).await?;
         println!("queue {} resumed", args.queue);
     }
     Ok(ExitCode::SUCCESS)
