@@ -53,6 +53,11 @@ impl Node {
     pub async fn start(endpoint: Endpoint, keys: Keys, config: NodeConfig, registry: Registry) -> Result<Node> {
         config.executor.validate().map_err(Error::Invalid)?;
         config.membership.validate().map_err(Error::Invalid)?;
+        // before joining: a node that cannot serve its metrics must not leave a member entry
+        // behind (its node id would look live for the member timeout)
+        if let Some(addr) = config.metrics_addr {
+            crate::metrics::install(addr, None)?;
+        }
         let mut con = endpoint.manager().await?;
         let member = Member {
             node: config.executor.node_id.clone(),
@@ -62,9 +67,6 @@ impl Node {
             concurrency: config.executor.concurrency,
         };
         membership::join(&mut con, &keys, &member, &config.membership).await?;
-        if let Some(addr) = config.metrics_addr {
-            crate::metrics::install(addr, None)?;
-        }
         let redis = endpoint.redacted().to_owned();
         let executor = Executor::connect(endpoint, keys.clone(), config.executor, registry).await?;
         Ok(Node { executor, con, keys, member, membership: config.membership, sweep: config.sweep, redis })
