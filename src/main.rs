@@ -19,7 +19,7 @@
 //!
 //! Exit codes: 0 success, 1 error, 2 bad usage, 3 the task ended with failed shards or a failed
 //! aggregation, 4 the task was cancelled (`wait`). `shardctl lock` passes its command's exit code
-//! through and has codes of its own for its own outcomes, all in `cli/lock.rs` (`lock::exit`).
+//! through and has codes of its own for its own outcomes. Every code is in `cli/exit.rs`.
 
 mod cli;
 
@@ -41,7 +41,7 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");
-            return ExitCode::from(1);
+            return ExitCode::from(cli::exit::ERROR);
         }
     };
     match rt.block_on(cli::run(args)) {

@@ -277,5 +277,5 @@ fn bad_cluster_urls_are_clear_errors() {
     }
     // Redlock needs independent servers
     let out = shardctl(&["lock", "n", "--redlock", "redis+cluster://a:1,redis://b:2,redis://c:3", "--", "true"]);
-    assert_eq!(out.code(), 125, "lock's own bad input (cli/lock.rs, lock::exit::FAILED): {out:?}");
+    assert_eq!(out.code(), 125, "lock's own bad input (cli/exit.rs, exit::FAILED): {out:?}");
 }

@@ -308,7 +308,7 @@ async fn measure(
             println!("note: {n}");
         }
     }
-    Ok(if errors > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
+    Ok(if errors > 0 { ExitCode::from(super::exit::ERROR) } else { ExitCode::SUCCESS })
 }
 
 /// A number for the progress lines.

@@ -18,27 +18,8 @@ use shardctl_common::{conn, Error};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
+use super::exit;
 use super::{duration, Args};
-
-/// Exit codes of `shardctl lock`, all defined here (the rest of shardctl's codes are in
-/// `cli/mod.rs`; `lock` uses none of them). Like timeout(1) and env(1), shardctl's own outcomes
-/// take codes a command rarely uses, so they cannot be mistaken for the command's 1, 2 or 4.
-pub mod exit {
-    /// The lock stayed held by another past `--wait`; the command did not run.
-    pub const NOT_ACQUIRED: u8 = 123;
-    /// The lock was lost while the command ran (or while it was being stopped): its process
-    /// group was killed.
-    pub const LOCK_LOST: u8 = 124;
-    /// shardctl itself failed: bad usage or input, Redis unreachable, any other error.
-    pub const FAILED: u8 = 125;
-    /// The command was found but could not be started (permission, not executable).
-    pub const CANNOT_INVOKE: u8 = 126;
-    /// The command was not found.
-    pub const NOT_FOUND: u8 = 127;
-    /// shardctl was stopped by signal `n` (SIGINT, SIGTERM, SIGHUP), or the command was killed by
-    /// signal `n` (as a shell reports it): 128 + n.
-    pub const SIGNAL_BASE: u8 = 128;
-}
 
 /// The exit codes, as `shardctl lock --help` shows them (checked against [`exit`] by a test).
 pub const EXIT_HELP: &str = "\

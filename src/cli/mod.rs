@@ -8,6 +8,7 @@ mod coordinator;
 mod demo;
 mod dispatch;
 mod executor;
+pub mod exit;
 mod lock;
 mod pause;
 mod redis_server;
@@ -23,11 +24,6 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use shardctl_common::Keys;
-
-/// Exit code: the task ended with failed shards or a failed aggregation.
-pub const EXIT_TASK_FAILED: u8 = 3;
-/// Exit code: the task was cancelled.
-pub const EXIT_TASK_CANCELLED: u8 = 4;
 
 /// Split one large batch task into shards and run them on many machines through Redis.
 #[derive(Debug, Parser)]
@@ -214,17 +210,17 @@ pub fn usage_exit_code(e: &clap::Error) -> u8 {
         // parsed again, as far as it goes, only to learn which subcommand was meant
         let meant = Args::command().ignore_errors(true).try_get_matches().ok();
         if meant.as_ref().and_then(|m| m.subcommand_name()) == Some("lock") {
-            return lock::exit::FAILED;
+            return exit::FAILED;
         }
     }
     e.exit_code().clamp(0, 255) as u8
 }
 
-/// Bad input exits 2, everything else 1 (`lock` maps its own: see `lock::exit`).
+/// Bad input exits 2, everything else 1 (`lock` maps its own: see [`exit`]).
 pub fn exit_code(e: &anyhow::Error) -> u8 {
     match e.downcast_ref::<shardctl_common::Error>() {
-        Some(shardctl_common::Error::Invalid(_)) => 2,
-        _ => 1,
+        Some(shardctl_common::Error::Invalid(_)) => exit::USAGE,
+        _ => exit::ERROR,
     }
 }
 

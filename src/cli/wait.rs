@@ -7,7 +7,7 @@ use clap::Parser;
 use shardctl_common::conn::Conn;
 use shardctl_common::model::{TaskInfo, TaskState};
 
-use super::{bar::Bar, connect, duration, Args, EXIT_TASK_FAILED};
+use super::{bar::Bar, connect, duration, exit, Args};
 
 #[derive(Debug, Parser)]
 pub struct WaitArgs {
@@ -45,8 +45,8 @@ pub async fn wait_and_print(
 pub fn final_code(t: &TaskInfo) -> ExitCode {
     match t.state {
         TaskState::Completed => ExitCode::SUCCESS,
-        TaskState::Cancelled => ExitCode::from(super::EXIT_TASK_CANCELLED),
-        _ => ExitCode::from(EXIT_TASK_FAILED),
+        TaskState::Cancelled => ExitCode::from(exit::TASK_CANCELLED),
+        _ => ExitCode::from(exit::TASK_FAILED),
     }
 }
 
