@@ -1,0 +1,34 @@
+//! The Lua scripts, one per atomic operation (`lua/`), held in one registry and called through
+//! typed wrappers that know each script's KEYS and ARGV order. Scripts are called by SHA;
+//! `redis::Script` loads one on the NOSCRIPT reply (after a restart or a `SCRIPT FLUSH`).
+//!
+//! # Layout
+//! - `registry`: [`Lua`], the registry of every script ([`scripts`]), declared keys.
+//! - `claim`: claims (with completions riding on them) and the heartbeat.
+//! - `finish`: completions, failures, give-backs.
+//! - `task`: creating a task.
+//! - `upkeep`: the stalled sweep, due retries, departed nodes, disowning, reading a lease.
+//! - `nodes`: routed placement, moving lists, membership.
+//! - `locks`: a token lock's release.
+//! - `decode`: reply decoding.
+
+mod claim;
+mod decode;
+mod finish;
+mod locks;
+mod nodes;
+mod registry;
+mod task;
+mod upkeep;
+
+pub use claim::*;
+pub use decode::ItemCodes;
+pub use finish::*;
+pub use locks::*;
+pub use nodes::*;
+pub use registry::*;
+pub use task::*;
+pub use upkeep::*;
+
+use decode::{code_result, codes, int, string};
+use finish::{completion_argc, completion_args};
