@@ -49,7 +49,8 @@ impl Node {
     }
 
     /// Validates the config, connects, and joins the membership: refused
-    /// ([`Error::Invalid`]) while another live executor holds the node id.
+    /// ([`Error::Refused`] with [`ScriptCode::NodeAlive`](shardctl_common::ScriptCode::NodeAlive))
+    /// while another live executor holds the node id.
     pub async fn start(endpoint: Endpoint, keys: Keys, config: NodeConfig, registry: Registry) -> Result<Node> {
         config.executor.validate().map_err(Error::Invalid)?;
         config.membership.validate().map_err(Error::Invalid)?;
@@ -90,7 +91,7 @@ impl Node {
     }
 
     /// Runs until `shutdown` is cancelled (or another executor takes the node id over: an
-    /// [`Error::Invalid`] then), then drains, leaves the membership and rebalances.
+    /// [`Error::Refused`] then), then drains, leaves the membership and rebalances.
     pub async fn run(self, shutdown: CancellationToken) -> Result<StatsSnapshot> {
         let Node { executor, mut con, keys, member, membership, sweep, redis } = self;
         let routing_wanted = executor.routing_wanted();

@@ -14,7 +14,20 @@ use crate::scripts::{scripts, KeyArgs};
 fn refused(id: &str, code: i64, what: &str) -> Error {
     match ScriptCode::from_code(code) {
         Some(ScriptCode::TaskMissing) => Error::NoTask(id.to_owned()),
-        Some(c) => Error::invalid(format!("cannot {what} task '{id}': {c}")),
+        Some(c @ ScriptCode::TaskEnded) if what == "cancel" => {
+            Error::refused(c, format!("task '{id}' already ended: nothing to cancel"))
+        }
+        Some(c @ ScriptCode::TaskEnded) => {
+            Error::refused(c, format!("task '{id}' was cancelled: dispatch it again instead"))
+        }
+        Some(c @ ScriptCode::ResultsDiscarded) => Error::refused(
+            c,
+            format!(
+                "task '{id}' kept no per-shard results (keep_results false) and has ended: the results of its \
+                 completed shards are gone, so its aggregation cannot run again; dispatch it again instead"
+            ),
+        ),
+        Some(c) => Error::refused(c, format!("cannot {what} task '{id}': {c}")),
         None => Error::Protocol(format!("unexpected reply {code} to {what}")),
     }
 }
@@ -32,11 +45,7 @@ pub async fn cancel<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str
         .invoke_async(con)
         .await?;
     if code < 0 {
-        let e = refused(id, code, "cancel");
-        return Err(match e {
-            Error::Invalid(_) if code == -9 => Error::invalid(format!("task '{id}' already ended: nothing to cancel")),
-            e => e,
-        });
+        return Err(refused(id, code, "cancel"));
     }
     Ok(code as u64)
 }
@@ -53,15 +62,10 @@ pub async fn retry<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str)
         .arg(id)
         .invoke_async(con)
         .await?;
-    match code {
-        -9 => Err(Error::invalid(format!("task '{id}' was cancelled: dispatch it again instead"))),
-        -10 => Err(Error::invalid(format!(
-            "task '{id}' was dispatched with --keep-results false and has ended: the results of its completed \
-             shards are gone, so its aggregation cannot run again; dispatch it again instead"
-        ))),
-        c if c < 0 => Err(refused(id, c, "retry")),
-        c => Ok(c as u64),
+    if code < 0 {
+        return Err(refused(id, code, "retry"));
     }
+    Ok(code as u64)
 }
 
 /// Removes ended tasks whose retention ran out and, with `older_than`, every task that ended at
@@ -108,7 +112,7 @@ pub async fn set_limit<C: ConnectionLike + Send + Sync>(
     match limit {
         Some(l) => {
             if l.max == 0 || l.per < Duration::from_millis(1) {
-                return Err(Error::invalid("a rate limit needs --max at least 1 and --per at least 1ms"));
+                return Err(Error::invalid("a rate limit needs a maximum of at least 1 per window of at least 1ms"));
             }
             let () = con
                 .hset_multiple(keys.meta(), &[("limit_max", l.max), ("limit_per_ms", l.per.as_millis() as u64)])

@@ -21,6 +21,15 @@ pub enum Error {
     /// A script refused the operation.
     #[error("{0}")]
     Script(ScriptCode),
+    /// An operator's request refused for the state it found (a task already ended, a node id
+    /// in use): the code says which, for a program; the message says it for a person.
+    #[error("{message}")]
+    Refused {
+        /// Which refusal.
+        code: ScriptCode,
+        /// What was refused and why, for a person.
+        message: String,
+    },
     /// Redis held something this version cannot read.
     #[error("unexpected data in redis: {0}")]
     Protocol(String),
@@ -37,6 +46,17 @@ pub enum Error {
 }
 
 impl Error {
+    /// A refusal with its code.
+    pub fn refused(code: ScriptCode, message: impl Into<String>) -> Self {
+        Error::Refused { code, message: message.into() }
+    }
+    /// The script code of a refusal, bare or with its message.
+    pub fn script_code(&self) -> Option<ScriptCode> {
+        match self {
+            Error::Script(c) | Error::Refused { code: c, .. } => Some(*c),
+            _ => None,
+        }
+    }
     /// A user-input error.
     pub fn invalid(msg: impl Into<String>) -> Self {
         Error::Invalid(msg.into())

@@ -66,7 +66,7 @@ impl std::str::FromStr for Overlap {
         match s {
             "skip" => Ok(Overlap::Skip),
             "allow" => Ok(Overlap::Allow),
-            _ => Err(Error::invalid(format!("--overlap '{s}': expected skip or allow"))),
+            _ => Err(Error::invalid(format!("overlap policy '{s}': expected skip or allow"))),
         }
     }
 }
@@ -77,7 +77,7 @@ impl std::str::FromStr for Misfire {
         match s {
             "skip" => Ok(Misfire::Skip),
             "run-once" => Ok(Misfire::RunOnce),
-            _ => Err(Error::invalid(format!("--misfire '{s}': expected skip or run-once"))),
+            _ => Err(Error::invalid(format!("misfire policy '{s}': expected skip or run-once"))),
         }
     }
 }

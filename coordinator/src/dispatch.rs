@@ -51,7 +51,7 @@ pub async fn dispatch_any(
     if spec.strategy == Strategy::Pull {
         if shard_keys.is_some() {
             return Err(Error::invalid(
-                "--keys-file needs a routed --strategy (consistent-hash, round-robin, hash-mod)",
+                "shard keys need a routed strategy (consistent-hash, round-robin, hash-mod), not pull",
             ));
         }
         dispatch(con, keys, spec).await?;

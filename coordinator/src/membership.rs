@@ -8,7 +8,7 @@ use std::time::Duration;
 use shardctl_common::conn::Conn;
 use shardctl_common::scripts::{self, NodeHolder};
 use shardctl_common::time::server_now_ms;
-use shardctl_common::{Error, Keys, Result};
+use shardctl_common::{Error, Keys, Result, ScriptCode};
 use tokio_util::sync::CancellationToken;
 
 use crate::rebalance::{self, RebalanceReport};
@@ -80,11 +80,14 @@ fn fields(m: &Member) -> Vec<(&'static str, String)> {
 }
 
 fn in_use(node: &str, h: &NodeHolder) -> Error {
-    Error::invalid(format!(
-        "node id '{node}' is held by a live executor (pid {} on {}, heartbeat {} ms ago); \
-         pick another --node-id or stop that one",
-        h.pid, h.host, h.age_ms
-    ))
+    Error::refused(
+        ScriptCode::NodeAlive,
+        format!(
+            "node id '{node}' is held by a live executor (pid {} on {}, heartbeat {} ms ago); \
+             pick another node id or stop that one",
+            h.pid, h.host, h.age_ms
+        ),
+    )
 }
 
 /// Registers `m`, refused while another live executor holds its node id.
@@ -136,7 +139,7 @@ pub async fn run(
             next_beat = now + cfg.heartbeat;
             match join(&mut con, &keys, &m, &cfg).await {
                 Ok(()) => {}
-                Err(e @ Error::Invalid(_)) => return Err(e),
+                Err(e @ Error::Refused { code: ScriptCode::NodeAlive, .. }) => return Err(e),
                 Err(e) => tracing::warn!("membership heartbeat failed: {e}"),
             }
         }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use shardctl_common::control::{self, RateLimit};
-use shardctl_common::Error;
+use shardctl_common::{Error, ScriptCode};
 
 use super::{connect, duration, Args};
 
@@ -49,7 +49,14 @@ pub async fn retry(args: &Args, a: &TaskIdArg) -> anyhow::Result<ExitCode> {
     let (_, mut con) = connect(args).await?;
     let keys = args.keys()?;
     let before = shardctl_coordinator::progress::task(&mut con, &keys, id).await?;
-    match control::retry(&mut con, &keys, id).await? {
+    let retried = control::retry(&mut con, &keys, id).await.map_err(|e| match e.script_code() {
+        // say which flag the task was dispatched with
+        Some(c @ ScriptCode::ResultsDiscarded) => {
+            Error::refused(c, format!("{e} (it was dispatched with --keep-results false)"))
+        }
+        _ => e,
+    })?;
+    match retried {
         0 => println!("task {id} has no failed shards: nothing to retry"),
         n if before.failed == 0 => println!("task {id}: its aggregation runs again ({n} job)"),
         n => println!("task {id}: {n} failed shards queued again; aggregation follows when all are done"),

@@ -100,7 +100,7 @@ pub async fn run(args: &Args, a: &ExecutorArgs) -> anyhow::Result<ExitCode> {
     let node = Node::start(endpoint, args.keys()?, config, registry).await?;
     match node.run_until_signal().await {
         Ok(_) => Ok(ExitCode::SUCCESS),
-        Err(e @ shardctl_common::Error::Invalid(_)) => Err(anyhow::anyhow!("stopped: {e}")),
+        Err(e @ shardctl_common::Error::Refused { .. }) => Err(anyhow::anyhow!("stopped: {e}")),
         Err(e) => Err(e.into()),
     }
 }

@@ -219,7 +219,7 @@ pub fn usage_exit_code(e: &clap::Error) -> u8 {
 /// Bad input exits 2, everything else 1 (`lock` maps its own: see [`exit`]).
 pub fn exit_code(e: &anyhow::Error) -> u8 {
     match e.downcast_ref::<shardctl_common::Error>() {
-        Some(shardctl_common::Error::Invalid(_)) => exit::USAGE,
+        Some(shardctl_common::Error::Invalid(_) | shardctl_common::Error::Refused { .. }) => exit::USAGE,
         _ => exit::ERROR,
     }
 }

@@ -100,7 +100,7 @@ impl World {
         self.note(format!("cancel {id} ({state:?}): {r:?}"));
         match (state, r) {
             (None, Err(Error::NoTask(_))) => Ok(()),
-            (Some(s), Err(Error::Invalid(_))) if s.ended() => Ok(()),
+            (Some(s), Err(Error::Refused { code: ScriptCode::TaskEnded, .. })) if s.ended() => Ok(()),
             (Some(s), Ok(n)) if !s.ended() => {
                 ensure!(n == held, "cancel of {id} stopped {n} shards, {held} were held");
                 let tm = self.model.tasks.get_mut(id).expect("cancelled task");
@@ -122,7 +122,7 @@ impl World {
         self.note(format!("retry {id} ({expected:?}): {r:?}"));
         match (expected, r) {
             (None, Err(Error::NoTask(_))) => Ok(()),
-            (Some((State::Cancelled, _)), Err(Error::Invalid(_))) => Ok(()),
+            (Some((State::Cancelled, _)), Err(Error::Refused { code: ScriptCode::TaskEnded, .. })) => Ok(()),
             (Some((s, want)), Ok(n)) if s != State::Cancelled => {
                 ensure!(n == want, "retry of {id} ({s:?}) sent {n} again, the model expects {want}");
                 let tm = self.model.tasks.get_mut(id).expect("retried task");
