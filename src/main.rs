@@ -28,7 +28,6 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
-    quiet_on_closed_stdout();
     let args = match cli::Args::try_parse() {
         Ok(args) => args,
         Err(e) => {
@@ -51,27 +50,4 @@ fn main() -> ExitCode {
             ExitCode::from(cli::exit_code(&e))
         }
     }
-}
-
-/// `shardctl status | head -1`: the reader went away, which is no error of ours. Rust ignores
-/// SIGPIPE and `println!` panics on the closed pipe instead; end quietly as a filter would. Any
-/// other failure to write stdout (a full disk) is an error with a message, not a panic.
-fn quiet_on_closed_stdout() {
-    let default = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        let payload = info.payload();
-        let msg = payload
-            .downcast_ref::<String>()
-            .map(String::as_str)
-            .or_else(|| payload.downcast_ref::<&str>().copied())
-            .unwrap_or("");
-        if msg.starts_with("failed printing to stdout") {
-            if msg.contains("Broken pipe") {
-                std::process::exit(0);
-            }
-            eprintln!("error: {msg}");
-            std::process::exit(1);
-        }
-        default(info)
-    }));
 }

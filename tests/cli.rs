@@ -599,6 +599,14 @@ fn a_reader_that_goes_away_ends_the_output_quietly() {
     let out = std::process::Command::new("bash").args(["-c", &line]).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr.trim(), "exit 0", "no panic, no error on a closed stdout: {stderr}");
+
+    // a stdout that fails otherwise (a full disk) is an error, with a message and no panic
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").expect("/dev/full");
+    let out =
+        support::command(&["--redis", &cli.redis.url(), "--queue", "pipe", "status"]).stdout(full).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("writing to stdout") && !stderr.contains("panicked"), "{stderr}");
 }
 
 #[test]

@@ -300,12 +300,12 @@ async fn measure(
             "table": rows,
             "notes": notes,
         });
-        println!("{out}");
+        outln!("{out}");
     } else {
-        println!("shardctl bench: {} shards, medians of {} run(s), redis {version} on {cores} cores", a.shards, a.runs);
-        print!("{}", table::render(&rows));
+        outln!("shardctl bench: {} shards, medians of {} run(s), redis {version} on {cores} cores", a.shards, a.runs);
+        out!("{}", table::render(&rows));
         for n in &notes {
-            println!("note: {n}");
+            outln!("note: {n}");
         }
     }
     Ok(if errors > 0 { ExitCode::from(super::exit::ERROR) } else { ExitCode::SUCCESS })

@@ -32,7 +32,7 @@ pub async fn run(args: &Args, a: &ConfigArgs) -> anyhow::Result<ExitCode> {
     let (_, mut con) = connect(args).await?;
     let s = control::queue_settings(&mut con, &args.keys()?, a.events_maxlen, a.events_completions).await?;
     if a.json {
-        println!(
+        outln!(
             "{}",
             serde_json::json!({
                 "queue": args.queue,
@@ -42,10 +42,10 @@ pub async fn run(args: &Args, a: &ConfigArgs) -> anyhow::Result<ExitCode> {
             })
         );
     } else {
-        println!("queue {}", args.queue);
-        println!("events_maxlen      {}{}", s.events_maxlen, if s.events_maxlen == 0 { " (events off)" } else { "" });
-        println!("events_completions {}", if s.events_completions { "on" } else { "off" });
-        println!("paused             {}", s.paused);
+        outln!("queue {}", args.queue);
+        outln!("events_maxlen      {}{}", s.events_maxlen, if s.events_maxlen == 0 { " (events off)" } else { "" });
+        outln!("events_completions {}", if s.events_completions { "on" } else { "off" });
+        outln!("paused             {}", s.paused);
     }
     Ok(ExitCode::SUCCESS)
 }

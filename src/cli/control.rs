@@ -40,7 +40,7 @@ pub async fn cancel(args: &Args, a: &TaskIdArg) -> anyhow::Result<ExitCode> {
     let id = super::task_id(&a.task)?;
     let (_, mut con) = connect(args).await?;
     let stopped = control::cancel(&mut con, &args.keys()?, id).await?;
-    println!("task {id} cancelled: {stopped} running shards are told to stop at their executors' next heartbeat");
+    outln!("task {id} cancelled: {stopped} running shards are told to stop at their executors' next heartbeat");
     Ok(ExitCode::SUCCESS)
 }
 
@@ -57,9 +57,9 @@ pub async fn retry(args: &Args, a: &TaskIdArg) -> anyhow::Result<ExitCode> {
         _ => e,
     })?;
     match retried {
-        0 => println!("task {id} has no failed shards: nothing to retry"),
-        n if before.failed == 0 => println!("task {id}: its aggregation runs again ({n} job)"),
-        n => println!("task {id}: {n} failed shards queued again; aggregation follows when all are done"),
+        0 => outln!("task {id} has no failed shards: nothing to retry"),
+        n if before.failed == 0 => outln!("task {id}: its aggregation runs again ({n} job)"),
+        n => outln!("task {id}: {n} failed shards queued again; aggregation follows when all are done"),
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -67,11 +67,7 @@ pub async fn retry(args: &Args, a: &TaskIdArg) -> anyhow::Result<ExitCode> {
 pub async fn clean(args: &Args, a: &CleanArgs) -> anyhow::Result<ExitCode> {
     let (_, mut con) = connect(args).await?;
     let n = control::clean(&mut con, &args.keys()?, a.older_than).await?;
-    println!(
-        "removed {n} ended task{} and {} keys",
-        if n == 1 { "" } else { "s" },
-        if n == 1 { "its" } else { "their" }
-    );
+    outln!("removed {n} ended task{} and {} keys", if n == 1 { "" } else { "s" }, if n == 1 { "its" } else { "their" });
     Ok(ExitCode::SUCCESS)
 }
 
@@ -80,7 +76,7 @@ pub async fn limit(args: &Args, a: &LimitArgs) -> anyhow::Result<ExitCode> {
     let keys = args.keys()?;
     if a.off {
         control::set_limit(&mut con, &keys, None).await?;
-        println!("queue {}: no rate limit", args.queue);
+        outln!("queue {}: no rate limit", args.queue);
         return Ok(ExitCode::SUCCESS);
     }
     if let (Some(max), Some(per)) = (a.max, a.per) {
@@ -94,9 +90,9 @@ pub async fn limit(args: &Args, a: &LimitArgs) -> anyhow::Result<ExitCode> {
     }
     match control::limit(&mut con, &keys).await? {
         Some(l) => {
-            println!("queue {}: at most {} shards start per {}", args.queue, l.max, humantime::format_duration(l.per))
+            outln!("queue {}: at most {} shards start per {}", args.queue, l.max, humantime::format_duration(l.per))
         }
-        None => println!("queue {}: no rate limit", args.queue),
+        None => outln!("queue {}: no rate limit", args.queue),
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -78,6 +78,6 @@ pub async fn run(args: &Args, a: &DemoArgs) -> anyhow::Result<ExitCode> {
     if got != json!({ "primes": expected }) {
         bail!("wrong result: got {got}, a direct count gives {expected}");
     }
-    println!("checked: {expected} primes below {items}, counted once each over {} shards", a.shards);
+    outln!("checked: {expected} primes below {items}, counted once each over {} shards", a.shards);
     Ok(code)
 }

@@ -71,9 +71,9 @@ pub async fn run(args: &Args, a: &DispatchArgs) -> anyhow::Result<ExitCode> {
         }
     }
     if a.json && !a.wait {
-        println!("{}", serde_json::json!({ "task_id": spec.id }));
+        outln!("{}", serde_json::json!({ "task_id": spec.id }));
     } else if !a.json {
-        println!("{}", spec.id);
+        outln!("{}", spec.id);
     }
     if !a.wait {
         return Ok(ExitCode::SUCCESS);

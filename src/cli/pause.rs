@@ -12,10 +12,10 @@ pub async fn run(args: &Args, paused: bool) -> anyhow::Result<ExitCode> {
     let keys = args.keys()?;
     if paused {
         control::pause(&mut con, &keys).await?;
-        println!("queue {} paused: no new claims; running shards finish", args.queue);
+        outln!("queue {} paused: no new claims; running shards finish", args.queue);
     } else {
         control::resume(&mut con, &keys).await?;
-        println!("queue {} resumed", args.queue);
+        outln!("queue {} resumed", args.queue);
     }
     Ok(ExitCode::SUCCESS)
 }

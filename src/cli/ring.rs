@@ -42,16 +42,18 @@ pub fn run(a: &RingArgs) -> anyhow::Result<ExitCode> {
         return Err(shardctl_common::Error::invalid("--remove must leave at least one node").into());
     }
     let after = s.nodes + s.add - s.remove;
-    println!(
-        "{} keys, {} -> {} nodes (+{} -{}), {} vnodes per node",
-        s.keys, s.nodes, after, s.add, s.remove, s.vnodes
-    );
-    println!(
+    outln!("{} keys, {} -> {} nodes (+{} -{}), {} vnodes per node", s.keys, s.nodes, after, s.add, s.remove, s.vnodes);
+    outln!(
         "{:<16} {:>10} {:>12} {:>10} {:>10} {:>9}",
-        "strategy", "min/node", "mean/node", "max/node", "max/mean", "moved"
+        "strategy",
+        "min/node",
+        "mean/node",
+        "max/node",
+        "max/mean",
+        "moved"
     );
     for r in simulate(s.nodes as usize, s.add as usize, s.remove as usize, s.keys, s.vnodes) {
-        println!(
+        outln!(
             "{:<16} {:>10} {:>12.1} {:>10} {:>10.3} {:>8.1}%",
             r.strategy.as_str(),
             r.min,
@@ -62,6 +64,6 @@ pub fn run(a: &RingArgs) -> anyhow::Result<ExitCode> {
         );
     }
     let ideal = if s.add + s.remove == 0 { 0.0 } else { (s.add + s.remove) as f64 / s.nodes.max(after) as f64 };
-    println!("ideal movement for this change: {:.1}%", ideal * 100.0);
+    outln!("ideal movement for this change: {:.1}%", ideal * 100.0);
     Ok(ExitCode::SUCCESS)
 }

@@ -73,7 +73,7 @@ pub async fn run(args: &Args, a: &ScheduleArgs) -> anyhow::Result<ExitCode> {
                 // like a missing task: an error (1), not bad usage
                 anyhow::bail!("no schedule named '{name}'");
             }
-            println!("schedule {name} removed");
+            outln!("schedule {name} removed");
             Ok(ExitCode::SUCCESS)
         }
     }
@@ -95,7 +95,7 @@ async fn run_add(args: &Args, a: &AddArgs) -> anyhow::Result<ExitCode> {
     let s = Schedule::new(&a.name, &a.cron, &a.tz, a.overlap, a.misfire, grace, &spec, now)?;
     schedule::add(&mut con, &args.keys()?, &s, a.replace).await?;
     let next = s.next_after(now).map_or_else(|| "never".to_owned(), |t| show(t, &s.tz));
-    println!("schedule {} added: '{}' in {}; next fire {next}", s.name, s.cron, s.tz);
+    outln!("schedule {} added: '{}' in {}; next fire {next}", s.name, s.cron, s.tz);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -112,15 +112,15 @@ async fn run_list(args: &Args, json: bool) -> anyhow::Result<ExitCode> {
                 v
             })
             .collect();
-        println!("{}", serde_json::Value::Array(v));
+        outln!("{}", serde_json::Value::Array(v));
         return Ok(ExitCode::SUCCESS);
     }
     if all.is_empty() {
-        println!("no schedules");
+        outln!("no schedules");
     }
     for (s, st) in &all {
         let field = |f: &str| s.fields.iter().find(|(k, _)| k == f).map_or("?", |(_, v)| v.as_str()).to_owned();
-        println!(
+        outln!(
             "{}  '{}' {}  {} × {} shards  overlap {}, misfire {}  next {}  last {} ({})",
             s.name,
             s.cron,

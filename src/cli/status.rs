@@ -32,9 +32,9 @@ pub async fn run(args: &Args, a: &StatusArgs) -> anyhow::Result<ExitCode> {
         if a.json {
             let mut v = serde_json::to_value(&q)?;
             v["nodes"] = serde_json::to_value(&nodes)?;
-            println!("{v}");
+            outln!("{v}");
         } else {
-            println!(
+            outln!(
                 "queue {}{}: {} waiting, {} active, {} delayed",
                 q.queue,
                 if q.paused { " (paused)" } else { "" },
@@ -45,14 +45,14 @@ pub async fn run(args: &Args, a: &StatusArgs) -> anyhow::Result<ExitCode> {
             let mut states: Vec<_> = q.tasks.iter().collect();
             states.sort();
             let states: Vec<String> = states.iter().map(|(s, n)| format!("{n} {s}")).collect();
-            println!("tasks: {}", if states.is_empty() { "none".into() } else { states.join(", ") });
+            outln!("tasks: {}", if states.is_empty() { "none".into() } else { states.join(", ") });
             for t in &q.recent {
-                println!("  {}", line(t));
+                outln!("  {}", line(t));
             }
-            println!("executors: {}", if nodes.is_empty() { "none live" } else { "" });
+            outln!("executors: {}", if nodes.is_empty() { "none live" } else { "" });
             for n in &nodes {
                 let num = |v: Option<u64>| v.map_or_else(|| "?".to_owned(), |v| v.to_string());
-                println!(
+                outln!(
                     "  {} ({} pid {}, concurrency {}): {} active, {} routed waiting, heartbeat {} ms ago",
                     n.node,
                     n.host,
@@ -71,23 +71,23 @@ pub async fn run(args: &Args, a: &StatusArgs) -> anyhow::Result<ExitCode> {
         let failed = progress::failed_shards(&mut con, &keys, id).await?;
         if a.json {
             let v: Vec<_> = failed.iter().map(|(i, r)| serde_json::json!({ "shard": i, "reason": r })).collect();
-            println!("{}", serde_json::Value::Array(v));
+            outln!("{}", serde_json::Value::Array(v));
         } else {
             for (i, r) in failed {
-                println!("shard {i}: {r}");
+                outln!("shard {i}: {r}");
             }
         }
         return Ok(ExitCode::SUCCESS);
     }
     if a.json {
-        println!("{}", serde_json::to_string(&t)?);
+        outln!("{}", serde_json::to_string(&t)?);
     } else {
-        println!("{}", line(&t));
+        outln!("{}", line(&t));
         if let Some(r) = &t.result {
-            println!("result: {r}");
+            outln!("result: {r}");
         }
         if let Some(e) = &t.aggregation_error {
-            println!("aggregation failed: {e}");
+            outln!("aggregation failed: {e}");
         }
     }
     Ok(ExitCode::SUCCESS)

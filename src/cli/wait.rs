@@ -52,11 +52,11 @@ pub fn final_code(t: &TaskInfo) -> ExitCode {
 
 pub fn print_final(t: &TaskInfo, json: bool) {
     if json {
-        println!("{}", serde_json::to_string(t).expect("json"));
+        outln!("{}", serde_json::to_string(t).expect("json"));
         return;
     }
     let secs = t.finished_ms.unwrap_or(t.created_ms).saturating_sub(t.created_ms) as f64 / 1000.0;
-    println!(
+    outln!(
         "task {} {}: {} of {} shards done, {} failed, in {secs:.2}s",
         t.task_id,
         t.state.as_str(),
@@ -65,9 +65,9 @@ pub fn print_final(t: &TaskInfo, json: bool) {
         t.failed
     );
     if let Some(r) = &t.result {
-        println!("result: {r}");
+        outln!("result: {r}");
     }
     if let Some(e) = &t.aggregation_error {
-        println!("aggregation failed: {e}");
+        outln!("aggregation failed: {e}");
     }
 }

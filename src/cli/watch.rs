@@ -76,11 +76,11 @@ fn print_event(id: &str, fields: &[(String, String)], json: bool) {
         for (k, v) in fields {
             o.insert(k.clone(), v.clone().into());
         }
-        println!("{}", serde_json::Value::Object(o));
+        outln!("{}", serde_json::Value::Object(o));
         return;
     }
     let t = humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms));
     let event = fields.iter().find(|(k, _)| k == "event").map_or("?", |(_, v)| v.as_str());
     let rest: Vec<String> = fields.iter().filter(|(k, _)| k != "event").map(|(k, v)| format!("{k}={v}")).collect();
-    println!("{t} {event:<18} {}", rest.join(" "));
+    outln!("{t} {event:<18} {}", rest.join(" "));
 }
