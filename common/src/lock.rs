@@ -140,22 +140,80 @@ impl RedisLock {
         crate::scripts::unlock(&mut con, &self.keys.lock, &lease.token).await
     }
 
-    /// Renews the lease every TTL/3 until `stop` resolves; returns `Err` as soon as the lock is
-    /// lost (someone else holds it, or it expired), `Ok` when stopped while still held.
+    /// Renews `lease` until `stop` resolves: see [`watchdog`].
     pub async fn watchdog(&self, lease: &Lease, stop: impl std::future::Future<Output = ()>) -> Result<()> {
-        tokio::pin!(stop);
-        let period = (self.ttl / 3).max(Duration::from_millis(10));
-        loop {
-            tokio::select! {
-                _ = &mut stop => return Ok(()),
-                _ = tokio::time::sleep(period) => {}
+        watchdog(self, lease, stop).await
+    }
+}
+
+/// A lock whose lease can be renewed: [`RedisLock`] and [`Redlock`].
+pub trait Renewable {
+    /// Renews the lease for another TTL; false when the lock no longer holds it.
+    fn renew(&self, lease: &Lease) -> impl std::future::Future<Output = Result<bool>> + Send;
+    /// The lease's time to live.
+    fn ttl(&self) -> Duration;
+    /// The lock's key, for messages.
+    fn key(&self) -> &str;
+}
+
+impl Renewable for RedisLock {
+    fn renew(&self, lease: &Lease) -> impl std::future::Future<Output = Result<bool>> + Send {
+        self.extend(lease)
+    }
+    fn ttl(&self) -> Duration {
+        self.ttl
+    }
+    fn key(&self) -> &str {
+        &self.keys.lock
+    }
+}
+
+impl Renewable for Redlock {
+    fn renew(&self, lease: &Lease) -> impl std::future::Future<Output = Result<bool>> + Send {
+        self.extend(lease)
+    }
+    fn ttl(&self) -> Duration {
+        self.ttl
+    }
+    fn key(&self) -> &str {
+        &self.keys.lock
+    }
+}
+
+/// The one renewal loop of a held lock: renews `lease` every third of the TTL until `stop`
+/// resolves (`Ok`: still held). [`Error::LockLost`] as soon as the lock is lost: a renewal
+/// refused (it expired, or another holder took it), or none succeeded for a whole TTL (Redis
+/// unreachable: the lease ran out meanwhile, so another may hold the lock now). A failed renewal
+/// is retried at the next period while the TTL lasts.
+pub async fn watchdog<L: Renewable>(
+    lock: &L,
+    lease: &Lease,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<()> {
+    tokio::pin!(stop);
+    let ttl = lock.ttl();
+    let period = (ttl / 3).max(Duration::from_millis(10));
+    let mut renewed = tokio::time::Instant::now();
+    let mut tick = tokio::time::interval_at(renewed + period, period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = &mut stop => return Ok(()),
+            _ = tick.tick() => {}
+        }
+        let held = match lock.renew(lease).await {
+            Ok(true) => {
+                renewed = tokio::time::Instant::now();
+                true
             }
-            match self.extend(lease).await {
-                Ok(true) => {}
-                Ok(false) => return Err(Error::LockLost(self.keys.lock.clone())),
-                // a failed renewal is retried at the next period while the TTL lasts
-                Err(e) => tracing::warn!("renewing lock {}: {e}", self.keys.lock),
+            Ok(false) => false,
+            Err(e) => {
+                tracing::warn!("renewing lock {}: {e}", lock.key());
+                renewed.elapsed() < ttl
             }
+        };
+        if !held {
+            return Err(Error::LockLost(lock.key().to_owned()));
         }
     }
 }

@@ -69,6 +69,18 @@ async fn watchdog_keeps_the_lock_and_reports_its_loss() {
         "a lost lock is its own error: {lost:?}"
     );
     assert!(LockKeys::new("t", "bad name").is_err());
+
+    // Redis unreachable: renewals fail, and once a whole TTL passed without one the lease has run
+    // out (another may hold the lock by now): lost, not retried forever
+    let lease = lock.try_acquire().await.unwrap().unwrap();
+    let mut r = r;
+    r.stop();
+    let since = std::time::Instant::now();
+    let lost = tokio::time::timeout(Duration::from_secs(10), lock.watchdog(&lease, std::future::pending()))
+        .await
+        .expect("the watchdog must give up once the TTL ran out");
+    assert!(matches!(&lost, Err(shardctl_common::Error::LockLost(_))), "{lost:?}");
+    assert!(since.elapsed() >= Duration::from_millis(300), "lost before its TTL ran out: {:?}", since.elapsed());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use shardctl_common::lock::{Lease, LockKeys, RedisLock, Redlock};
+use shardctl_common::lock::{watchdog, Lease, LockKeys, RedisLock, Redlock};
 use shardctl_common::{conn, Error};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio_util::sync::CancellationToken;
@@ -69,12 +69,6 @@ impl Held {
         match self {
             Held::One(l) => l.acquire(wait).await,
             Held::Red(l) => l.acquire(wait).await,
-        }
-    }
-    async fn extend(&self, lease: &Lease) -> shardctl_common::Result<bool> {
-        match self {
-            Held::One(l) => l.extend(lease).await,
-            Held::Red(l) => l.extend(lease).await,
         }
     }
     async fn release(&self, lease: &Lease) {
@@ -133,30 +127,16 @@ fn signal_name(n: u8) -> &'static str {
     }
 }
 
-/// Renews the lease every third of the TTL until aborted; cancels `lost` when the lock is lost:
-/// refused (someone else holds it), or unreachable until the TTL ran out.
-async fn renew(lock: Arc<Held>, lease: Lease, name: String, ttl: Duration, lost: CancellationToken) {
-    let period = (ttl / 3).max(Duration::from_millis(10));
-    let mut renewed = Instant::now();
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let held = match lock.extend(&lease).await {
-            Ok(true) => {
-                renewed = Instant::now();
-                true
-            }
-            Ok(false) => false,
-            Err(e) => {
-                eprintln!("warning: renewing lock '{name}': {e}");
-                renewed.elapsed() < ttl
-            }
-        };
-        if !held {
-            lost.cancel();
-            return;
-        }
+/// Keeps the lease renewed (the library's [`watchdog`]) until aborted; cancels `lost` when the
+/// lock is lost: refused (someone else holds it), or unreachable until the TTL ran out.
+async fn renew(lock: Arc<Held>, lease: Lease, lost: CancellationToken) {
+    let forever = std::future::pending::<()>();
+    let r = match &*lock {
+        Held::One(l) => watchdog(l, &lease, forever).await,
+        Held::Red(l) => watchdog(l, &lease, forever).await,
+    };
+    if r.is_err() {
+        lost.cancel();
     }
 }
 
@@ -258,7 +238,7 @@ async fn run_locked(args: &Args, a: &LockArgs) -> anyhow::Result<u8> {
     let pgid = child.id().expect("a child not yet waited for has a pid");
     let lock = Arc::new(lock);
     let lost = CancellationToken::new();
-    let renewer = tokio::spawn(renew(lock.clone(), lease.clone(), a.name.clone(), a.ttl, lost.clone()));
+    let renewer = tokio::spawn(renew(lock.clone(), lease.clone(), lost.clone()));
     let end = tokio::select! {
         status = child.wait() => End::Exited(status),
         sig = signals.recv() => {
