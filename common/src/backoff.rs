@@ -1,6 +1,8 @@
-//! Retry delays: `fixed:D` waits D before every retry, `exponential:D` waits D·2^(n-1) before
-//! retry n (capped at [`MAX_DELAY`]). Jitter is on: each delay is drawn from [delay/2, delay],
-//! so executors that failed together do not retry together.
+//! Retry delays, the one policy of the project: `fixed:D` waits D before every retry,
+//! `exponential:D` waits D·2^(n-1) before retry n (capped at [`MAX_DELAY`]). Jitter is on: each
+//! delay is drawn from [delay/2, delay], so processes that failed together do not retry together.
+//! A task's shards retry by its own [`Backoff`]; a failed Redis call is retried after
+//! [`redis_retry`]; [`jitter01`] is the one source of jitter.
 
 use std::fmt;
 use std::str::FromStr;
@@ -43,6 +45,36 @@ impl Backoff {
     }
 }
 
+/// The pause before retrying a failed Redis call (a claim, a report, a lock attempt) after
+/// `failures` failures in a row (1 for the first): 100 ms doubling, at most 5 s, jittered.
+pub fn redis_retry(failures: u32) -> Duration {
+    capped(Backoff::Exponential(Duration::from_millis(100)), failures, Duration::from_secs(5))
+}
+
+/// `backoff`'s delay after `failures` failures, jittered, at most `max`.
+pub fn capped(backoff: Backoff, failures: u32, max: Duration) -> Duration {
+    backoff.delay(failures.max(1), jitter01()).min(max)
+}
+
+/// A uniform number in [0, 1), for jitter. Its quality hardly matters, its independence across
+/// processes does: each thread's generator (xorshift) is seeded from the OS's randomness (the
+/// random keys of std's `RandomState`).
+pub fn jitter01() -> f64 {
+    use std::cell::Cell;
+    use std::hash::{BuildHasher, Hasher};
+    thread_local!(static STATE: Cell<u64> = Cell::new(
+        std::collections::hash_map::RandomState::new().build_hasher().finish() | 1
+    ));
+    STATE.with(|s| {
+        let mut x = s.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        s.set(x);
+        (x >> 11) as f64 / (1u64 << 53) as f64
+    })
+}
+
 impl FromStr for Backoff {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -70,6 +102,18 @@ impl fmt::Display for Backoff {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn redis_retries_double_to_five_seconds_and_jitter_stays_in_range() {
+        for _ in 0..100 {
+            let j = jitter01();
+            assert!((0.0..1.0).contains(&j), "{j}");
+        }
+        let first = redis_retry(1);
+        assert!(first >= Duration::from_millis(50) && first <= Duration::from_millis(100), "{first:?}");
+        let late = redis_retry(30);
+        assert!(late >= Duration::from_millis(2500) && late <= Duration::from_secs(5), "{late:?}");
+    }
 
     #[test]
     fn parses_and_round_trips() {

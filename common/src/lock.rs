@@ -57,13 +57,14 @@ fn new_token() -> String {
     format!("{t:x}-{}-{:x}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed))
 }
 
-/// Backoff between acquisition attempts: 10 ms doubling to 500 ms, with jitter from the clock.
+/// Backoff between acquisition attempts: 10 ms doubling to 500 ms, jittered (a lock is retaken
+/// sooner than a Redis outage is over: shorter than [`crate::backoff::redis_retry`]).
 fn retry_pause(attempt: u32) -> Duration {
-    let base = 10u64 << attempt.min(6);
-    let jitter = u64::from(
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos(),
-    ) % (base / 2 + 1);
-    Duration::from_millis((base / 2 + jitter).min(500))
+    crate::backoff::capped(
+        crate::backoff::Backoff::Exponential(Duration::from_millis(10)),
+        attempt + 1,
+        Duration::from_millis(500),
+    )
 }
 
 /// Calls `attempt` until it returns a lease or `wait` has passed, pausing between tries.

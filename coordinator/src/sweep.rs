@@ -69,7 +69,7 @@ pub async fn run(
         }
         // a little jitter keeps many processes from calling at the same instant; the first to
         // call after an expiry recovers the shards, the others find nothing to do
-        let jitter = Duration::from_millis(1 + u64::from(uuid::Uuid::new_v4().as_u128() as u16 % 20));
+        let jitter = Duration::from_millis(1 + (shardctl_common::backoff::jitter01() * 20.0) as u64);
         let sleep = next.unwrap_or(LEASE_CHECK).min(LEASE_CHECK).min(interval) + jitter;
         tokio::select! {
             _ = tokio::time::sleep(sleep) => {}

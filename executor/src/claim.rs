@@ -11,6 +11,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use shardctl_common::backoff::redis_retry;
 use shardctl_common::conn::Conn;
 use shardctl_common::scripts::{self, ClaimRequest};
 use shardctl_common::time::now_ms;
@@ -19,11 +20,6 @@ use tokio_util::sync::CancellationToken;
 use crate::runtime::{Held, Shared, NO_CLAIM};
 use crate::starts::Waiting;
 use crate::stats::Stats;
-
-/// Backoff after a failed Redis call: doubles from 100 ms up to 5 s.
-pub(crate) fn retry_delay(failures: u32) -> Duration {
-    Duration::from_millis(100u64 << failures.min(6)).min(Duration::from_secs(5))
-}
 
 /// Most completions a claim call records: they add ~1 µs each to the claim's time in Redis.
 const WITH_CLAIM_MAX: usize = 16;
@@ -162,7 +158,7 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
                         shared.metrics.redis_error(&e);
                         tracing::warn!("waiting for work: {e}");
                         failures += 1;
-                        pause(retry_delay(failures), &shutdown).await;
+                        pause(redis_retry(failures), &shutdown).await;
                     }
                 }
                 if next_due.is_some_and(|d| d <= now_ms()) {
@@ -181,8 +177,9 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
                 Stats::add(&shared.stats.redis_errors, 1);
                 shared.metrics.redis_error(&e);
                 failures += 1;
-                tracing::warn!("claim failed (retry in {:?}): {e}", retry_delay(failures));
-                pause(retry_delay(failures), &shutdown).await;
+                let d = redis_retry(failures);
+                tracing::warn!("claim failed (retry in {d:?}): {e}");
+                pause(d, &shutdown).await;
             }
         }
     }

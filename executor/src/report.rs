@@ -187,7 +187,7 @@ async fn record(shared: &Shared, batch: &[Report], closing: &CancellationToken) 
                 Stats::add(&shared.stats.redis_errors, 1);
                 shared.metrics.redis_error(&e);
                 failures += 1;
-                let d = crate::claim::retry_delay(failures);
+                let d = shardctl_common::backoff::redis_retry(failures);
                 tracing::warn!("recording {} outcomes failed (retry in {d:?}): {e}", batch.len());
                 if closing.is_cancelled() {
                     // at shutdown, give up once the locks are gone anyway: the sweep recovers
@@ -250,20 +250,5 @@ pub(crate) fn count(shared: &Shared, finished: &[Finished<'_>], codes: &scripts:
 fn retry_delay_ms(shared: &Shared, claim: &Claimed) -> u64 {
     let backoff =
         shared.tasks.cached(&claim.shard_ref.task, claim.shard_ref.inc).map(|m| m.backoff).unwrap_or_default();
-    backoff.delay(claim.fails + 1, rand01()).as_millis() as u64
-}
-
-/// A uniform number in [0, 1) for jitter; quality hardly matters, independence across
-/// executors does (hence the per-thread seed from a uuid).
-fn rand01() -> f64 {
-    use std::cell::Cell;
-    thread_local!(static STATE: Cell<u64> = Cell::new(uuid::Uuid::new_v4().as_u64_pair().0 | 1));
-    STATE.with(|s| {
-        let mut x = s.get();
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        s.set(x);
-        (x >> 11) as f64 / (1u64 << 53) as f64
-    })
+    backoff.delay(claim.fails + 1, shardctl_common::backoff::jitter01()).as_millis() as u64
 }
