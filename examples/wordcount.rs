@@ -132,7 +132,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         payload: json!({ "path": file }).to_string(),
         ..TaskSpec::new(id.clone(), "wordcount", shards)
     };
-    dispatch::dispatch(&mut con, &keys, &spec).await?;
+    dispatch::create_task(&mut con, &keys, &spec).await?;
     let task = wait::wait(&mut con, &keys, &id, Some(Duration::from_secs(60)), |_| {}).await?;
     stop.cancel();
     running.await??;

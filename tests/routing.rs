@@ -712,14 +712,14 @@ fn a_dispatch_cut_short_is_completed_by_running_it_again() {
         let mut con = client.manager().await.unwrap();
         let keys = Keys::new("shardctl", &env.queue).unwrap();
         let spec = TaskSpec { strategy: Strategy::ConsistentHash, ..TaskSpec::new(id, "mine", total) };
-        shardctl_coordinator::dispatch::dispatch(&mut con, &keys, &spec).await.unwrap();
+        shardctl_coordinator::dispatch::create_task(&mut con, &keys, &spec).await.unwrap();
         let owners: Vec<String> = (0..first).map(|i| ring_owner(&members, i)).collect();
         let owners: Vec<&str> = owners.iter().map(String::as_str).collect();
         let routed = scripts::route(&mut con, &keys, id, 0, &owners).await.unwrap();
         assert_eq!(routed, first);
         // and one killed before it placed anything
         let spec = TaskSpec { strategy: Strategy::ConsistentHash, ..TaskSpec::new(id0, "mine", total0) };
-        shardctl_coordinator::dispatch::dispatch(&mut con, &keys, &spec).await.unwrap();
+        shardctl_coordinator::dispatch::create_task(&mut con, &keys, &spec).await.unwrap();
     });
     assert_eq!(env.task_field(id, "routed").as_deref(), Some("20"));
     let unrouted: Vec<String> =

@@ -12,15 +12,19 @@ pub fn new_task_id() -> String {
     format!("t{}-{}", now_ms(), &u[..8])
 }
 
-/// Validates `spec` and creates the task. An id already in use is refused with a clear error.
-pub async fn dispatch<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, spec: &TaskSpec) -> Result<()> {
+/// Validates `spec` and creates the task's record, nothing more: a pull task is then complete
+/// and claimable, a routed one waits unplaced for a rebalancer ([`dispatch`] places it at once).
+/// An id already in use is refused ([`ScriptCode::TaskExists`]).
+pub async fn create_task<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, spec: &TaskSpec) -> Result<()> {
     spec.validate()?;
     match scripts::dispatch(con, keys, spec).await {
-        Err(Error::Script(ScriptCode::TaskExists)) => {
-            Err(Error::invalid(format!("a task with id '{}' already exists in this queue", spec.id)))
-        }
+        Err(Error::Script(c @ ScriptCode::TaskExists)) => Err(taken(c, &spec.id)),
         other => other,
     }
+}
+
+fn taken(code: ScriptCode, id: &str) -> Error {
+    Error::refused(code, format!("a task with id '{id}' already exists in this queue"))
 }
 
 /// How a dispatch went.
@@ -35,11 +39,11 @@ pub struct Dispatched {
     pub live: usize,
 }
 
-/// Dispatches a task of any strategy. Routed tasks are placed on the live executors' lists in
-/// chunks; with none alive they wait, unplaced, for the first one. Crash-safe: re-running the
+/// Dispatches a task of any strategy: creates it ([`create_task`]) and places a routed one on
+/// the live executors' lists in chunks; with none alive it waits, unplaced, for the first one. Crash-safe: re-running the
 /// same dispatch (same id and spec) on a task whose placement was cut short completes it.
 /// `shard_keys` (one per shard) replaces the index as each shard's routing key.
-pub async fn dispatch_any(
+pub async fn dispatch(
     con: &mut shardctl_common::conn::Conn,
     keys: &Keys,
     spec: &TaskSpec,
@@ -54,7 +58,7 @@ pub async fn dispatch_any(
                 "shard keys need a routed strategy (consistent-hash, round-robin, hash-mod), not pull",
             ));
         }
-        dispatch(con, keys, spec).await?;
+        create_task(con, keys, spec).await?;
         return Ok(Dispatched { resumed: false, placed: 0, live: 0 });
     }
     if let Some(k) = shard_keys {
@@ -75,7 +79,7 @@ pub async fn dispatch_any(
                 && t.vnodes == spec.vnodes
                 && t.has_keys == spec.has_keys;
             if !same || t.routed.is_none_or(|r| r >= t.total) {
-                return Err(Error::invalid(format!("a task with id '{}' already exists in this queue", spec.id)));
+                return Err(taken(ScriptCode::TaskExists, &spec.id));
             }
             true
         }
@@ -91,7 +95,7 @@ pub async fn dispatch_any(
         }
     }
     if !resumed {
-        dispatch(con, keys, spec).await?;
+        create_task(con, keys, spec).await?;
     }
     if spec.delay.is_some() {
         // a delayed task is placed when it starts (lib.lua start_due_tasks, then a rebalancer)

@@ -10,7 +10,7 @@ use serde_json::json;
 use shardctl::{Node, NodeConfig};
 use shardctl_common::conn;
 use shardctl_common::model::TaskSpec;
-use shardctl_coordinator::dispatch::{dispatch, new_task_id};
+use shardctl_coordinator::dispatch::{create_task, new_task_id};
 use shardctl_executor::builtin::count_primes;
 use shardctl_executor::{ExecutorConfig, Registry};
 use tokio_util::sync::CancellationToken;
@@ -43,7 +43,7 @@ pub async fn run(args: &Args, a: &DemoArgs) -> anyhow::Result<ExitCode> {
     let client = conn::open(&url)?;
     let mut con = client.manager().await?;
     let spec = TaskSpec { items: a.items, ..TaskSpec::new(new_task_id(), "primes", a.shards) };
-    dispatch(&mut con, &keys, &spec).await?;
+    create_task(&mut con, &keys, &spec).await?;
     eprintln!(
         "dispatched task {} : primes below {} in {} shards; {} executors",
         spec.id, a.items, a.shards, a.executors

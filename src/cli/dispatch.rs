@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::Parser;
 use shardctl_common::ring::Strategy;
 use shardctl_common::Error;
-use shardctl_coordinator::dispatch::{dispatch_any, new_task_id};
+use shardctl_coordinator::dispatch::{dispatch, new_task_id};
 
 use super::task_args::TaskArgs;
 use super::{connect, duration, Args};
@@ -56,7 +56,7 @@ pub async fn run(args: &Args, a: &DispatchArgs) -> anyhow::Result<ExitCode> {
         );
     }
     let (_, mut con) = connect(args).await?;
-    let d = dispatch_any(&mut con, &args.keys()?, &spec, shard_keys.as_deref()).await?;
+    let d = dispatch(&mut con, &args.keys()?, &spec, shard_keys.as_deref()).await?;
     if a.delay.is_some_and(|d| !d.is_zero()) {
         eprintln!(
             "delayed: nothing of it is claimable for {}",

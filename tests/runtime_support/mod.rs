@@ -66,7 +66,9 @@ impl Env {
     /// Creates a task through the coordinator, panicking on any error.
     pub async fn dispatch(&self, spec: &TaskSpec) {
         let mut con = self.con.clone();
-        dispatch::dispatch(&mut con, &self.keys, spec).await.unwrap_or_else(|e| panic!("dispatch of {}: {e}", spec.id));
+        dispatch::create_task(&mut con, &self.keys, spec)
+            .await
+            .unwrap_or_else(|e| panic!("dispatch of {}: {e}", spec.id));
     }
 
     /// Connects an executor on the current runtime and runs it until stopped.

@@ -66,7 +66,7 @@ impl World {
         ));
         match (taken, r) {
             (true, Err(Error::Script(ScriptCode::TaskExists))) => Ok(()),
-            (true, Err(Error::Invalid(_))) if routed && !cut => Ok(()),
+            (true, Err(Error::Refused { code: ScriptCode::TaskExists, .. })) if routed && !cut => Ok(()),
             (false, Ok(())) => {
                 let seq: u64 = self.con.hget(self.keys.task(&id), "seq").await.map_err(|e| format!("HGET seq: {e}"))?;
                 ensure!(

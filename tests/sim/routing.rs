@@ -1,4 +1,4 @@
-//! Routed tasks: the coordinator's dispatch (`dispatch_any`: the task, then its placement on the
+//! Routed tasks: the coordinator's dispatch (`dispatch`: the task, then its placement on the
 //! live nodes' lists chunk by chunk), a dispatch cut short (placed part-way, or not at all) and
 //! its resumption, executors joining (`join.lua`, the membership heartbeat), leaving gracefully
 //! (`leave.lua`) and departing (their membership runs out: their score is set to the past), the
@@ -11,7 +11,7 @@ use redis::AsyncCommands;
 use shardctl_common::model::{Part, ShardRef, TaskSpec};
 use shardctl_common::ring::{Placement, DEFAULT_VNODES};
 use shardctl_common::{scripts, Error, ScriptCode};
-use shardctl_coordinator::dispatch::dispatch_any;
+use shardctl_coordinator::dispatch::dispatch;
 use shardctl_coordinator::rebalance::rebalance;
 
 use super::executor::Member;
@@ -45,7 +45,7 @@ impl World {
     /// The coordinator's dispatch of routed `spec`: checks what it says it placed.
     pub async fn dispatch_routed(&mut self, spec: &TaskSpec) -> Result<Result<(), Error>, String> {
         let live = self.live_nodes();
-        match dispatch_any(&mut self.con, &self.keys, spec, None).await {
+        match dispatch(&mut self.con, &self.keys, spec, None).await {
             Ok(d) => {
                 let placed = if live.is_empty() { 0 } else { spec.shards };
                 ensure!(
@@ -91,7 +91,7 @@ impl World {
         let tm = &self.model.tasks[&id];
         let (spec, total) = (tm.spec.clone().expect("a routed task keeps its spec"), tm.total);
         let live = self.live_nodes();
-        let r = dispatch_any(&mut self.con, &self.keys, &spec, None).await;
+        let r = dispatch(&mut self.con, &self.keys, &spec, None).await;
         self.note(format!("dispatch of {id} again (live {live:?}): {r:?}"));
         let placed = if live.is_empty() { 0 } else { total };
         ensure!(

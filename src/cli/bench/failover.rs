@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use shardctl_common::keys::ACTIVE_PIN;
 use shardctl_common::model::TaskSpec;
-use shardctl_coordinator::dispatch::{dispatch, new_task_id};
+use shardctl_coordinator::dispatch::{create_task, new_task_id};
 use tokio::process::Child;
 
 use super::{process, stats, Ctx, Figures};
@@ -49,7 +49,7 @@ async fn trial(ctx: &mut Ctx, children: &mut Vec<Child>) -> anyhow::Result<Figur
     children.push(executor(ctx, "bench-failover-a")?);
     stats::wait_blocked(&mut ctx.con, 1, Duration::from_secs(30)).await?;
     let spec = TaskSpec { payload: r#"{"ms":600000}"#.into(), ..TaskSpec::new(new_task_id(), "sleep", SHARDS) };
-    dispatch(&mut ctx.con, &ctx.keys, &spec).await?;
+    create_task(&mut ctx.con, &ctx.keys, &spec).await?;
     let start = Instant::now();
     let victim = loop {
         let h = holders(ctx).await?;

@@ -9,7 +9,7 @@ use shardctl_common::keys::ACTIVE_PIN;
 use shardctl_common::model::TaskSpec;
 use shardctl_common::scripts;
 use shardctl_common::{conn, Keys};
-use shardctl_coordinator::dispatch::{dispatch, new_task_id};
+use shardctl_coordinator::dispatch::{create_task, new_task_id};
 use shardctl_executor::config::DEFAULT_BLOCK_TIMEOUT;
 use shardctl_executor::{Executor, ExecutorConfig, Registry};
 use tokio_util::sync::CancellationToken;
@@ -85,7 +85,7 @@ pub(crate) async fn upkeep(ctx: &mut Ctx) -> anyhow::Result<Figures> {
     let live = ex.stats();
     let mut con = ctx.con.clone();
     let spec = TaskSpec { payload: r#"{"ms":600000}"#.into(), ..TaskSpec::new(new_task_id(), "sleep", HELD) };
-    dispatch(&mut con, &keys, &spec).await?;
+    create_task(&mut con, &keys, &spec).await?;
     let stop = CancellationToken::new();
     // the heartbeat ticks every UPKEEP_RENEW from here on
     let t0 = Instant::now();

@@ -23,7 +23,7 @@ use anyhow::{bail, ensure, Context};
 use redis::Value;
 use shardctl_common::model::TaskSpec;
 use shardctl_common::scripts::scripts;
-use shardctl_coordinator::dispatch::{dispatch, new_task_id};
+use shardctl_coordinator::dispatch::{create_task, new_task_id};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{process, stats, Ctx, Figures};
@@ -64,7 +64,7 @@ async fn samples(ctx: &mut Ctx, monitor: &mut Monitor) -> anyhow::Result<Vec<f64
     let mut out = Vec::with_capacity(SAMPLES);
     for i in 0..SAMPLES {
         let spec = TaskSpec::new(new_task_id(), "noop", 1);
-        dispatch(&mut con, &ctx.keys, &spec).await?;
+        create_task(&mut con, &ctx.keys, &spec).await?;
         // events of before (the executor's claim that found nothing after the last task) are
         // skipped up to our dispatch; then the first claim is the pickup
         let dispatched = monitor.next(Script::Dispatch).await?;

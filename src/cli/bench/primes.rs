@@ -10,7 +10,7 @@ use anyhow::ensure;
 use serde_json::json;
 use shardctl_common::model::TaskSpec;
 use shardctl_common::split::shard_range;
-use shardctl_coordinator::dispatch::{dispatch, new_task_id};
+use shardctl_coordinator::dispatch::{create_task, new_task_id};
 use shardctl_executor::builtin::count_primes;
 
 use super::{process, stats, Ctx, Figures};
@@ -62,7 +62,7 @@ async fn executors(ctx: &mut Ctx, expected: u64, prefetch: Option<usize>) -> any
         let spec = TaskSpec { items: ITEMS, ..TaskSpec::new(new_task_id(), "primes", SHARDS) };
         let before = stats::info(&mut con).await?;
         let start = Instant::now();
-        dispatch(&mut con, &ctx.keys, &spec).await?;
+        create_task(&mut con, &ctx.keys, &spec).await?;
         let ended =
             stats::wait_ended(&mut con, &ctx.keys, &spec.id, Duration::from_millis(5), Duration::from_secs(600))
                 .await?;

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure};
 use shardctl_common::model::TaskSpec;
 use shardctl_common::ring::Strategy;
-use shardctl_coordinator::dispatch::{dispatch, dispatch_any, new_task_id};
+use shardctl_coordinator::dispatch::{create_task, dispatch, new_task_id};
 use shardctl_coordinator::membership::{self, Member, MembershipConfig};
 
 use super::{process, stats, Ctx, Figures};
@@ -30,7 +30,7 @@ pub(crate) async fn e2e(ctx: &mut Ctx) -> anyhow::Result<Figures> {
         let cpu_before = process::cpu_s(&pid);
         let spec = TaskSpec::new(new_task_id(), "noop", n);
         let start = Instant::now();
-        dispatch(&mut con, &keys, &spec).await?;
+        create_task(&mut con, &keys, &spec).await?;
         let dispatched = stats::used_memory(&mut con).await?;
         let timeout = Duration::from_secs(60) + Duration::from_millis(n);
         let ended = tokio::select! {
@@ -77,7 +77,7 @@ pub(crate) async fn dispatch_pull(ctx: &mut Ctx) -> anyhow::Result<Figures> {
         let spec = TaskSpec::new(new_task_id(), "noop", ctx.shards);
         let before = stats::used_memory(&mut con).await?;
         let start = Instant::now();
-        dispatch(&mut con, &ctx.keys, &spec).await?;
+        create_task(&mut con, &ctx.keys, &spec).await?;
         let ms = start.elapsed().as_secs_f64() * 1e3;
         let after = stats::used_memory(&mut con).await?;
         Ok::<_, anyhow::Error>((ms, after as f64 - before as f64))
@@ -106,7 +106,7 @@ pub(crate) async fn dispatch_routed(ctx: &mut Ctx) -> anyhow::Result<Figures> {
     stats::reset_stats(&mut con).await?;
     let before = stats::info(&mut con).await?;
     let start = Instant::now();
-    let d = dispatch_any(&mut con, &ctx.keys, &spec, None).await?;
+    let d = dispatch(&mut con, &ctx.keys, &spec, None).await?;
     let secs = start.elapsed().as_secs_f64();
     let after = stats::info(&mut con).await?;
     ensure!(

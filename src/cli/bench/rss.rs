@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure};
 use shardctl_common::keys::ACTIVE_PIN;
 use shardctl_common::model::TaskSpec;
-use shardctl_coordinator::dispatch::{dispatch, new_task_id};
+use shardctl_coordinator::dispatch::{create_task, new_task_id};
 
 use super::{process, stats, Ctx, Figures};
 
@@ -26,7 +26,7 @@ pub(crate) async fn run(ctx: &mut Ctx) -> anyhow::Result<Figures> {
         tokio::time::sleep(SETTLE).await;
         let idle = process::rss_bytes(pid)?;
         let spec = TaskSpec { payload: r#"{"ms":600000}"#.into(), ..TaskSpec::new(new_task_id(), "sleep", IN_FLIGHT) };
-        dispatch(&mut ctx.con, &ctx.keys, &spec).await?;
+        create_task(&mut ctx.con, &ctx.keys, &spec).await?;
         let start = Instant::now();
         loop {
             let held = held(ctx).await?;

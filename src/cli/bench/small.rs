@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::ensure;
 use serde_json::json;
 use shardctl_common::model::TaskSpec;
-use shardctl_coordinator::dispatch::{dispatch, new_task_id};
+use shardctl_coordinator::dispatch::{create_task, new_task_id};
 use shardctl_executor::builtin::count_primes;
 
 use super::{process, stats, Ctx, Figures};
@@ -59,7 +59,7 @@ async fn task(ctx: &mut Ctx, shards: u64, expected: u64) -> anyhow::Result<(f64,
     let spec = TaskSpec { items: ITEMS, ..TaskSpec::new(new_task_id(), "primes", shards) };
     let before = stats::info(&mut con).await?;
     let start = Instant::now();
-    dispatch(&mut con, &ctx.keys, &spec).await?;
+    create_task(&mut con, &ctx.keys, &spec).await?;
     let ended =
         stats::wait_ended(&mut con, &ctx.keys, &spec.id, Duration::from_millis(5), Duration::from_secs(600)).await?;
     let secs = ended.at.duration_since(start).as_secs_f64();
