@@ -57,10 +57,10 @@ pub(crate) async fn beat(shared: &Shared) -> bool {
     let lock_ms = shared.cfg.lock_duration.as_millis() as u64;
     // the lease is extended even with nothing held: an idle executor stays visibly alive
     let check = shared.must_check.swap(false, Ordering::SeqCst);
-    let sent = shared.cancels.lock().unwrap().clone();
-    match scripts::extend(&mut con, &shared.keys, &shared.token_base, lock_ms, &held, check, &sent).await {
+    let known = shared.cancels.lock().unwrap().clone();
+    match scripts::extend(&mut con, &shared.keys, &shared.token_base, lock_ms, &held, check, &known.sent()).await {
         Ok(scripts::Beat { lost, cancelled, cancels }) => {
-            *shared.cancels.lock().unwrap() = next_cancels(&sent, cancels, claim_in_flight);
+            *shared.cancels.lock().unwrap() = known.after(cancels, claim_in_flight);
             shared.metrics.heartbeats.increment(1);
             shared.metrics.locks_extended.increment((held.len() - lost.len() - cancelled.len()) as u64);
             if lost.is_empty() && cancelled.is_empty() {
@@ -102,18 +102,42 @@ pub(crate) async fn beat(shared: &Shared) -> bool {
     }
 }
 
-/// The cancellation count to pass to the next beat, after one that sent `sent` and read `seen`.
+/// The queue's cancellation count (`meta.cancels`) as the heartbeat knows it.
 ///
-/// A count that moved is first kept as `<count>?` (never equal to the count in Redis, so the next
-/// beat compares every token again), and only taken as seen by a beat that compared the tokens
-/// with no claim in flight. A claim whose script ran before the cancellation may not have put
-/// its shards in `held` when a beat read it: without the second comparison they would run on,
-/// their handlers never stopped.
-fn next_cancels(sent: &str, seen: String, claim_in_flight: bool) -> String {
-    if sent == seen || (sent.strip_suffix('?') == Some(seen.as_str()) && !claim_in_flight) {
-        seen
-    } else {
-        format!("{seen}?")
+/// A count that moved is first taken as unsettled: the next beat sends a value Redis never holds
+/// (`<count>?`), so it compares every token again, and the count settles only after a beat that
+/// compared the tokens with no claim in flight. A claim whose script ran before the cancellation
+/// may not have put its shards in `held` when a beat read it: without the second comparison they
+/// would run on, their handlers never stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Cancels {
+    /// The count last read; empty before the first beat.
+    count: String,
+    /// No beat needs to compare every token for it.
+    settled: bool,
+}
+
+impl Default for Cancels {
+    /// Before the first beat: whatever Redis holds differs, so the first beat compares.
+    fn default() -> Self {
+        Cancels { count: String::new(), settled: true }
+    }
+}
+
+impl Cancels {
+    /// What the next beat sends (`extend.lua` compares every token unless it equals the count).
+    pub(crate) fn sent(&self) -> String {
+        if self.settled {
+            self.count.clone()
+        } else {
+            format!("{}?", self.count)
+        }
+    }
+
+    /// After a beat that sent [`Cancels::sent`] and read `seen`.
+    pub(crate) fn after(&self, seen: String, claim_in_flight: bool) -> Cancels {
+        let same = self.count == seen;
+        Cancels { settled: same && (self.settled || !claim_in_flight), count: seen }
     }
 }
 
@@ -143,19 +167,25 @@ pub(crate) async fn reconcile(shared: &Shared) -> shardctl_common::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::next_cancels;
+    use super::Cancels;
+
+    fn at(count: &str, settled: bool) -> Cancels {
+        Cancels { count: count.into(), settled }
+    }
 
     #[test]
     fn a_moved_cancellation_count_is_checked_twice_and_again_while_a_claim_is_in_flight() {
         // unchanged: nothing to check
-        assert_eq!(next_cancels("3", "3".into(), true), "3");
-        // moved (or the first beat): the next beat checks again
-        assert_eq!(next_cancels("3", "4".into(), false), "4?");
-        assert_eq!(next_cancels("", "0".into(), false), "0?");
-        // the second check: taken as seen only with no claim in flight
-        assert_eq!(next_cancels("4?", "4".into(), true), "4?");
-        assert_eq!(next_cancels("4?", "4".into(), false), "4");
+        assert_eq!(at("3", true).after("3".into(), true), at("3", true));
+        assert_eq!(at("3", true).sent(), "3");
+        // moved (or the first beat): the next beat checks again, sending what Redis never holds
+        assert_eq!(at("3", true).after("4".into(), false), at("4", false));
+        assert_eq!(at("4", false).sent(), "4?");
+        assert_eq!(Cancels::default().after("0".into(), false), at("0", false));
+        // the second check: settled only with no claim in flight
+        assert_eq!(at("4", false).after("4".into(), true), at("4", false));
+        assert_eq!(at("4", false).after("4".into(), false), at("4", true));
         // moved again meanwhile
-        assert_eq!(next_cancels("4?", "5".into(), false), "5?");
+        assert_eq!(at("4", false).after("5".into(), false), at("5", false));
     }
 }

@@ -68,7 +68,7 @@ pub(crate) struct Shared {
     pub(crate) must_reconcile: AtomicBool,
     /// The queue's cancellation count at the last heartbeat: when it moves, the heartbeat
     /// compares every token (a cancelled task's shards lost theirs).
-    pub(crate) cancels: Mutex<String>,
+    pub(crate) cancels: Mutex<crate::heartbeat::Cancels>,
     pub(crate) node_id: Arc<str>,
     /// Observed run and claim times: how many shards to claim ahead.
     pub(crate) ahead: crate::ahead::Ahead,
@@ -112,7 +112,7 @@ impl Executor {
             routing_wanted: Arc::new(tokio::sync::Notify::new()),
             claiming: AtomicU64::new(NO_CLAIM),
             must_reconcile: AtomicBool::new(false),
-            cancels: Mutex::new(String::new()),
+            cancels: Mutex::default(),
             node_id,
             ahead: Default::default(),
             starts: crate::starts::Starts::new(concurrency, TaskTracker::new()),
