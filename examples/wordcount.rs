@@ -116,13 +116,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let server = redis_url.is_none().then(shardctl_testkit::TestRedis::start);
     let url = redis_url.unwrap_or_else(|| server.as_ref().expect("started").url());
     let keys = Keys::new("shardctl", "wordcount")?;
-    let client = conn::open(&url)?;
-    let mut con = client.manager().await?;
+    let endpoint = conn::open(&url)?;
+    let mut con = endpoint.manager().await?;
 
     let mut registry = Registry::new();
     registry.handler("wordcount", WordCount).aggregator("wordcount", Total);
     let executor = ExecutorConfig { node_id: "example".into(), concurrency: 4, ..Default::default() };
-    let node = Node::start(client, keys.clone(), NodeConfig { executor, ..Default::default() }, registry).await?;
+    let node = Node::start(endpoint, keys.clone(), NodeConfig { executor, ..Default::default() }, registry).await?;
     let stop = CancellationToken::new();
     let running = tokio::spawn(node.run(stop.clone()));
 

@@ -708,8 +708,8 @@ fn a_dispatch_cut_short_is_completed_by_running_it_again() {
     let (id0, total0) = ("resume-none", 10u64);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
-        let client = shardctl_common::conn::open(&env.redis.url()).unwrap();
-        let mut con = client.manager().await.unwrap();
+        let endpoint = shardctl_common::conn::open(&env.redis.url()).unwrap();
+        let mut con = endpoint.manager().await.unwrap();
         let keys = Keys::new("shardctl", &env.queue).unwrap();
         let spec = TaskSpec { strategy: Strategy::ConsistentHash, ..TaskSpec::new(id, "mine", total) };
         shardctl_coordinator::dispatch::create_task(&mut con, &keys, &spec).await.unwrap();
@@ -1106,8 +1106,8 @@ fn each_node_is_live_for_its_own_member_timeout() {
     let keys = Keys::new("shardctl", "own-timeout").unwrap();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
-        let client = shardctl_common::conn::open(&redis.url()).unwrap();
-        let mut con = client.manager().await.unwrap();
+        let endpoint = shardctl_common::conn::open(&redis.url()).unwrap();
+        let mut con = endpoint.manager().await.unwrap();
         // both beat 30 s ago by the server's clock (the one join.lua scores with)
         let beat = shardctl_common::time::server_now_ms(&mut con, &keys).await.unwrap() - 30_000;
         for (node, timeout) in [("patient", 60_000u64), ("hasty", 20_000)] {

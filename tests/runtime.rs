@@ -477,9 +477,9 @@ async fn stalled_shard_recovered_from_a_dead_executor() {
     // A lives on a runtime of its own: shutting that down drops every task of A at once (claim
     // loop, heartbeat, reporter, handlers, connections), as a crash would
     let rt_a = Doomed::new();
-    let (client, keys, reg_a) = (env.client.clone(), env.keys.clone(), flaky_registry(&h));
+    let (endpoint, keys, reg_a) = (env.endpoint.clone(), env.keys.clone(), flaky_registry(&h));
     rt_a.spawn(async move {
-        let ex = shardctl_executor::Executor::connect(client, keys, cfg_a, reg_a).await.expect("connect");
+        let ex = shardctl_executor::Executor::connect(endpoint, keys, cfg_a, reg_a).await.expect("connect");
         ex.run(tokio_util::sync::CancellationToken::new()).await
     });
     env.dispatch(&spec("st", "flaky", 4, Value::Null)).await;

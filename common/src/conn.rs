@@ -25,7 +25,7 @@ pub use crate::redis_url::redact;
 /// Where a queue's Redis is. Cheap to clone.
 #[derive(Clone)]
 pub struct Endpoint {
-    client: Target,
+    target: Target,
     redacted: String,
 }
 
@@ -55,7 +55,7 @@ pub fn open(url: &str) -> Result<Endpoint> {
             Target::Cluster(cluster_client(nodes.clone(), RESPONSE_TIMEOUT).map_err(invalid)?, nodes)
         }
     };
-    Ok(Endpoint { client, redacted })
+    Ok(Endpoint { target: client, redacted })
 }
 
 fn cluster_client(nodes: Vec<String>, response_timeout: Duration) -> redis::RedisResult<ClusterClient> {
@@ -76,14 +76,14 @@ impl Endpoint {
 
     /// True for a Redis Cluster.
     pub fn is_cluster(&self) -> bool {
-        matches!(self.client, Target::Cluster(..))
+        matches!(self.target, Target::Cluster(..))
     }
 
     /// Connects a manager that reconnects with backoff whenever the connection drops. For a
     /// cluster: a cluster connection, which reconnects by itself, follows MOVED/ASK and refreshes
     /// its slot map after a resharding or a failover.
     pub async fn manager(&self) -> Result<Conn> {
-        match &self.client {
+        match &self.target {
             Target::Single(client) => {
                 let cfg = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(CONNECT_TIMEOUT))
@@ -102,7 +102,7 @@ impl Endpoint {
     /// A manager that connects on first use: a server down now still counts (Redlock's quorum).
     /// Redlock wants independent servers, so a cluster is refused.
     pub fn lazy(&self) -> Result<Conn> {
-        let Target::Single(client) = &self.client else {
+        let Target::Single(client) = &self.target else {
             return Err(Error::invalid(format!(
                 "'{}' is a cluster; Redlock takes independent single servers",
                 self.redacted
@@ -118,7 +118,7 @@ impl Endpoint {
     /// so a wait never holds up the ordinary commands of the manager.
     pub async fn blocking(&self, block: Duration) -> Result<Conn> {
         let timeout = block + Duration::from_secs(5);
-        match &self.client {
+        match &self.target {
             Target::Single(client) => {
                 let cfg = AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(CONNECT_TIMEOUT))
@@ -136,7 +136,7 @@ impl Endpoint {
     }
 
     fn unreachable(&self, e: redis::RedisError) -> Error {
-        let what = match &self.client {
+        let what = match &self.target {
             Target::Single(client) => {
                 let addr = client.get_connection_info().addr().to_string();
                 // with credentials, say whose (the password hidden): a wrong user is a common slip

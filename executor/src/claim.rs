@@ -217,7 +217,7 @@ async fn wait_for_work(
         return Ok(());
     }
     if blocking.is_none() {
-        *blocking = Some(shared.client.blocking(shared.cfg.block_timeout).await?);
+        *blocking = Some(shared.endpoint.blocking(shared.cfg.block_timeout).await?);
     }
     let con = blocking.as_mut().expect("just set");
     // BZPOPMIN takes seconds with decimals; 0 would block forever

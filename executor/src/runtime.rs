@@ -38,7 +38,7 @@ pub(crate) struct Shared {
     pub(crate) cfg: ExecutorConfig,
     pub(crate) keys: Keys,
     pub(crate) registry: Registry,
-    pub(crate) client: Endpoint,
+    pub(crate) endpoint: Endpoint,
     pub(crate) con: Conn,
     /// ref → held shard. std Mutex: only short lookups, never held across an await.
     pub(crate) held: Mutex<HashMap<ShardRef, Held>>,
@@ -85,9 +85,9 @@ pub struct Executor {
 
 impl Executor {
     /// Connects to Redis; fails at once when it cannot be reached or the config is invalid.
-    pub async fn connect(client: Endpoint, keys: Keys, cfg: ExecutorConfig, registry: Registry) -> Result<Self> {
+    pub async fn connect(endpoint: Endpoint, keys: Keys, cfg: ExecutorConfig, registry: Registry) -> Result<Self> {
         cfg.validate().map_err(shardctl_common::Error::Invalid)?;
-        let con = client.manager().await?;
+        let con = endpoint.manager().await?;
         let node_id: Arc<str> = Arc::from(cfg.node_id.as_str());
         let token_base = cfg.instance.clone();
         let concurrency = cfg.concurrency;
@@ -96,7 +96,7 @@ impl Executor {
             cfg,
             keys,
             registry,
-            client,
+            endpoint,
             con,
             held: Mutex::new(HashMap::new()),
             tasks: TaskCache::default(),

@@ -121,7 +121,7 @@ pub(crate) type Figures = BTreeMap<&'static str, f64>;
 /// What every scenario works with.
 pub(crate) struct Ctx {
     pub url: String,
-    pub client: shardctl_common::conn::Endpoint,
+    pub endpoint: shardctl_common::conn::Endpoint,
     pub con: Conn,
     pub prefix: String,
     pub queue: String,
@@ -152,14 +152,14 @@ pub async fn run(args: &Args, a: &BenchArgs) -> anyhow::Result<ExitCode> {
 
 async fn bench(args: &Args, a: &BenchArgs, selected: &[Scenario], url: String) -> anyhow::Result<ExitCode> {
     let given = args.given_redis()?;
-    let client = conn::open(&url)?;
-    if client.is_cluster() {
+    let endpoint = conn::open(&url)?;
+    if endpoint.is_cluster() {
         // INFO, FLUSHDB and CONFIG would reach one random node of a cluster
         return Err(
             shardctl_common::Error::invalid("the bench measures one redis-server: give a single-server URL").into()
         );
     }
-    let mut con = client.manager().await?;
+    let mut con = endpoint.manager().await?;
     if given.is_some() && stats::dbsize(&mut con).await? > 0 {
         return Err(shardctl_common::Error::invalid(
             "the bench flushes its database between runs: point --redis at an empty database",
@@ -173,7 +173,7 @@ async fn bench(args: &Args, a: &BenchArgs, selected: &[Scenario], url: String) -
     let queue = args.queue.clone();
     let mut ctx = Ctx {
         url: url.clone(),
-        client,
+        endpoint,
         con,
         keys: Keys::new(&args.prefix, &queue)?,
         prefix: args.prefix.clone(),

@@ -40,8 +40,8 @@ pub async fn run(args: &Args, a: &DemoArgs) -> anyhow::Result<ExitCode> {
     let given = args.given_redis()?;
     let (_server, url) = RedisServer::unless_given(&given)?;
     let keys = args.keys()?;
-    let client = conn::open(&url)?;
-    let mut con = client.manager().await?;
+    let endpoint = conn::open(&url)?;
+    let mut con = endpoint.manager().await?;
     let spec = TaskSpec { items: a.items, ..TaskSpec::new(new_task_id(), "primes", a.shards) };
     create_task(&mut con, &keys, &spec).await?;
     eprintln!(
@@ -55,7 +55,7 @@ pub async fn run(args: &Args, a: &DemoArgs) -> anyhow::Result<ExitCode> {
     for i in 0..a.executors {
         let executor = ExecutorConfig { node_id: format!("demo-{i}"), concurrency: cores, ..Default::default() };
         let config = NodeConfig { executor, ..Default::default() };
-        let node = Node::start(client.clone(), keys.clone(), config, Registry::with_builtins()).await?;
+        let node = Node::start(endpoint.clone(), keys.clone(), config, Registry::with_builtins()).await?;
         runs.push(tokio::spawn(node.run(stop.clone())));
     }
     let start = Instant::now();

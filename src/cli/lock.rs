@@ -189,8 +189,8 @@ async fn run_locked(args: &Args, a: &LockArgs) -> anyhow::Result<u8> {
         return Err(Error::invalid("--ttl must be at least 30ms").into());
     }
     let lock = if a.redlock.is_empty() {
-        let client = conn::open(&args.redis_url()?)?;
-        Held::One(RedisLock::new(client.manager().await?, keys, a.ttl))
+        let endpoint = conn::open(&args.redis_url()?)?;
+        Held::One(RedisLock::new(endpoint.manager().await?, keys, a.ttl))
     } else {
         if a.redlock.len() < 3 {
             return Err(Error::invalid("--redlock needs at least 3 independent servers").into());
@@ -198,8 +198,8 @@ async fn run_locked(args: &Args, a: &LockArgs) -> anyhow::Result<u8> {
         let mut servers = Vec::new();
         for url in &a.redlock {
             // a server down at start still counts against the quorum: connect lazily
-            let client = conn::open(url)?;
-            servers.push(client.lazy()?);
+            let endpoint = conn::open(url)?;
+            servers.push(endpoint.lazy()?);
         }
         Held::Red(Redlock::new(servers, keys, a.ttl))
     };

@@ -249,9 +249,9 @@ pub fn task_id(id: &str) -> anyhow::Result<&str> {
 
 /// Connects a manager, with the URL (password hidden) in the error.
 pub async fn connect(args: &Args) -> anyhow::Result<(shardctl_common::conn::Endpoint, shardctl_common::conn::Conn)> {
-    let client = shardctl_common::conn::open(&args.redis_url()?)?;
-    let con = client.manager().await?;
-    Ok((client, con))
+    let endpoint = shardctl_common::conn::open(&args.redis_url()?)?;
+    let con = endpoint.manager().await?;
+    Ok((endpoint, con))
 }
 
 /// Writes to stdout (and a newline when `line`). `shardctl status | head -1`: when the reader

@@ -28,9 +28,9 @@ pub async fn run(args: &Args, a: &WatchArgs) -> anyhow::Result<ExitCode> {
     if let Some(t) = &a.task {
         super::task_id(t)?;
     }
-    let (client, _) = connect(args).await?;
+    let (endpoint, _) = connect(args).await?;
     // a blocking read needs a connection of its own with a response timeout past the block
-    let mut con = client.blocking(std::time::Duration::from_secs(5)).await?;
+    let mut con = endpoint.blocking(std::time::Duration::from_secs(5)).await?;
     let key = args.keys()?.events();
     let mut last = if a.from_start { "0-0".to_owned() } else { "$".to_owned() };
     let mut seen = 0u64;

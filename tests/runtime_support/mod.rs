@@ -39,7 +39,7 @@ pub struct Env {
     /// Killed on drop.
     pub redis: TestRedis,
     /// For the executors.
-    pub client: shardctl_common::conn::Endpoint,
+    pub endpoint: shardctl_common::conn::Endpoint,
     /// The test's own connection (cloned per call).
     pub con: Conn,
     /// The queue under test.
@@ -58,9 +58,9 @@ impl Env {
     }
 
     async fn with(redis: TestRedis) -> Self {
-        let client = conn::open(&redis.url()).expect("redis client");
-        let con = client.manager().await.expect("connection manager");
-        Env { redis, client, con, keys: Keys::new("shardctl", "runtime").unwrap() }
+        let endpoint = conn::open(&redis.url()).expect("redis endpoint");
+        let con = endpoint.manager().await.expect("connection manager");
+        Env { redis, endpoint, con, keys: Keys::new("shardctl", "runtime").unwrap() }
     }
 
     /// Creates a task through the coordinator, panicking on any error.
@@ -73,7 +73,7 @@ impl Env {
 
     /// Connects an executor on the current runtime and runs it until stopped.
     pub async fn executor(&self, cfg: ExecutorConfig, registry: Registry) -> Running {
-        let ex = Executor::connect(self.client.clone(), self.keys.clone(), cfg, registry).await.expect("connect");
+        let ex = Executor::connect(self.endpoint.clone(), self.keys.clone(), cfg, registry).await.expect("connect");
         let stats = ex.stats();
         let shutdown = CancellationToken::new();
         let handle = tokio::spawn(ex.run(shutdown.clone()));

@@ -33,8 +33,8 @@ pub(crate) async fn idle(ctx: &mut Ctx) -> anyhow::Result<Figures> {
     let started = async {
         for i in 0..IDLE {
             let cfg = ExecutorConfig { node_id: format!("bench-idle-{i}"), ..Default::default() };
-            let client = conn::open(&ctx.url)?;
-            let ex = Executor::connect(client, ctx.keys.clone(), cfg, Registry::with_builtins()).await?;
+            let endpoint = conn::open(&ctx.url)?;
+            let ex = Executor::connect(endpoint, ctx.keys.clone(), cfg, Registry::with_builtins()).await?;
             running.push(tokio::spawn(ex.run(stop.clone())));
         }
         stats::wait_blocked(&mut ctx.con, IDLE as u64, Duration::from_secs(30)).await
@@ -81,7 +81,7 @@ pub(crate) async fn upkeep(ctx: &mut Ctx) -> anyhow::Result<Figures> {
         ..Default::default()
     };
     let instance = cfg.instance.clone();
-    let ex = Executor::connect(ctx.client.clone(), keys.clone(), cfg, Registry::with_builtins()).await?;
+    let ex = Executor::connect(ctx.endpoint.clone(), keys.clone(), cfg, Registry::with_builtins()).await?;
     let live = ex.stats();
     let mut con = ctx.con.clone();
     let spec = TaskSpec { payload: r#"{"ms":600000}"#.into(), ..TaskSpec::new(new_task_id(), "sleep", HELD) };
