@@ -6,6 +6,8 @@
 //! - [`node`]: [`Node`], an executor node assembled from a handler registry and a config
 //!   (executor runtime, membership and rebalancing, stalled sweep, metrics, graceful shutdown).
 //! - [`metrics`]: the Prometheus exporter (`GET /metrics`).
+//! - [`bench`](mod@bench): the performance benchmark (`shardctl bench`): scenarios against targets, and
+//!   BullMQ on the same Redis.
 //! - The crates underneath, re-exported: [`common`] (keys, scripts, model, connections),
 //!   [`executor`] (the runtime, handlers, built-in kinds), [`coordinator`] (dispatch, sweep,
 //!   membership, progress, the coordinator daemon).
@@ -35,6 +37,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod bench;
 pub mod metrics;
 pub mod node;
 

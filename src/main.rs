@@ -5,8 +5,8 @@
 //! private Redis (`demo`).
 //!
 //! # Layout
-//! The library half of the package (`src/lib.rs`: `shardctl::Node`, the metrics exporter) is
-//! what this binary runs; here are argument parsing and printing.
+//! The library half of the package (`src/lib.rs`: `shardctl::Node`, the metrics exporter, the
+//! benchmark) is what this binary runs; here are argument parsing and printing.
 //! - `cli/mod.rs`: the argument model (clap derive; its doc comments are the `--help` text).
 //! - `cli/dispatch.rs`, `cli/executor.rs`, `cli/coordinator.rs`, `cli/status.rs`, `cli/wait.rs`,
 //!   `cli/watch.rs`, `cli/config.rs`, `cli/bench.rs`, `cli/demo.rs`, `cli/lock.rs`,

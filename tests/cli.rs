@@ -5,13 +5,11 @@
 mod support;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
-use std::sync::mpsc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 use shardctl_common::split::shard_range;
-use support::{shardctl, Cli, BIN};
+use support::{eventually, shardctl, Cli, Process, BIN};
 
 // ---------------------------------------------------------------------------------------------
 // 1. dispatch rejections: a clear message, exit 2, nothing written to Redis
@@ -550,29 +548,22 @@ fn demo_runs_end_to_end() {
 
 #[test]
 fn demo_stopped_by_sigterm_leaves_no_redis_server() {
-    let mut demo = support::spawn(&["demo", "--shards", "1000", "--items", "1000000000", "--executors", "1"]);
-    let stderr = demo.0.stderr.take().expect("piped stderr");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
+    let mut demo = Process::spawn(
+        support::command(&["demo", "--shards", "1000", "--items", "1000000000", "--executors", "1"]),
+        "demo",
+    );
+    // a hang guard, not a time assertion
+    let url = eventually("the demo to say it dispatched", Duration::from_secs(60), || {
+        let log = demo.log();
+        let url = log.lines().find_map(|l| l.strip_prefix("started a private redis-server at "));
+        match (url, log.contains("dispatched task")) {
+            (Some(u), true) => Ok(u.trim().to_owned()),
+            _ => Err(log.clone()),
         }
     });
-    let mut url = None;
-    loop {
-        // a hang guard, not a time assertion
-        let line = rx.recv_timeout(Duration::from_secs(60)).expect("the demo never said it dispatched");
-        if let Some(u) = line.strip_prefix("started a private redis-server at ") {
-            url = Some(u.trim().to_owned());
-        }
-        if line.starts_with("dispatched task") {
-            break;
-        }
-    }
-    let url = url.expect("the demo did not say where its redis-server is");
-    let pid = demo.0.id();
-    support::sigterm(pid);
-    let _ = demo.0.wait();
+    let pid = demo.pid();
+    demo.signal("TERM");
+    let _ = demo.wait_exit(Duration::from_secs(60));
     // shut down a server the demo left behind, so that the test leaks nothing either way
     let left_behind = redis::Client::open(url.as_str())
         .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(500)))

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use shardctl_testkit::TestCluster;
-use support::{shardctl, Cli};
+use support::{shardctl, Cli, CHAOS_EXECUTOR_ARGS};
 
 /// How long a state may take to show before the test calls it hung (a guard, not a timing).
 const GUARD: Duration = Duration::from_secs(60);
@@ -27,26 +27,8 @@ const PRIMES_BELOW_1E6: u64 = 78_498;
 const PRIMES_BELOW_4E7: u64 = 2_433_654;
 
 /// Short timings, as the crash tests use, and a stall count that repeated crashes never reach.
-const EXECUTOR_ARGS: &[&str] = &[
-    "--concurrency",
-    "2",
-    "--block-timeout",
-    "200ms",
-    "--grace",
-    "1s",
-    "--lock-duration",
-    "1s",
-    "--lock-renew",
-    "300ms",
-    "--stalled-interval",
-    "300ms",
-    "--max-stalled-count",
-    "1000",
-    "--member-heartbeat",
-    "200ms",
-    "--member-timeout",
-    "1s",
-];
+/// [`CHAOS_EXECUTOR_ARGS`] and a quick membership.
+const MEMBER_ARGS: &[&str] = &["--member-heartbeat", "200ms", "--member-timeout", "1s"];
 
 /// The hash tag of queue `q` under the default prefix, as `common::keys` builds it.
 fn tag(q: &str) -> String {
@@ -66,9 +48,9 @@ fn queues_on_every_master(cluster: &TestCluster, stem: &str) -> BTreeMap<u16, St
     panic!("no queue names spread over every master");
 }
 
-/// Starts `shardctl executor --node-id <node>` with [`EXECUTOR_ARGS`].
-fn executor(cli: &Cli<&TestCluster>, node: &str) -> support::Executor {
-    cli.background(node, &[&["executor", "--node-id", node][..], EXECUTOR_ARGS].concat())
+/// Starts `shardctl executor --node-id <node>` with [`CHAOS_EXECUTOR_ARGS`] and [`MEMBER_ARGS`].
+fn executor(cli: &Cli<&TestCluster>, node: &str) -> support::Process {
+    cli.background(node, &[&["executor", "--node-id", node][..], CHAOS_EXECUTOR_ARGS, MEMBER_ARGS].concat())
 }
 
 fn task_json(cli: &Cli<&TestCluster>, id: &str) -> Value {

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
-use support::Cli;
+use support::{eventually, Cli};
 
 /// Wall clock in ms since the epoch (what `date +%s%N` / 10^6 reads too).
 fn now_ms() -> u64 {
@@ -40,23 +40,9 @@ fn lines(p: &Path) -> Vec<String> {
     std::fs::read_to_string(p).unwrap_or_default().lines().map(str::to_owned).collect()
 }
 
-/// Polls `f` every 20 ms until it holds or `timeout` passes; whether it held.
-fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let end = Instant::now() + timeout;
-    loop {
-        if f() {
-            return true;
-        }
-        if Instant::now() > end {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Starts `shardctl executor --node-id <node>` with the test defaults of `support` (concurrency
 /// 2, lock 2s, sweep 500ms, block 200ms, grace 2s), each overridden by an option of `extra`.
-fn executor(cli: &Cli, node: &str, extra: &[&str]) -> support::Executor {
+fn executor(cli: &Cli, node: &str, extra: &[&str]) -> support::Process {
     let mut opts: Vec<(String, Option<String>)> = [
         ("--concurrency", "2"),
         ("--lock-duration", "2s"),
@@ -195,13 +181,10 @@ fn a_blocked_executor_wakes_at_a_delayed_tasks_start_not_at_its_block_timeout() 
     // once it beats (its lease exists) it has claimed nothing and blocks on the marker, for up
     // to 30 s
     let mut con = cli.con();
-    assert!(
-        eventually(Duration::from_secs(10), || {
-            let leases: u64 = redis::cmd("ZCARD").arg(cli.key("leases")).query(&mut con).unwrap();
-            leases > 0
-        }),
-        "the executor never took its lease"
-    );
+    eventually("the executor to take its lease", Duration::from_secs(10), || {
+        let leases: u64 = redis::cmd("ZCARD").arg(cli.key("leases")).query(&mut con).unwrap();
+        (leases > 0).then_some(()).ok_or("no lease")
+    });
     std::thread::sleep(Duration::from_millis(300));
     let t0 = now_ms();
     cli.ok(&["dispatch", "--kind", "rec", "--shards", "1", "--task-id", "late", "--delay", "1s"]);
@@ -229,9 +212,13 @@ fn cancel_kills_running_handlers_drops_queued_refs_and_ends_the_task_cancelled()
     // b holds 2 shards, then a 2 more; a stops with a short grace: its 2 shards are released to
     // `wait`, where they stay while b is full
     let b = executor(&cli, "b", &timing);
-    assert!(eventually(Duration::from_secs(10), || lines(&pids).len() >= 2), "{}", b.log());
+    eventually("2 handlers started", Duration::from_secs(10), || {
+        (lines(&pids).len() >= 2).then_some(()).ok_or(b.log())
+    });
     let mut a = executor(&cli, "a", &[&timing[..], &["--grace", "200ms"]].concat());
-    assert!(eventually(Duration::from_secs(10), || lines(&pids).len() >= 4), "{}", a.log());
+    eventually("4 handlers started", Duration::from_secs(10), || {
+        (lines(&pids).len() >= 4).then_some(()).ok_or(a.log())
+    });
     a.terminate();
     std::thread::sleep(Duration::from_millis(300));
     let started = lines(&pids);
@@ -246,12 +233,13 @@ fn cancel_kills_running_handlers_drops_queued_refs_and_ends_the_task_cancelled()
     let out = cli.ok(&["cancel", "doomed"]);
     assert!(out.contains("cancelled"), "{out}");
     // the heartbeat (every 250 ms) sees the cancellation and kills the handlers
-    assert!(
-        eventually(Duration::from_secs(3), || running.iter().all(|p| !alive(p))),
-        "handlers still running {:?} after cancel\n{}",
-        t.elapsed(),
-        b.log()
-    );
+    eventually("the handlers to stop after cancel", Duration::from_secs(3), || {
+        running
+            .iter()
+            .all(|p| !alive(p))
+            .then_some(())
+            .ok_or_else(|| format!("{:?} after cancel\n{}", t.elapsed(), b.log()))
+    });
     let log = b.log();
     assert_eq!(log.matches("task cancelled: stopping its handler").count(), 2, "{log}");
     assert!(!log.contains("lock lost"), "a cancellation is not a lost lock: {log}");
@@ -570,13 +558,13 @@ fn a_task_past_its_retention_is_removed_with_all_its_keys_and_forever_keeps_them
     let ttl = pttl(&cli, "task:brief");
     assert!(ttl > 0 && ttl <= 2000, "{ttl}");
     assert!(in_zset(&cli, "expiring", "brief"));
-    let gone = eventually(Duration::from_secs(6), || {
-        keys_of(&cli, "brief").is_empty()
+    eventually("the brief task to be removed", Duration::from_secs(6), || {
+        let gone = keys_of(&cli, "brief").is_empty()
             && !in_zset(&cli, "index", "brief")
             && !in_zset(&cli, "finished", "brief")
-            && !in_zset(&cli, "expiring", "brief")
+            && !in_zset(&cli, "expiring", "brief");
+        gone.then_some(()).ok_or_else(|| format!("left: keys {:?}", keys_of(&cli, "brief")))
     });
-    assert!(gone, "left: keys {:?}", keys_of(&cli, "brief"));
     let st = cli.run(&["status", "brief"]);
     assert_ne!(st.code(), 0, "{st:?}");
     // forever: no TTL, not expiring, still there
@@ -622,10 +610,10 @@ fn clean_older_than_zero_removes_every_ended_task_and_leaves_running_ones() {
     cli.ok(&["wait", "ok1", "--timeout", "20s"]);
     assert_eq!(cli.run(&["wait", "bad1", "--timeout", "20s"]).code(), 3);
     let mut con = cli.con();
-    assert!(eventually(Duration::from_secs(10), || {
+    eventually("2 retries delayed", Duration::from_secs(10), || {
         let n: i64 = redis::cmd("ZCARD").arg(cli.key("delayed")).query(&mut con).unwrap();
-        n == 2
-    }));
+        (n == 2).then_some(()).ok_or(n)
+    });
     e.terminate();
     cli.ok(&["cancel", "can1"]);
     let delayed: i64 = redis::cmd("ZCARD").arg(cli.key("delayed")).query(&mut con).unwrap();
@@ -662,14 +650,10 @@ fn a_task_id_dispatched_again_runs_the_new_tasks_spec() {
     let mut e = executor(&cli, "a", &["--lock-renew", "250ms"]);
     cli.ok(&["dispatch", "--task-id", "x", "--kind", "sleep", "--shards", "1", "--payload", r#"{"ms":600000}"#]);
     let mut con = cli.con();
-    assert!(
-        eventually(Duration::from_secs(10), || {
-            let held: Vec<String> = redis::cmd("HKEYS").arg(cli.key("active")).query(&mut con).unwrap();
-            held.iter().any(|r| r.starts_with("x:"))
-        }),
-        "the sleep shard never started\n{}",
-        e.log()
-    );
+    eventually("the sleep shard to start", Duration::from_secs(10), || {
+        let held: Vec<String> = redis::cmd("HKEYS").arg(cli.key("active")).query(&mut con).unwrap();
+        held.iter().any(|r| r.starts_with("x:")).then_some(()).ok_or(e.log())
+    });
     cli.ok(&["cancel", "x"]);
     cli.ok(&["clean", "--older-than", "0s"]);
     cli.ok(&["dispatch", "--task-id", "x", "--kind", "noop", "--shards", "4", "--attempts", "1"]);

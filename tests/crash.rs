@@ -17,6 +17,10 @@
 //! scripts run, so that "counted once" and "aggregated once" are checked on the writes
 //! themselves, not only on the final counters.
 
+// the harness shared by the CLI test files: this one uses a part of it
+#[allow(dead_code)]
+mod support;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
@@ -29,6 +33,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde_json::{json, Value};
 use shardctl_common::keys::ACTIVE_PIN;
 use shardctl_testkit::{TestCluster, TestRedis};
+use support::{signal, task_counts, CHAOS_EXECUTOR_ARGS};
 
 const SHARDS: u64 = 2000;
 /// 200,000 items a shard: a shard takes a few tens of milliseconds in a debug build, so that
@@ -46,30 +51,13 @@ const GRACE: Duration = Duration::from_secs(1);
 /// recovered stay with their holder, whose heartbeat takes the lease again.
 const STOP_MS: (u64, u64) = (3000, 4000);
 const GAP_MS: (u64, u64) = (200, 900);
-/// `--max-stalled-count 1000`: repeated crashes never fail a shard, so the count must be exact.
-const EXECUTOR_ARGS: &[&str] = &[
-    "--concurrency",
-    "2",
-    "--lock-duration",
-    "1s",
-    "--lock-renew",
-    "300ms",
-    "--stalled-interval",
-    "300ms",
-    "--max-stalled-count",
-    "1000",
-    "--block-timeout",
-    "200ms",
-    "--grace",
-    "1s",
-];
 
 /// The rounds share two cores: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 /// π(4·10⁸), the known count (computing it in a debug build costs seconds of the two cores).
 const EXPECTED: u64 = 21_336_326;
 
-/// How a round dispatches its task and what its executors are told besides [`EXECUTOR_ARGS`].
+/// How a round dispatches its task and what its executors are told besides [`CHAOS_EXECUTOR_ARGS`].
 struct Setup {
     /// The test function, for the replay hint.
     test: &'static str,
@@ -209,7 +197,7 @@ struct Exec {
 
 /// The executors of one round, killed (SIGCONT, then SIGKILL) on drop even when a check panics;
 /// on a panic their log tails and the server's are printed first.
-struct Cluster {
+struct Fleet {
     round: u32,
     queue: String,
     dir: PathBuf,
@@ -220,17 +208,12 @@ struct Cluster {
     redis: Server,
 }
 
-fn signal(pid: u32, sig: &str) {
-    // failure is fine: the process may have exited on its own an instant ago
-    let _ = Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).stderr(Stdio::null()).status();
-}
-
-impl Cluster {
+impl Fleet {
     fn new(round: u32, on_cluster: bool) -> Self {
         let dir = std::env::temp_dir().join(format!("shardctl-crash-{}-{round}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("log dir");
-        Cluster {
+        Fleet {
             round,
             queue: format!("crash-{round}"),
             dir,
@@ -259,7 +242,7 @@ impl Cluster {
         let child = self
             .command()
             .args(["executor", "--node-id", &node])
-            .args(EXECUTOR_ARGS)
+            .args(CHAOS_EXECUTOR_ARGS)
             .args(self.extra_executor_args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -388,7 +371,7 @@ impl Cluster {
     }
 }
 
-impl Drop for Cluster {
+impl Drop for Fleet {
     fn drop(&mut self) {
         for e in &mut self.execs {
             if e.exit.is_none() {
@@ -569,7 +552,7 @@ fn crash_round(round: u32, setup: Setup) {
     let mut rng = XorShift::new(seed);
     let expected = EXPECTED;
 
-    let mut c = Cluster::new(round, setup.on_cluster);
+    let mut c = Fleet::new(round, setup.on_cluster);
     c.extra_executor_args = setup.extra_executor_args;
     let mut con = c.redis.con(&c.queue);
     let task = format!("primes-{round}");
@@ -696,18 +679,8 @@ fn crash_round(round: u32, setup: Setup) {
             std::thread::sleep(Duration::from_millis(50));
         }
     });
-    let (bits, results, errors, state): (u64, u64, u64, String) = redis::pipe()
-        .cmd("BITCOUNT")
-        .arg(format!("{tkey}:terminal"))
-        .cmd("HLEN")
-        .arg(format!("{tkey}:results"))
-        .cmd("HLEN")
-        .arg(format!("{tkey}:errors"))
-        .cmd("HGET")
-        .arg(&tkey)
-        .arg("state")
-        .query(&mut con)
-        .unwrap();
+    let (bits, results, errors) = task_counts(&mut con, &tkey);
+    let state: String = redis::cmd("HGET").arg(&tkey).arg("state").query(&mut con).unwrap();
 
     c.stop_all();
     let _: String = redis::cmd("ECHO").arg(MONITOR_END).query(&mut con).unwrap();
@@ -866,7 +839,7 @@ impl ExecStats {
 #[test]
 fn completed_shards_are_not_reported_as_lost_locks() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut c = Cluster::new(3, false);
+    let mut c = Fleet::new(3, false);
     let node = "quiet-0".to_owned();
     let log = c.dir.join(format!("{node}.log"));
     let child = c

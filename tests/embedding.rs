@@ -10,7 +10,7 @@ mod support;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use support::{Cli, Executor};
+use support::{Cli, Process};
 
 /// `target/<profile>/examples/squares`, built by `cargo test` with the tests.
 fn example(name: &str) -> std::path::PathBuf {
@@ -21,10 +21,10 @@ fn example(name: &str) -> std::path::PathBuf {
     path
 }
 
-fn node(cli: &Cli, id: &str) -> Executor {
+fn node(cli: &Cli, id: &str) -> Process {
     let mut cmd = Command::new(example("squares"));
     cmd.env("SHARDCTL_REDIS", cli.redis.url()).env("SHARDCTL_NODE_ID", id).env("SHARDCTL_LOCK_MS", "1500");
-    Executor::spawn(cmd, id)
+    Process::spawn(cmd, id)
 }
 
 #[test]

@@ -1,45 +1,26 @@
 //! Flow control through the binary: priorities order claims, pause stops claims while running
 //! shards finish, resume restarts them at once.
 
-use std::process::{Child, Command, Stdio};
+// the harness shared by the CLI test files: this one uses a part of it
+#[allow(dead_code)]
+mod support;
+
 use std::time::{Duration, Instant};
 
 use shardctl_testkit::TestRedis;
+use support::{Cli, Out, Process};
 
-const BIN: &str = env!("CARGO_BIN_EXE_shardctl");
-
-struct Kill(Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn cli(url: &str, queue: &str, args: &[&str]) -> std::process::Output {
-    Command::new(BIN).args(["--redis", url, "--queue", queue]).args(args).stdin(Stdio::null()).output().unwrap()
+fn cli(url: &str, queue: &str, args: &[&str]) -> Out {
+    Cli::on((), url, queue).run(args)
 }
 
 fn ok(url: &str, queue: &str, args: &[&str]) -> String {
-    let o = cli(url, queue, args);
-    assert!(
-        o.status.success(),
-        "{args:?}: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
+    Cli::on((), url, queue).ok(args)
 }
 
-fn executor(url: &str, queue: &str, extra: &[&str]) -> Kill {
-    Kill(
-        Command::new(BIN)
-            .args(["--redis", url, "--queue", queue, "executor", "--node-id", "flow", "--block-timeout", "200ms"])
-            .args(["--log", "error"])
-            .args(extra)
-            .spawn()
-            .unwrap(),
-    )
+fn executor(url: &str, queue: &str, extra: &[&str]) -> Process {
+    let args = [&["executor", "--node-id", "flow", "--block-timeout", "200ms", "--log", "error"][..], extra].concat();
+    Cli::on((), url, queue).background("flow", &args)
 }
 
 fn done(url: &str, queue: &str, task: &str) -> (u64, String) {

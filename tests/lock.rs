@@ -3,14 +3,17 @@
 //! exits 123, Redlock needs a majority, and SIGTERM/SIGINT/SIGHUP stop the command's whole group
 //! and release the lock before shardctl exits 128 + the signal.
 
+// the harness shared by the CLI test files: this one uses a part of it
+#[allow(dead_code)]
+mod support;
+
 use std::io::BufRead;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use shardctl_testkit::TestRedis;
-
-const BIN: &str = env!("CARGO_BIN_EXE_shardctl");
+use shardctl_testkit::{signal, TestRedis};
+use support::BIN;
 
 fn lock(redis: &str, args: &[&str]) -> std::process::Output {
     Command::new(BIN).args(["--redis", redis, "lock"]).args(args).stdin(Stdio::null()).output().expect("run shardctl")
@@ -30,10 +33,6 @@ fn group_alive(pgid: u32) -> bool {
         let f: Vec<&str> = rest.split_whitespace().collect();
         f.len() > 2 && f[0] != "Z" && f[2] == pgid.to_string()
     })
-}
-
-fn kill(sig: &str, pid: u32) {
-    assert!(Command::new("kill").args([&format!("-{sig}"), &pid.to_string()]).status().unwrap().success());
 }
 
 fn wait_for_exit(child: &mut Child, what: &str) -> ExitStatus {
@@ -150,7 +149,7 @@ fn sigterm_stops_the_commands_whole_group_and_releases_the_lock() {
     let script = "(trap '' TERM; exec sleep 60) & echo started $$; sleep 6; echo first still writing";
     let (mut holder, lines, pgid) =
         start_holder(&url, &["L9", "--ttl", "1s", "--kill-after", "60s", "--", "sh", "-c", script]);
-    kill("TERM", holder.id());
+    signal(holder.id(), "TERM");
     // sh ends at SIGTERM; the sleep that ignores it keeps the group, and the lock, alive
     let deadline = Instant::now() + Duration::from_secs(30);
     while std::path::Path::new(&format!("/proc/{pgid}")).exists() {
@@ -166,7 +165,7 @@ fn sigterm_stops_the_commands_whole_group_and_releases_the_lock() {
     let other = lock(&url, &["L9", "--wait", "0s", "--", "true"]);
     assert_eq!(other.status.code(), Some(123), "a second holder ran beside the first: {}", text(&other));
     // a second signal: SIGKILL for the group at once
-    kill("TERM", holder.id());
+    signal(holder.id(), "TERM");
     let status = wait_for_exit(&mut holder, "shardctl did not end after a second SIGTERM");
     assert_eq!(status.code(), Some(128 + 15), "shardctl exits 128 + SIGTERM");
     assert!(!group_alive(pgid), "the command's process group outlived shardctl");
@@ -193,7 +192,7 @@ fn sigint_and_sighup_reach_the_command_and_sigkill_follows_the_grace() {
     for (sig, num, script) in [("INT", 2, deaf), ("HUP", 1, "echo started $$; sleep 60; echo still writing")] {
         let (mut holder, lines, pgid) =
             start_holder(&url, &["L10", "--ttl", "2s", "--kill-after", "300ms", "--", "sh", "-c", script]);
-        kill(sig, holder.id());
+        signal(holder.id(), sig);
         let status = wait_for_exit(&mut holder, "shardctl did not stop the command");
         assert_eq!(status.code(), Some(128 + num), "SIG{sig}");
         assert!(!group_alive(pgid), "SIG{sig}: the command's process group outlived shardctl");

@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use support::{Cli, Executor};
+use support::{Cli, Process};
 
 /// How long a state may take to show before the test calls it hung (a guard, not a timing).
 const GUARD: Duration = Duration::from_secs(30);
@@ -109,7 +109,7 @@ impl Scrape {
 }
 
 /// Scrapes `addr` until `ok` holds for a scrape, which it returns.
-fn scrape_until(addr: &str, what: &str, procs: &[&Executor], ok: impl Fn(&Scrape) -> bool) -> Scrape {
+fn scrape_until(addr: &str, what: &str, procs: &[&Process], ok: impl Fn(&Scrape) -> bool) -> Scrape {
     let deadline = Instant::now() + GUARD;
     let mut last = None;
     loop {

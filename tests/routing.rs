@@ -18,9 +18,8 @@
 //! cut short, (7) a node id taken twice, (8) `ring simulate`, (9) `status`.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::File;
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
+
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -34,7 +33,7 @@ use shardctl_testkit::TestRedis;
 #[allow(dead_code)]
 mod support;
 
-use support::{command, shardctl, Out, BIN};
+use support::{command, eventually, shardctl, signal, Out, Process};
 
 /// The bound of every "eventually": far above what a healthy run needs.
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -47,82 +46,22 @@ fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn signal(pid: u32, sig: &str) {
-    // failure is fine: the process may have ended an instant ago
-    let _ = Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).stderr(Stdio::null()).status();
-}
-
-/// Polls `f` until it gives a value; panics with `what` (and the last state `f` described)
-/// after [`PATIENCE`].
-fn eventually<T>(what: &str, mut f: impl FnMut() -> Result<T, String>) -> T {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        match f() {
-            Ok(v) => return v,
-            Err(last) if Instant::now() > deadline => panic!("{what}: not so after {PATIENCE:?}; last: {last}"),
-            Err(_) => std::thread::sleep(Duration::from_millis(20)),
-        }
-    }
-}
-
-/// One `shardctl executor` process, SIGKILLed on drop unless it already ended.
+/// One `shardctl executor` process, named by its node id.
 struct Node {
     id: String,
-    child: Child,
-    log: PathBuf,
-    exit: Option<ExitStatus>,
+    proc: Process,
 }
 
-impl Node {
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// The exit status if it has ended.
-    fn ended(&mut self) -> Option<ExitStatus> {
-        if self.exit.is_none() {
-            self.exit = self.child.try_wait().expect("try_wait");
-        }
-        self.exit
-    }
-
-    /// Waits for the process to end, at most `bound`.
-    fn wait_exit(&mut self, bound: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + bound;
-        loop {
-            if let Some(s) = self.ended() {
-                return Some(s);
-            }
-            if Instant::now() > deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.wait_exit(Duration::from_secs(10));
-    }
-
-    /// SIGTERM, then the exit status (graceful stop: its grace is 2 s).
-    fn terminate(&mut self) -> ExitStatus {
-        signal(self.pid(), "TERM");
-        self.wait_exit(Duration::from_secs(30))
-            .unwrap_or_else(|| panic!("executor {} did not stop after SIGTERM; log:\n{}", self.id, self.log()))
+impl std::ops::Deref for Node {
+    type Target = Process;
+    fn deref(&self) -> &Process {
+        &self.proc
     }
 }
 
-impl Drop for Node {
-    fn drop(&mut self) {
-        if self.ended().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
+impl std::ops::DerefMut for Node {
+    fn deref_mut(&mut self) -> &mut Process {
+        &mut self.proc
     }
 }
 
@@ -137,7 +76,7 @@ struct Run {
 }
 
 /// A private redis-server, a queue, a directory for the handlers' records and the executors.
-struct Env {
+struct RoutingEnv {
     // dropped first: the executors go before their server
     nodes: Vec<Node>,
     queue: String,
@@ -149,12 +88,12 @@ struct Env {
     redis: TestRedis,
 }
 
-impl Env {
+impl RoutingEnv {
     fn start(name: &str, sleep: &'static str) -> Self {
         let dir = std::env::temp_dir().join(format!("shardctl-routing-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("test dir");
-        Env {
+        RoutingEnv {
             nodes: Vec::new(),
             queue: format!("routing-{name}"),
             dir,
@@ -241,12 +180,8 @@ impl Env {
         let n = std::fs::read_dir(&self.dir).map(|d| d.count()).unwrap_or(0);
         let log = self.dir.join(format!("executor-{id}-{n}.log"));
         let args = self.executor_args(id);
-        let child = command(&args.iter().map(String::as_str).collect::<Vec<_>>())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(File::create(&log).expect("executor log")))
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {BIN} executor: {e}"));
-        Node { id: id.to_owned(), child, log, exit: None }
+        let proc = Process::spawn_logging_to(command(&args.iter().map(String::as_str).collect::<Vec<_>>()), &log);
+        Node { id: id.to_owned(), proc }
     }
 
     /// Starts an executor with node id `id`.
@@ -267,7 +202,7 @@ impl Env {
     /// Waits until the membership is exactly `ids`.
     fn wait_members(&self, ids: &[&str]) {
         let want: BTreeSet<String> = ids.iter().map(|s| s.to_string()).collect();
-        eventually(&format!("the membership is {want:?}"), || {
+        eventually(&format!("the membership is {want:?}"), PATIENCE, || {
             let got: BTreeSet<String> = self.members().into_iter().collect();
             if got == want {
                 Ok(())
@@ -348,15 +283,7 @@ impl Env {
         assert_eq!(t["result"], json!(total), "the aggregator counts one line per shard: {t}");
         let mut con = self.con();
         let tkey = self.key(&format!("task:{task}"));
-        let (bits, results, errors): (u64, u64, u64) = redis::pipe()
-            .cmd("BITCOUNT")
-            .arg(format!("{tkey}:terminal"))
-            .cmd("HLEN")
-            .arg(format!("{tkey}:results"))
-            .cmd("HLEN")
-            .arg(format!("{tkey}:errors"))
-            .query(&mut con)
-            .unwrap();
+        let (bits, results, errors) = support::task_counts(&mut con, &tkey);
         assert_eq!((bits, results, errors), (total, total, 0), "terminal bits, results, errors of {task}");
         assert_eq!(self.aggregations(task), 1, "the aggregation of {task} ran once");
         let ran: BTreeSet<u64> = self.runs_of(task).iter().map(|r| r.index).collect();
@@ -377,7 +304,7 @@ impl Env {
     }
 }
 
-impl Drop for Env {
+impl Drop for RoutingEnv {
     fn drop(&mut self) {
         for n in &mut self.nodes {
             n.kill();
@@ -416,7 +343,7 @@ fn per_node(runs: &[Run]) -> BTreeMap<String, usize> {
 #[test]
 fn routed_shards_run_on_the_node_their_placement_names() {
     let _s = serial();
-    let mut env = Env::start("reach", "0.05");
+    let mut env = RoutingEnv::start("reach", "0.05");
     for n in ["a", "b", "c"] {
         env.node(n);
     }
@@ -489,7 +416,7 @@ fn routed_shards_run_on_the_node_their_placement_names() {
 #[test]
 fn a_keys_file_shard_gets_its_key() {
     let _s = serial();
-    let mut env = Env::start("key", "0");
+    let mut env = RoutingEnv::start("key", "0");
     env.node("a");
     env.wait_members(&["a"]);
     let keys = ["eu-west/orders", "us-east/orders", "ap-south/orders", "eu-west/refunds"];
@@ -508,7 +435,7 @@ fn a_keys_file_shard_gets_its_key() {
 #[test]
 fn a_task_dispatched_with_no_live_executor_waits_for_the_first_one() {
     let _s = serial();
-    let mut env = Env::start("unplaced", "0.01");
+    let mut env = RoutingEnv::start("unplaced", "0.01");
     let out = env.dispatch(&["--strategy", "consistent-hash", "--shards", "20", "--task-id", "early"]);
     assert_eq!(out.stdout.trim(), "early");
     assert!(out.stderr.contains("no live executor"), "{out:?}");
@@ -546,7 +473,7 @@ fn a_task_dispatched_with_no_live_executor_waits_for_the_first_one() {
 #[test]
 fn a_node_killed_mid_task_loses_no_shard_and_only_its_shards_move() {
     let _s = serial();
-    let mut env = Env::start("kill", "0.1");
+    let mut env = RoutingEnv::start("kill", "0.1");
     for n in ["a", "b", "c"] {
         env.node(n);
     }
@@ -559,7 +486,7 @@ fn a_node_killed_mid_task_loses_no_shard_and_only_its_shards_move() {
 
     env.dispatch(&["--strategy", "consistent-hash", "--shards", &total.to_string(), "--task-id", "failover"]);
     // some progress by b, while its list still holds refs
-    let left = eventually("b ran a few shards and still has some waiting", || {
+    let left = eventually("b ran a few shards and still has some waiting", PATIENCE, || {
         let ran = env.runs_of("failover").iter().filter(|r| r.node == "b").count();
         let waiting = env.list("node:b:wait").len();
         if waiting == 0 {
@@ -601,7 +528,7 @@ fn a_node_killed_mid_task_loses_no_shard_and_only_its_shards_move() {
 
     // b is gone from the membership and its list with it
     env.wait_members(&["a", "c"]);
-    eventually("b's list is forgotten", || {
+    eventually("b's list is forgotten", PATIENCE, || {
         let listed: Vec<String> = redis::cmd("SMEMBERS").arg(env.key("routed-nodes")).query(&mut env.con()).unwrap();
         let left = env.list("node:b:wait");
         if left.is_empty() && !listed.contains(&"b".to_owned()) {
@@ -619,7 +546,7 @@ fn a_node_killed_mid_task_loses_no_shard_and_only_its_shards_move() {
 #[test]
 fn a_node_joining_mid_task_takes_over_its_share_of_waiting_shards() {
     let _s = serial();
-    let mut env = Env::start("join", "0.1");
+    let mut env = RoutingEnv::start("join", "0.1");
     env.node("a");
     env.node("b");
     env.wait_members(&["a", "b"]);
@@ -627,7 +554,7 @@ fn a_node_joining_mid_task_takes_over_its_share_of_waiting_shards() {
     let old = ["a", "b"];
     let all3 = ["a", "b", "c"];
     env.dispatch(&["--strategy", "consistent-hash", "--shards", &total.to_string(), "--task-id", "grow"]);
-    eventually("a and b made some progress", || {
+    eventually("a and b made some progress", PATIENCE, || {
         let n = env.runs_of("grow").len();
         if n >= 10 {
             Ok(())
@@ -639,7 +566,7 @@ fn a_node_joining_mid_task_takes_over_its_share_of_waiting_shards() {
     env.wait_members(&["a", "b", "c"]);
 
     // once the rebalancer ran, every waiting ref sits on its new owner's list (one atomic read)
-    let (sizes, ran_before) = eventually("the waiting refs are on their owners under {a, b, c}", || {
+    let (sizes, ran_before) = eventually("the waiting refs are on their owners under {a, b, c}", PATIENCE, || {
         let (la, lb, lc): (Vec<String>, Vec<String>, Vec<String>) = redis::pipe()
             .atomic()
             .lrange(env.key("node:a:wait"), 0, -1)
@@ -686,11 +613,11 @@ fn a_node_joining_mid_task_takes_over_its_share_of_waiting_shards() {
 #[test]
 fn a_dispatch_cut_short_is_completed_by_running_it_again() {
     let _s = serial();
-    let mut env = Env::start("resume", "0.02");
+    let mut env = RoutingEnv::start("resume", "0.02");
     let members = ["a", "b"];
     // a live membership without executors: no rebalancer runs, so only dispatches place shards
     // (a node's score is the time it is alive until)
-    let fake_members = |env: &Env| {
+    let fake_members = |env: &RoutingEnv| {
         let until = shardctl_common::time::now_ms() + 15_000;
         let _: () = redis::cmd("ZADD")
             .arg(env.key("nodes"))
@@ -805,11 +732,11 @@ fn a_dispatch_cut_short_is_completed_by_running_it_again() {
 #[test]
 fn a_live_node_id_cannot_be_taken_twice() {
     let _s = serial();
-    let mut env = Env::start("same-id", "0");
+    let mut env = RoutingEnv::start("same-id", "0");
     env.node("a");
     let first = env.nodes[0].pid();
     env.wait_members(&["a"]);
-    let holder = |env: &Env| -> Option<String> {
+    let holder = |env: &RoutingEnv| -> Option<String> {
         redis::cmd("HGET").arg(env.key("node:a")).arg("pid").query(&mut env.con()).unwrap()
     };
     assert_eq!(holder(&env), Some(first.to_string()));
@@ -833,7 +760,7 @@ fn a_live_node_id_cannot_be_taken_twice() {
     assert!(members.is_empty(), "a gracefully stopped executor is still a member: {members:?}");
     env.node("a");
     let third = env.nodes.last().unwrap().pid();
-    eventually("the new executor holds node id 'a'", || {
+    eventually("the new executor holds node id 'a'", PATIENCE, || {
         let h = holder(&env);
         if let Some(st) = env.node_mut("a").ended() {
             panic!("the new executor with a free id exited ({st}):\n{}", env.node_mut("a").log());
@@ -852,7 +779,7 @@ fn a_live_node_id_cannot_be_taken_twice() {
     // a SIGKILLed holder keeps the id until its heartbeat is older than the member timeout
     env.node_mut("a").kill();
     let mut refused = 0;
-    let taker = eventually("a new executor takes the id of a dead one", || {
+    let taker = eventually("a new executor takes the id of a dead one", PATIENCE, || {
         let mut n = env.spawn_node("a");
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
@@ -919,18 +846,18 @@ fn ring_simulate_shows_what_each_strategy_moves() {
 #[test]
 fn status_lists_the_live_nodes_with_their_waiting_and_active_shards() {
     let _s = serial();
-    let mut env = Env::start("status", "0.3");
+    let mut env = RoutingEnv::start("status", "0.3");
     env.node("a");
     env.node("b");
     env.wait_members(&["a", "b"]);
     let pids: BTreeMap<String, u64> = env.nodes.iter().map(|n| (n.id.clone(), u64::from(n.pid()))).collect();
     env.dispatch(&["--strategy", "consistent-hash", "--shards", "40", "--task-id", "watched"]);
-    let status = |env: &Env| -> Value {
+    let status = |env: &RoutingEnv| -> Value {
         let out = env.run(&["status", "--json"]);
         assert_eq!(out.code(), 0, "{out:?}");
         serde_json::from_str(out.stdout.trim()).unwrap_or_else(|e| panic!("status --json ({e}): {out:?}"))
     };
-    let seen = eventually("status shows both nodes with shards waiting and active", || {
+    let seen = eventually("status shows both nodes with shards waiting and active", PATIENCE, || {
         let v = status(&env);
         let nodes = v["nodes"].as_array().cloned().unwrap_or_default();
         let names: BTreeSet<&str> = nodes.iter().filter_map(|n| n["node"].as_str()).collect();
@@ -957,7 +884,7 @@ fn status_lists_the_live_nodes_with_their_waiting_and_active_shards() {
     // b leaves gracefully: it is no longer listed, and its waiting shards move to a
     let st = env.node_mut("b").terminate();
     assert!(st.success(), "{st}");
-    eventually("status lists a only, with b's shards", || {
+    eventually("status lists a only, with b's shards", PATIENCE, || {
         let v = status(&env);
         let names: Vec<&str> = v["nodes"].as_array().unwrap().iter().filter_map(|n| n["node"].as_str()).collect();
         if names == ["a"] && env.list("node:b:wait").is_empty() {
@@ -979,7 +906,7 @@ fn status_lists_the_live_nodes_with_their_waiting_and_active_shards() {
 #[test]
 fn a_retried_routed_shard_runs_on_its_owner_again() {
     let _s = serial();
-    let mut env = Env::start("retry", "0.02");
+    let mut env = RoutingEnv::start("retry", "0.02");
     for n in ["a", "b", "c"] {
         env.node(n);
     }
@@ -1013,7 +940,7 @@ fn a_retried_routed_shard_runs_on_its_owner_again() {
 #[test]
 fn routed_work_that_becomes_claimable_is_placed_without_waiting_for_a_heartbeat() {
     let _s = serial();
-    let mut env = Env::start("route-wake", "0.01");
+    let mut env = RoutingEnv::start("route-wake", "0.01");
     env.membership = ["30s", "90s"];
     for n in ["a", "b"] {
         env.node(n);
@@ -1055,15 +982,15 @@ fn routed_work_that_becomes_claimable_is_placed_without_waiting_for_a_heartbeat(
 #[test]
 fn a_frozen_node_loses_its_id_and_stops_when_it_wakes() {
     let _s = serial();
-    let mut env = Env::start("frozen", "0");
+    let mut env = RoutingEnv::start("frozen", "0");
     env.node("a");
     env.wait_members(&["a"]);
     let old = env.nodes[0].pid();
     signal(old, "STOP");
-    let holder = |env: &Env| -> Option<String> {
+    let holder = |env: &RoutingEnv| -> Option<String> {
         redis::cmd("HGET").arg(env.key("node:a")).arg("pid").query(&mut env.con()).unwrap()
     };
-    let taker = eventually("a new executor takes the id of a frozen one", || {
+    let taker = eventually("a new executor takes the id of a frozen one", PATIENCE, || {
         let mut n = env.spawn_node("a");
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {

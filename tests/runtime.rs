@@ -18,7 +18,7 @@ use shardctl_common::split::shard_range;
 use shardctl_executor::builtin::fails_at;
 use shardctl_executor::child::{ExecAggregator, ExecCommand, ExecHandler};
 use shardctl_executor::{BoxFuture, ExecutorConfig, Handler, Registry, ShardContext, ShardError, StatsSnapshot};
-use support::{config, eventually, Doomed, Env};
+use support::{config, eventually, Doomed, RuntimeEnv};
 // the coordinator's files name their siblings `crate::<module>`: this root must have them all
 
 fn spec(id: &str, kind: &str, shards: u64, payload: Value) -> TaskSpec {
@@ -31,7 +31,7 @@ fn sum(stats: &[StatsSnapshot], field: fn(&StatsSnapshot) -> u64) -> u64 {
 
 /// Once a task has ended, nothing of it may be left running, waiting, held or retried (an
 /// executor's lease may outlive it, holding nothing).
-async fn assert_queue_is_clean(env: &Env) {
+async fn assert_queue_is_clean(env: &RuntimeEnv) {
     assert_eq!(env.active().await, 0, "active shards left");
     assert!(env.wait_list().await.is_empty(), "refs left waiting: {:?}", env.wait_list().await);
     env.assert_nothing_held().await;
@@ -42,7 +42,7 @@ async fn assert_queue_is_clean(env: &Env) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn end_to_end_primes() {
-    let env = Env::start().await;
+    let env = RuntimeEnv::start().await;
     let a = env.executor(config("a"), Registry::with_builtins()).await;
     let b = env.executor(config("b"), Registry::with_builtins()).await;
     env.dispatch(&TaskSpec { items: 100_000, ..TaskSpec::new("primes", "primes", 200) }).await;
@@ -64,7 +64,7 @@ async fn end_to_end_primes() {
 // rides on it (one script call for both); counting stays exact and the aggregation runs once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn completions_ride_on_the_next_claim() {
-    let env = Env::start().await;
+    let env = RuntimeEnv::start().await;
     let cfg = ExecutorConfig { concurrency: 1, prefetch: 0, ..config("a") };
     let a = env.executor(cfg, Registry::with_builtins()).await;
     env.dispatch(&TaskSpec { items: 100_000, ..TaskSpec::new("primes", "primes", 60) }).await;
@@ -81,7 +81,7 @@ async fn completions_ride_on_the_next_claim() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn failures_retry_then_fail_for_good() {
-    let env = Env::start().await;
+    let env = RuntimeEnv::start().await;
     let ex = env.executor(config("a"), Registry::with_builtins()).await;
     let n = 20;
     let s =
@@ -107,7 +107,7 @@ async fn failures_retry_then_fail_for_good() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn partial_failures_are_retried_and_counted_once() {
-    let env = Env::start().await;
+    let env = RuntimeEnv::start().await;
     let a = env.executor(config("a"), Registry::with_builtins()).await;
     let b = env.executor(config("b"), Registry::with_builtins()).await;
     let (n, attempts, rate) = (100u64, 5u32, 0.3);
@@ -140,7 +140,7 @@ async fn partial_failures_are_retried_and_counted_once() {
 /// returns the failed shards with their reasons. Every shard must fail, the task must still end
 /// with its aggregation, and the executor must go on to run another task.
 async fn failing_task(cfg: ExecutorConfig, registry: Registry, kind: &str, payload: Value) -> Vec<(u64, String)> {
-    let env = Env::start().await;
+    let env = RuntimeEnv::start().await;
     let ex = env.executor(cfg, registry).await;
     let shards = 3;
     env.dispatch(&TaskSpec { attempts: 1, ..spec("bad", kind, shards, payload) }).await;
@@ -243,7 +243,7 @@ async fn an_oversized_result_fails() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn exec_handler_and_aggregator_speak_json_lines() {
-    let env = Env::start().await;
+    let env = RuntimeEnv::start().await;
     // odd shards fail, so that the aggregator sees both kinds of line
     let script = concat!(
         r#"p=$(cat); "#,
@@ -282,7 +282,7 @@ async fn exec_handler_and_aggregator_speak_json_lines() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn graceful_shutdown_releases_at_once() {
-    let env = Env::start().await;
+    let env = RuntimeEnv::start().await;
     // a long lock: only the release can make these shards claimable again soon
     let cfg = ExecutorConfig {
         lock_duration: Duration::from_secs(30),
@@ -314,7 +314,7 @@ async fn graceful_shutdown_releases_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn drain_within_grace() {
-    let env = Env::start().await;
+    let env = RuntimeEnv::start().await;
     let a =
         env.executor(ExecutorConfig { grace: Duration::from_secs(10), ..config("a") }, Registry::with_builtins()).await;
     env.dispatch(&spec("d", "sleep", 8, json!({"ms": 300}))).await;
@@ -360,7 +360,7 @@ impl Handler for WaitForCancel {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lost_lock_cancels_handler() {
-    let env = Env::start().await;
+    let env = RuntimeEnv::start().await;
     let h = WaitForCancel::default();
     let mut r = Registry::with_builtins();
     r.handler("hold", h.clone());
@@ -389,7 +389,7 @@ async fn lost_lock_cancels_handler() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lost_lock_kills_the_child_process() {
-    let env = Env::start().await;
+    let env = RuntimeEnv::start().await;
     let dir = std::env::temp_dir().join(format!("shardctl-runtime-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
     let pid_file = dir.join("pid");
@@ -420,7 +420,7 @@ async fn lost_lock_kills_the_child_process() {
 // shards_of_a_claim_whose_reply_was_lost_are_recovered).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_restarted_under_running_executor() {
-    let mut env = Env::start_persistent().await;
+    let mut env = RuntimeEnv::start_persistent().await;
     let sweeper = env.sweeper(Duration::from_millis(200), 5);
     let a = env.executor(ExecutorConfig { concurrency: 8, ..config("a") }, Registry::with_builtins()).await;
     let n = 300;
@@ -467,7 +467,7 @@ fn flaky_registry(h: &Flaky) -> Registry {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn stalled_shard_recovered_from_a_dead_executor() {
-    let env = Env::start().await;
+    let env = RuntimeEnv::start().await;
     let h = Flaky::default();
     let cfg_a = ExecutorConfig {
         lock_duration: Duration::from_millis(500),
@@ -501,7 +501,7 @@ async fn stalled_shard_recovered_from_a_dead_executor() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_failing_aggregator_fails_the_task_with_its_reason() {
-    let env = Env::start().await;
+    let env = RuntimeEnv::start().await;
     let mut r = Registry::with_builtins();
     r.fallback_aggregator(ExecAggregator(Arc::new(ExecCommand::parse("sh -c 'echo no >&2; exit 1'", 100).unwrap())));
     let ex = env.executor(config("a"), r).await;
@@ -525,7 +525,7 @@ async fn a_failing_aggregator_fails_the_task_with_its_reason() {
 // still ran in Redis, and its shards stayed locked under a stopped executor until the sweep.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn shutdown_during_a_claim_call_leaves_nothing_claimed() {
-    let env = Env::start().await;
+    let env = RuntimeEnv::start().await;
     // a claim call that keeps Redis busy for about a second: before reaching the task's cursor,
     // the claim script pops and drops, one by one, many refs of a task that does not exist
     let fill = "for i = 1, tonumber(ARGV[1]) do redis.call('RPUSH', KEYS[1], 'gone:' .. i) end";
@@ -554,7 +554,7 @@ async fn shutdown_during_a_claim_call_leaves_nothing_claimed() {
 // 5,000 here before the fix.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn no_lock_is_counted_lost_when_none_was() {
-    let env = Env::start().await;
+    let env = RuntimeEnv::start().await;
     let cfg = ExecutorConfig {
         concurrency: 16,
         lock_duration: Duration::from_secs(10),
@@ -579,7 +579,7 @@ async fn no_lock_is_counted_lost_when_none_was() {
 // the heartbeat now reconciles `active` against what the executor knows and gives them back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn shards_of_a_claim_whose_reply_was_lost_are_recovered() {
-    let env = Env::start().await;
+    let env = RuntimeEnv::start().await;
     env.dispatch(&spec("o", "noop", 6, Value::Null)).await;
     let cfg = config("a");
     let instance = cfg.instance.clone();
@@ -620,7 +620,7 @@ async fn shards_of_a_claim_whose_reply_was_lost_are_recovered() {
 // the locks of an executor that was gone never expired and its shards were never recovered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn aborting_the_run_future_lets_its_locks_expire() {
-    let env = Env::start().await;
+    let env = RuntimeEnv::start().await;
     let h = Flaky::default();
     // a renew far below the lock: a late heartbeat must not let the lease expire and hide the bug
     let cfg = ExecutorConfig { lock_renew: Duration::from_millis(100), ..config("a") };
@@ -672,7 +672,7 @@ impl Handler for Gauge {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn shards_are_claimed_ahead_only_when_short_and_given_back_at_shutdown() {
-    let env = Env::start().await;
+    let env = RuntimeEnv::start().await;
     let now = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let most = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let registry = |quick, ms| {
@@ -738,7 +738,7 @@ async fn shards_are_claimed_ahead_only_when_short_and_given_back_at_shutdown() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_timed_out_handler_is_stopped_with_everything_it_started() {
-    let env = Env::start().await;
+    let env = RuntimeEnv::start().await;
     let dir = std::env::temp_dir().join(format!("shardctl-group-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let pids = dir.join("pids");
@@ -779,7 +779,7 @@ impl Handler for Starts {
 // `--prefetch` bound of 1024 it could have claimed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn shards_claimed_ahead_delay_a_higher_priority_task_by_little() {
-    let env = Env::start().await;
+    let env = RuntimeEnv::start().await;
     let started = Arc::new(Mutex::new(Vec::new()));
     let mut r = Registry::with_builtins();
     r.handler("rec", Starts(started.clone()));
@@ -805,7 +805,7 @@ async fn shards_claimed_ahead_delay_a_higher_priority_task_by_little() {
 }
 
 /// The refs held whose task is `task`, counted by the instance of their holder.
-async fn held_by_instance(env: &Env, task: &str) -> HashMap<String, usize> {
+async fn held_by_instance(env: &RuntimeEnv, task: &str) -> HashMap<String, usize> {
     let mut m = HashMap::new();
     for (r, t) in env.holders().await {
         if r.starts_with(&format!("{task}:")) {
@@ -822,7 +822,7 @@ async fn held_by_instance(env: &Env, task: &str) -> HashMap<String, usize> {
 // is given back; under a rate limit nothing waits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_slow_task_after_a_fast_one_is_not_hoarded() {
-    let env = Env::start().await;
+    let env = RuntimeEnv::start().await;
     let a = env.executor(config("a"), Registry::with_builtins()).await; // concurrency 4
     env.dispatch(&TaskSpec::new("tiny", "noop", 4000)).await;
     env.dispatch(&spec("long", "sleep", 60, json!({ "ms": 500 }))).await;

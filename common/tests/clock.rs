@@ -14,17 +14,17 @@ use std::time::Duration;
 use shardctl_common::model::TaskSpec;
 use shardctl_common::scripts;
 use shardctl_common::time::server_now_ms;
-use support::Env;
+use support::ScriptEnv;
 
 const LONG_LOCK: u64 = 60_000;
 
-async fn server_ms(env: &mut Env) -> u64 {
+async fn server_ms(env: &mut ScriptEnv) -> u64 {
     server_now_ms(&mut env.con, &env.keys).await.unwrap()
 }
 
 #[tokio::test]
 async fn delays_and_retries_are_due_by_the_servers_clock() {
-    let mut env = Env::start("clock_due").await;
+    let mut env = ScriptEnv::start("clock_due").await;
     let mut spec = TaskSpec::new("d", "noop", 1);
     spec.delay = Some(Duration::from_millis(400));
     let before = server_ms(&mut env).await;
@@ -49,7 +49,7 @@ async fn delays_and_retries_are_due_by_the_servers_clock() {
 
 #[tokio::test]
 async fn membership_is_scored_and_reaped_by_the_servers_clock_in_one_step() {
-    let mut env = Env::start("clock_members").await;
+    let mut env = ScriptEnv::start("clock_members").await;
     let before = server_ms(&mut env).await;
     for (node, timeout) in [("a", 10_000u64), ("b", 10_000), ("c", 10_000)] {
         let joined = scripts::join(&mut env.con, &env.keys, node, node, timeout, &[]).await.unwrap();

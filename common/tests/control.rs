@@ -11,14 +11,14 @@ use shardctl_common::control;
 use shardctl_common::model::TaskSpec;
 use shardctl_common::scripts::{self, ClaimRequest};
 use shardctl_common::ScriptCode;
-use support::Env;
+use support::ScriptEnv;
 
 /// A lease long enough never to expire during a test.
 const LONG_LOCK: u64 = 60_000;
 
 #[tokio::test]
 async fn a_retry_while_the_aggregation_runs_voids_that_aggregation() {
-    let mut env = Env::start("retry_agg_race").await;
+    let mut env = ScriptEnv::start("retry_agg_race").await;
     let mut spec = TaskSpec::new("t", "noop", 3);
     spec.attempts = 1;
     env.dispatch(&spec).await;
@@ -52,7 +52,7 @@ async fn a_retry_while_the_aggregation_runs_voids_that_aggregation() {
 
 #[tokio::test]
 async fn a_retry_before_the_aggregation_is_claimed_leaves_one_aggregation_job() {
-    let mut env = Env::start("retry_agg_queued").await;
+    let mut env = ScriptEnv::start("retry_agg_queued").await;
     let mut spec = TaskSpec::new("t", "noop", 2);
     spec.attempts = 1;
     env.dispatch(&spec).await;
@@ -71,7 +71,7 @@ async fn a_retry_before_the_aggregation_is_claimed_leaves_one_aggregation_job() 
 
 #[tokio::test]
 async fn after_a_cancel_the_heartbeat_reports_exactly_the_cancelled_tasks_shards_lost() {
-    let mut env = Env::start("cancel_beat").await;
+    let mut env = ScriptEnv::start("cancel_beat").await;
     env.dispatch(&TaskSpec::new("x", "noop", 2)).await;
     env.dispatch(&TaskSpec::new("y", "noop", 2)).await;
     let held = env.claim("a", 0, 4, LONG_LOCK).await.shards;
@@ -102,7 +102,7 @@ async fn after_a_cancel_the_heartbeat_reports_exactly_the_cancelled_tasks_shards
 
 #[tokio::test]
 async fn clean_older_than_removes_every_ended_task_over_several_batches() {
-    let mut env = Env::start("clean_batches").await;
+    let mut env = ScriptEnv::start("clean_batches").await;
     // 10 tasks with a short retention end first, then 250 kept forever
     let mut ids = Vec::new();
     for i in 0..260u64 {
@@ -130,7 +130,7 @@ async fn clean_older_than_removes_every_ended_task_over_several_batches() {
 
 #[tokio::test]
 async fn stale_refs_of_a_cancelled_task_are_never_counted_by_a_new_task_under_its_id() {
-    let mut env = Env::start("reused_id").await;
+    let mut env = ScriptEnv::start("reused_id").await;
     let mut spec = TaskSpec::new("x", "noop", 8);
     spec.retain = None;
     env.dispatch(&spec).await;
@@ -155,7 +155,7 @@ async fn stale_refs_of_a_cancelled_task_are_never_counted_by_a_new_task_under_it
 
 #[tokio::test]
 async fn clean_leaves_a_new_task_under_an_id_whose_old_keys_expired() {
-    let mut env = Env::start("expired_id").await;
+    let mut env = ScriptEnv::start("expired_id").await;
     let mut spec = TaskSpec::new("y", "noop", 1);
     spec.retain = Some(Duration::from_secs(60));
     env.dispatch(&spec).await;
@@ -177,7 +177,7 @@ async fn clean_leaves_a_new_task_under_an_id_whose_old_keys_expired() {
 
 #[tokio::test]
 async fn a_retry_while_the_aggregation_waits_out_its_backoff_leaves_one_aggregation_job() {
-    let mut env = Env::start("retry_agg_delayed").await;
+    let mut env = ScriptEnv::start("retry_agg_delayed").await;
     let mut spec = TaskSpec::new("z", "noop", 2);
     spec.attempts = 2;
     env.dispatch(&spec).await;
@@ -201,7 +201,7 @@ async fn a_retry_while_the_aggregation_waits_out_its_backoff_leaves_one_aggregat
 
 #[tokio::test]
 async fn a_cancelled_routed_task_places_nothing_more() {
-    let mut env = Env::start("route_cancelled").await;
+    let mut env = ScriptEnv::start("route_cancelled").await;
     let spec = TaskSpec { strategy: shardctl_common::ring::Strategy::RoundRobin, ..TaskSpec::new("r", "noop", 4) };
     env.dispatch(&spec).await;
     control::cancel(&mut env.con, &env.keys, "r").await.unwrap();
@@ -213,7 +213,7 @@ async fn a_cancelled_routed_task_places_nothing_more() {
 
 #[tokio::test]
 async fn the_rate_limit_logs_one_entry_per_claim_call_and_hands_out_exactly_the_rest() {
-    let mut env = Env::start("limit_log").await;
+    let mut env = ScriptEnv::start("limit_log").await;
     env.dispatch(&TaskSpec::new("t", "noop", 100)).await;
     let limit = control::RateLimit { max: 10, per: Duration::from_secs(60) };
     control::set_limit(&mut env.con, &env.keys, Some(limit)).await.unwrap();
@@ -239,7 +239,7 @@ async fn the_rate_limit_logs_one_entry_per_claim_call_and_hands_out_exactly_the_
 /// says `busy` (the executor asks again when a slot frees). Without a limit, ahead is no matter.
 #[tokio::test]
 async fn under_a_rate_limit_nothing_is_claimed_ahead() {
-    let mut env = Env::start("limit_ahead").await;
+    let mut env = ScriptEnv::start("limit_ahead").await;
     env.dispatch(&TaskSpec::new("t", "noop", 100)).await;
     let claim = |seq: u64, count: usize, ahead: usize| ClaimRequest {
         count,

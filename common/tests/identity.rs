@@ -13,7 +13,7 @@ use std::time::Duration;
 use shardctl_common::control;
 use shardctl_common::model::{Part, TaskSpec};
 use shardctl_common::ScriptCode;
-use support::Env;
+use support::ScriptEnv;
 
 const LONG_LOCK: u64 = 60_000;
 
@@ -30,7 +30,7 @@ fn spec(id: &str, shards: u64, attempts: u32) -> TaskSpec {
 /// shortened the new shard's attempts.
 #[tokio::test]
 async fn leftovers_of_a_cleaned_task_never_become_the_new_tasks_shards() {
-    let mut env = Env::start("identity_leftovers").await;
+    let mut env = ScriptEnv::start("identity_leftovers").await;
     env.dispatch(&spec("x", 8, 2)).await;
     let c = env.claim("a", 0, 8, LONG_LOCK).await.shards;
     assert_eq!(c.len(), 8);
@@ -78,7 +78,7 @@ async fn leftovers_of_a_cleaned_task_never_become_the_new_tasks_shards() {
 /// shard from its holder (`HSET active` overwrote it).
 #[tokio::test]
 async fn a_claim_never_takes_a_held_shard_from_its_holder() {
-    let mut env = Env::start("identity_held").await;
+    let mut env = ScriptEnv::start("identity_held").await;
     env.dispatch(&spec("t", 2, 1)).await;
     let held = env.claim("a", 0, 1, LONG_LOCK).await.shards.remove(0);
     let r = held.shard_ref.to_string();
@@ -97,7 +97,7 @@ async fn a_claim_never_takes_a_held_shard_from_its_holder() {
 /// task's total must count nothing and leave the bitmap alone.
 #[tokio::test]
 async fn a_completion_past_the_total_counts_nothing() {
-    let mut env = Env::start("identity_past_total").await;
+    let mut env = ScriptEnv::start("identity_past_total").await;
     env.dispatch(&spec("t", 2, 1)).await;
     let mut c = env.claim("a", 0, 1, LONG_LOCK).await.shards.remove(0);
     // forge a hold of shard 5 of this incarnation under the claim's token
@@ -114,7 +114,7 @@ async fn a_completion_past_the_total_counts_nothing() {
 /// first, or an abort part-way) starts clean: no terminal bit, result or reason of the old task.
 #[tokio::test]
 async fn a_new_incarnation_starts_from_clean_keys() {
-    let mut env = Env::start("identity_clean_start").await;
+    let mut env = ScriptEnv::start("identity_clean_start").await;
     for (k, f, v) in [(env.keys.results("x"), "0", "\"old\""), (env.keys.errors("x"), "1", "old reason")] {
         env.cmd::<()>(redis::cmd("HSET").arg(k).arg(f).arg(v)).await;
     }

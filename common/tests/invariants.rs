@@ -16,7 +16,7 @@ use std::time::Duration;
 use shardctl_common::model::{Part, ShardRef, TaskInfo, TaskSpec, TaskState};
 use shardctl_common::scripts::{self, scripts, ClaimRequest, Claimed, Finished, FinishedAs, GiveBack, STALLED_REASON};
 use shardctl_common::{Error, ScriptCode};
-use support::{key_slot, Env, ACTIVE_PIN, NODE};
+use support::{key_slot, ScriptEnv, ACTIVE_PIN, NODE};
 
 /// A lease long enough never to expire during a test.
 const LONG_LOCK: u64 = 60_000;
@@ -34,7 +34,7 @@ async fn sleep_ms(ms: u64) {
 
 #[tokio::test]
 async fn dispatch_of_a_million_shards_is_constant_in_keys() {
-    let mut env = Env::start("dispatch_million").await;
+    let mut env = ScriptEnv::start("dispatch_million").await;
     let mut spec = TaskSpec::new("big", "noop", 1_000_000);
     spec.items = 10_000_000;
     spec.payload = r#"{"k":1}"#.into();
@@ -103,7 +103,7 @@ async fn dispatch_of_a_million_shards_is_constant_in_keys() {
 
 #[tokio::test]
 async fn dispatch_of_an_existing_id_is_refused() {
-    let mut env = Env::start("dispatch_exists").await;
+    let mut env = ScriptEnv::start("dispatch_exists").await;
     env.dispatch(&TaskSpec::new("t", "noop", 10)).await;
     env.claim("ex", 0, 3, LONG_LOCK).await;
 
@@ -125,7 +125,7 @@ async fn concurrent_claimers_take_each_shard_exactly_once() {
     const SHARDS: usize = 2000;
     const CLAIMERS: usize = 16;
     const BATCH: usize = 7;
-    let mut env = Env::start("claim_exclusion").await;
+    let mut env = ScriptEnv::start("claim_exclusion").await;
     env.dispatch(&TaskSpec::new("t", "noop", SHARDS as u64)).await;
 
     let mut set = tokio::task::JoinSet::new();
@@ -201,7 +201,7 @@ async fn concurrent_claimers_take_each_shard_exactly_once() {
 
 #[tokio::test]
 async fn stale_holder_is_refused_after_its_lock_expired() {
-    let mut env = Env::start("stale_holder").await;
+    let mut env = ScriptEnv::start("stale_holder").await;
     env.dispatch(&TaskSpec::new("t", "noop", 3)).await;
     let old = env.claim("old", 1, 1, 300).await.shards.remove(0);
     let r = old.shard_ref.to_string();
@@ -265,7 +265,7 @@ async fn stale_holder_is_refused_after_its_lock_expired() {
 
 #[tokio::test]
 async fn stalled_shard_is_reclaimed_after_lock_expiry() {
-    let mut env = Env::start("stalled_reclaimed").await;
+    let mut env = ScriptEnv::start("stalled_reclaimed").await;
     env.dispatch(&TaskSpec::new("t", "noop", 2)).await;
     let first = env.claim("dead", 0, 1, 100).await.shards.remove(0);
     let r = first.shard_ref.to_string();
@@ -301,7 +301,7 @@ async fn stalled_shard_is_reclaimed_after_lock_expiry() {
 
 #[tokio::test]
 async fn shards_of_a_holder_without_a_lease_entry_are_marked_then_confirmed() {
-    let mut env = Env::start("stalled_no_lease").await;
+    let mut env = ScriptEnv::start("stalled_no_lease").await;
     env.dispatch(&TaskSpec::new("t", "noop", 2)).await;
     let lost = env.claim("lost", 0, 1, LONG_LOCK).await.shards.remove(0);
     let r = lost.shard_ref.to_string();
@@ -330,7 +330,7 @@ async fn shards_of_a_holder_without_a_lease_entry_are_marked_then_confirmed() {
 
 #[tokio::test]
 async fn shard_stalled_past_the_cap_fails_for_good() {
-    let mut env = Env::start("stalled_cap").await;
+    let mut env = ScriptEnv::start("stalled_cap").await;
     env.dispatch(&TaskSpec::new("t", "noop", 1)).await;
     let c = env.claim("a", 0, 1, 100).await.shards.remove(0);
     let r = c.shard_ref.to_string();
@@ -359,7 +359,7 @@ async fn shard_stalled_past_the_cap_fails_for_good() {
 
 #[tokio::test]
 async fn shard_finished_twice_is_counted_once() {
-    let mut env = Env::start("finished_twice").await;
+    let mut env = ScriptEnv::start("finished_twice").await;
     let mut spec = TaskSpec::new("t", "noop", 2);
     spec.attempts = 1;
     env.dispatch(&spec).await;
@@ -396,7 +396,7 @@ async fn shard_finished_twice_is_counted_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn aggregation_is_enqueued_once_under_racing_completions() {
     const N: u64 = 500;
-    let mut env = Env::start("agg_once").await;
+    let mut env = ScriptEnv::start("agg_once").await;
     env.dispatch(&TaskSpec::new("t", "noop", N)).await;
 
     // claim everything over several connections
@@ -482,7 +482,7 @@ async fn aggregation_is_enqueued_once_under_racing_completions() {
 #[tokio::test]
 async fn failed_shards_still_complete_the_task() {
     const N: u64 = 6;
-    let mut env = Env::start("fail_cap").await;
+    let mut env = ScriptEnv::start("fail_cap").await;
     let mut spec = TaskSpec::new("t", "fail", N);
     spec.attempts = 2;
     env.dispatch(&spec).await;
@@ -524,7 +524,7 @@ async fn failed_shards_still_complete_the_task() {
 
 #[tokio::test]
 async fn released_shards_go_first_and_are_claimable_at_once() {
-    let mut env = Env::start("release_front").await;
+    let mut env = ScriptEnv::start("release_front").await;
     env.dispatch(&TaskSpec::new("t", "noop", 5)).await;
     let held = env.claim("a", 0, 3, LONG_LOCK).await.shards;
     let refs: Vec<String> = held.iter().map(|c| c.shard_ref.to_string()).collect();
@@ -553,7 +553,7 @@ async fn released_shards_go_first_and_are_claimable_at_once() {
 /// hands out the same attempt number, and no state is left for a shard that had none.
 #[tokio::test]
 async fn unstarted_shards_are_given_back_with_their_claim_undone() {
-    let mut env = Env::start("give_back").await;
+    let mut env = ScriptEnv::start("give_back").await;
     env.dispatch(&TaskSpec::new("t", "noop", 4)).await;
     let held = env.claim("a", 0, 3, LONG_LOCK).await.shards;
     // t:1:0 was claimed before: given back started, so its next claim is its second
@@ -579,14 +579,14 @@ async fn unstarted_shards_are_given_back_with_their_claim_undone() {
 
 #[tokio::test]
 async fn every_wrapper_survives_script_flush() {
-    let mut env = Env::start("script_flush").await;
-    async fn flush(env: &mut Env) {
+    let mut env = ScriptEnv::start("script_flush").await;
+    async fn flush(env: &mut ScriptEnv) {
         env.cmd::<()>(redis::cmd("SCRIPT").arg("FLUSH")).await;
         let all: Vec<&str> = scripts().all().into_iter().map(|s| s.get_hash()).collect();
         let loaded: Vec<bool> = env.cmd(redis::cmd("SCRIPT").arg("EXISTS").arg(&all)).await;
         assert!(loaded.iter().all(|l| !l), "SCRIPT FLUSH left scripts loaded: {loaded:?}");
     }
-    async fn loaded(env: &mut Env, name: &str) {
+    async fn loaded(env: &mut ScriptEnv, name: &str) {
         let s = scripts().all().into_iter().find(|s| s.file() == name).expect("script");
         let l: Vec<bool> = env.cmd(redis::cmd("SCRIPT").arg("EXISTS").arg(s.get_hash())).await;
         assert_eq!(l, [true], "{name} must have been loaded by the NOSCRIPT fallback");
@@ -641,7 +641,7 @@ async fn every_wrapper_survives_script_flush() {
 
 #[tokio::test]
 async fn paused_queue_hands_out_nothing() {
-    let mut env = Env::start("paused").await;
+    let mut env = ScriptEnv::start("paused").await;
     env.dispatch(&TaskSpec::new("t", "noop", 3)).await;
     env.cmd::<()>(redis::cmd("HSET").arg(env.keys.meta()).arg("paused").arg(1)).await;
 
@@ -671,7 +671,7 @@ fn crc16_and_key_slot_match_redis_cluster() {
 
 #[tokio::test]
 async fn every_key_of_a_queue_shares_one_cluster_slot() {
-    let mut env = Env::start("one_slot").await;
+    let mut env = ScriptEnv::start("one_slot").await;
     let mut seen = BTreeSet::new();
     let mut spec = TaskSpec::new("t", "noop", 6);
     spec.attempts = 2;
@@ -753,7 +753,7 @@ async fn every_key_of_a_queue_shares_one_cluster_slot() {
 // holder was refused its own shard and seqs equal in 14 digits shared a token.
 #[tokio::test]
 async fn claim_tokens_match_the_lock_for_any_seq() {
-    let mut env = Env::start("token_seq").await;
+    let mut env = ScriptEnv::start("token_seq").await;
     env.dispatch(&TaskSpec::new("t", "noop", 2)).await;
     let seq = 100_000_000_000_000u64;
     let c = env.claim("b", seq, 2, LONG_LOCK).await.shards;
@@ -771,7 +771,7 @@ async fn claim_tokens_match_the_lock_for_any_seq() {
 }
 
 /// Calls per command since the last `CONFIG RESETSTAT` (commands run by scripts included).
-async fn command_calls(env: &mut Env) -> HashMap<String, u64> {
+async fn command_calls(env: &mut ScriptEnv) -> HashMap<String, u64> {
     let info: String = env.cmd(redis::cmd("INFO").arg("commandstats")).await;
     info.lines()
         .filter_map(|l| {
@@ -783,7 +783,7 @@ async fn command_calls(env: &mut Env) -> HashMap<String, u64> {
 }
 
 /// The holders of `claims`' refs in `active`, in order.
-async fn holders(env: &mut Env, claims: &[&Claimed]) -> Vec<Option<String>> {
+async fn holders(env: &mut ScriptEnv, claims: &[&Claimed]) -> Vec<Option<String>> {
     let mut out = Vec::new();
     for c in claims {
         out.push(env.holder(&c.shard_ref.to_string()).await);
@@ -797,7 +797,7 @@ fn tokens(claims: &[&Claimed]) -> Vec<Option<String>> {
 
 #[tokio::test]
 async fn heartbeat_with_a_live_lease_is_one_call_and_keeps_every_shard() {
-    let mut env = Env::start("beat_live").await;
+    let mut env = ScriptEnv::start("beat_live").await;
     env.dispatch(&TaskSpec::new("t", "noop", 300)).await;
     let mut held = env.claim("ex", 1, 200, 1000).await.shards;
     held.extend(env.claim("ex", 2, 100, 1000).await.shards);
@@ -838,7 +838,7 @@ async fn heartbeat_with_a_live_lease_is_one_call_and_keeps_every_shard() {
 
 #[tokio::test]
 async fn extend_after_the_lease_expired_keeps_the_shards_no_sweep_recovered() {
-    let mut env = Env::start("beat_lapsed").await;
+    let mut env = ScriptEnv::start("beat_lapsed").await;
     env.dispatch(&TaskSpec::new("t", "noop", 4)).await;
     let mut held = env.claim("ex", 1, 2, 100).await.shards;
     held.extend(env.claim("ex", 2, 1, 100).await.shards);
@@ -886,7 +886,7 @@ async fn extend_after_the_lease_expired_keeps_the_shards_no_sweep_recovered() {
 
 #[tokio::test]
 async fn extend_after_a_sweep_recovered_some_reports_exactly_those_lost() {
-    let mut env = Env::start("beat_recovered").await;
+    let mut env = ScriptEnv::start("beat_recovered").await;
     env.dispatch(&TaskSpec::new("t", "noop", 6)).await;
     // first claim call: t:0 and t:1; its lease lapses and the sweep recovers them
     let first = env.claim("ex", 1, 2, 100).await.shards;
@@ -930,7 +930,7 @@ async fn extend_after_a_sweep_recovered_some_reports_exactly_those_lost() {
 
 #[tokio::test]
 async fn one_claim_call_has_one_token_and_active_stays_a_hashtable() {
-    let mut env = Env::start("one_token").await;
+    let mut env = ScriptEnv::start("one_token").await;
     env.dispatch(&TaskSpec::new("t", "noop", 10)).await;
     // the server would keep a small hash of short fields as a listpack
     let probe = format!("{}probe", env.keys.prefix());
@@ -967,7 +967,7 @@ async fn one_claim_call_has_one_token_and_active_stays_a_hashtable() {
 
 #[tokio::test]
 async fn complete_batches_of_interleaved_tasks_return_codes_in_the_order_given() {
-    let mut env = Env::start("interleaved").await;
+    let mut env = ScriptEnv::start("interleaved").await;
     for (id, n) in [("a", 4), ("b", 3), ("c", 2), ("gone", 1)] {
         env.dispatch(&TaskSpec::new(id, "noop", n)).await;
     }
@@ -1026,7 +1026,7 @@ async fn complete_batches_of_interleaved_tasks_return_codes_in_the_order_given()
 // the executor's next beat compares every token.
 #[tokio::test]
 async fn a_claim_renewing_a_lapsed_lease_must_not_hide_lost_shards() {
-    let mut env = Env::start("claim_hides_loss").await;
+    let mut env = ScriptEnv::start("claim_hides_loss").await;
     env.dispatch(&TaskSpec::new("t", "noop", 3)).await;
     let lost_one = env.claim("ex", 1, 1, 100).await.shards.remove(0);
     sleep_ms(200).await;
@@ -1047,7 +1047,7 @@ async fn a_claim_renewing_a_lapsed_lease_must_not_hide_lost_shards() {
 // aggregation job the last completion enqueued is claimed by the same call.
 #[tokio::test]
 async fn completions_recorded_with_a_claim_count_once_and_the_claim_sees_them() {
-    let mut env = Env::start("complete_claim").await;
+    let mut env = ScriptEnv::start("complete_claim").await;
     env.dispatch(&TaskSpec::new("t", "noop", 3)).await;
     let first = env.claim("ex", 1, 3, LONG_LOCK).await.shards;
     assert_eq!(first.len(), 3);

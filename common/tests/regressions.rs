@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use shardctl_common::model::TaskSpec;
 use shardctl_common::scripts;
-use support::Env;
+use support::ScriptEnv;
 
 const LONG_LOCK: u64 = 60_000;
 
@@ -23,7 +23,7 @@ async fn sleep_ms(ms: u64) {
 /// Now such a task is refused at validation and again by `dispatch.lua`.
 #[tokio::test]
 async fn a_task_past_the_bitmap_is_refused() {
-    let mut env = Env::start("review_bitmap").await;
+    let mut env = ScriptEnv::start("review_bitmap").await;
     let too_many = TaskSpec::new("big", "noop", (1u64 << 32) + 1);
     assert!(too_many.validate().unwrap_err().to_string().contains("2^32"));
     let r = scripts::dispatch(&mut env.con, &env.keys, &too_many).await;
@@ -40,7 +40,7 @@ async fn a_task_past_the_bitmap_is_refused() {
 /// longer run in submission order (the zset falls back to comparing the ids).
 #[tokio::test]
 async fn equal_high_priorities_keep_submission_order() {
-    let mut env = Env::start("review_priority").await;
+    let mut env = ScriptEnv::start("review_priority").await;
     let mut first = TaskSpec::new("second-by-name", "noop", 1);
     first.priority = 1_000_000;
     let mut then = TaskSpec::new("a-first-by-name", "noop", 1);
@@ -56,7 +56,7 @@ async fn equal_high_priorities_keep_submission_order() {
 /// executor's claim loop sets `must_check` on every claim error). A plain beat cannot see it.
 #[tokio::test]
 async fn after_a_lost_lapsed_claim_reply_a_checked_beat_reports_the_lost_shard() {
-    let mut env = Env::start("review_lost_lapse").await;
+    let mut env = ScriptEnv::start("review_lost_lapse").await;
     env.dispatch(&TaskSpec::new("t", "noop", 3)).await;
     let lost_one = env.claim("ex", 1, 1, 100).await.shards.remove(0);
     sleep_ms(200).await;
@@ -76,7 +76,7 @@ async fn after_a_lost_lapsed_claim_reply_a_checked_beat_reports_the_lost_shard()
 /// by the very next full sweep, without the mark-then-confirm grace of one interval.
 #[tokio::test]
 async fn a_disowned_ref_does_not_keep_its_stall_mark() {
-    let mut env = Env::start("review_disown_mark").await;
+    let mut env = ScriptEnv::start("review_disown_mark").await;
     env.dispatch(&TaskSpec::new("t", "noop", 3)).await;
     // claim whose reply was lost: ex never learns it holds t:0
     let orphan = env.claim("ex", 1, 1, LONG_LOCK).await.shards.remove(0);
@@ -98,7 +98,7 @@ async fn a_disowned_ref_does_not_keep_its_stall_mark() {
 /// outages, a loading or full Redis are retried.
 #[tokio::test]
 async fn script_errors_are_told_from_outages() {
-    let mut env = Env::start("review_script_error").await;
+    let mut env = ScriptEnv::start("review_script_error").await;
     let r: redis::RedisResult<()> = redis::cmd("EVAL")
         .arg("return redis.call('BITFIELD', KEYS[1], 'SET', 'u1', 'x', 1)")
         .arg(1)

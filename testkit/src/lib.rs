@@ -4,6 +4,8 @@
 //! # Layout
 //! - this file: [`TestRedis`], its restart (for outage tests), port and directory picking.
 //! - [`cluster`]: [`TestCluster`], a real 3-master Redis Cluster, and slot checks.
+//! - [`process`]: [`Process`], the one guard around a process a test starts; [`signal`],
+//!   [`eventually`].
 //! - [`secure`]: [`SecureRedis`], a server behind a password, ACL users and optionally TLS (with
 //!   a throwaway CA made by `openssl`).
 
@@ -22,9 +24,11 @@ pub struct TestRedis {
 }
 
 pub mod cluster;
+pub mod process;
 pub mod secure;
 
 pub use cluster::TestCluster;
+pub use process::{eventually, signal, Process};
 pub use secure::SecureRedis;
 
 static SEQ: AtomicU64 = AtomicU64::new(0);

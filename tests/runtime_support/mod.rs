@@ -35,7 +35,7 @@ pub fn config(node: &str) -> ExecutorConfig {
 }
 
 /// One private server and one queue on it.
-pub struct Env {
+pub struct RuntimeEnv {
     /// Killed on drop.
     pub redis: TestRedis,
     /// For the executors.
@@ -46,7 +46,7 @@ pub struct Env {
     pub keys: Keys,
 }
 
-impl Env {
+impl RuntimeEnv {
     /// A server that keeps nothing on disk.
     pub async fn start() -> Self {
         Self::with(TestRedis::start()).await
@@ -60,7 +60,7 @@ impl Env {
     async fn with(redis: TestRedis) -> Self {
         let endpoint = conn::open(&redis.url()).expect("redis endpoint");
         let con = endpoint.manager().await.expect("connection manager");
-        Env { redis, endpoint, con, keys: Keys::new("shardctl", "runtime").unwrap() }
+        RuntimeEnv { redis, endpoint, con, keys: Keys::new("shardctl", "runtime").unwrap() }
     }
 
     /// Creates a task through the coordinator, panicking on any error.

@@ -2,14 +2,13 @@
 //! guard, never a time assertion), a private redis-server and queue per test, and a guard around
 //! `shardctl executor` processes that kills them on drop.
 
-use std::fs::File;
 use std::io::Read;
-use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use shardctl_testkit::TestRedis;
+#[allow(unused_imports)] // each test file uses a part of the harness
+pub use shardctl_testkit::{eventually, signal, Process};
 
 /// The binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_shardctl");
@@ -17,10 +16,6 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_shardctl");
 /// How long any one command may run before the test calls it hung (a guard, not an assertion
 /// about speed: a healthy command finishes far sooner, even on a loaded machine).
 const HANG_GUARD: Duration = Duration::from_secs(120);
-/// How long an executor may take to stop after SIGTERM: its grace (2 s here) and a margin.
-const STOP_GUARD: Duration = Duration::from_secs(15);
-
-static SEQ: AtomicU64 = AtomicU64::new(0);
 
 /// What one run of the binary did.
 pub struct Out {
@@ -177,7 +172,7 @@ impl<R> Cli<R> {
     }
 
     /// Starts `shardctl executor --node-id <node>` with short timings for tests, plus `extra`.
-    pub fn executor(&self, node: &str, extra: &[&str]) -> Executor {
+    pub fn executor(&self, node: &str, extra: &[&str]) -> Process {
         let mut args = vec![
             "executor",
             "--node-id",
@@ -199,10 +194,10 @@ impl<R> Cli<R> {
 
     /// Starts `shardctl --redis URL --queue Q <args>` and leaves it running, its stderr (the logs)
     /// in a file named after `name`.
-    pub fn background(&self, name: &str, args: &[&str]) -> Executor {
+    pub fn background(&self, name: &str, args: &[&str]) -> Process {
         let mut all = self.global();
         all.extend(args.iter().map(|s| s.to_string()));
-        Executor::spawn(self.command(&all.iter().map(String::as_str).collect::<Vec<_>>()), name)
+        Process::spawn(self.command(&all.iter().map(String::as_str).collect::<Vec<_>>()), name)
     }
 }
 
@@ -235,100 +230,37 @@ impl Cli {
     }
 }
 
-/// A running `shardctl executor` (or other long-running command, or a program of the test's
-/// own), SIGKILLed on drop unless it already ended.
-pub struct Executor {
-    child: Child,
-    log: PathBuf,
-}
+/// Executor flags of the chaos tests (the crash round, the cluster's): quick locks and sweeps,
+/// and `--max-stalled-count 1000` so that repeated crashes never fail a shard and the count must
+/// be exact.
+#[allow(dead_code)] // used by tests/crash.rs and tests/cluster.rs
+pub const CHAOS_EXECUTOR_ARGS: &[&str] = &[
+    "--concurrency",
+    "2",
+    "--lock-duration",
+    "1s",
+    "--lock-renew",
+    "300ms",
+    "--stalled-interval",
+    "300ms",
+    "--max-stalled-count",
+    "1000",
+    "--block-timeout",
+    "200ms",
+    "--grace",
+    "1s",
+];
 
-impl Executor {
-    /// Starts `cmd` and leaves it running, its stderr in a file named after `name`.
-    pub fn spawn(mut cmd: Command, name: &str) -> Executor {
-        let log = std::env::temp_dir().join(format!(
-            "shardctl-cli-test-{}-{}-{name}.log",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        ));
-        let file = File::create(&log).expect("log file");
-        let child = cmd
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(file))
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
-        Executor { child, log }
-    }
-
-    /// Its stderr so far (the logs), for assertion messages.
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Sends SIGKILL and waits for the process to end: a crash, nothing released.
-    #[allow(dead_code)] // used by tests/cluster.rs and tests/embedding.rs
-    pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    /// The process id.
-    #[allow(dead_code)] // used by tests/auth.rs
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Sends SIGTERM and waits for the process to end.
-    pub fn terminate(&mut self) -> ExitStatus {
-        let pid = self.child.id();
-        sigterm(pid);
-        let deadline = Instant::now() + STOP_GUARD;
-        loop {
-            if let Some(s) = self.child.try_wait().expect("try_wait") {
-                return s;
-            }
-            if Instant::now() > deadline {
-                panic!("executor {pid} did not stop after SIGTERM; log:\n{}", self.log());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Executor {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        let _ = std::fs::remove_file(&self.log);
-    }
-}
-
-/// Sends SIGTERM to `pid` through `kill` (no libc).
-pub fn sigterm(pid: u32) {
-    let st = Command::new("kill").args(["-TERM", &pid.to_string()]).status().expect("run kill");
-    assert!(st.success(), "kill -TERM {pid} failed");
-}
-
-/// The binary started with `args`, stderr piped, stdout discarded; SIGKILLed on drop unless it
-/// already ended.
-pub struct Spawned(pub Child);
-
-/// Starts the binary with `args` and leaves it running.
-pub fn spawn(args: &[&str]) -> Spawned {
-    let child = command(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {BIN}: {e}"));
-    Spawned(child)
-}
-
-impl Drop for Spawned {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
+/// A task's terminal bits, stored results and stored errors (`tkey` is its `task:<id>` key).
+#[allow(dead_code)] // used by tests/crash.rs and tests/routing.rs
+pub fn task_counts(con: &mut redis::Connection, tkey: &str) -> (u64, u64, u64) {
+    redis::pipe()
+        .cmd("BITCOUNT")
+        .arg(format!("{tkey}:terminal"))
+        .cmd("HLEN")
+        .arg(format!("{tkey}:results"))
+        .cmd("HLEN")
+        .arg(format!("{tkey}:errors"))
+        .query(con)
+        .expect("reading a task's counts")
 }

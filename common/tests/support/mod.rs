@@ -14,7 +14,7 @@ use shardctl_common::{Keys, ScriptCode};
 use shardctl_testkit::TestRedis;
 
 /// One private server and one queue on it.
-pub struct Env {
+pub struct ScriptEnv {
     /// Killed on drop.
     pub redis: TestRedis,
     /// For more managers (one per concurrent task).
@@ -34,13 +34,13 @@ pub const NODE: &str = "test-node";
 /// The permanent field of the `active` hash that is not a shard (lua/include/lib.lua).
 pub use shardctl_common::keys::ACTIVE_PIN;
 
-impl Env {
+impl ScriptEnv {
     /// Starts a server and connects to it; `queue` names the queue (one per test).
     pub async fn start(queue: &str) -> Self {
         let redis = TestRedis::start();
         let client = open(&redis.url()).expect("redis client");
         let con = client.manager().await.expect("connection manager");
-        Env { redis, client, con, keys: Keys::new("shardctl", queue).unwrap() }
+        ScriptEnv { redis, client, con, keys: Keys::new("shardctl", queue).unwrap() }
     }
 
     /// Another connection manager to the same server.
@@ -200,25 +200,4 @@ fn one(mut codes: Vec<Code>) -> Code {
     codes.remove(0)
 }
 
-/// CRC16/XMODEM (polynomial 0x1021, initial value 0), as Redis Cluster computes it.
-pub fn crc16(data: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &b in data {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
-        }
-    }
-    crc
-}
-
-/// The cluster slot of `key`: only the part between the first `{` and the next `}` is hashed,
-/// when that part is not empty.
-pub fn key_slot(key: &str) -> u16 {
-    let b = key.as_bytes();
-    let tagged = b.iter().position(|&c| c == b'{').and_then(|open| {
-        let rest = &b[open + 1..];
-        rest.iter().position(|&c| c == b'}').filter(|&len| len > 0).map(|len| &rest[..len])
-    });
-    crc16(tagged.unwrap_or(b)) % 16384
-}
+pub use shardctl_testkit::cluster::{crc16, key_slot};

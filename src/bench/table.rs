@@ -8,14 +8,20 @@ use super::{Figures, Scenario};
 
 /// One line of the table.
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct Row {
+pub struct Row {
+    /// The scenario's name.
     pub scenario: &'static str,
+    /// What the figure is.
     pub figure: &'static str,
     /// The median, formatted with its unit.
     pub value: String,
+    /// The median.
     pub number: f64,
+    /// Its unit.
     pub unit: &'static str,
+    /// The target, as text (`-` when none).
     pub target: String,
+    /// `met`, or by how much it is short.
     pub verdict: String,
     /// None when the figure has no target.
     pub met: Option<bool>,
