@@ -118,7 +118,8 @@ impl Keys {
     pub fn shard_keys(&self, id: &str) -> String {
         self.key(&format!("task:{id}:keys"))
     }
-    /// Zset: executors, node id → last membership heartbeat (ms).
+    /// Zset: executors, node id → alive until (ms, the server's clock): its last membership
+    /// heartbeat plus its own member timeout.
     pub fn nodes(&self) -> String {
         self.key("nodes")
     }

@@ -158,7 +158,7 @@ pub async fn snapshot(con: &mut Conn, keys: &Keys, now_ms: u64, retention: Durat
 /// refresh tries again (meanwhile the gauges age out: a silent daemon exports nothing stale).
 pub async fn run(mut con: Conn, keys: Keys, cfg: DaemonConfig, stop: CancellationToken) {
     let sweeper = tokio::spawn(sweep::run(con.clone(), keys.clone(), cfg.sweep.clone(), stop.clone(), |_| {}));
-    let scheduler = tokio::spawn(crate::scheduler::run(con.clone(), keys.clone(), stop.clone()));
+    let firing = tokio::spawn(crate::firing::run(con.clone(), keys.clone(), stop.clone()));
     let mut tick = tokio::time::interval(cfg.refresh);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -169,7 +169,7 @@ pub async fn run(mut con: Conn, keys: Keys, cfg: DaemonConfig, stop: Cancellatio
         refresh(&mut con, &keys, &cfg).await;
     }
     let _ = sweeper.await;
-    let _ = scheduler.await;
+    let _ = firing.await;
 }
 
 async fn refresh(con: &mut Conn, keys: &Keys, cfg: &DaemonConfig) {

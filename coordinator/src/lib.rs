@@ -11,7 +11,8 @@
 //! - [`membership`]: executors joining, heartbeating and leaving; the live node set.
 //! - [`route`]: owners of routed refs, chunked placement of a task, moving a list's refs.
 //! - [`rebalance`]: failover and rebalancing under a short lock.
-//! - [`scheduler`]: firing cron schedules (each fire time's task created once).
+//! - [`firing`]: firing due cron schedules (each fire time's task created once); the
+//!   schedules themselves are stored by `shardctl_common::schedule`.
 //! - [`progress`]: one task's state and counts, a queue's counts, failed shards.
 //! - [`wait`]: waiting for a task to end, with a progress callback.
 //! - [`daemon`]: `shardctl coordinator`: maintenance every refresh, schedules, progress for the
@@ -27,11 +28,11 @@
 
 pub mod daemon;
 pub mod dispatch;
+pub mod firing;
 pub mod membership;
 pub mod metrics;
 pub mod progress;
 pub mod rebalance;
 pub mod route;
-pub mod scheduler;
 pub mod sweep;
 pub mod wait;

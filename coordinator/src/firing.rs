@@ -1,5 +1,6 @@
-//! The cron scheduler loop of `shardctl coordinator`: wakes at the next fire time of any schedule
-//! (and at least every second, to see schedules added meanwhile) and handles the due fire times.
+//! The loop of `shardctl coordinator` that fires cron schedules: wakes at the next fire time of
+//! any schedule (and at least every second, to see schedules added meanwhile) and handles the
+//! due fire times.
 //! Several coordinators race harmlessly: `fire.lua` creates each fire time's task once. Which
 //! fire time is due is judged by the Redis server's clock (`TIME`), the one every coordinator
 //! reads, so a coordinator whose own clock runs ahead fires nothing early.
