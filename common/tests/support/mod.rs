@@ -200,4 +200,5 @@ fn one(mut codes: Vec<Code>) -> Code {
     codes.remove(0)
 }
 
+#[allow(unused_imports)] // each test file uses a part of the harness
 pub use shardctl_testkit::cluster::{crc16, key_slot};
