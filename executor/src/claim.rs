@@ -31,7 +31,7 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
     let mut next_due: Option<u64> = None;
     loop {
         // how many to hold: every slot busy, plus what the observed rates say to claim ahead
-        let ahead = if shared.limited.load(Ordering::Relaxed) {
+        let ahead = if shared.claims.limited.load(Ordering::Relaxed) {
             0
         } else {
             shared.ahead.target(concurrency, shared.cfg.prefetch, shared.starts.quiet())
@@ -50,7 +50,7 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
         let count = missing.min(shared.cfg.max_claim_batch);
         // those beyond the free run slots wait for one: under a rate limit they are not claimed
         let free = shared.starts.free();
-        let seq = shared.seq.fetch_add(1, Ordering::Relaxed);
+        let seq = shared.claims.seq.fetch_add(1, Ordering::Relaxed);
         let req = ClaimRequest {
             count,
             lock_ms: shared.cfg.lock_duration.as_millis() as u64,
@@ -61,7 +61,7 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
         };
         let mut con = shared.con.clone();
         // never dropped half-way: the script may have run, and its shards would wait for the sweep
-        shared.claiming.store(seq, Ordering::SeqCst);
+        shared.claims.in_flight.store(seq, Ordering::SeqCst);
         let started = std::time::Instant::now();
         // with nothing else to run (the reporter then keeps completions for this claim), a few
         // completions waiting ride on it: one call for both. Not many, nor while other shards
@@ -93,7 +93,7 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
             shared.metrics.claim_seconds.record(started.elapsed().as_secs_f64());
             shared.ahead.claimed(started.elapsed());
             // under a rate limit nothing is held ahead: the trim gives back what waits
-            shared.limited.store(o.limited, Ordering::Relaxed);
+            shared.claims.limited.store(o.limited, Ordering::Relaxed);
         }
         match outcome {
             Ok(o) if !o.shards.is_empty() => {
@@ -103,8 +103,8 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
                     // id dispatched again there may reuse an incarnation number, so nothing
                     // cached is trusted any more
                     shared.tasks.clear();
-                    shared.must_check.store(true, Ordering::SeqCst);
-                    shared.check_tokens.notify_one();
+                    shared.beat.check.store(true, Ordering::SeqCst);
+                    shared.beat.check_now.notify_one();
                 }
                 Stats::add(&shared.stats.claimed, o.shards.len() as u64);
                 shared.metrics.claimed.increment(o.shards.len() as u64);
@@ -129,18 +129,18 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
                 }
                 // in claim order: those that fit start now, the others when a running shard ends
                 crate::starts::push(&shared, claimed);
-                shared.claiming.store(NO_CLAIM, Ordering::SeqCst);
+                shared.claims.in_flight.store(NO_CLAIM, Ordering::SeqCst);
             }
             Ok(o) if o.busy => {
                 // a rate limit and no free slot: claim again when a running shard ends
-                shared.claiming.store(NO_CLAIM, Ordering::SeqCst);
+                shared.claims.in_flight.store(NO_CLAIM, Ordering::SeqCst);
                 failures = 0;
                 if parked(&shared, &shutdown).await {
                     return;
                 }
             }
             Ok(o) => {
-                shared.claiming.store(NO_CLAIM, Ordering::SeqCst);
+                shared.claims.in_flight.store(NO_CLAIM, Ordering::SeqCst);
                 failures = 0;
                 // the script says how long from now (the server's clock); the wait is local
                 next_due = o.next_due_in_ms.map(|d| now_ms() + d).or(next_due.filter(|&d| d > now_ms()));
@@ -166,14 +166,14 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
                 }
             }
             Err(e) => {
-                shared.claiming.store(NO_CLAIM, Ordering::SeqCst);
+                shared.claims.in_flight.store(NO_CLAIM, Ordering::SeqCst);
                 // the script may have run and its reply been lost: the heartbeat reconciles
-                shared.must_reconcile.store(true, Ordering::SeqCst);
+                shared.beat.reconcile.store(true, Ordering::SeqCst);
                 // Redis may be another server when it answers again (see `lease_lapsed` above)
                 shared.tasks.clear();
                 // and it may have retaken a lapsed lease: compare every token at the next beat
-                shared.must_check.store(true, Ordering::SeqCst);
-                shared.check_tokens.notify_one();
+                shared.beat.check.store(true, Ordering::SeqCst);
+                shared.beat.check_now.notify_one();
                 Stats::add(&shared.stats.redis_errors, 1);
                 shared.metrics.redis_error(&e);
                 failures += 1;
@@ -188,13 +188,13 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
 /// Waits until a run slot frees (true: shutdown came first). Meanwhile the reporter keeps
 /// completions for the claim that follows.
 async fn parked(shared: &Shared, shutdown: &CancellationToken) -> bool {
-    shared.claim_parked.store(true, Ordering::SeqCst);
+    shared.claims.parked.store(true, Ordering::SeqCst);
     let stop = tokio::select! {
         biased;
         _ = shutdown.cancelled() => true,
         _ = shared.starts.freed.notified() => false,
     };
-    shared.claim_parked.store(false, Ordering::SeqCst);
+    shared.claims.parked.store(false, Ordering::SeqCst);
     stop
 }
 

@@ -20,7 +20,7 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
         tokio::select! {
             _ = tick.tick() => {}
             // a claim took our lapsed lease again: check our tokens now
-            _ = shared.check_tokens.notified() => {}
+            _ = shared.beat.check_now.notified() => {}
             _ = stop.cancelled() => return,
         }
         // a failed beat is retried soon: the locks live only until lock_duration
@@ -32,9 +32,9 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
             }
         }
         beats += 1;
-        if beats % RECONCILE_EVERY == 0 || shared.must_reconcile.swap(false, Ordering::SeqCst) {
+        if beats % RECONCILE_EVERY == 0 || shared.beat.reconcile.swap(false, Ordering::SeqCst) {
             if let Err(e) = reconcile(&shared).await {
-                shared.must_reconcile.store(true, Ordering::SeqCst);
+                shared.beat.reconcile.store(true, Ordering::SeqCst);
                 tracing::warn!("reconciling held shards: {e}");
             }
         }
@@ -44,7 +44,7 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
 /// Extends every held lock once; false when Redis could not be reached.
 pub(crate) async fn beat(shared: &Shared) -> bool {
     // read before `held`: a claim in flight may have shards in `active` not yet in `held`
-    let claim_in_flight = shared.claiming.load(Ordering::SeqCst) != NO_CLAIM;
+    let claim_in_flight = shared.claims.in_flight.load(Ordering::SeqCst) != NO_CLAIM;
     let (keys, held): (Vec<ShardRef>, Vec<(String, String)>) = shared
         .held
         .lock()
@@ -56,11 +56,11 @@ pub(crate) async fn beat(shared: &Shared) -> bool {
     let mut con = shared.con.clone();
     let lock_ms = shared.cfg.lock_duration.as_millis() as u64;
     // the lease is extended even with nothing held: an idle executor stays visibly alive
-    let check = shared.must_check.swap(false, Ordering::SeqCst);
-    let known = shared.cancels.lock().unwrap().clone();
+    let check = shared.beat.check.swap(false, Ordering::SeqCst);
+    let known = shared.beat.cancels.lock().unwrap().clone();
     match scripts::extend(&mut con, &shared.keys, &shared.token_base, lock_ms, &held, check, &known.sent()).await {
         Ok(scripts::Beat { lost, cancelled, cancels }) => {
-            *shared.cancels.lock().unwrap() = known.after(cancels, claim_in_flight);
+            *shared.beat.cancels.lock().unwrap() = known.after(cancels, claim_in_flight);
             shared.metrics.heartbeats.increment(1);
             shared.metrics.locks_extended.increment((held.len() - lost.len() - cancelled.len()) as u64);
             if lost.is_empty() && cancelled.is_empty() {
@@ -92,7 +92,7 @@ pub(crate) async fn beat(shared: &Shared) -> bool {
         Err(e) => {
             // the locks live on until lock_duration: the next beat may still save them
             if check {
-                shared.must_check.store(true, Ordering::SeqCst);
+                shared.beat.check.store(true, Ordering::SeqCst);
             }
             Stats::add(&shared.stats.redis_errors, 1);
             shared.metrics.redis_error(&e);
@@ -152,7 +152,7 @@ pub(crate) async fn reconcile(shared: &Shared) -> shardctl_common::Result<()> {
     let all: std::collections::HashMap<String, String> =
         redis::cmd("HGETALL").arg(shared.keys.active()).query_async(&mut con).await?;
     let mine = format!("{}:", shared.token_base);
-    let in_flight = format!("{mine}{}", shared.claiming.load(Ordering::SeqCst));
+    let in_flight = format!("{mine}{}", shared.claims.in_flight.load(Ordering::SeqCst));
     let orphans: Vec<(String, String)> = {
         let held = shared.held.lock().unwrap();
         let known = |r: &str| r.parse::<ShardRef>().is_ok_and(|k| held.contains_key(&k));

@@ -69,7 +69,7 @@ pub(crate) async fn run(shared: Arc<Shared>, closing: CancellationToken) {
         while outbox.len() > 0
             && outbox.len() < MAX_BATCH
             && !closing.is_cancelled()
-            && (shared.starts.outstanding() > 1 || shared.claim_parked.load(Ordering::SeqCst))
+            && (shared.starts.outstanding() > 1 || shared.claims.parked.load(Ordering::SeqCst))
         {
             tokio::select! {
                 biased;
@@ -179,7 +179,7 @@ async fn record(shared: &Shared, batch: &[Report], closing: &CancellationToken) 
                 Stats::add(&shared.stats.refused, batch.len() as u64);
                 let refs: Vec<String> = batch.iter().take(5).map(|r| r.claim.shard_ref.to_string()).collect();
                 tracing::error!("recording {} outcomes failed for good (first: {refs:?}): {e}", batch.len());
-                shared.must_reconcile.store(true, std::sync::atomic::Ordering::SeqCst);
+                shared.beat.reconcile.store(true, std::sync::atomic::Ordering::SeqCst);
                 return;
             }
             Err(e) => {

@@ -47,35 +47,51 @@ pub(crate) struct Shared {
     pub(crate) metrics: Metrics,
     /// Outcomes waiting to be recorded (by the reporter, or with the next claim).
     pub(crate) outbox: crate::outbox::Outbox,
-    /// The claim loop waits for a run slot to free before it claims again: the reporter lets
-    /// completions wait for that claim to take them.
-    pub(crate) claim_parked: AtomicBool,
     /// Set when shutdown stopped waiting: cancelled shards are released, not failed.
     pub(crate) aborting: AtomicBool,
     /// Tokens are `<token_base>:<seq>`.
     pub(crate) token_base: String,
-    pub(crate) seq: AtomicU64,
-    /// Set when a claim took a lapsed lease again: the next heartbeat compares every token.
-    pub(crate) must_check: AtomicBool,
-    /// Wakes the heartbeat for that check at once.
-    pub(crate) check_tokens: tokio::sync::Notify,
+    pub(crate) node_id: Arc<str>,
     /// Notified when a `route` marker was popped: routed work waits for a rebalance.
     pub(crate) routing_wanted: Arc<tokio::sync::Notify>,
-    /// The seq of the claim call in flight ([`NO_CLAIM`] when none): its shards may be in `active`
-    /// before they are in `held`, so reconciling leaves them alone.
-    pub(crate) claiming: AtomicU64,
-    /// Set when a claim call failed: the next heartbeat reconciles at once.
-    pub(crate) must_reconcile: AtomicBool,
-    /// The queue's cancellation count at the last heartbeat: when it moves, the heartbeat
-    /// compares every token (a cancelled task's shards lost theirs).
-    pub(crate) cancels: Mutex<crate::heartbeat::Cancels>,
-    pub(crate) node_id: Arc<str>,
     /// Observed run and claim times: how many shards to claim ahead.
     pub(crate) ahead: crate::ahead::Ahead,
     /// The run slots and the claimed shards waiting for one.
     pub(crate) starts: crate::starts::Starts,
+    /// The claim loop's state others read.
+    pub(crate) claims: ClaimState,
+    /// What the next heartbeat must do besides extending the lease.
+    pub(crate) beat: BeatRequests,
+}
+
+/// The claim loop's state that the heartbeat and the reporter read.
+#[derive(Default)]
+pub(crate) struct ClaimState {
+    /// The seq of the last claim call (one token per call).
+    pub(crate) seq: AtomicU64,
+    /// The seq of the claim call in flight ([`NO_CLAIM`] when none): its shards may be in `active`
+    /// before they are in `held`, so reconciling leaves them alone.
+    pub(crate) in_flight: AtomicU64,
+    /// The claim loop waits for a run slot to free before it claims again: the reporter lets
+    /// completions wait for that claim to take them.
+    pub(crate) parked: AtomicBool,
     /// The last claim found a queue rate limit: nothing is held ahead.
     pub(crate) limited: AtomicBool,
+}
+
+/// What the next heartbeat must do besides extending the lease.
+#[derive(Default)]
+pub(crate) struct BeatRequests {
+    /// Compare every held token (a claim took a lapsed lease again, Redis may have lost data).
+    pub(crate) check: AtomicBool,
+    /// Wakes the heartbeat for that check at once.
+    pub(crate) check_now: tokio::sync::Notify,
+    /// Give back what `active` holds under our tokens that we do not know (a claim call failed:
+    /// its reply may have been lost).
+    pub(crate) reconcile: AtomicBool,
+    /// The queue's cancellation count as the heartbeat knows it: when it moves, the heartbeat
+    /// compares every token (a cancelled task's shards lost theirs).
+    pub(crate) cancels: Mutex<crate::heartbeat::Cancels>,
 }
 
 /// One executor process's runtime.
@@ -103,20 +119,14 @@ impl Executor {
             stats: Arc::new(Stats::default()),
             metrics,
             outbox: Default::default(),
-            claim_parked: AtomicBool::new(false),
             aborting: AtomicBool::new(false),
             token_base,
-            seq: AtomicU64::new(0),
-            must_check: AtomicBool::new(false),
-            check_tokens: tokio::sync::Notify::new(),
             routing_wanted: Arc::new(tokio::sync::Notify::new()),
-            claiming: AtomicU64::new(NO_CLAIM),
-            must_reconcile: AtomicBool::new(false),
-            cancels: Mutex::default(),
             node_id,
             ahead: Default::default(),
             starts: crate::starts::Starts::new(concurrency, TaskTracker::new()),
-            limited: AtomicBool::new(false),
+            claims: ClaimState { in_flight: AtomicU64::new(NO_CLAIM), ..Default::default() },
+            beat: BeatRequests::default(),
         });
         Ok(Executor { shared })
     }

@@ -169,7 +169,7 @@ pub(crate) async fn trim_loop(shared: Arc<Shared>, stop: tokio_util::sync::Cance
         // only on a sign, not on the mean's ordinary moves: giving back and claiming again costs
         // two calls and sends the shards to the back of `wait`
         let quiet = shared.starts.quiet();
-        let keep = if shared.limited.load(std::sync::atomic::Ordering::Relaxed) {
+        let keep = if shared.claims.limited.load(std::sync::atomic::Ordering::Relaxed) {
             0
         } else if shared.ahead.is_quiet(quiet) {
             shared.ahead.target(shared.cfg.concurrency, shared.cfg.prefetch, quiet)
