@@ -1,13 +1,20 @@
-//! Everything the shardctl crates share: Redis key names, the typed wrappers of the Lua scripts,
-//! the task model, range splitting, retry backoff, errors and connection helpers. It holds no
-//! policy of its own: the coordinator and the executor decide *when* to call what is here.
+//! The data layer of shardctl: everything that reads or writes Redis for one operation, and the
+//! types those operations share. Key names, the Lua scripts and their typed calls, the task
+//! model, the operator's controls (each one script call or a few writes: cancel, retry, clean,
+//! pause, limits, schedules), locks and rate limiters for users' own code, connections, errors,
+//! the one retry policy. No loops live here: the coordinator and the executor (and the `shardctl`
+//! library's `Node`) decide *when* to call what is here. The rate limiters are a library for
+//! handlers and other programs; the queue's own rate limit is enforced inside `claim.lua`,
+//! where starts are counted atomically with claims.
 //!
 //! # Layout
 //! - [`keys`]: every Redis key name of a queue, built in one place under the queue's hash tag.
 //! - [`scripts`]: the registry of Lua scripts (one per atomic operation) and their typed calls.
-//! - [`control`]: cancel, retry and clean tasks; the queue-wide rate limit.
+//! - [`control`]: cancel, retry and clean tasks; pause and resume; the queue's settings; the
+//!   queue-wide rate limit.
 //! - [`cron`]: cron expressions and their fire times in IANA time zones.
-//! - [`lock`]: distributed locks, single Redis and Redlock, with fencing tokens.
+//! - [`lock`]: distributed locks, single Redis and Redlock, with fencing tokens, and the one
+//!   renewal loop (`watchdog`).
 //! - [`limiter`]: fixed-window, sliding-log and token-bucket rate limiters.
 //! - [`model`]: task ids, shard refs, the task spec and its state.
 //! - [`names`]: the rules for every user-given name in a key (queues, prefix, task and node ids,
@@ -15,7 +22,8 @@
 //! - [`schedule`]: cron schedules fired once per fire time by any number of coordinators.
 //! - [`ring`]: consistent hashing with virtual nodes, the static strategies, `ring simulate`.
 //! - [`split`]: balanced item ranges of shards.
-//! - [`backoff`]: retry delays (fixed or exponential, with jitter).
+//! - [`backoff`]: retry delays (fixed or exponential, with jitter): the one retry policy and the
+//!   one source of jitter.
 //! - [`conn`]: connecting to Redis (one server or a cluster), a dedicated connection for blocking
 //!   waits.
 //! - [`redis_url`]: single-server and `redis+cluster://` URLs, and their redacted form.
