@@ -6,6 +6,7 @@
 //! - [`node`]: [`Node`], an executor node assembled from a handler registry and a config
 //!   (executor runtime, membership and rebalancing, stalled sweep, metrics, graceful shutdown).
 //! - [`metrics`]: the Prometheus exporter (`GET /metrics`).
+//! - [`locked`]: running a command under a distributed lock (`shardctl lock`).
 //! - [`bench`](mod@bench): the performance benchmark (`shardctl bench`): scenarios against targets, and
 //!   BullMQ on the same Redis.
 //! - The crates underneath, re-exported: [`common`] (keys, scripts, model, connections),
@@ -38,6 +39,7 @@
 #![warn(missing_docs)]
 
 pub mod bench;
+pub mod locked;
 pub mod metrics;
 pub mod node;
 

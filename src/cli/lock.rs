@@ -2,21 +2,17 @@
 //! Redis, or Redlock with `--redlock`), renewed while it runs, with the fencing token exported as
 //! `SHARDCTL_FENCING_TOKEN`.
 //!
-//! The command runs in a process group of its own. SIGINT, SIGTERM and SIGHUP are sent on to that
-//! whole group; shardctl keeps renewing the lock until the group is gone (SIGKILL after
-//! `--kill-after`, or at a second signal), releases the lock, and exits 128 + the signal. A lost
-//! lock SIGKILLs the group at once. shardctl's own outcomes have the codes of [`exit`], the
-//! command's own exit code is passed through otherwise.
+//! The running is the library's ([`shardctl::locked`]); here are the flags, the locks built from
+//! them, and each outcome said and turned into an exit code ([`exit`]; the command's own exit
+//! code is passed through).
 
-use std::process::{ExitCode, ExitStatus};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Parser;
-use shardctl_common::lock::{watchdog, Lease, LockKeys, RedisLock, Redlock};
+use shardctl::locked::{self, signal_name, AnyLock, Ended, Locked};
+use shardctl_common::lock::{LockKeys, RedisLock, Redlock};
 use shardctl_common::{conn, Error};
-use tokio::signal::unix::{signal, Signal, SignalKind};
-use tokio_util::sync::CancellationToken;
 
 use super::exit;
 use super::{duration, Args};
@@ -59,26 +55,6 @@ pub struct LockArgs {
     pub command: Vec<String>,
 }
 
-enum Held {
-    One(RedisLock),
-    Red(Redlock),
-}
-
-impl Held {
-    async fn acquire(&self, wait: Duration) -> shardctl_common::Result<Option<Lease>> {
-        match self {
-            Held::One(l) => l.acquire(wait).await,
-            Held::Red(l) => l.acquire(wait).await,
-        }
-    }
-    async fn release(&self, lease: &Lease) {
-        let _ = match self {
-            Held::One(l) => l.release(lease).await.map(|_| ()),
-            Held::Red(l) => l.release(lease).await,
-        };
-    }
-}
-
 /// Runs `shardctl lock`; every outcome is an exit code of [`exit`] or the command's own.
 pub async fn run(args: &Args, a: &LockArgs) -> anyhow::Result<ExitCode> {
     let code = match run_locked(args, a).await {
@@ -91,106 +67,14 @@ pub async fn run(args: &Args, a: &LockArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::from(code))
 }
 
-/// SIGINT, SIGTERM and SIGHUP, listened to from the start (a signal never kills shardctl while
-/// it holds the lock).
-struct Signals {
-    int: Signal,
-    term: Signal,
-    hup: Signal,
-}
-
-impl Signals {
-    fn new() -> std::io::Result<Self> {
-        Ok(Signals {
-            int: signal(SignalKind::interrupt())?,
-            term: signal(SignalKind::terminate())?,
-            hup: signal(SignalKind::hangup())?,
-        })
-    }
-
-    /// The next signal's number.
-    async fn recv(&mut self) -> u8 {
-        tokio::select! {
-            _ = self.int.recv() => 2,
-            _ = self.term.recv() => 15,
-            _ = self.hup.recv() => 1,
-        }
-    }
-}
-
-fn signal_name(n: u8) -> &'static str {
-    match n {
-        1 => "HUP",
-        2 => "INT",
-        15 => "TERM",
-        _ => "KILL",
-    }
-}
-
-/// Keeps the lease renewed (the library's [`watchdog`]) until aborted; cancels `lost` when the
-/// lock is lost: refused (someone else holds it), or unreachable until the TTL ran out.
-async fn renew(lock: Arc<Held>, lease: Lease, lost: CancellationToken) {
-    let forever = std::future::pending::<()>();
-    let r = match &*lock {
-        Held::One(l) => watchdog(l, &lease, forever).await,
-        Held::Red(l) => watchdog(l, &lease, forever).await,
-    };
-    if r.is_err() {
-        lost.cancel();
-    }
-}
-
-/// Sends `sig` to process group `pgid` through kill(1) (the workspace forbids the unsafe a
-/// direct killpg would need); signal 0 only asks whether the group exists.
-async fn signal_group(pgid: u32, sig: &str) -> bool {
-    tokio::process::Command::new("kill")
-        .args([&format!("-{sig}"), "--", &format!("-{pgid}")])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .await
-        .is_ok_and(|s| s.success())
-}
-
-/// Whether process group `pgid` has a member left. On Linux from /proc, not counting zombies
-/// (members already dead: an init that does not reap orphans, common in containers, would keep
-/// them forever); elsewhere `kill -0`.
-async fn group_alive(pgid: u32) -> bool {
-    let Ok(dir) = std::fs::read_dir("/proc") else { return signal_group(pgid, "0").await };
-    if !std::path::Path::new("/proc/self/stat").exists() {
-        return signal_group(pgid, "0").await;
-    }
-    let pgid = pgid.to_string();
-    dir.flatten().any(|e| {
-        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else { return false };
-        // pid (comm) state ppid pgrp …; comm may hold spaces and parentheses
-        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else { return false };
-        let mut f = rest.split_whitespace();
-        let (state, pgrp) = (f.next(), f.nth(1));
-        state.is_some_and(|s| s != "Z" && s != "X") && pgrp == Some(pgid.as_str())
-    })
-}
-
-/// How the command ended.
-enum End {
-    /// It exited by itself (or waiting for it failed).
-    Exited(std::io::Result<ExitStatus>),
-    /// shardctl got this signal; the command's group was stopped.
-    Signalled(u8),
-    /// The lock was lost; the command's group was killed.
-    Lost,
-}
-
 async fn run_locked(args: &Args, a: &LockArgs) -> anyhow::Result<u8> {
-    let mut signals = Signals::new()?;
     let keys = LockKeys::new(&args.prefix, &a.name)?;
     if a.ttl < Duration::from_millis(30) {
         return Err(Error::invalid("--ttl must be at least 30ms").into());
     }
     let lock = if a.redlock.is_empty() {
         let endpoint = conn::open(&args.redis_url()?)?;
-        Held::One(RedisLock::new(endpoint.manager().await?, keys, a.ttl))
+        AnyLock::One(RedisLock::new(endpoint.manager().await?, keys, a.ttl))
     } else {
         if a.redlock.len() < 3 {
             return Err(Error::invalid("--redlock needs at least 3 independent servers").into());
@@ -201,60 +85,39 @@ async fn run_locked(args: &Args, a: &LockArgs) -> anyhow::Result<u8> {
             let endpoint = conn::open(url)?;
             servers.push(endpoint.lazy()?);
         }
-        Held::Red(Redlock::new(servers, keys, a.ttl))
+        AnyLock::Red(Redlock::new(servers, keys, a.ttl))
     };
-    let acquired = tokio::select! {
-        r = lock.acquire(a.wait) => r?,
-        sig = signals.recv() => {
-            eprintln!("shardctl lock '{}': SIG{} while waiting for the lock: the command did not run", a.name, signal_name(sig));
-            return Ok(exit::SIGNAL_BASE + sig);
+    let cmd = Locked {
+        name: a.name.clone(),
+        command: a.command.iter().map(Into::into).collect(),
+        wait: a.wait,
+        kill_after: a.kill_after,
+    };
+    let name = &a.name;
+    Ok(match locked::run(lock, &cmd).await? {
+        Ended::SignalledWhileWaiting(sig) => {
+            eprintln!(
+                "shardctl lock '{name}': SIG{} while waiting for the lock: the command did not run",
+                signal_name(sig)
+            );
+            exit::SIGNAL_BASE + sig
         }
-    };
-    let Some(lease) = acquired else {
-        eprintln!(
-            "shardctl lock '{}': the lock is held by another (waited {:?}): the command did not run",
-            a.name, a.wait
-        );
-        return Ok(exit::NOT_ACQUIRED);
-    };
-    let spawned = tokio::process::Command::new(&a.command[0])
-        .args(&a.command[1..])
-        .env("SHARDCTL_FENCING_TOKEN", lease.fencing_token.to_string())
-        .env("SHARDCTL_LOCK_NAME", &a.name)
-        // a group of its own: a signal or a lost lock stops whatever the command started too
-        .process_group(0)
-        .kill_on_drop(true)
-        .spawn();
-    let mut child = match spawned {
-        Ok(c) => c,
-        Err(e) => {
-            lock.release(&lease).await;
-            eprintln!("shardctl lock '{}': cannot start '{}': {e}", a.name, a.command[0]);
-            let code = if e.kind() == std::io::ErrorKind::NotFound { exit::NOT_FOUND } else { exit::CANNOT_INVOKE };
-            return Ok(code);
+        Ended::NotAcquired => {
+            eprintln!(
+                "shardctl lock '{name}': the lock is held by another (waited {:?}): the command did not run",
+                a.wait
+            );
+            exit::NOT_ACQUIRED
         }
-    };
-    // the group's id is the child's pid; known until the child is reaped, and kept after
-    let pgid = child.id().expect("a child not yet waited for has a pid");
-    let lock = Arc::new(lock);
-    let lost = CancellationToken::new();
-    let renewer = tokio::spawn(renew(lock.clone(), lease.clone(), lost.clone()));
-    let end = tokio::select! {
-        status = child.wait() => End::Exited(status),
-        sig = signals.recv() => {
-            stop(&mut child, pgid, Some(sig), a.kill_after, &mut signals, &lost).await;
-            if lost.is_cancelled() { End::Lost } else { End::Signalled(sig) }
+        Ended::CannotStart(e) => {
+            eprintln!("shardctl lock '{name}': cannot start '{}': {e}", a.command[0]);
+            if e.kind() == std::io::ErrorKind::NotFound {
+                exit::NOT_FOUND
+            } else {
+                exit::CANNOT_INVOKE
+            }
         }
-        _ = lost.cancelled() => {
-            stop(&mut child, pgid, None, a.kill_after, &mut signals, &lost).await;
-            End::Lost
-        }
-    };
-    renewer.abort();
-    // compare and delete: a lock taken over since is left to its holder
-    lock.release(&lease).await;
-    Ok(match end {
-        End::Exited(Ok(status)) => {
+        Ended::Exited(status) => {
             use std::os::unix::process::ExitStatusExt;
             match (status.code(), status.signal()) {
                 (Some(c), _) => c.clamp(0, 255) as u8,
@@ -262,74 +125,22 @@ async fn run_locked(args: &Args, a: &LockArgs) -> anyhow::Result<u8> {
                 (None, None) => exit::FAILED,
             }
         }
-        End::Exited(Err(e)) => {
-            eprintln!("error: lock '{}': waiting for the command: {e}", a.name);
+        Ended::WaitFailed(e) => {
+            eprintln!("error: lock '{name}': waiting for the command: {e}");
             exit::FAILED
         }
-        End::Signalled(sig) => {
+        Ended::Signalled(sig) => {
             eprintln!(
-                "shardctl lock '{}': SIG{}: the command's process group was stopped and the lock released",
-                a.name,
+                "shardctl lock '{name}': SIG{}: the command's process group was stopped and the lock released",
                 signal_name(sig)
             );
             exit::SIGNAL_BASE + sig
         }
-        End::Lost => {
-            eprintln!("error: lock '{}' was lost while the command ran: its process group was killed", a.name);
+        Ended::Lost => {
+            eprintln!("error: lock '{name}' was lost while the command ran: its process group was killed");
             exit::LOCK_LOST
         }
     })
-}
-
-/// Stops the command's process group and waits until none of it is left: `sig` first (none: the
-/// lock is lost, SIGKILL at once), SIGKILL after `kill_after`, at a second signal, or as soon as
-/// the lock is lost (the lock is renewed meanwhile).
-async fn stop(
-    child: &mut tokio::process::Child,
-    pgid: u32,
-    sig: Option<u8>,
-    kill_after: Duration,
-    signals: &mut Signals,
-    lost: &CancellationToken,
-) {
-    let mut killed_at = None;
-    match sig {
-        Some(s) => {
-            signal_group(pgid, signal_name(s)).await;
-        }
-        None => {
-            signal_group(pgid, "KILL").await;
-            killed_at = Some(Instant::now());
-        }
-    }
-    let deadline = tokio::time::Instant::now() + kill_after;
-    let mut leader_gone = false;
-    loop {
-        if leader_gone && !group_alive(pgid).await {
-            return;
-        }
-        // after SIGKILL the group ends at once; a member the kernel cannot end yet (in
-        // uninterruptible sleep) must not keep shardctl and the lock forever
-        if killed_at.is_some_and(|t: Instant| t.elapsed() > Duration::from_secs(2)) {
-            eprintln!("warning: the command's process group {pgid} is not gone 2s after SIGKILL");
-            return;
-        }
-        let kill = tokio::select! {
-            _ = child.wait(), if !leader_gone => {
-                // what the command started may still be ending in its group
-                leader_gone = true;
-                false
-            }
-            _ = tokio::time::sleep(Duration::from_millis(20)), if leader_gone => false,
-            _ = tokio::time::sleep_until(deadline), if killed_at.is_none() => true,
-            _ = signals.recv(), if killed_at.is_none() => true,
-            _ = lost.cancelled(), if killed_at.is_none() => true,
-        };
-        if kill {
-            signal_group(pgid, "KILL").await;
-            killed_at = Some(Instant::now());
-        }
-    }
 }
 
 #[cfg(test)]
