@@ -24,7 +24,6 @@ mod support;
 mod chaos;
 
 use std::collections::BTreeMap;
-use std::process::Stdio;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -252,7 +251,7 @@ fn crash_round(round: u32, setup: Setup) {
     let mut spurious = 0;
     let count = |text: &str, needle: &str| text.lines().filter(|l| l.contains(needle)).count() as u64;
     for e in &c.execs {
-        let text = strip_ansi(&std::fs::read_to_string(&e.log).unwrap_or_default());
+        let text = strip_ansi(&e.proc.log());
         let st = ExecStats::parse(&text);
         let fate = match (e.signalled, e.was_stopped) {
             (Some((Disruption::Kill, _)), false) => "SIGKILLed",
@@ -362,27 +361,12 @@ fn completed_shards_are_not_reported_as_lost_locks() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut c = Fleet::new(3, false);
     let node = "quiet-0".to_owned();
-    let log = c.dir.join(format!("{node}.log"));
-    let child = c
-        .command()
-        .args(["executor", "--node-id", &node, "--concurrency", "8", "--lock-duration", "1s"])
+    let mut cmd = c.command();
+    cmd.args(["executor", "--node-id", &node, "--concurrency", "8", "--lock-duration", "1s"])
         // a heartbeat every 20 ms widens the window; the lock is still 50 renewals long
-        .args(["--lock-renew", "20ms", "--block-timeout", "200ms"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).expect("log file"))
-        .spawn()
-        .expect("start shardctl executor");
-    c.execs.push(Exec {
-        node,
-        child,
-        log: log.clone(),
-        started: Instant::now(),
-        stopped_until: None,
-        was_stopped: false,
-        signalled: None,
-        exit: None,
-    });
+        .args(["--lock-renew", "20ms", "--block-timeout", "200ms"]);
+    let i = c.add(node, cmd);
+    let log = c.execs[i].proc.log_path().to_owned();
     let out = c.cli(&["dispatch", "--shards", "20000", "--kind", "noop", "--task-id", "quiet", "--json"]);
     assert!(out.status.success(), "dispatch failed: {}", String::from_utf8_lossy(&out.stderr));
     let out = c.cli(&["wait", "quiet", "--timeout", "60s", "--json"]);

@@ -18,7 +18,7 @@ use shardctl_common::split::shard_range;
 use shardctl_executor::builtin::fails_at;
 use shardctl_executor::child::{ExecAggregator, ExecCommand, ExecHandler};
 use shardctl_executor::{BoxFuture, ExecutorConfig, Handler, Registry, ShardContext, ShardError, StatsSnapshot};
-use support::{config, eventually, Doomed, RuntimeEnv};
+use support::{config, eventually_async, Doomed, RuntimeEnv, PATIENCE};
 // the coordinator's files name their siblings `crate::<module>`: this root must have them all
 
 fn spec(id: &str, kind: &str, shards: u64, payload: Value) -> TaskSpec {
@@ -292,7 +292,7 @@ async fn graceful_shutdown_releases_at_once() {
     };
     let a = env.executor(cfg.clone(), Registry::with_builtins()).await;
     env.dispatch(&spec("s", "sleep", 8, json!({"ms": 60_000}))).await;
-    eventually("A to hold 4 shards", || async { env.active().await == 4 }).await;
+    eventually_async("A to hold 4 shards", PATIENCE, || async { env.active().await == 4 }).await;
 
     let stats = a.stop().await;
     assert_eq!((stats.claimed, stats.released, stats.completed, stats.failed), (4, 4, 0, 0), "{stats:?}");
@@ -306,7 +306,7 @@ async fn graceful_shutdown_releases_at_once() {
 
     // the released four and the untaken four are all claimable at once
     let b = env.executor(ExecutorConfig { concurrency: 8, ..cfg }, Registry::with_builtins()).await;
-    eventually("B to hold all 8 shards", || async { env.active().await == 8 }).await;
+    eventually_async("B to hold all 8 shards", PATIENCE, || async { env.active().await == 8 }).await;
     let stats = b.stop().await;
     assert_eq!((stats.claimed, stats.released), (8, 8), "{stats:?}");
     assert_eq!(env.task("s").await.done, 0);
@@ -318,7 +318,7 @@ async fn drain_within_grace() {
     let a =
         env.executor(ExecutorConfig { grace: Duration::from_secs(10), ..config("a") }, Registry::with_builtins()).await;
     env.dispatch(&spec("d", "sleep", 8, json!({"ms": 300}))).await;
-    eventually("4 shards to run", || async { env.active().await == 4 }).await;
+    eventually_async("4 shards to run", PATIENCE, || async { env.active().await == 4 }).await;
 
     let stats = a.stop().await;
     assert!(stats.claimed >= 4, "{stats:?}");
@@ -368,15 +368,15 @@ async fn lost_lock_cancels_handler() {
     let instance = cfg.instance.clone();
     let a = env.executor(cfg, r).await;
     env.dispatch(&spec("l", "hold", 1, Value::Null)).await;
-    eventually("the handler to start", || async { h.token.lock().unwrap().is_some() }).await;
+    eventually_async("the handler to start", PATIENCE, || async { h.token.lock().unwrap().is_some() }).await;
     assert!(!h.stopped.load(Ordering::SeqCst));
 
     // another holder takes the shard over while A's lease is gone
     env.take_over("l:1:0", &instance, "other:1").await;
-    eventually("the heartbeat to find the lock lost", || async { a.now().locks_lost == 1 }).await;
+    eventually_async("the heartbeat to find the lock lost", PATIENCE, || async { a.now().locks_lost == 1 }).await;
     let token = h.token.lock().unwrap().clone().unwrap();
     assert!(token.is_cancelled(), "the handler's token was not cancelled");
-    eventually("the handler to stop", || async { h.stopped.load(Ordering::SeqCst) }).await;
+    eventually_async("the handler to stop", PATIENCE, || async { h.stopped.load(Ordering::SeqCst) }).await;
 
     let stats = a.stop().await;
     assert_eq!((stats.locks_lost, stats.completed, stats.failed, stats.released), (1, 0, 0, 0), "{stats:?}");
@@ -400,7 +400,7 @@ async fn lost_lock_kills_the_child_process() {
     let a = env.executor(cfg, exec(&line, 1000)).await;
     env.dispatch(&spec("k", "ext", 1, Value::Null)).await;
     let pid = || std::fs::read_to_string(&pid_file).ok().and_then(|s| s.trim().parse::<u32>().ok());
-    eventually("the child to start", || async { pid().is_some() }).await;
+    eventually_async("the child to start", PATIENCE, || async { pid().is_some() }).await;
     let pid = pid().unwrap();
     let alive = move || {
         // a zombie (state Z) has been killed already, only not yet reaped
@@ -409,8 +409,8 @@ async fn lost_lock_kills_the_child_process() {
     assert!(alive(), "the child {pid} is not running");
 
     env.take_over("k:1:0", &instance, "other:1").await;
-    eventually("the heartbeat to find the lock lost", || async { a.now().locks_lost == 1 }).await;
-    eventually("the child process to be killed", || async { !alive() }).await;
+    eventually_async("the heartbeat to find the lock lost", PATIENCE, || async { a.now().locks_lost == 1 }).await;
+    eventually_async("the child process to be killed", PATIENCE, || async { !alive() }).await;
     let stats = a.stop().await;
     assert_eq!((stats.locks_lost, stats.completed, stats.failed), (1, 0, 0), "{stats:?}");
     let _ = std::fs::remove_dir_all(&dir);
@@ -425,7 +425,7 @@ async fn redis_restarted_under_running_executor() {
     let a = env.executor(ExecutorConfig { concurrency: 8, ..config("a") }, Registry::with_builtins()).await;
     let n = 300;
     env.dispatch(&spec("r", "sleep", n, json!({"ms": 20}))).await;
-    eventually("some shards to be done", || async { env.task("r").await.done >= 40 }).await;
+    eventually_async("some shards to be done", PATIENCE, || async { env.task("r").await.done >= 40 }).await;
 
     // same port, data kept through the append-only file; restart() blocks, so off the runtime
     tokio::task::block_in_place(|| env.redis.restart());
@@ -483,7 +483,7 @@ async fn stalled_shard_recovered_from_a_dead_executor() {
         ex.run(tokio_util::sync::CancellationToken::new()).await
     });
     env.dispatch(&spec("st", "flaky", 4, Value::Null)).await;
-    eventually("A to hold all 4 shards", || async { env.active().await == 4 }).await;
+    eventually_async("A to hold all 4 shards", PATIENCE, || async { env.active().await == 4 }).await;
     rt_a.crash();
 
     let sweeper = env.sweeper(Duration::from_millis(200), 5);
@@ -627,7 +627,7 @@ async fn aborting_the_run_future_lets_its_locks_expire() {
     let instance = cfg.instance.clone();
     let a = env.executor(cfg, flaky_registry(&h)).await;
     env.dispatch(&spec("ab", "flaky", 4, Value::Null)).await;
-    eventually("A to hold all 4 shards", || async { env.active().await == 4 }).await;
+    eventually_async("A to hold all 4 shards", PATIENCE, || async { env.active().await == 4 }).await;
     assert!(env.lease_ttl(&instance).await.is_some(), "a running executor has a lease");
     a.abort().await;
 
@@ -640,7 +640,7 @@ async fn aborting_the_run_future_lets_its_locks_expire() {
     let held = env.holders().await;
     assert!(held.values().all(|t| t.starts_with(&format!("{instance}:"))), "{held:?}");
     let sweeper = env.sweeper(Duration::from_millis(100), 5);
-    eventually("the sweep to recover A's shards", || async { env.active().await == 0 }).await;
+    eventually_async("the sweep to recover A's shards", PATIENCE, || async { env.active().await == 0 }).await;
     sweeper.stop().await;
     let mut waiting = env.wait_list().await;
     waiting.sort();
@@ -685,7 +685,7 @@ async fn shards_are_claimed_ahead_only_when_short_and_given_back_at_shutdown() {
     // long shards from the start: nothing is claimed ahead of a free slot
     let a = env.executor(cfg.clone(), registry(0, 60_000)).await;
     env.dispatch(&spec("long", "gauge", 20, Value::Null)).await;
-    eventually("two shards held", || async { env.active().await == 2 }).await;
+    eventually_async("two shards held", PATIENCE, || async { env.active().await == 2 }).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(env.active().await, 2, "a long shard is never claimed ahead");
     let stats = a.stop().await;
@@ -700,10 +700,11 @@ async fn shards_are_claimed_ahead_only_when_short_and_given_back_at_shutdown() {
     now.store(0, Ordering::SeqCst);
     let a = env.executor(cfg.clone(), registry(20, 60_000)).await;
     env.dispatch(&spec("p", "gauge", 40, Value::Null)).await;
-    eventually("five shards held", || async { env.active().await == 5 }).await;
+    eventually_async("five shards held", PATIENCE, || async { env.active().await == 5 }).await;
     // the two running are slow: once they have gone quiet for 100 ms, the three waiting are
     // given back, unstarted, to be claimed by whoever is free
-    eventually("the three waiting to be given back", || async { env.wait_list().await.len() == 3 }).await;
+    eventually_async("the three waiting to be given back", PATIENCE, || async { env.wait_list().await.len() == 3 })
+        .await;
     assert_eq!(env.active().await, 2);
     assert_eq!(most.load(Ordering::SeqCst), 2, "only `concurrency` handlers run");
     // their claim was undone: the next claim hands out attempt 1 again
@@ -755,7 +756,10 @@ async fn a_timed_out_handler_is_stopped_with_everything_it_started() {
     let started: Vec<&str> = started.split_whitespace().collect();
     assert_eq!(started.len(), 2, "{started:?}");
     let alive = |pid: &str| std::process::Command::new("kill").args(["-0", pid]).status().unwrap().success();
-    eventually("the handlers' grandchildren to be gone", || async { started.iter().all(|p| !alive(p)) }).await;
+    eventually_async("the handlers' grandchildren to be gone", PATIENCE, || async {
+        started.iter().all(|p| !alive(p))
+    })
+    .await;
     a.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -788,12 +792,15 @@ async fn shards_claimed_ahead_delay_a_higher_priority_task_by_little() {
     let a = env.executor(cfg, r).await;
     env.dispatch(&spec("low", "rec", 5000, Value::Null)).await;
     // the executor has measured its shards' run time and claims ahead
-    eventually("200 low shards to start", || async { started.lock().unwrap().len() >= 200 }).await;
+    eventually_async("200 low shards to start", PATIENCE, || async { started.lock().unwrap().len() >= 200 }).await;
     let at = started.lock().unwrap().len();
     let mut high = spec("high", "rec", 3, Value::Null);
     high.priority = 10;
     env.dispatch(&high).await;
-    eventually("the high task to start", || async { started.lock().unwrap()[at..].iter().any(|t| t == "high") }).await;
+    eventually_async("the high task to start", PATIENCE, || async {
+        started.lock().unwrap()[at..].iter().any(|t| t == "high")
+    })
+    .await;
     let seen = started.lock().unwrap().clone();
     let before = seen[at..].iter().take_while(|t| *t == "low").count();
     assert!(before <= 25, "{before} low shards started after the high task was dispatched, before it");
@@ -826,16 +833,17 @@ async fn a_slow_task_after_a_fast_one_is_not_hoarded() {
     let a = env.executor(config("a"), Registry::with_builtins()).await; // concurrency 4
     env.dispatch(&TaskSpec::new("tiny", "noop", 4000)).await;
     env.dispatch(&spec("long", "sleep", 60, json!({ "ms": 500 }))).await;
-    eventually("every tiny shard done", || async { env.task("tiny").await.done == 4000 }).await;
+    eventually_async("every tiny shard done", PATIENCE, || async { env.task("tiny").await.done == 4000 }).await;
     let since = std::time::Instant::now();
-    eventually("tiny to end", || async { env.task("tiny").await.state == TaskState::Completed }).await;
+    eventually_async("tiny to end", PATIENCE, || async { env.task("tiny").await.state == TaskState::Completed }).await;
     assert!(since.elapsed() < Duration::from_millis(1500), "tiny's aggregation waited {:?}", since.elapsed());
     tokio::time::sleep(Duration::from_millis(500)).await;
     let held = held_by_instance(&env, "long").await;
     assert!(held.values().all(|&n| n <= 6), "a holds far more than its 4 slots: {held:?}");
     // an idle executor arriving gets work at once
     let b = env.executor(config("b"), Registry::with_builtins()).await;
-    eventually("b to hold long shards", || async { held_by_instance(&env, "long").await.len() == 2 }).await;
+    eventually_async("b to hold long shards", PATIENCE, || async { held_by_instance(&env, "long").await.len() == 2 })
+        .await;
 
     // a rate limit of 2 starts per second: once the shards running end, at most 2 per second
     let mut con = env.con.clone();

@@ -28,7 +28,7 @@ pub mod process;
 pub mod secure;
 
 pub use cluster::TestCluster;
-pub use process::{eventually, signal, Process};
+pub use process::{eventually, eventually_async, signal, Process};
 pub use secure::SecureRedis;
 
 static SEQ: AtomicU64 = AtomicU64::new(0);

@@ -1,5 +1,6 @@
 //! The one guard around a process a test starts, and the helpers that go with it: [`Process`]
-//! (stderr in a log file, SIGKILLed on drop unless it ended), [`signal`] and [`eventually`].
+//! (stderr in a log file, SIGKILLed on drop unless it ended), [`signal`] and [`eventually`]
+//! (with [`eventually_async`] for async checks).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -135,5 +136,19 @@ pub fn eventually<T, E: std::fmt::Display>(what: &str, patience: Duration, mut f
             }
             Err(_) => std::thread::sleep(Duration::from_millis(20)),
         }
+    }
+}
+
+/// [`eventually`] for async checks: awaits `check` every 20 ms until it holds; panics with
+/// `what` after `patience`.
+pub async fn eventually_async<F, Fut>(what: &str, patience: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !check().await {
+        assert!(start.elapsed() < patience, "gave up waiting for {what} after {patience:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

@@ -3,13 +3,13 @@
 //! stops them.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::process::{Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use shardctl_testkit::{TestCluster, TestRedis};
 
 use super::strip_ansi;
-use crate::support::{signal, CHAOS_EXECUTOR_ARGS};
+use crate::support::{signal, Process, CHAOS_EXECUTOR_ARGS};
 use crate::{GRACE, STOP_MS};
 
 /// Where a round's queue lives: one redis-server, or the master of its slot in a cluster.
@@ -90,11 +90,10 @@ pub(crate) enum Disruption {
     Term,
 }
 
-/// One `shardctl executor` process.
+/// One `shardctl executor` process, and what the round did to it.
 pub(crate) struct Exec {
     pub(crate) node: String,
-    pub(crate) child: Child,
-    pub(crate) log: PathBuf,
+    pub(crate) proc: Process,
     pub(crate) started: Instant,
     /// SIGSTOPped; SIGCONT is due then.
     pub(crate) stopped_until: Option<Instant>,
@@ -146,22 +145,18 @@ impl Fleet {
 
     pub(crate) fn spawn(&mut self) -> usize {
         let node = format!("crash{}-{}", self.round, self.execs.len());
+        let mut cmd = self.command();
+        cmd.args(["executor", "--node-id", &node]).args(CHAOS_EXECUTOR_ARGS).args(self.extra_executor_args);
+        self.add(node, cmd)
+    }
+
+    /// Starts `cmd` as executor `node` (its log in the round's directory); its index.
+    pub(crate) fn add(&mut self, node: String, cmd: Command) -> usize {
         let log = self.dir.join(format!("{node}.log"));
-        let file = std::fs::File::create(&log).expect("log file");
-        let child = self
-            .command()
-            .args(["executor", "--node-id", &node])
-            .args(CHAOS_EXECUTOR_ARGS)
-            .args(self.extra_executor_args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(file)
-            .spawn()
-            .expect("start shardctl executor");
+        let proc = Process::spawn_logging_to(cmd, &log);
         self.execs.push(Exec {
             node,
-            child,
-            log,
+            proc,
             started: Instant::now(),
             stopped_until: None,
             was_stopped: false,
@@ -186,11 +181,11 @@ impl Fleet {
         let now = Instant::now();
         for e in &mut self.execs {
             if e.stopped_until.is_some_and(|t| t <= now) {
-                signal(e.child.id(), "CONT");
+                e.proc.signal("CONT");
                 e.stopped_until = None;
             }
             if e.exit.is_none() {
-                if let Ok(Some(st)) = e.child.try_wait() {
+                if let Some(st) = e.proc.ended() {
                     e.exit = Some((st, now));
                     if e.signalled.is_none() {
                         self.unexpected_exits.push(format!("{} exited on its own ({st})", e.node));
@@ -226,7 +221,7 @@ impl Fleet {
             k => (k, running),
         };
         let i = pool[rng.below(pool.len() as u64) as usize];
-        let pid = self.execs[i].child.id();
+        let pid = self.execs[i].proc.pid();
         let node = self.execs[i].node.clone();
         match kind {
             Disruption::Kill => {
@@ -255,7 +250,7 @@ impl Fleet {
     pub(crate) fn stop_all(&mut self) {
         for e in &mut self.execs {
             if e.exit.is_none() && e.signalled.is_none() {
-                signal(e.child.id(), "TERM");
+                e.proc.signal("TERM");
                 e.signalled = Some((Disruption::Term, Instant::now()));
             }
         }
@@ -268,10 +263,10 @@ impl Fleet {
     pub(crate) fn tails(&self) -> String {
         let mut s = String::new();
         for e in &self.execs {
-            let text = strip_ansi(&std::fs::read_to_string(&e.log).unwrap_or_default());
+            let text = strip_ansi(&e.proc.log());
             let lines: Vec<&str> = text.lines().collect();
             let tail = lines[lines.len().saturating_sub(25)..].join("\n");
-            s.push_str(&format!("----- {} ({}) stderr tail:\n{tail}\n", e.node, e.log.display()));
+            s.push_str(&format!("----- {} ({}) stderr tail:\n{tail}\n", e.node, e.proc.log_path().display()));
         }
         let log = self.redis.log();
         let lines: Vec<&str> = log.lines().collect();
@@ -285,9 +280,8 @@ impl Drop for Fleet {
         for e in &mut self.execs {
             if e.exit.is_none() {
                 // SIGKILL ends a stopped process too; SIGCONT first costs nothing
-                signal(e.child.id(), "CONT");
-                let _ = e.child.kill();
-                let _ = e.child.wait();
+                e.proc.signal("CONT");
+                e.proc.kill();
             }
         }
         if std::thread::panicking() {

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use shardctl_common::conn::Conn;
 use shardctl_common::keys::ACTIVE_PIN;
@@ -230,19 +230,6 @@ impl Sweeper {
     }
 }
 
-/// Polls `check` every 20 ms until it holds; panics after [`PATIENCE`] saying `what` it waited for.
-pub async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let start = Instant::now();
-    while !check().await {
-        assert!(start.elapsed() < PATIENCE, "gave up waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// A runtime of its own for one executor, so that a test can kill all of it at once.
 pub struct Doomed(Option<tokio::runtime::Runtime>);
 
@@ -275,3 +262,5 @@ impl Drop for Doomed {
         }
     }
 }
+
+pub use shardctl_testkit::eventually_async;
