@@ -52,7 +52,7 @@ async fn membership_is_scored_and_reaped_by_the_servers_clock_in_one_step() {
     let mut env = ScriptEnv::start("clock_members").await;
     let before = server_ms(&mut env).await;
     for (node, timeout) in [("a", 10_000u64), ("b", 10_000), ("c", 10_000)] {
-        let joined = scripts::join(&mut env.con, &env.keys, node, node, timeout, &[]).await.unwrap();
+        let joined = scripts::join(&mut env.con, &env.keys, node, node, timeout, None, &[]).await.unwrap();
         assert!(joined.is_ok());
     }
     let after = server_ms(&mut env).await;

@@ -8,6 +8,7 @@
 //! - [`dispatch`]: validating and creating a pull task, fresh task ids.
 //! - [`sweep`]: the stalled-shard sweep loop: at each executor lease's expiry, and Bull's full
 //!   sweep throttled in Redis.
+//! - [`liveness`]: whether a node id's holder is provably dead (a restart after a crash).
 //! - [`membership`]: executors joining, heartbeating and leaving; the live node set.
 //! - [`route`]: owners of routed refs, chunked placement of a task, moving a list's refs.
 //! - [`rebalance`]: failover and rebalancing under a short lock.
@@ -29,6 +30,7 @@
 pub mod daemon;
 pub mod dispatch;
 pub mod firing;
+pub mod liveness;
 pub mod membership;
 pub mod metrics;
 pub mod progress;

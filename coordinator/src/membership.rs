@@ -71,31 +71,60 @@ impl MembershipConfig {
 }
 
 fn fields(m: &Member) -> Vec<(&'static str, String)> {
-    vec![
+    let mut f = vec![
         ("host", m.host.clone()),
         ("pid", m.pid.to_string()),
         ("concurrency", m.concurrency.to_string()),
         ("version", env!("CARGO_PKG_VERSION").to_owned()),
-    ]
+    ];
+    if m.pid == std::process::id() {
+        if let Some(p) = crate::liveness::identity(m.pid) {
+            f.push(("proc", p));
+        }
+    }
+    f
 }
 
 fn in_use(node: &str, h: &NodeHolder) -> Error {
     Error::refused(
         ScriptCode::NodeAlive,
         format!(
-            "node id '{node}' is held by a live executor (pid {} on {}, heartbeat {} ms ago); \
-             pick another node id or stop that one",
-            h.pid, h.host, h.age_ms
+            "node id '{node}' is held by a live executor (pid {} on {}, heartbeat {} ms ago); if that \
+             executor is gone, the id frees in {:.1} s; else pick another node id or stop that one",
+            h.pid,
+            h.host,
+            h.age_ms,
+            h.left_ms as f64 / 1000.0
         ),
     )
 }
 
-/// Registers `m`, refused while another live executor holds its node id.
+/// Registers `m`, refused while another live executor holds its node id. A holder that is
+/// provably dead (see [`crate::liveness::provably_dead`]: a restart after a crash on the same
+/// host) gives the id up at once.
 pub async fn join(con: &mut Conn, keys: &Keys, m: &Member, cfg: &MembershipConfig) -> Result<()> {
     m.validate()?;
     let timeout = cfg.timeout.as_millis() as u64;
-    match scripts::join(con, keys, &m.node, &m.instance, timeout, &fields(m)).await? {
-        Ok(()) => Ok(()),
+    let f = fields(m);
+    let h = match scripts::join(con, keys, &m.node, &m.instance, timeout, None, &f).await? {
+        Ok(()) => return Ok(()),
+        Err(h) => h,
+    };
+    if !crate::liveness::provably_dead(&h.host, &h.pid, &h.proc, &m.host) {
+        return Err(in_use(&m.node, &h));
+    }
+    match scripts::join(con, keys, &m.node, &m.instance, timeout, Some(&h.instance), &f).await? {
+        Ok(()) => {
+            tracing::warn!(
+                "node id '{}' taken over from its dead predecessor (pid {} on {}, heartbeat {} ms ago)",
+                m.node,
+                h.pid,
+                h.host,
+                h.age_ms
+            );
+            Ok(())
+        }
+        // another process took it over meanwhile
         Err(h) => Err(in_use(&m.node, &h)),
     }
 }

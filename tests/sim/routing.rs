@@ -131,7 +131,7 @@ impl World {
     pub async fn join(&mut self, e: usize) -> Outcome {
         let (node, inst) = (self.execs[e].node.clone(), self.execs[e].instance.clone());
         let fields = [("host", "sim".to_owned()), ("pid", e.to_string())];
-        let r = scripts::join(&mut self.con, &self.keys, &node, &inst, MEMBER_MS, &fields).await;
+        let r = scripts::join(&mut self.con, &self.keys, &node, &inst, MEMBER_MS, None, &fields).await;
         self.note(format!("{inst} joins as node {node} ({:?}): {r:?}", self.execs[e].member));
         ensure!(matches!(r, Ok(Ok(()))), "join of {node} by {inst} answered {r:?}");
         self.execs[e].member = Member::Live;

@@ -63,29 +63,41 @@ pub struct NodeHolder {
     pub pid: String,
     /// Milliseconds since its last heartbeat.
     pub age_ms: u64,
+    /// Its instance.
+    pub instance: String,
+    /// Its process identity, `<boot id>|<pid namespace>|<start time>` (empty when unknown).
+    pub proc: String,
+    /// Milliseconds until it counts as departed.
+    pub left_ms: u64,
 }
 
 /// Joins the membership or refreshes this instance's heartbeat; `Err(holder)` when another
-/// live instance holds the node id.
+/// live instance holds the node id, unless it is `replace` (an instance the caller proved dead).
 pub async fn join<C: ConnectionLike + Send>(
     con: &mut C,
     keys: &Keys,
     node: &str,
     instance: &str,
     timeout_ms: u64,
+    replace: Option<&str>,
     fields: &[(&str, String)],
 ) -> Result<std::result::Result<(), NodeHolder>> {
     let mut inv = scripts().join.keyed(keys, &KeyArgs { node: Some(node), ..Default::default() });
-    inv.arg(node).arg(instance).arg(timeout_ms);
+    inv.arg(node).arg(instance).arg(timeout_ms).arg(replace.unwrap_or(""));
     for (f, v) in fields {
         inv.arg(*f).arg(v);
     }
     let v: Vec<Value> = inv.invoke_async(con).await?;
     match v.as_slice() {
         [c] if int(c)? == 1 => Ok(Ok(())),
-        [c, h, p, a] if int(c)? == -5 => {
-            Ok(Err(NodeHolder { host: string(h)?, pid: string(p)?, age_ms: int(a)?.max(0) as u64 }))
-        }
+        [c, h, p, a, i, pr, l] if int(c)? == -5 => Ok(Err(NodeHolder {
+            host: string(h)?,
+            pid: string(p)?,
+            age_ms: int(a)?.max(0) as u64,
+            instance: string(i)?,
+            proc: string(pr)?,
+            left_ms: int(l)?.max(0) as u64,
+        })),
         other => Err(Error::Protocol(format!("join reply {other:?}"))),
     }
 }
