@@ -605,3 +605,31 @@ fn status_failed_needs_a_task() {
     let cli = Cli::start("failed-flag");
     cli.rejects(&["status", "--failed"], 2, "<TASK>");
 }
+
+// A wait that cannot end says why instead of looking hung: no executor, a paused queue, a delay.
+#[test]
+fn a_wait_that_cannot_progress_says_why() {
+    let cli = Cli::start("stuck");
+    cli.ok(&["dispatch", "--kind", "noop", "--shards", "3", "--task-id", "lonely"]);
+    let out = cli.run(&["wait", "lonely", "--timeout", "3s"]);
+    assert_eq!(out.code(), 1, "{out:?}");
+    assert!(out.stderr.contains("task lonely is not moving: no executor is running for this queue"), "{out:?}");
+    assert!(out.stderr.contains("timed out after 3s: no executor is running"), "the timeout says why: {out:?}");
+
+    // an executor, but the queue paused
+    cli.ok(&["pause"]);
+    let mut e = cli.executor("stuck-a", &[]);
+    let out = cli.run(&["wait", "lonely", "--timeout", "4s"]);
+    assert_eq!(out.code(), 1, "{out:?}\n{}", e.log());
+    assert!(out.stderr.contains("the queue is paused"), "{out:?}");
+    assert!(!out.stderr.contains("no executor"), "an executor runs: {out:?}");
+    cli.ok(&["resume"]);
+    cli.ok(&["wait", "lonely", "--timeout", "30s"]);
+
+    // a delayed task
+    cli.ok(&["dispatch", "--kind", "noop", "--shards", "1", "--task-id", "later", "--delay", "1h"]);
+    let out = cli.run(&["wait", "later", "--timeout", "3s", "--json"]);
+    assert_eq!(out.code(), 1, "{out:?}");
+    assert!(out.stderr.contains("the task is delayed: it starts in"), "{out:?}");
+    e.terminate();
+}

@@ -39,6 +39,14 @@ pub enum Error {
     /// Waiting took longer than allowed.
     #[error("timed out after {0:?}")]
     Timeout(std::time::Duration),
+    /// Waiting took longer than allowed, and this is why nothing moved.
+    #[error("timed out after {after:?}: {why}")]
+    TimedOut {
+        /// How long it waited.
+        after: std::time::Duration,
+        /// Why the task did not move, as far as Redis tells.
+        why: String,
+    },
     /// A distributed lock held by this process was lost (it expired, or another holder took
     /// it): whatever it guarded must stop. Not bad input: the key it names is the lock's.
     #[error("lock {0} lost")]

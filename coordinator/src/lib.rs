@@ -16,6 +16,7 @@
 //!   schedules themselves are stored by `shardctl_common::schedule`.
 //! - [`progress`]: one task's state and counts, a queue's counts, failed shards.
 //! - [`wait`]: waiting for a task to end, with a progress callback.
+//! - [`stuck`]: why a task is not moving (paused, delayed, no executor, rate limit).
 //! - [`daemon`]: `shardctl coordinator`: maintenance every refresh, schedules, progress for the
 //!   metrics.
 //! - [`metrics`]: the Prometheus metrics (names, descriptions, publishing the progress gauges).
@@ -36,5 +37,6 @@ pub mod metrics;
 pub mod progress;
 pub mod rebalance;
 pub mod route;
+pub mod stuck;
 pub mod sweep;
 pub mod wait;

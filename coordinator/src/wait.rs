@@ -4,13 +4,17 @@
 use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionLike;
-use shardctl_common::model::TaskInfo;
+use shardctl_common::model::{TaskInfo, TaskState};
 use shardctl_common::{Error, Keys, Result};
 
 use crate::progress;
+use crate::stuck::Stuck;
 
 /// How often a waiter reads the task.
 pub const POLL: Duration = Duration::from_millis(200);
+
+/// A task that showed no progress this long is looked at: why is it not moving?
+pub const STUCK_AFTER: Duration = Duration::from_secs(2);
 
 /// Waits until the task is completed or failed, or `timeout` passes; calls `on_progress` with
 /// every reading. Redis errors are retried until the timeout.
@@ -19,15 +23,46 @@ pub async fn wait<C: ConnectionLike + Send>(
     keys: &Keys,
     id: &str,
     timeout: Option<Duration>,
+    on_progress: impl FnMut(&TaskInfo),
+) -> Result<TaskInfo> {
+    wait_explained(con, keys, id, timeout, on_progress, |_| {}).await
+}
+
+/// [`wait`], and when the task has not moved for [`STUCK_AFTER`], `on_stuck` with the reasons
+/// it may not be moving ([`crate::stuck::reasons`]) each time they change (empty: moving again,
+/// or no reason known). A timeout says the last reasons known.
+pub async fn wait_explained<C: ConnectionLike + Send>(
+    con: &mut C,
+    keys: &Keys,
+    id: &str,
+    timeout: Option<Duration>,
     mut on_progress: impl FnMut(&TaskInfo),
+    mut on_stuck: impl FnMut(&[Stuck]),
 ) -> Result<TaskInfo> {
     let start = Instant::now();
+    let mut last: Option<((u64, u64, TaskState), Instant)> = None;
+    let mut said: Vec<Stuck> = Vec::new();
     loop {
         match progress::task(con, keys, id).await {
             Ok(t) => {
                 on_progress(&t);
                 if t.state.is_finished() {
                     return Ok(t);
+                }
+                let now = (t.done, t.failed, t.state);
+                let since = match last {
+                    Some((seen, at)) if seen == now => at,
+                    _ => Instant::now(),
+                };
+                last = Some((now, since));
+                let why = if since.elapsed() >= STUCK_AFTER {
+                    crate::stuck::reasons(con, keys, &t).await.unwrap_or_default()
+                } else {
+                    Vec::new()
+                };
+                if why != said {
+                    on_stuck(&why);
+                    said = why;
                 }
             }
             Err(e @ Error::NoTask(_)) => return Err(e),
@@ -36,7 +71,11 @@ pub async fn wait<C: ConnectionLike + Send>(
         }
         if let Some(t) = timeout {
             if start.elapsed() >= t {
-                return Err(Error::Timeout(t));
+                if said.is_empty() {
+                    return Err(Error::Timeout(t));
+                }
+                let why: Vec<String> = said.iter().map(ToString::to_string).collect();
+                return Err(Error::TimedOut { after: t, why: why.join("; ") });
             }
         }
         tokio::time::sleep(POLL).await;

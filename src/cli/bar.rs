@@ -31,6 +31,15 @@ impl Bar {
         self.0.set_message(msg);
     }
 
+    /// A line on stderr above the bar (or alone when stderr is no terminal).
+    pub fn note(&self, line: &str) {
+        if self.0.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            self.0.println(line);
+        }
+    }
+
     pub fn finish(&self) {
         self.0.finish_and_clear();
     }

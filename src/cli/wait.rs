@@ -6,6 +6,8 @@ use std::time::Duration;
 use clap::Parser;
 use shardctl_common::conn::Conn;
 use shardctl_common::model::{TaskInfo, TaskState};
+use shardctl_coordinator::stuck::Stuck;
+use shardctl_coordinator::wait::wait_explained;
 
 use super::{bar::Bar, connect, duration, exit, Args};
 
@@ -35,7 +37,14 @@ pub async fn wait_and_print(
     json: bool,
 ) -> anyhow::Result<ExitCode> {
     let bar = Bar::new();
-    let t = shardctl_coordinator::wait::wait(con, &args.keys()?, id, timeout, |t| bar.update(t)).await;
+    let on_stuck = |why: &[Stuck]| match why {
+        [] => bar.note(&format!("task {id}: nothing known blocks it any more")),
+        why => {
+            let why: Vec<String> = why.iter().map(ToString::to_string).collect();
+            bar.note(&format!("task {id} is not moving: {}", why.join("; ")));
+        }
+    };
+    let t = wait_explained(con, &args.keys()?, id, timeout, |t| bar.update(t), on_stuck).await;
     bar.finish();
     let t = t?;
     print_final(&t, json);

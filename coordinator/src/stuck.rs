@@ -1,0 +1,92 @@
+//! Why a task does not move: what a waiter says instead of looking hung. Each reason is read
+//! from Redis (by the server's clock) when a task has shown no progress for a while.
+
+use std::fmt;
+
+use redis::aio::ConnectionLike;
+use shardctl_common::model::{TaskInfo, TaskState};
+use shardctl_common::time::server_now_ms;
+use shardctl_common::{Keys, Result};
+
+/// Why a task that has not ended is not moving.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stuck {
+    /// The queue is paused.
+    Paused,
+    /// The task starts at this time (ms, the server's clock), this far from now.
+    Delayed {
+        /// Milliseconds from now.
+        in_ms: u64,
+    },
+    /// No executor is live in the queue: none ever joined, or the last one was seen this long
+    /// ago (ms).
+    NoExecutor {
+        /// Since the last one counted as alive, if any was ever seen.
+        last_seen_ms_ago: Option<u64>,
+    },
+    /// The queue's rate limit lets no more shards start in its window.
+    RateLimited {
+        /// Starts allowed per window.
+        max: u64,
+        /// The window (ms).
+        per_ms: u64,
+    },
+}
+
+impl fmt::Display for Stuck {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Stuck::Paused => f.write_str("the queue is paused (shardctl resume restarts it)"),
+            Stuck::Delayed { in_ms } => write!(f, "the task is delayed: it starts in {:.1} s", *in_ms as f64 / 1000.0),
+            Stuck::NoExecutor { last_seen_ms_ago: None } => {
+                f.write_str("no executor is running for this queue (none has joined it)")
+            }
+            Stuck::NoExecutor { last_seen_ms_ago: Some(ms) } => write!(
+                f,
+                "no executor is running for this queue (the last one was seen {:.0} s ago)",
+                *ms as f64 / 1000.0
+            ),
+            Stuck::RateLimited { max, per_ms } => {
+                write!(f, "the queue's rate limit ({max} per {per_ms} ms) lets no more shards start for now")
+            }
+        }
+    }
+}
+
+/// The reasons task `t` may not be moving, most likely first; empty when none is known (the
+/// executors are busy with other work, or its shards are long).
+pub async fn reasons<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, t: &TaskInfo) -> Result<Vec<Stuck>> {
+    let mut out = Vec::new();
+    if t.state.is_finished() {
+        return Ok(out);
+    }
+    let now = server_now_ms(con, keys).await?;
+    let (paused, limit_max, limit_per, limit_used): (Option<String>, Option<u64>, Option<u64>, Option<u64>) =
+        redis::cmd("HMGET")
+            .arg(keys.meta())
+            .arg(&["paused", "limit_max", "limit_per_ms", "limit_used"])
+            .query_async(con)
+            .await?;
+    if paused.as_deref() == Some("1") {
+        out.push(Stuck::Paused);
+    }
+    if t.state == TaskState::Delayed {
+        if let Some(start) = t.start_ms.filter(|&s| s > now) {
+            out.push(Stuck::Delayed { in_ms: start - now });
+        }
+    }
+    // the nodes' scores are the times they count as alive until
+    let newest: Vec<(String, u64)> =
+        redis::cmd("ZRANGE").arg(keys.nodes()).arg(-1).arg(-1).arg("WITHSCORES").query_async(con).await?;
+    match newest.first() {
+        None => out.push(Stuck::NoExecutor { last_seen_ms_ago: None }),
+        Some((_, until)) if *until <= now => out.push(Stuck::NoExecutor { last_seen_ms_ago: Some(now - until) }),
+        Some(_) => {}
+    }
+    if let (Some(max), Some(per)) = (limit_max.filter(|&m| m > 0), limit_per) {
+        if limit_used.unwrap_or(0) >= max {
+            out.push(Stuck::RateLimited { max, per_ms: per });
+        }
+    }
+    Ok(out)
+}
