@@ -10,8 +10,9 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use metrics_util::MetricKindMask;
 use shardctl_common::{Error, Result};
 
-/// Default address of the coordinator's endpoint.
-pub const DEFAULT_COORDINATOR_ADDR: &str = "0.0.0.0:9464";
+/// Default address of the coordinator's endpoint: loopback (serving the network is a choice),
+/// and not 9464, the port the docs give executors, so that both run on one host as written.
+pub const DEFAULT_COORDINATOR_ADDR: &str = "127.0.0.1:9465";
 
 /// Installs the exporter on `addr` for the rest of the process. `idle_gauges`: gauges not set for
 /// that long leave the output (how the coordinator drops finished tasks).

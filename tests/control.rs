@@ -614,6 +614,15 @@ fn clean_older_than_zero_removes_every_ended_task_and_leaves_running_ones() {
         let n: i64 = redis::cmd("ZCARD").arg(cli.key("delayed")).query(&mut con).unwrap();
         (n == 2).then_some(()).ok_or(n)
     });
+    // `fixed:30s` waits 30 s, not a jittered 15-30 s: each retry is due 30 s after its failure
+    let due: Vec<(String, u64)> =
+        redis::cmd("ZRANGE").arg(cli.key("delayed")).arg(0).arg(-1).arg("WITHSCORES").query(&mut con).unwrap();
+    let (s, us): (u64, u64) = redis::cmd("TIME").query(&mut con).unwrap();
+    let now = s * 1000 + us / 1000;
+    for (r, at) in &due {
+        let left = at.saturating_sub(now);
+        assert!(left > 27_000 && left <= 30_000, "{r} is due in {left} ms: fixed:30s must wait 30 s");
+    }
     e.terminate();
     cli.ok(&["cancel", "can1"]);
     let delayed: i64 = redis::cmd("ZCARD").arg(cli.key("delayed")).query(&mut con).unwrap();

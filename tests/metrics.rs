@@ -354,6 +354,28 @@ fn coordinator_refuses_a_busy_metrics_address_and_bad_settings() {
     assert!(out.stderr.contains("--metrics-addr"), "{out:?}");
 }
 
+// The coordinator and an executor run on one host with the documented flags: the coordinator's
+// default is loopback on its own port, and `off` turns its listener off.
+#[test]
+fn coordinator_metrics_default_to_loopback_on_their_own_port_and_can_be_off() {
+    let cli = Cli::start("coord-defaults");
+    let help = cli.ok(&["coordinator", "--help"]);
+    assert!(help.contains("127.0.0.1:9465"), "{help}");
+    let out = cli.run(&["coordinator", "--metrics-addr", "nowhere"]);
+    assert_eq!(out.code(), 2, "{out:?}");
+    assert!(out.stderr.contains("or off"), "{out:?}");
+    let mut c = cli.background("coord", &["coordinator", "--metrics-addr", "off", "--log", "info"]);
+    support::eventually("the coordinator to start", Duration::from_secs(30), || {
+        let log = c.log();
+        if let Some(st) = c.ended() {
+            panic!("the coordinator ended ({st}):\n{log}");
+        }
+        log.contains("coordinator started").then_some(()).ok_or(log)
+    });
+    assert!(!c.log().contains("metrics on"), "no listener with off: {}", c.log());
+    assert!(c.terminate().success(), "{}", c.log());
+}
+
 fn watch(cli: &Cli, task: &str, count: usize) -> Vec<Value> {
     let out = cli.ok(&["watch", "--from-start", "--count", &count.to_string(), "--json", "--task", task]);
     out.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?} is not JSON: {e}"))).collect()

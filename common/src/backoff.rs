@@ -1,6 +1,6 @@
-//! Retry delays, the one policy of the project: `fixed:D` waits D before every retry,
-//! `exponential:D` waits D·2^(n-1) before retry n (capped at [`MAX_DELAY`]). Jitter is on: each
-//! delay is drawn from [delay/2, delay], so processes that failed together do not retry together.
+//! Retry delays, the one policy of the project: `fixed:D` waits exactly D before every retry,
+//! `exponential:D` waits D·2^(n-1) before retry n (capped at [`MAX_DELAY`]), drawn from
+//! [delay/2, delay] (jitter), so that processes that failed together do not retry together.
 //! A task's shards retry by its own [`Backoff`]; a failed Redis call is retried after
 //! [`redis_retry`]; [`jitter01`] is the one source of jitter.
 
@@ -29,11 +29,12 @@ impl Default for Backoff {
 }
 
 impl Backoff {
-    /// The delay before the retry that follows failure number `fails` (1 for the first failure),
-    /// with jitter from `rand01` in [0, 1): the result lies in [d/2, d] of the nominal delay d.
+    /// The delay before the retry that follows failure number `fails` (1 for the first failure):
+    /// for `Fixed`, exactly its delay; for `Exponential`, with jitter from `rand01` in [0, 1), in
+    /// [d/2, d] of the nominal delay d.
     pub fn delay(&self, fails: u32, rand01: f64) -> Duration {
         let nominal = match *self {
-            Backoff::Fixed(d) => d,
+            Backoff::Fixed(d) => return d.min(MAX_DELAY),
             Backoff::Exponential(d) => {
                 let shift = fails.saturating_sub(1).min(40);
                 d.checked_mul(1u32 << shift.min(31)).unwrap_or(MAX_DELAY)
@@ -137,7 +138,7 @@ mod tests {
             let fails = (s >> 20) as u32 % 64 + 1;
             let r = (s >> 11) as f64 / (1u64 << 53) as f64;
             let fixed = Backoff::Fixed(base).delay(fails, r);
-            assert!(fixed >= base / 2 && fixed <= base, "{fixed:?} of {base:?}");
+            assert_eq!(fixed, base, "fixed means fixed");
             let nominal = base.checked_mul(1 << (fails - 1).min(31)).unwrap_or(MAX_DELAY).min(MAX_DELAY);
             let exp = Backoff::Exponential(base).delay(fails, r);
             assert!(exp >= nominal / 2 && exp <= nominal, "{exp:?} of {nominal:?} at {fails}");

@@ -14,9 +14,10 @@ use super::{connect, duration, Args};
 
 #[derive(Debug, Parser)]
 pub struct CoordinatorArgs {
-    /// Serve Prometheus metrics on this address (GET /metrics).
-    #[arg(long, default_value = shardctl::metrics::DEFAULT_COORDINATOR_ADDR)]
-    pub metrics_addr: SocketAddr,
+    /// Serve Prometheus metrics on this address (GET /metrics); `off` for none. Loopback by
+    /// default: give 0.0.0.0:PORT to serve other hosts.
+    #[arg(long, default_value = shardctl::metrics::DEFAULT_COORDINATOR_ADDR, value_parser = addr_or_off)]
+    pub metrics_addr: MetricsAddr,
     /// Time between two readings of the queue's progress (and two promotions and rebalances).
     /// A gauge left unset for three refreshes leaves the output at a following scrape.
     #[arg(long, default_value = "2s", value_parser = duration)]
@@ -35,6 +36,17 @@ pub struct CoordinatorArgs {
     pub max_stalled_count: u32,
 }
 
+/// A listener's address, or none (`off`).
+#[derive(Debug, Clone, Copy)]
+pub struct MetricsAddr(Option<SocketAddr>);
+
+fn addr_or_off(s: &str) -> Result<MetricsAddr, String> {
+    if s == "off" {
+        return Ok(MetricsAddr(None));
+    }
+    s.parse().map(|a| MetricsAddr(Some(a))).map_err(|e| format!("'{s}': {e} (an address like 127.0.0.1:9465, or off)"))
+}
+
 pub async fn run(args: &Args, a: &CoordinatorArgs) -> anyhow::Result<ExitCode> {
     let cfg = DaemonConfig {
         refresh: a.refresh,
@@ -43,7 +55,9 @@ pub async fn run(args: &Args, a: &CoordinatorArgs) -> anyhow::Result<ExitCode> {
     };
     cfg.validate().map_err(shardctl_common::Error::Invalid)?;
     let (_, con) = connect(args).await?;
-    shardctl::metrics::install(a.metrics_addr, Some(cfg.gauge_idle_timeout()))?;
+    if let MetricsAddr(Some(addr)) = a.metrics_addr {
+        shardctl::metrics::install(addr, Some(cfg.gauge_idle_timeout()))?;
+    }
     let stop = CancellationToken::new();
     shardctl_executor::shutdown::cancel_on_signal(stop.clone());
     tracing::info!(queue = %args.queue, refresh = ?cfg.refresh, retention = ?cfg.finished_retention, "coordinator started");
