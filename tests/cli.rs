@@ -415,7 +415,7 @@ fn a_kind_without_a_handler_fails_with_its_reason() {
 #[test]
 fn executor_rejects_bad_arguments() {
     let cli = Cli::start("executor-args");
-    let cases: [(&[&str], &str); 8] = [
+    let cases: [(&[&str], &str); 11] = [
         (&["--lock-duration", "2s", "--lock-renew", "2s"], "must be above zero and below the lock duration"),
         (&["--lock-duration", "2s", "--lock-renew", "3s"], "must be above zero and below the lock duration"),
         (&["--lock-renew", "0s"], "must be above zero"),
@@ -423,6 +423,13 @@ fn executor_rejects_bad_arguments() {
         (&["--exec", "'unclosed"], "--exec: unclosed single quote"),
         (&["--aggregate-exec", "'unclosed"], "--aggregate-exec: unclosed single quote"),
         (&["--exec", "  "], "--exec: empty command"),
+        // checked at start: a typo is an error then, not a failure of every shard
+        (
+            &["--exec", "/tmp/shardctl-no-such-handler.sh"],
+            "--exec: '/tmp/shardctl-no-such-handler.sh' is not an executable file",
+        ),
+        (&["--exec", "shardctl-no-such-command --flag"], "--exec: 'shardctl-no-such-command' is not found in PATH"),
+        (&["--aggregate-exec", "/dev/null"], "--aggregate-exec: '/dev/null' is not an executable file"),
         (&["--lock-duration", "soon"], "--lock-duration"),
     ];
     for (extra, needle) in cases {

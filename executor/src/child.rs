@@ -93,6 +93,26 @@ impl ExecCommand {
         Ok(ExecCommand { program, args: words, max_output })
     }
 
+    /// Whether the program can be started at all: a path names an executable file, a bare name
+    /// is found as one in `PATH`. Checked when an executor starts, so that a typo is an error
+    /// then and not a failure of every shard.
+    pub fn check_runnable(&self) -> Result<(), String> {
+        use std::os::unix::fs::PermissionsExt;
+        let runnable =
+            |p: &std::path::Path| p.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+        if self.program.contains('/') {
+            if runnable(std::path::Path::new(&self.program)) {
+                return Ok(());
+            }
+            return Err(format!("'{}' is not an executable file", self.program));
+        }
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        if std::env::split_paths(&path).any(|d| runnable(&d.join(&self.program))) {
+            return Ok(());
+        }
+        Err(format!("'{}' is not found in PATH", self.program))
+    }
+
     async fn run(
         &self,
         env: Vec<(&'static str, String)>,

@@ -110,11 +110,13 @@ pub fn registry(exec: Option<&str>, aggregate_exec: Option<&str>, max_output: us
     let mut r = Registry::with_builtins();
     if let Some(line) = exec {
         let cmd = ExecCommand::parse(line, max_output)
+            .and_then(|c| c.check_runnable().map(|()| c))
             .map_err(|e| shardctl_common::Error::invalid(format!("--exec: {e}")))?;
         r.fallback(ExecHandler(Arc::new(cmd)));
     }
     if let Some(line) = aggregate_exec {
         let cmd = ExecCommand::parse(line, max_output)
+            .and_then(|c| c.check_runnable().map(|()| c))
             .map_err(|e| shardctl_common::Error::invalid(format!("--aggregate-exec: {e}")))?;
         r.fallback_aggregator(ExecAggregator(Arc::new(cmd)));
     }
