@@ -405,11 +405,11 @@ fn event_log_holds_a_runs_events_in_order() {
     let events = watch(&cli, "ev", 4);
     let names: Vec<&str> = events.iter().map(|e| e["event"].as_str().unwrap()).collect();
     assert_eq!(names, ["task_dispatched", "shard_retried", "task_aggregating", "task_completed"], "{events:?}");
-    assert_eq!((events[0]["kind"].as_str(), events[0]["total"].as_str()), (Some("sh"), Some("3")), "{events:?}");
+    assert_eq!((events[0]["kind"].as_str(), events[0]["total"].as_u64()), (Some("sh"), Some(3)), "{events:?}");
     let retried = &events[1];
-    assert_eq!((retried["shard"].as_str(), retried["attempt"].as_str()), (Some("1"), Some("1")), "{retried}");
+    assert_eq!((retried["shard"].as_u64(), retried["attempt"].as_u64()), (Some(1), Some(1)), "{retried}");
     assert!(retried["reason"].as_str().unwrap().starts_with("handler exited with status 3"), "{retried}");
-    assert_eq!((events[2]["done"].as_str(), events[2]["failed"].as_str()), (Some("3"), Some("0")), "{events:?}");
+    assert_eq!((events[2]["done"].as_u64(), events[2]["failed"].as_u64()), (Some(3), Some(0)), "{events:?}");
     assert!(events.iter().all(|e| e["task"] == "ev" && e["time_ms"].as_u64().is_some()), "{events:?}");
     let times: Vec<u64> = events.iter().map(|e| e["time_ms"].as_u64().unwrap()).collect();
     assert!(times.windows(2).all(|w| w[0] <= w[1]), "{times:?}");

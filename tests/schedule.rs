@@ -109,6 +109,10 @@ fn schedule_commands_refuse_bad_input_and_list() {
     assert_eq!(v[0]["name"], "nightly");
     assert_eq!(v[0]["misfire"], "skip");
     assert!(v[0]["state"]["next_fire_ms"].as_u64().is_some(), "{v}");
+    // the task's fields are an object of JSON types, not a list of text pairs
+    assert_eq!(v[0]["fields"]["total"], 8, "{v}");
+    assert_eq!(v[0]["fields"]["keep_results"], true, "{v}");
+    assert_eq!(v[0]["fields"]["kind"], "primes", "{v}");
     cli.ok(&["schedule", "add", "nightly", "--cron", "@hourly", "--shards", "1", "--replace"]);
     assert!(cli.ok(&["schedule", "list"]).contains("@hourly"));
     cli.ok(&["schedule", "remove", "nightly"]);

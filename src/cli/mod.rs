@@ -270,3 +270,47 @@ pub fn write_stdout(args: std::fmt::Arguments<'_>, line: bool) {
         std::process::exit(exit::ERROR.into());
     }
 }
+
+/// A field stored as text in Redis, as JSON of its type: the counts, sizes, times and ids that
+/// are numbers become numbers, the 0/1 flags booleans, the payload the JSON it holds, anything
+/// else a string. Every `--json` output goes through this, so a script gets JSON types.
+pub fn json_field(key: &str, value: &str) -> serde_json::Value {
+    const NUMBERS: &[&str] = &[
+        "seq",
+        "total",
+        "done",
+        "failed",
+        "items",
+        "vnodes",
+        "shard_timeout_ms",
+        "attempts",
+        "priority",
+        "retain_ms",
+        "recovered",
+        "shard",
+        "cursor",
+        "routed",
+        "start_ms",
+        "created_ms",
+        "finished_ms",
+        "count",
+        "max",
+        "per_ms",
+        "attempt",
+    ];
+    const FLAGS: &[&str] = &["has_keys", "keep_results"];
+    if NUMBERS.contains(&key) {
+        if let Ok(n) = value.parse::<i64>() {
+            return n.into();
+        }
+    }
+    if FLAGS.contains(&key) && (value == "0" || value == "1") {
+        return (value == "1").into();
+    }
+    if key == "payload" {
+        if let Ok(v) = serde_json::from_str(value) {
+            return v;
+        }
+    }
+    value.into()
+}

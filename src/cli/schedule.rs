@@ -108,6 +108,10 @@ async fn run_list(args: &Args, json: bool) -> anyhow::Result<ExitCode> {
             .iter()
             .map(|(s, st)| {
                 let mut v = serde_json::to_value(s).expect("json");
+                // the task's fields as an object of JSON types, not a list of text pairs
+                let fields: serde_json::Map<String, serde_json::Value> =
+                    s.fields.iter().map(|(k, f)| (k.clone(), super::json_field(k, f))).collect();
+                v["fields"] = serde_json::Value::Object(fields);
                 v["state"] = serde_json::to_value(st).expect("json");
                 v
             })

@@ -74,7 +74,7 @@ fn print_event(id: &str, fields: &[(String, String)], json: bool) {
         o.insert("id".into(), id.into());
         o.insert("time_ms".into(), ms.into());
         for (k, v) in fields {
-            o.insert(k.clone(), v.clone().into());
+            o.insert(k.clone(), super::json_field(k, v));
         }
         outln!("{}", serde_json::Value::Object(o));
         return;
