@@ -157,6 +157,9 @@ fn a_delayed_task_starts_after_its_delay_and_undelayed_work_runs_first() {
     let s = status(&cli, "later");
     assert_eq!(s["state"], "delayed", "{s}");
     assert!(s["start_ms"].as_u64().unwrap() >= t0 + 1500, "{s}");
+    // the queue's counts agree with the task's state: its 2 shards are delayed
+    let q = cli.json(&["status", "--json"], 0);
+    assert_eq!((q["delayed"].as_u64(), q["tasks"]["delayed"].as_u64()), (Some(2), Some(1)), "{q}");
     cli.ok(&["dispatch", "--kind", "rec", "--shards", "3", "--task-id", "now"]);
     let _e = executor(&cli, "d1", &["--concurrency", "1", "--exec", &exec]);
     cli.ok(&["wait", "now", "--timeout", "20s"]);

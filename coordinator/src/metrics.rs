@@ -59,7 +59,7 @@ pub fn describe() {
     describe_gauge!(TASK_PROGRESS_RATIO, "Terminal shards of a task over its total, 0 to 1.");
     describe_gauge!(QUEUE_WAITING, "Shards ready to be claimed now.");
     describe_gauge!(QUEUE_ACTIVE, "Shards being run.");
-    describe_gauge!(QUEUE_DELAYED, "Shards waiting for a retry.");
+    describe_gauge!(QUEUE_DELAYED, "Shards waiting for a retry or for their task's start (--delay).");
     describe_gauge!(QUEUE_RUNNING_TASKS, "Tasks not finished.");
     describe_gauge!(QUEUE_FAILED_TASKS, "Tasks that ended failed within the retention.");
     describe_gauge!(EXECUTORS_LIVE, "Executors whose membership heartbeat is within the member timeout.");

@@ -26,7 +26,7 @@ pub struct QueueCounts {
     pub waiting: u64,
     /// Shards being run.
     pub active: u64,
-    /// Shards waiting for a retry.
+    /// Shards waiting for a retry or for their task's start (`--delay`).
     pub delayed: u64,
     /// Tasks by state.
     pub tasks: HashMap<String, u64>,
@@ -43,20 +43,21 @@ pub struct ShardCounts {
     pub waiting: u64,
     /// Shards being run.
     pub active: u64,
-    /// Shards waiting for a retry.
+    /// Shards waiting for a retry or for their task's start (`--delay`).
     pub delayed: u64,
 }
 
 /// The shard counts of a queue: a few round trips whatever its size (one per kind of list).
 pub async fn shard_counts<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Result<ShardCounts> {
     #[allow(clippy::type_complexity)]
-    let (paused, wait, active, pinned, delayed, rerouted, runnable, routed_nodes, unrouted): (
+    let (paused, wait, active, pinned, delayed, rerouted, runnable, routed_nodes, unrouted, scheduled): (
         Option<String>,
         u64,
         u64,
         bool,
         u64,
         u64,
+        Vec<String>,
         Vec<String>,
         Vec<String>,
         Vec<String>,
@@ -70,6 +71,7 @@ pub async fn shard_counts<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) ->
         .zrange(keys.tasks(), 0, -1)
         .smembers(keys.routed_nodes())
         .zrange(keys.unrouted(), 0, -1)
+        .zrange(keys.scheduled(), 0, -1)
         .query_async(con)
         .await?;
     // `active` keeps one pin field (see lua/include/lib.lua): it is not a shard
@@ -96,6 +98,16 @@ pub async fn shard_counts<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) ->
         }
         let v: Vec<(Option<u64>, Option<u64>)> = pipe.query_async(con).await?;
         waiting += v.iter().map(|(taken, total)| total.unwrap_or(0).saturating_sub(taken.unwrap_or(0))).sum::<u64>();
+    }
+    // the shards of delayed tasks wait for their start, as retries for their due time
+    let mut delayed = delayed;
+    if !scheduled.is_empty() {
+        let mut pipe = redis::pipe();
+        for id in &scheduled {
+            pipe.hget(keys.task(id), "total");
+        }
+        let totals: Vec<Option<u64>> = pipe.query_async(con).await?;
+        delayed += totals.iter().flatten().sum::<u64>();
     }
     Ok(ShardCounts { paused: paused.as_deref() == Some("1"), waiting, active, delayed })
 }
