@@ -39,6 +39,7 @@ pub struct Node {
     membership: MembershipConfig,
     sweep: SweepConfig,
     redis: String,
+    grace: std::time::Duration,
 }
 
 impl Node {
@@ -69,8 +70,9 @@ impl Node {
         };
         membership::join(&mut con, &keys, &member, &config.membership).await?;
         let redis = endpoint.redacted().to_owned();
+        let grace = config.executor.grace;
         let executor = Executor::connect(endpoint, keys.clone(), config.executor, registry).await?;
-        Ok(Node { executor, con, keys, member, membership: config.membership, sweep: config.sweep, redis })
+        Ok(Node { executor, con, keys, member, membership: config.membership, sweep: config.sweep, redis, grace })
     }
 
     /// The node id it runs as.
@@ -83,17 +85,24 @@ impl Node {
         self.executor.stats()
     }
 
-    /// Runs until SIGINT or SIGTERM, then shuts down as [`Node::run`] does.
+    /// Runs until SIGINT or SIGTERM, then shuts down as [`Node::run`] does; a second signal
+    /// during the drain stops at once (the shards still running are released).
     pub async fn run_until_signal(self) -> Result<StatsSnapshot> {
-        let shutdown = CancellationToken::new();
-        shardctl_executor::shutdown::cancel_on_signal(shutdown.clone());
-        self.run(shutdown).await
+        let (shutdown, now) = (CancellationToken::new(), CancellationToken::new());
+        let what = format!("running shards get up to {:?} to finish, then are given back", self.grace);
+        shardctl_executor::shutdown::cancel_on_signals(shutdown.clone(), now.clone(), what);
+        self.run_until(shutdown, now).await
     }
 
     /// Runs until `shutdown` is cancelled (or another executor takes the node id over: an
     /// [`Error::Refused`] then), then drains, leaves the membership and rebalances.
     pub async fn run(self, shutdown: CancellationToken) -> Result<StatsSnapshot> {
-        let Node { executor, mut con, keys, member, membership, sweep, redis } = self;
+        self.run_until(shutdown, CancellationToken::new()).await
+    }
+
+    /// [`Node::run`], where cancelling `now` during the drain stops at once.
+    pub async fn run_until(self, shutdown: CancellationToken, now: CancellationToken) -> Result<StatsSnapshot> {
+        let Node { executor, mut con, keys, member, membership, sweep, redis, .. } = self;
         let routing_wanted = executor.routing_wanted();
         let stop = CancellationToken::new();
         let sweeper = tokio::spawn(sweep::run(con.clone(), keys.clone(), sweep, stop.clone(), |_| {}));
@@ -110,7 +119,7 @@ impl Node {
             })
         };
         tracing::info!(node = %member.node, queue = %keys.queue(), %redis, "executor started");
-        let ran = executor.run(shutdown).await;
+        let ran = executor.run_until(shutdown, now).await;
         stop.cancel();
         let _ = sweeper.await;
         let taken_over = members.await.map(|r| r.err()).unwrap_or(None);

@@ -144,6 +144,12 @@ impl Executor {
     /// Runs until `shutdown` is cancelled, then drains for the grace time, releases what is
     /// still running so it is claimable at once, and flushes every report.
     pub async fn run(self, shutdown: CancellationToken) -> Result<StatsSnapshot> {
+        self.run_until(shutdown, CancellationToken::new()).await
+    }
+
+    /// [`Executor::run`], where cancelling `now` during the drain ends it at once: the shards
+    /// still running are released and their handlers stopped (a second Ctrl-C).
+    pub async fn run_until(self, shutdown: CancellationToken, now: CancellationToken) -> Result<StatsSnapshot> {
         let Executor { shared } = self;
         let tracker = shared.starts.tracker().clone();
         let closing = CancellationToken::new();
@@ -166,9 +172,16 @@ impl Executor {
             crate::run::unstarted(&shared, w.claim, &w.cancel);
         }
         tracker.close();
-        let drained = tokio::time::timeout(shared.cfg.grace, tracker.wait()).await.is_ok();
+        let drained = tokio::select! {
+            r = tokio::time::timeout(shared.cfg.grace, tracker.wait()) => r.is_ok(),
+            _ = now.cancelled() => false,
+        };
         if !drained {
-            tracing::info!("grace time over: releasing shards still running");
+            if now.is_cancelled() {
+                tracing::info!("stopping at once: releasing shards still running");
+            } else {
+                tracing::info!("grace time over: releasing shards still running");
+            }
             shared.aborting.store(true, Ordering::SeqCst);
             for h in shared.held.lock().unwrap().values() {
                 h.cancel.cancel();
