@@ -407,6 +407,11 @@ fn a_kind_without_a_handler_fails_with_its_reason() {
     let expected: Vec<Value> =
         (0..3).map(|i| json!({ "shard": i, "reason": "no handler for kind nobody on node lonely-node" })).collect();
     assert_eq!(failed, Value::Array(expected));
+
+    // the empty case says so
+    cli.ok(&["dispatch", "--kind", "noop", "--shards", "2", "--task-id", "fine", "--wait"]);
+    let text = cli.ok(&["status", "fine", "--failed"]);
+    assert_eq!(text.trim(), "task fine: no failed shards", "{text}");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -73,8 +73,15 @@ pub async fn run(args: &Args, a: &StatusArgs) -> anyhow::Result<ExitCode> {
             let v: Vec<_> = failed.iter().map(|(i, r)| serde_json::json!({ "shard": i, "reason": r })).collect();
             outln!("{}", serde_json::Value::Array(v));
         } else {
+            if failed.is_empty() {
+                outln!("task {id}: no failed shards");
+            }
             for (i, r) in failed {
                 outln!("shard {i}: {r}");
+            }
+            // the aggregation is no shard, but a failure of it is the task's
+            if let Some(e) = &t.aggregation_error {
+                outln!("aggregation failed: {e}");
             }
         }
         return Ok(ExitCode::SUCCESS);
