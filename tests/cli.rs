@@ -678,3 +678,23 @@ fn a_second_signal_stops_an_executor_at_once() {
     let waiting: Vec<String> = redis::cmd("LRANGE").arg(cli.key("wait")).arg(0).arg(-1).query(&mut con).unwrap();
     assert_eq!(waiting.len(), 2, "both shards given back at once: {waiting:?}");
 }
+
+// `--log debug` shows each shard (claimed, started, ended with its time and outcome) and what a
+// handler wrote on stderr although it succeeded.
+#[test]
+fn debug_logs_follow_each_shard_and_keep_a_handlers_stderr() {
+    let cli = Cli::start("debug-log");
+    let exec = r#"sh -c 'echo "note from $SHARDCTL_SHARD_INDEX" >&2; echo 1'"#;
+    let mut e = cli.background("dbg", &["--log", "debug", "executor", "--node-id", "dbg", "--exec", exec]);
+    cli.ok(&["dispatch", "--kind", "talk", "--shards", "2", "--task-id", "chatty", "--wait", "--timeout", "30s"]);
+    eventually("the shards' lines in the debug log", Duration::from_secs(30), || {
+        let log = e.log();
+        let ok = log.contains("claimed")
+            && log.matches("shard started").count() >= 2
+            && log.matches("shard ended: completed").count() >= 2
+            && log.contains("handler stderr: note from 0")
+            && log.contains("handler stderr: note from 1");
+        ok.then_some(()).ok_or(log)
+    });
+    assert!(e.terminate().success(), "{}", e.log());
+}

@@ -167,6 +167,10 @@ impl ExecCommand {
                 format!("handler {how}: {tail}")
             }));
         }
+        // a handler that succeeded may still have said something: kept in the debug log
+        if !err.is_empty() && tracing::enabled!(tracing::Level::DEBUG) {
+            tracing::debug!(program = %self.program, "handler stderr: {}", String::from_utf8_lossy(&err).trim());
+        }
         let Some(out) = out else {
             return Err(ShardError(format!("handler output exceeds the limit of {} bytes", self.max_output)));
         };

@@ -107,6 +107,7 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
                     shared.beat.check_now.notify_one();
                 }
                 Stats::add(&shared.stats.claimed, o.shards.len() as u64);
+                tracing::debug!(count = o.shards.len(), first = %o.shards[0].shard_ref, "claimed");
                 shared.metrics.claimed.increment(o.shards.len() as u64);
                 let mut claimed = Vec::with_capacity(o.shards.len());
                 {

@@ -18,8 +18,23 @@ use crate::tasks::TaskMeta;
 /// Runs one shard in its slot (freed, and the next shard started, when this ends).
 pub(crate) async fn shard(shared: Arc<Shared>, claim: Claimed, cancel: CancellationToken, slot: crate::starts::Slot) {
     let mut unreported = Unreported { shared: &shared, claim: Some(claim), cancel: &cancel };
+    // one line per shard at debug (`--log debug`): started, and ended with its time and outcome
+    let debug = tracing::enabled!(tracing::Level::DEBUG);
+    let started = debug.then(std::time::Instant::now);
+    if debug {
+        let c = unreported.claim.as_ref().expect("set above");
+        tracing::debug!(shard = %c.shard_ref, attempt = c.attempt, "shard started");
+    }
     let outcome = run(&shared, unreported.claim.as_ref().expect("set above"), &cancel).await;
     let claim = unreported.claim.take().expect("set above");
+    if let Some(t) = started {
+        let how = match &outcome {
+            Outcome::Completed(_) => "completed".to_owned(),
+            Outcome::Failed(e) => format!("failed: {}", e.0),
+            other => format!("{other:?}"),
+        };
+        tracing::debug!(shard = %claim.shard_ref, ms = t.elapsed().as_millis() as u64, "shard ended: {how}");
+    }
     report(&shared, claim, outcome, &cancel);
     drop(slot);
 }
