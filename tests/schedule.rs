@@ -19,7 +19,7 @@ fn second_of(id: &str) -> u64 {
 #[test]
 fn three_coordinators_fire_each_second_once_and_executors_run_the_tasks() {
     let cli = Cli::start("cron");
-    let out = cli.ok(&[
+    let added = cli.run(&[
         "schedule",
         "add",
         "tick",
@@ -32,7 +32,12 @@ fn three_coordinators_fire_each_second_once_and_executors_run_the_tasks() {
         "--shards",
         "2",
     ]);
+    assert_eq!(added.code(), 0, "{added:?}");
+    let out = &added.stdout;
     assert!(out.contains("schedule tick added") && out.contains("next fire"), "{out}");
+    // nobody would fire it yet: said at once, and by status
+    assert!(added.stderr.contains("no coordinator is running for queue 'cron'"), "{added:?}");
+    assert!(cli.ok(&["status"]).contains("coordinators: none live"));
     let mut coordinators: Vec<_> = (0..3)
         .map(|i| {
             cli.background(
@@ -42,11 +47,17 @@ fn three_coordinators_fire_each_second_once_and_executors_run_the_tasks() {
         })
         .collect();
     let mut executor = cli.executor("cron-exec", &[]);
+    support::eventually("status to list the 3 coordinators", Duration::from_secs(30), || {
+        let v = cli.json(&["status", "--json"], 0);
+        (v["coordinators"].as_array().map(Vec::len) == Some(3)).then_some(()).ok_or(v)
+    });
     std::thread::sleep(Duration::from_millis(4_500));
     cli.ok(&["schedule", "remove", "tick"]);
     for c in &mut coordinators {
         assert!(c.terminate().success(), "{}", c.log());
     }
+    // a coordinator that stops leaves the list at once
+    assert_eq!(cli.json(&["status", "--json"], 0)["coordinators"], serde_json::json!([]));
 
     let mut ids: Vec<String> = redis::cmd("ZRANGE").arg(cli.key("index")).arg(0).arg(-1).query(&mut cli.con()).unwrap();
     ids.sort();

@@ -123,6 +123,10 @@ impl Keys {
     pub fn nodes(&self) -> String {
         self.key("nodes")
     }
+    /// Zset: coordinators, `<host>-<pid>` → alive until (ms, the server's clock).
+    pub fn coordinators(&self) -> String {
+        self.key("coordinators")
+    }
     /// Hash: one executor's host, pid, concurrency, version, instance.
     pub fn node(&self, node: &str) -> String {
         self.key(&format!("node:{node}"))

@@ -167,6 +167,16 @@ pub fn node_id_from_host(host: &str, pid: u32) -> String {
     format!("{host}-{pid}")
 }
 
+/// This machine's host name (`localhost` when it cannot be read).
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

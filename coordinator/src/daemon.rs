@@ -166,8 +166,12 @@ pub async fn run(mut con: Conn, keys: Keys, cfg: DaemonConfig, stop: Cancellatio
             _ = tick.tick() => {}
             _ = stop.cancelled() => break,
         }
+        if let Err(e) = crate::presence::announce(&mut con, &keys, cfg.refresh).await {
+            tracing::warn!("announcing this coordinator: {e}");
+        }
         refresh(&mut con, &keys, &cfg).await;
     }
+    let _ = crate::presence::withdraw(&mut con, &keys).await;
     let _ = sweeper.await;
     let _ = firing.await;
 }

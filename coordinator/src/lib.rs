@@ -17,6 +17,7 @@
 //! - [`progress`]: one task's state and counts, a queue's counts, failed shards.
 //! - [`wait`]: waiting for a task to end, with a progress callback.
 //! - [`stuck`]: why a task is not moving (paused, delayed, no executor, rate limit).
+//! - [`presence`]: coordinators announcing themselves (`status` lists them).
 //! - [`daemon`]: `shardctl coordinator`: maintenance every refresh, schedules, progress for the
 //!   metrics.
 //! - [`metrics`]: the Prometheus metrics (names, descriptions, publishing the progress gauges).
@@ -34,6 +35,7 @@ pub mod firing;
 pub mod liveness;
 pub mod membership;
 pub mod metrics;
+pub mod presence;
 pub mod progress;
 pub mod rebalance;
 pub mod route;

@@ -66,12 +66,7 @@ impl Default for ExecutorConfig {
 
 /// This machine's host name (`localhost` when it cannot be read).
 pub fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
-        .map(|h| h.trim().to_owned())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "localhost".into())
+    shardctl_common::names::hostname()
 }
 
 /// `hostname-pid`, made a valid node id: characters of the host name outside the node-id set

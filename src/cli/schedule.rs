@@ -96,6 +96,12 @@ async fn run_add(args: &Args, a: &AddArgs) -> anyhow::Result<ExitCode> {
     schedule::add(&mut con, &args.keys()?, &s, a.replace).await?;
     let next = s.next_after(now).map_or_else(|| "never".to_owned(), |t| show(t, &s.tz));
     outln!("schedule {} added: '{}' in {}; next fire {next}", s.name, s.cron, s.tz);
+    if shardctl_coordinator::presence::live(&mut con, &args.keys()?).await?.is_empty() {
+        eprintln!(
+            "note: no coordinator is running for queue '{}': schedules fire only while `shardctl coordinator` runs",
+            args.queue
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 

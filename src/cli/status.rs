@@ -29,9 +29,11 @@ pub async fn run(args: &Args, a: &StatusArgs) -> anyhow::Result<ExitCode> {
     let Some(id) = &a.task else {
         let q = progress::queue(&mut con, &keys, &args.queue, 10).await?;
         let nodes = progress::nodes(&mut con, &keys).await?;
+        let coordinators = shardctl_coordinator::presence::live(&mut con, &keys).await?;
         if a.json {
             let mut v = serde_json::to_value(&q)?;
             v["nodes"] = serde_json::to_value(&nodes)?;
+            v["coordinators"] = coordinators.iter().map(|(c, _)| c.clone()).collect::<Vec<_>>().into();
             outln!("{v}");
         } else {
             outln!(
@@ -62,6 +64,12 @@ pub async fn run(args: &Args, a: &StatusArgs) -> anyhow::Result<ExitCode> {
                     n.waiting,
                     n.heartbeat_age_ms
                 );
+            }
+            if coordinators.is_empty() {
+                outln!("coordinators: none live (schedules do not fire without one)");
+            } else {
+                let names: Vec<&str> = coordinators.iter().map(|(c, _)| c.as_str()).collect();
+                outln!("coordinators: {}", names.join(", "));
             }
         }
         return Ok(ExitCode::SUCCESS);
