@@ -40,6 +40,7 @@ const QUEUE_KEYS: &[(&str, QueueKey)] = &[
     ("marker", Keys::marker),
     ("nodes", Keys::nodes),
     ("routed_nodes", Keys::routed_nodes),
+    ("coordinators", Keys::coordinators),
     ("reroute", Keys::reroute),
     ("unrouted", Keys::unrouted),
     ("rebalance_lock", Keys::rebalance_lock),
