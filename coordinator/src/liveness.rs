@@ -14,6 +14,12 @@ pub fn identity(pid: u32) -> Option<String> {
     Some(format!("{boot}|{ns}|{}", start_time(pid)?))
 }
 
+/// This process's identity, read once (it does not change while it runs).
+pub fn own_identity() -> Option<&'static str> {
+    static OWN: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    OWN.get_or_init(|| identity(std::process::id())).as_deref()
+}
+
 /// This process's boot id and pid namespace.
 fn here() -> Option<(String, String)> {
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?.trim().to_owned();

@@ -78,8 +78,8 @@ fn fields(m: &Member) -> Vec<(&'static str, String)> {
         ("version", env!("CARGO_PKG_VERSION").to_owned()),
     ];
     if m.pid == std::process::id() {
-        if let Some(p) = crate::liveness::identity(m.pid) {
-            f.push(("proc", p));
+        if let Some(p) = crate::liveness::own_identity() {
+            f.push(("proc", p.to_owned()));
         }
     }
     f

@@ -15,6 +15,8 @@ pub const POLL: Duration = Duration::from_millis(200);
 
 /// A task that showed no progress this long is looked at: why is it not moving?
 pub const STUCK_AFTER: Duration = Duration::from_secs(2);
+/// How often the reasons are read again while it stays stuck.
+const STUCK_RECHECK: Duration = Duration::from_secs(1);
 
 /// Waits until the task is completed or failed, or `timeout` passes; calls `on_progress` with
 /// every reading. Redis errors are retried until the timeout.
@@ -42,6 +44,7 @@ pub async fn wait_explained<C: ConnectionLike + Send>(
     let start = Instant::now();
     let mut last: Option<((u64, u64, TaskState), Instant)> = None;
     let mut said: Vec<Stuck> = Vec::new();
+    let mut checked: Option<Instant> = None;
     loop {
         match progress::task(con, keys, id).await {
             Ok(t) => {
@@ -55,10 +58,14 @@ pub async fn wait_explained<C: ConnectionLike + Send>(
                     _ => Instant::now(),
                 };
                 last = Some((now, since));
-                let why = if since.elapsed() >= STUCK_AFTER {
-                    crate::stuck::reasons(con, keys, &t).await.unwrap_or_default()
-                } else {
+                // the reasons cost a few reads: once a second while stuck, not every poll
+                let why = if since.elapsed() < STUCK_AFTER {
                     Vec::new()
+                } else if checked.is_some_and(|c: Instant| c.elapsed() < STUCK_RECHECK) {
+                    said.clone()
+                } else {
+                    checked = Some(Instant::now());
+                    crate::stuck::reasons(con, keys, &t).await.unwrap_or_default()
                 };
                 if why != said {
                     on_stuck(&why);
