@@ -221,6 +221,12 @@ async fn stop(
     let mut killed_at = None;
     match sig {
         Some(s) => {
+            tracing::warn!(
+                "SIG{0} sent on to the command's process group {pgid}: it has {1} to end before \
+                 SIGKILL (the lock stays held meanwhile); a second signal kills it at once",
+                signal_name(s),
+                humantime::format_duration(kill_after)
+            );
             signal_group(pgid, signal_name(s)).await;
         }
         None => {
@@ -252,6 +258,9 @@ async fn stop(
             _ = lost.cancelled(), if killed_at.is_none() => true,
         };
         if kill {
+            if sig.is_some() {
+                tracing::warn!("SIGKILL to the command's process group {pgid}");
+            }
             signal_group(pgid, "KILL").await;
             killed_at = Some(Instant::now());
         }

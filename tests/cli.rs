@@ -646,39 +646,6 @@ fn a_wait_that_cannot_progress_says_why() {
     e.terminate();
 }
 
-// The first SIGTERM says what the shutdown waits for; a second one stops at once, the shards
-// still running given back (the grace here is a minute: without the second signal the executor
-// would wait it out).
-#[test]
-fn a_second_signal_stops_an_executor_at_once() {
-    let cli = Cli::start("two-signals");
-    let mut e = cli.background("twice", &["--log", "info", "executor", "--node-id", "twice", "--grace", "60s"]);
-    cli.ok(&["dispatch", "--kind", "sleep", "--payload", r#"{"ms":600000}"#, "--shards", "2", "--task-id", "long"]);
-    let mut con = cli.con();
-    eventually("both shards to run", Duration::from_secs(30), || {
-        let n: u64 = redis::cmd("HLEN").arg(cli.key("active")).query(&mut con).unwrap();
-        (n >= 3).then_some(()).ok_or(format!("{n} held\n{}", e.log())) // the two shards and the pin
-    });
-    e.signal("TERM");
-    eventually("the first signal to be explained", Duration::from_secs(30), || {
-        let log = e.log();
-        (log.contains("running shards get up to 60s to finish")
-            && log.contains("a second SIGINT or SIGTERM stops at once"))
-        .then_some(())
-        .ok_or(log)
-    });
-    assert!(e.ended().is_none(), "the executor stopped at the first signal:\n{}", e.log());
-    e.signal("TERM");
-    let st = e.wait_exit(Duration::from_secs(20)).unwrap_or_else(|| panic!("still draining:\n{}", e.log()));
-    assert!(st.success(), "{st}\n{}", e.log());
-    let log = e.log();
-    assert!(log.contains("again: stopping at once"), "{log}");
-    let held: Vec<String> = redis::cmd("HKEYS").arg(cli.key("active")).query(&mut con).unwrap();
-    assert!(held.iter().all(|r| !r.starts_with("long:")), "shards still held: {held:?}");
-    let waiting: Vec<String> = redis::cmd("LRANGE").arg(cli.key("wait")).arg(0).arg(-1).query(&mut con).unwrap();
-    assert_eq!(waiting.len(), 2, "both shards given back at once: {waiting:?}");
-}
-
 // `--log debug` shows each shard (claimed, started, ended with its time and outcome) and what a
 // handler wrote on stderr although it succeeded.
 #[test]

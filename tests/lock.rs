@@ -172,6 +172,12 @@ fn sigterm_stops_the_commands_whole_group_and_releases_the_lock() {
     assert!(!key_exists(&r, key), "the lock was not released");
     let err = stderr_of(&mut holder);
     assert!(err.contains("SIGTERM") && err.contains("released"), "{err}");
+    // the first signal said what it waits for and how long; the second what it did
+    assert!(
+        err.contains("it has 1m to end before SIGKILL") && err.contains("a second signal kills it at once"),
+        "{err}"
+    );
+    assert!(err.contains("SIGKILL to the command's process group"), "{err}");
     // dead members (zombies an init that does not reap keeps) do not count as the group
     assert!(!err.contains("not gone"), "{err}");
     // at once: no --wait needed

@@ -17,11 +17,16 @@ pub fn me() -> String {
     shardctl_common::names::node_id_from_host(&shardctl_common::names::hostname(), std::process::id())
 }
 
-/// Renews this coordinator's entry (alive for three `refresh` periods, at least 5 s) and drops
-/// the entries that ran out.
+/// How long an entry announced with this `refresh` stays without a renewal: three refreshes, at
+/// least 5 s.
+pub fn lifetime(refresh: Duration) -> Duration {
+    (refresh * 3).max(MIN_ALIVE)
+}
+
+/// Renews this coordinator's entry (alive for [`lifetime`]) and drops the entries that ran out.
 pub async fn announce<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, refresh: Duration) -> Result<()> {
     let now = server_now_ms(con, keys).await?;
-    let alive = (refresh * 3).max(MIN_ALIVE).as_millis() as u64;
+    let alive = lifetime(refresh).as_millis() as u64;
     let () = redis::pipe()
         .zadd(keys.coordinators(), me(), now + alive)
         .ignore()

@@ -58,10 +58,18 @@ pub async fn run(args: &Args, a: &CoordinatorArgs) -> anyhow::Result<ExitCode> {
     if let MetricsAddr(Some(addr)) = a.metrics_addr {
         shardctl::metrics::install(addr, Some(cfg.gauge_idle_timeout()))?;
     }
-    let stop = CancellationToken::new();
-    shardctl_executor::shutdown::cancel_on_signal(stop.clone());
+    let (stop, now) = (CancellationToken::new(), CancellationToken::new());
+    let what = "the round of upkeep under way (sweep, promotions, rebalance, schedule firing) ends, \
+                then this coordinator leaves the coordinators set";
+    shardctl_executor::shutdown::cancel_on_signals(stop.clone(), now.clone(), what.to_owned());
     tracing::info!(queue = %args.queue, refresh = ?cfg.refresh, retention = ?cfg.finished_retention, "coordinator started");
-    daemon::run(con, args.keys()?, cfg, stop).await;
-    tracing::info!("coordinator stopped");
+    let lapse = shardctl_coordinator::presence::lifetime(cfg.refresh);
+    tokio::select! {
+        () = daemon::run(con, args.keys()?, cfg, stop) => tracing::info!("coordinator stopped"),
+        () = now.cancelled() => tracing::warn!(
+            "coordinator stopped at once: its entry in the coordinators set lapses within {}",
+            humantime::format_duration(lapse)
+        ),
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -78,7 +78,7 @@ pub async fn run(args: &Args, a: &DispatchArgs) -> anyhow::Result<ExitCode> {
     if !a.wait {
         return Ok(ExitCode::SUCCESS);
     }
-    super::wait::wait_and_print(&mut con, args, &spec.id, a.timeout, a.json).await
+    super::wait::wait_or_interrupt(&mut con, args, &spec.id, a.timeout, a.json).await
 }
 
 /// One key per non-empty line (trailing `\r` removed).

@@ -26,7 +26,35 @@ pub struct WaitArgs {
 pub async fn run(args: &Args, a: &WaitArgs) -> anyhow::Result<ExitCode> {
     super::task_id(&a.task)?;
     let (_, mut con) = connect(args).await?;
-    wait_and_print(&mut con, args, &a.task, a.timeout, a.json).await
+    wait_or_interrupt(&mut con, args, &a.task, a.timeout, a.json).await
+}
+
+/// [`wait_and_print`] that SIGINT or SIGTERM ends at once (exit 128 + the signal's number),
+/// saying that the task goes on without the waiter, where it stands, and what to do next.
+pub async fn wait_or_interrupt(
+    con: &mut Conn,
+    args: &Args,
+    id: &str,
+    timeout: Option<Duration>,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let listen = |kind| signal(kind).map_err(|e| anyhow::anyhow!("listening for signals: {e}"));
+    let (mut int, mut term) = (listen(SignalKind::interrupt())?, listen(SignalKind::terminate())?);
+    let (name, number) = tokio::select! {
+        r = wait_and_print(con, args, id, timeout, json) => return r,
+        _ = int.recv() => ("SIGINT", 2),
+        _ = term.recv() => ("SIGTERM", 15),
+    };
+    let now = match shardctl_coordinator::progress::task(con, &args.keys()?, id).await {
+        Ok(t) => format!(" ({}: {} of {} shards done, {} failed)", t.state.as_str(), t.done, t.total, t.failed),
+        Err(_) => String::new(),
+    };
+    eprintln!(
+        "{name}: stopped waiting; task {id} goes on{now}: `shardctl wait {id}` waits again, \
+         `shardctl cancel {id}` stops it"
+    );
+    Ok(ExitCode::from(exit::SIGNAL_BASE + number))
 }
 
 pub async fn wait_and_print(
