@@ -4,7 +4,7 @@
   (a routed task's to `reroute`, placed by the current ring); `failed` drops by as many and the
   task is `running` again, so aggregation follows once every shard is terminal. A task whose
   shards all completed but whose aggregation failed runs its aggregation again. A finished task
-  stops expiring.
+  stops expiring. `retried_ms` records when (a waiter's time counts from it).
 
   KEYS[1]  task:<id>          hash
   KEYS[2]  wait               list
@@ -46,6 +46,7 @@ for _, idx in ipairs(rcall('HKEYS', task_key(prefix, tid, ':errors'))) do
 end
 local agg_again = #again == 0 and state == 'failed' and t[4] ~= false
 if #again == 0 and not agg_again then return 0 end
+rcall('HSET', tkey, 'retried_ms', now)
 
 if ended then
   rcall('HSET', tkey, 'state', 'running')

@@ -260,12 +260,23 @@ fn status_of_the_queue() {
         assert_eq!(&words[1..3], ["primes", "running"], "{line}");
     }
 
+    // columns fit the longest id and kind: the bars line up
+    let long = "a-task-id-of-sixty-four-characters-".to_owned() + &"x".repeat(29);
+    cli.ok(&["dispatch", "--shards", "1", "--task-id", &long, "--kind", "a-rather-long-kind-name"]);
+    let text = cli.ok(&["status"]);
+    let bars: Vec<usize> =
+        text.lines().filter(|l| l.starts_with("  ") && l.contains('[')).map(|l| l.find('[').unwrap()).collect();
+    assert_eq!(bars.len(), 3, "{text}");
+    assert!(bars.iter().all(|b| *b == bars[0]), "columns do not line up:\n{text}");
+    let one = cli.ok(&["status", &long]);
+    assert!(one.starts_with(&format!("{long}  a-rather-long-kind-name  running")), "{one}");
+
     let q = cli.json(&["status", "--json"], 0);
     assert_eq!(q["queue"], json!("status-queue"));
-    assert_eq!(q["waiting"], json!(7));
+    assert_eq!(q["waiting"], json!(8));
     assert_eq!(q["active"], json!(0));
     assert_eq!(q["delayed"], json!(0));
-    assert_eq!(q["tasks"], json!({ "running": 2 }));
+    assert_eq!(q["tasks"], json!({ "running": 3 }));
 }
 
 /// `status` and `wait` read `task:<id>` without checking the id, so an id that names another key

@@ -335,10 +335,20 @@ fn retry_reruns_only_the_failed_shards_with_fresh_attempts_and_aggregation_follo
     let before = lines(&runs).len();
     assert_eq!(before, 3 + 2 * 2, "{:?}", lines(&runs));
 
+    // a gap, so that the time since the retry and the time since dispatch differ
+    std::thread::sleep(Duration::from_millis(1500));
     let out = cli.ok(&["retry", "rt"]);
     assert!(out.contains("2 failed shards"), "{out}");
     let w = cli.run(&["wait", "rt", "--timeout", "20s"]);
     assert_eq!(w.code(), 0, "a retried shard got fresh attempts: {w:?}\nruns {:?}", lines(&runs));
+    // the time `wait` reports counts from the retry, with the time since dispatch beside it
+    let secs = |after: &str| -> f64 {
+        let at = w.stdout.find(after).unwrap_or_else(|| panic!("no '{after}' in {w:?}")) + after.len();
+        w.stdout[at..].split('s').next().unwrap().parse().unwrap_or_else(|e| panic!("{e}: {w:?}"))
+    };
+    let (since_retry, since_dispatch) =
+        (secs("completed: 5 of 5 shards done, 0 failed, in "), secs("since the retry ("));
+    assert!(since_dispatch >= since_retry + 1.4, "{w:?}");
     let again: Vec<String> = lines(&runs)[before..].to_vec();
     let mut idx: Vec<&str> = again.iter().map(|l| l.split(' ').nth(1).unwrap()).collect();
     idx.sort();

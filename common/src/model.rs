@@ -307,6 +307,8 @@ pub struct TaskInfo {
     pub created_ms: u64,
     /// End time, when finished.
     pub finished_ms: Option<u64>,
+    /// Time of the last `retry`, if any: the time a run took counts from it.
+    pub retried_ms: Option<u64>,
     /// The aggregation's result.
     pub result: Option<serde_json::Value>,
     /// Why the aggregation failed, if it did.
@@ -352,6 +354,7 @@ impl TaskInfo {
             retain_ms: h.get("retain_ms").and_then(|v| v.parse().ok()).unwrap_or(0),
             created_ms: num("created_ms")?,
             finished_ms: h.get("finished_ms").and_then(|v| v.parse().ok()),
+            retried_ms: h.get("retried_ms").and_then(|v| v.parse().ok()),
             result,
             aggregation_error: h.get("agg_error").cloned(),
             payload: h.get("payload").cloned().unwrap_or_else(|| "null".into()),

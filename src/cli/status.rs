@@ -48,8 +48,8 @@ pub async fn run(args: &Args, a: &StatusArgs) -> anyhow::Result<ExitCode> {
             states.sort();
             let states: Vec<String> = states.iter().map(|(s, n)| format!("{n} {s}")).collect();
             outln!("tasks: {}", if states.is_empty() { "none".into() } else { states.join(", ") });
-            for t in &q.recent {
-                outln!("  {}", line(t));
+            for l in lines(&q.recent) {
+                outln!("  {l}");
             }
             outln!("executors: {}", if nodes.is_empty() { "none live" } else { "" });
             for n in &nodes {
@@ -97,7 +97,7 @@ pub async fn run(args: &Args, a: &StatusArgs) -> anyhow::Result<ExitCode> {
     if a.json {
         outln!("{}", serde_json::to_string(&t)?);
     } else {
-        outln!("{}", line(&t));
+        outln!("{}", lines(std::slice::from_ref(&t))[0]);
         if let Some(r) = &t.result {
             outln!("result: {r}");
         }
@@ -108,25 +108,34 @@ pub async fn run(args: &Args, a: &StatusArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// One task on one line: a bar, counts, rate and ETA (from the average rate since dispatch).
-fn line(t: &TaskInfo) -> String {
+/// One line per task, its columns as wide as the longest id and kind among them: a bar, counts,
+/// rate and ETA (from the average rate since dispatch; after a `retry`, the time since it and no
+/// rate, the counts holding what ran before it).
+fn lines(tasks: &[TaskInfo]) -> Vec<String> {
+    let id_w = tasks.iter().map(|t| t.task_id.chars().count()).max().unwrap_or(0);
+    let kind_w = tasks.iter().map(|t| t.kind.chars().count()).max().unwrap_or(0);
+    tasks.iter().map(|t| line(t, id_w, kind_w)).collect()
+}
+
+fn line(t: &TaskInfo, id_w: usize, kind_w: usize) -> String {
     const WIDTH: usize = 24;
     let finished = t.done + t.failed;
     let frac = if t.total == 0 { 1.0 } else { finished as f64 / t.total as f64 };
     let filled = ((frac * WIDTH as f64).round() as usize).min(WIDTH);
     let bar = format!("{}{}", "#".repeat(filled), "-".repeat(WIDTH - filled));
     let end = t.finished_ms.unwrap_or_else(shardctl_common::time::now_ms);
-    let secs = end.saturating_sub(t.created_ms) as f64 / 1000.0;
-    let rate = if secs > 0.0 { finished as f64 / secs } else { 0.0 };
-    let eta = if t.state.is_finished() {
-        format!("took {}", human_secs(secs))
-    } else if rate > 0.0 {
-        format!("eta {}", human_secs((t.total - finished) as f64 / rate))
-    } else {
-        "eta ?".to_owned()
+    let secs = end.saturating_sub(t.retried_ms.unwrap_or(t.created_ms)) as f64 / 1000.0;
+    let rate = if secs > 0.0 && t.retried_ms.is_none() { finished as f64 / secs } else { 0.0 };
+    let eta = match (t.state.is_finished(), t.retried_ms) {
+        (true, None) => format!("took {}", human_secs(secs)),
+        (true, Some(_)) => format!("took {} since the retry", human_secs(secs)),
+        (false, Some(_)) => format!("retried {} ago", human_secs(secs)),
+        (false, None) if rate > 0.0 => format!("eta {}", human_secs((t.total - finished) as f64 / rate)),
+        (false, None) => "eta ?".to_owned(),
     };
+    let rate = if t.retried_ms.is_none() { format!(" {rate:.0}/s") } else { String::new() };
     format!(
-        "{:<24} {:<8} {:<11} [{bar}] {:>5.1}% {}/{} ({} failed) {:.0}/s {eta}",
+        "{:<id_w$}  {:<kind_w$}  {:<11} [{bar}] {:>5.1}% {}/{} ({} failed){rate} {eta}",
         t.task_id,
         t.kind,
         t.state.as_str(),
@@ -134,7 +143,6 @@ fn line(t: &TaskInfo) -> String {
         finished,
         t.total,
         t.failed,
-        rate
     )
 }
 

@@ -92,9 +92,13 @@ pub fn print_final(t: &TaskInfo, json: bool) {
         outln!("{}", serde_json::to_string(t).expect("json"));
         return;
     }
-    let secs = t.finished_ms.unwrap_or(t.created_ms).saturating_sub(t.created_ms) as f64 / 1000.0;
+    let took = |from: u64| t.finished_ms.unwrap_or(from).saturating_sub(from) as f64 / 1000.0;
+    let time = match t.retried_ms {
+        Some(r) => format!("in {:.2}s since the retry ({:.2}s since dispatch)", took(r), took(t.created_ms)),
+        None => format!("in {:.2}s", took(t.created_ms)),
+    };
     outln!(
-        "task {} {}: {} of {} shards done, {} failed, in {secs:.2}s",
+        "task {} {}: {} of {} shards done, {} failed, {time}",
         t.task_id,
         t.state.as_str(),
         t.done,
