@@ -395,6 +395,9 @@ fn exec_and_aggregate_exec_through_the_binary() {
     let t = cli.json(&args, 0);
     assert_eq!(t["state"], json!("completed"), "{t}");
     assert_eq!(t["result"], json!(10), "the aggregator counts one line per shard: {t}");
+    // a built-in kind keeps its own aggregation: --aggregate-exec is for the kinds --exec runs
+    let t = cli.json(&["dispatch", "--kind", "noop", "--shards", "3", "--wait", "--json"], 0);
+    assert_eq!(t["result"], json!({ "completed": 3, "failed": 0 }), "{t}");
 
     let results: HashMap<u64, String> =
         redis::cmd("HGETALL").arg(cli.key("task:m1:results")).query(&mut cli.con()).unwrap();

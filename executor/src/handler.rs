@@ -243,7 +243,9 @@ impl Registry {
         self
     }
 
-    /// Aggregates every kind that has no aggregator of its own (`--aggregate-exec`).
+    /// Aggregates the kinds the fallback handler serves, those with no handler of their own
+    /// (`--aggregate-exec` beside `--exec`). A kind registered with a handler but no aggregator
+    /// (the built-in `noop`, `sleep`, `fail`) keeps the summary.
     pub fn fallback_aggregator(&mut self, a: impl Aggregator) -> &mut Self {
         self.fallback_aggregator = Some(Arc::new(a));
         self
@@ -254,12 +256,10 @@ impl Registry {
         self.handlers.get(kind).or(self.fallback.as_ref()).cloned()
     }
 
-    /// The aggregator of `kind`: its own, the fallback, else the summary (counts only).
+    /// The aggregator of `kind`: its own; for a kind without a handler of its own, the fallback;
+    /// else the summary (counts only).
     pub fn aggregator_for(&self, kind: &str) -> Arc<dyn Aggregator> {
-        self.aggregators
-            .get(kind)
-            .or(self.fallback_aggregator.as_ref())
-            .cloned()
-            .unwrap_or_else(|| Arc::new(crate::builtin::Summary))
+        let fallback = self.fallback_aggregator.as_ref().filter(|_| !self.handlers.contains_key(kind));
+        self.aggregators.get(kind).or(fallback).cloned().unwrap_or_else(|| Arc::new(crate::builtin::Summary))
     }
 }

@@ -34,8 +34,9 @@ pub struct ExecutorArgs {
     /// SHARDCTL_* variables, payload on stdin, result on stdout.
     #[arg(long)]
     pub exec: Option<String>,
-    /// Aggregate every kind without a built-in aggregator with this command: shard outcomes as
-    /// JSON lines on stdin, the task result on stdout.
+    /// Aggregate the kinds that have no built-in handler (those --exec runs) with this command:
+    /// shard outcomes as JSON lines on stdin, the task result on stdout. Built-in kinds keep
+    /// their own aggregation (primes: the count; noop, sleep, fail: the summary of counts).
     #[arg(long)]
     pub aggregate_exec: Option<String>,
     /// Lock time to live: a crashed executor's shards are recovered after it.
