@@ -131,7 +131,21 @@ impl Node {
             let _ = shardctl_coordinator::rebalance::rebalance(&mut con, &keys).await;
         }
         let stats = ran?;
-        tracing::info!(?stats, "executor stopped");
+        tracing::info!(
+            claimed = stats.claimed,
+            completed = stats.completed,
+            failed = stats.failed,
+            retried = stats.retried,
+            released = stats.released,
+            locks_lost = stats.locks_lost,
+            cancelled = stats.cancelled,
+            refused = stats.refused,
+            duplicates = stats.duplicates,
+            aggregated = stats.aggregated,
+            redis_errors = stats.redis_errors,
+            with_claim = stats.with_claim,
+            "executor stopped"
+        );
         match taken_over {
             Some(e) => Err(e),
             None => Ok(stats),

@@ -679,3 +679,28 @@ fn debug_logs_follow_each_shard_and_keep_a_handlers_stderr() {
     });
     assert!(e.terminate().success(), "{}", e.log());
 }
+
+// `--log-format json`: every log line is one JSON object with its fields under their names and
+// their types (the stats at a stop as numbers, not a debug dump of a struct).
+#[test]
+fn json_logs_are_one_object_per_line_with_typed_fields() {
+    let cli = Cli::start("json-log");
+    let mut e = cli.background("jl", &["--log-format", "json", "--log", "debug", "executor", "--node-id", "jl"]);
+    cli.ok(&["dispatch", "--kind", "noop", "--shards", "3", "--task-id", "j", "--wait", "--timeout", "30s"]);
+    assert!(e.terminate().success(), "{}", e.log());
+    let log = e.log();
+    let lines: Vec<Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|err| panic!("not JSON ({err}): {l}\n{log}")))
+        .collect();
+    assert!(lines.iter().all(|l| l["level"].is_string() && l["timestamp"].is_string()), "{log}");
+    let started = lines.iter().find(|l| l["fields"]["message"] == "executor started").expect("a start line");
+    assert_eq!(started["fields"]["node"], "jl", "{log}");
+    let stopped = lines.iter().find(|l| l["fields"]["message"] == "executor stopped").expect("a stop line");
+    // the three shards and the aggregation job
+    assert_eq!(stopped["fields"]["claimed"], 4, "{log}");
+    assert_eq!(stopped["fields"]["completed"], 3, "{log}");
+    assert_eq!(stopped["fields"]["aggregated"], 1, "{log}");
+    assert!(!log.contains("StatsSnapshot"), "{log}");
+    cli.rejects(&["--log-format", "xml", "status"], 2, "invalid value 'xml'");
+}

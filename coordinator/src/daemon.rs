@@ -183,7 +183,7 @@ async fn refresh(con: &mut Conn, keys: &Keys, cfg: &DaemonConfig) {
         Err(e) => tracing::warn!("promoting due retries: {e}"),
     }
     match rebalance::rebalance(con, keys).await {
-        Ok(Some(r)) if r.changed() => tracing::info!(?r, "rebalanced"),
+        Ok(Some(r)) if r.changed() => r.log(),
         Ok(_) => {}
         Err(e) => tracing::warn!("rebalance failed: {e}"),
     }

@@ -176,7 +176,7 @@ pub async fn run(
             Ok(Some(r)) => {
                 owed = 0;
                 if r.changed() {
-                    tracing::info!(?r, "rebalanced");
+                    r.log();
                     on_rebalance(&r);
                 }
             }

@@ -38,6 +38,19 @@ impl RebalanceReport {
     pub fn changed(&self) -> bool {
         !self.departed.is_empty() || self.placed + self.rerouted + self.failed_over + self.rebalanced > 0
     }
+
+    /// Logs it as one line of fields (`rebalanced departed=… live=… placed=N …`).
+    pub fn log(&self) {
+        tracing::info!(
+            departed = %self.departed.join(","),
+            live = %self.live.join(","),
+            placed = self.placed,
+            rerouted = self.rerouted,
+            failed_over = self.failed_over,
+            rebalanced = self.rebalanced,
+            "rebalanced"
+        );
+    }
 }
 
 /// Runs one rebalance unless another process holds the lock (`None`).

@@ -63,8 +63,21 @@ pub struct Args {
     /// Log filter (error, warn, info, debug, or per module); logs go to stderr.
     #[arg(long, global = true, env = "SHARDCTL_LOG")]
     pub log: Option<String>,
+    /// Log lines as text, or as one JSON object per line (`json`: time, level, message and
+    /// each field under its name, for a log shipper).
+    #[arg(long, global = true, env = "SHARDCTL_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// `TIME LEVEL message field=value …`, coloured on a terminal.
+    Text,
+    /// One JSON object per line: `timestamp`, `level`, `fields` (`message` and each field).
+    Json,
 }
 
 /// The default Redis URL.
@@ -168,12 +181,11 @@ pub fn init_logging(args: &Args) {
     let filter =
         tracing_subscriber::EnvFilter::try_new(&filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     use std::io::IsTerminal;
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false)
-        .init();
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false);
+    match args.log_format {
+        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => logs.json().with_ansi(false).init(),
+    }
 }
 
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
