@@ -25,10 +25,8 @@ mod cli;
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
 fn main() -> ExitCode {
-    let args = match cli::Args::try_parse() {
+    let args = match cli::Args::parse_with_env() {
         Ok(args) => args,
         Err(e) => {
             let _ = e.print();

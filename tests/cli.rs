@@ -704,3 +704,52 @@ fn json_logs_are_one_object_per_line_with_typed_fields() {
     assert!(!log.contains("StatsSnapshot"), "{log}");
     cli.rejects(&["--log-format", "xml", "status"], 2, "invalid value 'xml'");
 }
+
+// Help keeps the global options under their own heading; an option taken from the environment
+// is not printed in an error's usage line; the environment gives what the command line does not,
+// and the command line wins; a dispatch option a schedule cannot take says why.
+#[test]
+fn help_and_usage_keep_global_options_and_the_environment_apart() {
+    let help = shardctl(&["status", "--help"]);
+    assert_eq!(help.code(), 0, "{help:?}");
+    let (options, global) = help.stdout.split_once("Global options:").unwrap_or_else(|| panic!("{help:?}"));
+    assert!(options.contains("--json") && options.contains("--failed"), "{help:?}");
+    assert!(
+        !options.contains("--redis") && !options.contains("--queue"),
+        "global options among the command's: {help:?}"
+    );
+    assert!(global.contains("--redis <URL>") && global.contains("SHARDCTL_REDIS"), "{help:?}");
+
+    let mut c = support::command(&["status", "--failed"]);
+    c.env("SHARDCTL_REDIS", "redis://user:s3cret@127.0.0.1:1").env("SHARDCTL_QUEUE", "q");
+    let out = c.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    let usage = err.lines().find(|l| l.starts_with("Usage:")).unwrap_or_else(|| panic!("{err}"));
+    assert_eq!(usage, "Usage: shardctl status --failed <TASK>", "{err}");
+    assert!(!err.contains("s3cret"), "{err}");
+
+    let cli = Cli::start("env-queue");
+    cli.ok(&["pause", "--queue", "from-cli"]);
+    let mut c = support::command(&["--redis", &cli.redis.url(), "status"]);
+    c.env("SHARDCTL_QUEUE", "from-env");
+    let out = c.output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("queue from-env: "), "{out:?}");
+    let mut c = support::command(&["--redis", &cli.redis.url(), "status", "--queue", "from-cli"]);
+    c.env("SHARDCTL_QUEUE", "from-env");
+    let out = c.output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("queue from-cli (paused): "), "{out:?}");
+    let mut c = support::command(&["status"]);
+    c.env("SHARDCTL_QUEUE", "a:b");
+    let out = c.output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("SHARDCTL_QUEUE: queue name 'a:b'"), "{out:?}");
+
+    let r = cli.rejects(
+        &["schedule", "add", "s1", "--cron", "@hourly", "--shards", "2", "--task-id", "fixed"],
+        2,
+        "a schedule takes no --task-id: it names each task it creates <NAME>-<UTC fire time> (e.g. s1-",
+    );
+    assert!(!r.stderr.contains("'-- --task-id'"), "{r:?}");
+    cli.rejects(&["schedule", "add", "s1", "--cron", "@hourly", "--shards", "2", "--wait"], 2, "`shardctl wait s1-");
+}

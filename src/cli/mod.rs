@@ -43,32 +43,75 @@ use clap::{Parser, Subcommand};
 use shardctl_common::Keys;
 
 /// Split one large batch task into shards and run them on many machines through Redis.
+///
+/// Global options come on the command line or from the environment (SHARDCTL_REDIS,
+/// SHARDCTL_QUEUE, SHARDCTL_LOG, SHARDCTL_LOG_FORMAT); the command line wins.
 #[derive(Debug, Parser)]
 #[command(name = "shardctl", version, about, propagate_version = true)]
 pub struct Args {
     /// Redis URL: `redis://[user:password@]host:port[/db]`, `rediss://…` for TLS, or a cluster
     /// `redis+cluster://[user:password@]host:port,host:port` (`rediss+cluster://` for TLS).
-    #[arg(long, global = true, env = "SHARDCTL_REDIS")]
+    /// Default: SHARDCTL_REDIS, else redis://127.0.0.1:6379.
+    #[arg(long, global = true, value_name = "URL", help_heading = GLOBAL)]
     pub redis: Option<String>,
     /// Read the Redis URL from this file (its first line), so a password stays out of the
     /// process list; takes the place of `--redis` (and of SHARDCTL_REDIS).
-    #[arg(long, global = true, value_name = "FILE")]
+    #[arg(long, global = true, value_name = "FILE", help_heading = GLOBAL)]
     pub redis_url_file: Option<std::path::PathBuf>,
-    /// Queue name: executors serve one queue.
-    #[arg(long, global = true, env = "SHARDCTL_QUEUE", default_value = "default", value_parser = queue_name)]
+    /// Queue name: executors serve one queue. Default: SHARDCTL_QUEUE, else `default`.
+    #[arg(long, global = true, value_name = "NAME", default_value = "default", hide_default_value = true,
+          value_parser = queue_name, help_heading = GLOBAL)]
     pub queue: String,
     /// Prefix of every Redis key.
-    #[arg(long, global = true, default_value = "shardctl", value_parser = key_prefix)]
+    #[arg(long, global = true, default_value = "shardctl", value_parser = key_prefix, help_heading = GLOBAL)]
     pub prefix: String,
-    /// Log filter (error, warn, info, debug, or per module); logs go to stderr.
-    #[arg(long, global = true, env = "SHARDCTL_LOG")]
+    /// Log filter (error, warn, info, debug, or per module); logs go to stderr. Default:
+    /// SHARDCTL_LOG, else info for executor and coordinator, warn for the rest.
+    #[arg(long, global = true, value_name = "FILTER", help_heading = GLOBAL)]
     pub log: Option<String>,
     /// Log lines as text, or as one JSON object per line (`json`: time, level, message and
-    /// each field under its name, for a log shipper).
-    #[arg(long, global = true, env = "SHARDCTL_LOG_FORMAT", value_enum, default_value = "text")]
+    /// each field under its name, for a log shipper). Default: SHARDCTL_LOG_FORMAT, else text.
+    #[arg(long, global = true, value_enum, default_value = "text", hide_default_value = true,
+          help_heading = GLOBAL)]
     pub log_format: LogFormat,
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// The heading of the options every command takes.
+const GLOBAL: &str = "Global options";
+
+impl Args {
+    /// Parses the command line, then takes each global option not given on it from its
+    /// environment variable. Read by hand, not by clap's `env`: clap counts an option taken from
+    /// the environment as given, and prints it in the usage line of every error.
+    pub fn parse_with_env() -> Result<Args, clap::Error> {
+        use clap::{CommandFactory, FromArgMatches};
+        let matches = Args::command().try_get_matches()?;
+        let mut args = Args::from_arg_matches(&matches)?;
+        let from_env = |id: &str, var: &str| -> Option<String> {
+            if matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine) {
+                return None;
+            }
+            std::env::var(var).ok().filter(|v| !v.is_empty())
+        };
+        let bad = |var: &str, e: String| {
+            Args::command().error(clap::error::ErrorKind::ValueValidation, format!("{var}: {e}"))
+        };
+        // the file takes the place of SHARDCTL_REDIS
+        if args.redis_url_file.is_none() {
+            args.redis = args.redis.take().or_else(|| from_env("redis", "SHARDCTL_REDIS"));
+        }
+        if let Some(q) = from_env("queue", "SHARDCTL_QUEUE") {
+            args.queue = queue_name(&q).map_err(|e| bad("SHARDCTL_QUEUE", e))?;
+        }
+        args.log = args.log.take().or_else(|| from_env("log", "SHARDCTL_LOG"));
+        if let Some(f) = from_env("log_format", "SHARDCTL_LOG_FORMAT") {
+            args.log_format = <LogFormat as clap::ValueEnum>::from_str(&f, true)
+                .map_err(|_| bad("SHARDCTL_LOG_FORMAT", format!("'{f}' is not text or json")))?;
+        }
+        Ok(args)
+    }
 }
 
 /// How log lines are written.
@@ -88,8 +131,9 @@ impl Args {
     /// file is bad usage (exit 2); the error names the file, never its content.
     pub(crate) fn given_redis(&self) -> anyhow::Result<Option<String>> {
         let Some(path) = &self.redis_url_file else { return Ok(self.redis.clone()) };
-        // the file overrides SHARDCTL_REDIS, but both on the command line is a mistake
-        if self.redis.is_some() && self.redis != std::env::var("SHARDCTL_REDIS").ok() {
+        // the file overrides SHARDCTL_REDIS (not taken then), but both on the command line is
+        // a mistake
+        if self.redis.is_some() {
             return Err(shardctl_common::Error::invalid("give --redis or --redis-url-file, not both").into());
         }
         let text = std::fs::read_to_string(path).map_err(|e| {

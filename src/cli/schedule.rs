@@ -60,6 +60,43 @@ pub struct AddArgs {
     pub replace: bool,
     #[command(flatten)]
     pub task: TaskArgs,
+    /// Options of `dispatch` a schedule cannot take: accepted here only to say why.
+    #[command(flatten)]
+    pub not_here: DispatchOnly,
+}
+
+/// `dispatch` options that have no meaning for a schedule (hidden): given, they are refused with
+/// the reason, where clap would only say "unexpected argument".
+#[derive(Debug, Parser)]
+pub struct DispatchOnly {
+    #[arg(long, hide = true)]
+    task_id: Option<String>,
+    #[arg(long, hide = true)]
+    wait: bool,
+    #[arg(long, hide = true)]
+    delay: Option<String>,
+}
+
+impl DispatchOnly {
+    fn check(&self, name: &str) -> Result<(), Error> {
+        let example = format!("{name}-20261201T030000Z");
+        if self.task_id.is_some() {
+            return Err(Error::invalid(format!(
+                "a schedule takes no --task-id: it names each task it creates <NAME>-<UTC fire time> \
+                 (e.g. {example})"
+            )));
+        }
+        if self.wait {
+            return Err(Error::invalid(format!(
+                "a schedule takes no --wait: its tasks start at their fire times; wait for one with \
+                 `shardctl wait {example}`"
+            )));
+        }
+        if self.delay.is_some() {
+            return Err(Error::invalid("a schedule takes no --delay: its tasks start at their fire times"));
+        }
+        Ok(())
+    }
 }
 
 pub async fn run(args: &Args, a: &ScheduleArgs) -> anyhow::Result<ExitCode> {
@@ -82,6 +119,7 @@ pub async fn run(args: &Args, a: &ScheduleArgs) -> anyhow::Result<ExitCode> {
 async fn run_add(args: &Args, a: &AddArgs) -> anyhow::Result<ExitCode> {
     // the schedule's own parts first: their messages say more than a missing --shards
     names::validate_schedule_name(&a.name)?;
+    a.not_here.check(&a.name)?;
     a.cron.parse::<shardctl_common::cron::Cron>()?;
     shardctl_common::cron::zone(&a.tz)?;
     let shards = a.task.shards.ok_or_else(|| Error::invalid("--shards N is required"))?;
