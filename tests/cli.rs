@@ -753,3 +753,35 @@ fn help_and_usage_keep_global_options_and_the_environment_apart() {
     assert!(!r.stderr.contains("'-- --task-id'"), "{r:?}");
     cli.rejects(&["schedule", "add", "s1", "--cron", "@hourly", "--shards", "2", "--wait"], 2, "`shardctl wait s1-");
 }
+
+// Every command says so when it has nothing to show, rather than printing nothing.
+#[test]
+fn every_command_says_when_it_has_nothing() {
+    let cli = Cli::start("empty");
+    let said = |args: &[&str], what: &str| {
+        let out = cli.run(args);
+        assert_eq!(out.code(), 0, "{args:?}: {out:?}");
+        assert!(out.stdout.contains(what) || out.stderr.contains(what), "{args:?} should say '{what}': {out:?}");
+    };
+    said(&["status"], "tasks: none");
+    said(&["status"], "executors: none live");
+    said(&["status"], "coordinators: none live");
+    said(&["schedule", "list"], "no schedules");
+    said(&["limit"], "no rate limit");
+    said(&["clean"], "removed 0 ended tasks");
+    let watch = |args: &[&str], note: &str| {
+        let mut w = cli.background("watch", args);
+        eventually("watch to say what it waits for", Duration::from_secs(20), || {
+            let log = w.log();
+            log.contains(note).then_some(()).ok_or(log)
+        });
+        w.kill();
+    };
+    watch(&["watch"], "showing the events of queue empty as they come (none yet)");
+    watch(&["watch", "--from-start"], "the event log of queue empty is empty; waiting for events");
+    cli.ok(&["dispatch", "--kind", "noop", "--shards", "1", "--task-id", "fine"]);
+    said(&["status", "fine", "--failed"], "task fine: no failed shards");
+    watch(&["watch"], "(1 older one kept: --from-start shows it)");
+    cli.ok(&["config", "--events-maxlen", "0"]);
+    watch(&["watch"], "the event log of queue empty is off");
+}

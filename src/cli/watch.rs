@@ -28,10 +28,33 @@ pub async fn run(args: &Args, a: &WatchArgs) -> anyhow::Result<ExitCode> {
     if let Some(t) = &a.task {
         super::task_id(t)?;
     }
-    let (endpoint, _) = connect(args).await?;
+    let (endpoint, mut plain) = connect(args).await?;
+    let keys = args.keys()?;
+    // what is to come, on stderr (stdout holds only events): an empty or disabled log waits
+    // silently otherwise
+    let settings = shardctl_common::control::queue_settings(&mut plain, &keys, None, None).await?;
+    let kept: u64 = redis::cmd("XLEN").arg(keys.events()).query_async(&mut plain).await?;
+    if settings.events_maxlen == 0 {
+        eprintln!(
+            "note: the event log of queue {} is off (`shardctl config --events-maxlen N` turns it on): \
+             nothing comes until then",
+            args.queue
+        );
+    } else if a.from_start && kept == 0 {
+        eprintln!("note: the event log of queue {} is empty; waiting for events", args.queue);
+    } else if !a.from_start && kept == 0 {
+        eprintln!("note: showing the events of queue {} as they come (none yet)", args.queue);
+    } else if !a.from_start {
+        eprintln!(
+            "note: showing new events of queue {} as they come ({kept} older {} kept: --from-start shows {})",
+            args.queue,
+            if kept == 1 { "one" } else { "ones" },
+            if kept == 1 { "it" } else { "them" }
+        );
+    }
     // a blocking read needs a connection of its own with a response timeout past the block
     let mut con = endpoint.blocking(std::time::Duration::from_secs(5)).await?;
-    let key = args.keys()?.events();
+    let key = keys.events();
     let mut last = if a.from_start { "0-0".to_owned() } else { "$".to_owned() };
     let mut seen = 0u64;
     loop {
