@@ -141,13 +141,22 @@ pub struct Report {
     pub failed_runs: usize,
 }
 
+/// The figures that are numbers: one that could not be measured (a ratio over a zero) is left
+/// out rather than written as JSON `null` where a number is promised.
+fn finite(f: &Figures) -> serde_json::Map<String, serde_json::Value> {
+    f.iter().filter(|(_, v)| v.is_finite()).map(|(k, v)| ((*k).to_owned(), json!(v))).collect()
+}
+
 impl Report {
     /// The whole report as one JSON object.
     pub fn to_json(&self) -> serde_json::Value {
         let scenarios: serde_json::Map<String, serde_json::Value> = self
             .figures
             .iter()
-            .map(|(s, v)| (s.name().to_owned(), json!({ "median": self.medians[s], "runs": v })))
+            .map(|(s, v)| {
+                let runs: Vec<_> = v.iter().map(finite).collect();
+                (s.name().to_owned(), json!({ "median": finite(&self.medians[s]), "runs": runs }))
+            })
             .collect();
         json!({
             "shards": self.shards,

@@ -144,6 +144,8 @@ pub(crate) fn rows(medians: &BTreeMap<Scenario, Figures>) -> Vec<Row> {
     if let (Some(ours), Some(theirs)) = (get(Scenario::DispatchRouted, "bytes_per_shard"), get(bull, "bytes_per_job")) {
         out.push(row("compare", "BullMQ bytes per waiting job ÷ routed shard", theirs / ours, "×", 1, Target::None));
     }
+    // a ratio over a zero is no figure
+    out.retain(|r| r.number.is_finite());
     out
 }
 

@@ -353,6 +353,8 @@ pub fn json_field(key: &str, value: &str) -> serde_json::Value {
         "max",
         "per_ms",
         "attempt",
+        "shards",
+        "fire_ms",
     ];
     const FLAGS: &[&str] = &["has_keys", "keep_results"];
     if NUMBERS.contains(&key) {
