@@ -18,8 +18,9 @@
 //! - `cli/redis_server.rs`: a private redis-server for the demo.
 //!
 //! Exit codes: 0 success, 1 error, 2 bad usage, 3 the task ended with failed shards or a failed
-//! aggregation, 4 the task was cancelled (`wait`). `shardctl lock` passes its command's exit code
-//! through and has codes of its own for its own outcomes. Every code is in `cli/exit.rs`.
+//! aggregation, 4 the task was cancelled (`wait`), 128 + n a wait stopped by signal n.
+//! `shardctl lock` passes its command's exit code through and has codes of its own for its own
+//! outcomes. Every code is in `cli/exit.rs`.
 
 mod cli;
 

@@ -781,7 +781,7 @@ fn every_command_says_when_it_has_nothing() {
     watch(&["watch", "--from-start"], "the event log of queue empty is empty; waiting for events");
     cli.ok(&["dispatch", "--kind", "noop", "--shards", "1", "--task-id", "fine"]);
     said(&["status", "fine", "--failed"], "task fine: no failed shards");
-    watch(&["watch"], "(1 older one kept: --from-start shows it)");
+    watch(&["watch"], "showing the events of queue empty as they come (1 older one kept: --from-start shows it)");
     cli.ok(&["config", "--events-maxlen", "0"]);
     watch(&["watch"], "the event log of queue empty is off");
 }

@@ -502,13 +502,14 @@ async fn stalled_shard_recovered_from_a_dead_executor() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_failing_aggregator_fails_the_task_with_its_reason() {
     let env = RuntimeEnv::start().await;
-    let mut r = Registry::with_builtins();
+    // a kind the fallback handler runs: --aggregate-exec aggregates those, not the built-in ones
+    let mut r = exec("true", 100);
     r.fallback_aggregator(ExecAggregator(Arc::new(ExecCommand::parse("sh -c 'echo no >&2; exit 1'", 100).unwrap())));
     let ex = env.executor(config("a"), r).await;
     env.dispatch(&TaskSpec {
         attempts: 2,
         backoff: "fixed:10ms".parse().unwrap(),
-        ..spec("g", "noop", 3, Value::Null)
+        ..spec("g", "external", 3, Value::Null)
     })
     .await;
 

@@ -26,5 +26,5 @@ pub const CANNOT_INVOKE: u8 = 126;
 /// The command was not found.
 pub const NOT_FOUND: u8 = 127;
 /// shardctl was stopped by signal `n` (SIGINT, SIGTERM, SIGHUP), or the command was killed by
-/// signal `n` (as a shell reports it): 128 + n.
+/// signal `n` (as a shell reports it): 128 + n. `wait` ends so at SIGINT or SIGTERM too.
 pub const SIGNAL_BASE: u8 = 128;
