@@ -7,6 +7,8 @@
 //!   (executor runtime, membership and rebalancing, stalled sweep, metrics, graceful shutdown).
 //! - [`metrics`]: the Prometheus exporter (`GET /metrics`).
 //! - [`locked`]: running a command under a distributed lock (`shardctl lock`).
+//! - [`dashboard`]: the coordinator's web dashboard and its JSON API.
+//! - [`json`]: the JSON shapes shared by `--json` outputs and the dashboard's API.
 //! - [`bench`](mod@bench): the performance benchmark (`shardctl bench`): scenarios against targets, and
 //!   BullMQ on the same Redis.
 //! - The crates underneath, re-exported: [`common`] (keys, scripts, model, connections),
@@ -39,6 +41,8 @@
 #![warn(missing_docs)]
 
 pub mod bench;
+pub mod dashboard;
+pub mod json;
 pub mod locked;
 pub mod metrics;
 pub mod node;

@@ -15,6 +15,8 @@
 //! - [`firing`]: firing due cron schedules (each fire time's task created once); the
 //!   schedules themselves are stored by `shardctl_common::schedule`.
 //! - [`progress`]: one task's state and counts, a queue's counts, failed shards.
+//! - [`inspect`]: bounded reads for the dashboard: task pages, reason pages, the event log's
+//!   tail, a task's shard map.
 //! - [`wait`]: waiting for a task to end, with a progress callback.
 //! - [`stuck`]: why a task is not moving (paused, delayed, no executor, rate limit).
 //! - [`presence`]: coordinators announcing themselves (`status` lists them).
@@ -32,6 +34,7 @@
 pub mod daemon;
 pub mod dispatch;
 pub mod firing;
+pub mod inspect;
 pub mod liveness;
 pub mod membership;
 pub mod metrics;

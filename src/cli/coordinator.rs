@@ -18,6 +18,17 @@ pub struct CoordinatorArgs {
     /// default: give 0.0.0.0:PORT to serve other hosts.
     #[arg(long, default_value = shardctl::metrics::DEFAULT_COORDINATOR_ADDR, value_parser = addr_or_off)]
     pub metrics_addr: MetricsAddr,
+    /// Serve the web dashboard on this address; `off` for none. Default 127.0.0.1:8080
+    /// (loopback: give 0.0.0.0:PORT to serve other hosts, then with --ui-token-file and behind a
+    /// proxy with TLS). When the default is taken (a second coordinator on the host), it runs
+    /// without one and says so; an address given here must be free.
+    #[arg(long, value_parser = addr_or_off)]
+    pub ui_addr: Option<MetricsAddr>,
+    /// Allow the dashboard's actions (pause, resume, cancel, retry) to requests carrying the token
+    /// held on this file's first line (at least 16 characters); without it the dashboard is
+    /// read-only.
+    #[arg(long, value_name = "FILE")]
+    pub ui_token_file: Option<std::path::PathBuf>,
     /// Time between two readings of the queue's progress (and two promotions and rebalances).
     /// A gauge left unset for three refreshes leaves the output at a following scrape.
     #[arg(long, default_value = "2s", value_parser = duration)]
@@ -36,7 +47,10 @@ pub struct CoordinatorArgs {
     pub max_stalled_count: u32,
 }
 
-/// A listener's address, or none (`off`).
+/// Where the dashboard listens unless told otherwise.
+pub const DEFAULT_UI_ADDR: &str = "127.0.0.1:8080";
+
+/// A listener's address (metrics, dashboard), or none (`off`).
 #[derive(Debug, Clone, Copy)]
 pub struct MetricsAddr(Option<SocketAddr>);
 
@@ -54,11 +68,25 @@ pub async fn run(args: &Args, a: &CoordinatorArgs) -> anyhow::Result<ExitCode> {
         sweep: SweepConfig { interval: a.stalled_interval, max_stalled: a.max_stalled_count },
     };
     cfg.validate().map_err(shardctl_common::Error::Invalid)?;
+    let token = a.ui_token_file.as_deref().map(shardctl::dashboard::read_token).transpose()?;
     let (_, con) = connect(args).await?;
     if let MetricsAddr(Some(addr)) = a.metrics_addr {
         shardctl::metrics::install(addr, Some(cfg.gauge_idle_timeout()))?;
     }
     let (stop, now) = (CancellationToken::new(), CancellationToken::new());
+    let ui = a.ui_addr.unwrap_or(MetricsAddr(Some(DEFAULT_UI_ADDR.parse().expect("an address"))));
+    if let MetricsAddr(Some(addr)) = ui {
+        let read_only = token.is_none();
+        let dashboard = shardctl::dashboard::Dashboard::new(con.clone(), args.keys()?, token);
+        match shardctl::dashboard::serve(addr, dashboard, stop.clone()).await {
+            Ok(at) => {
+                let how = if read_only { "read-only: no --ui-token-file" } else { "actions need the token" };
+                tracing::info!("dashboard on http://{at}/ ({how})");
+            }
+            Err(e) if a.ui_addr.is_none() => tracing::warn!("no dashboard: {e}"),
+            Err(e) => return Err(e.into()),
+        }
+    }
     let what = "the round of upkeep under way (sweep, promotions, rebalance, schedule firing) ends, \
                 then this coordinator leaves the coordinators set";
     shardctl_executor::shutdown::cancel_on_signals(stop.clone(), now.clone(), what.to_owned());

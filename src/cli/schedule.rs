@@ -148,18 +148,7 @@ async fn run_list(args: &Args, json: bool) -> anyhow::Result<ExitCode> {
     let now = server_now_ms(&mut con, &args.keys()?).await?;
     let all = schedule::list(&mut con, &args.keys()?, now).await?;
     if json {
-        let v: Vec<serde_json::Value> = all
-            .iter()
-            .map(|(s, st)| {
-                let mut v = serde_json::to_value(s).expect("json");
-                // the task's fields as an object of JSON types, not a list of text pairs
-                let fields: serde_json::Map<String, serde_json::Value> =
-                    s.fields.iter().map(|(k, f)| (k.clone(), super::json_field(k, f))).collect();
-                v["fields"] = serde_json::Value::Object(fields);
-                v["state"] = serde_json::to_value(st).expect("json");
-                v
-            })
-            .collect();
+        let v: Vec<serde_json::Value> = all.iter().map(|(s, st)| shardctl::json::schedule(s, st)).collect();
         outln!("{}", serde_json::Value::Array(v));
         return Ok(ExitCode::SUCCESS);
     }

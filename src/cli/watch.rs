@@ -93,13 +93,7 @@ pub async fn run(args: &Args, a: &WatchArgs) -> anyhow::Result<ExitCode> {
 fn print_event(id: &str, fields: &[(String, String)], json: bool) {
     let ms: u64 = id.split('-').next().and_then(|m| m.parse().ok()).unwrap_or(0);
     if json {
-        let mut o = serde_json::Map::new();
-        o.insert("id".into(), id.into());
-        o.insert("time_ms".into(), ms.into());
-        for (k, v) in fields {
-            o.insert(k.clone(), super::json_field(k, v));
-        }
-        outln!("{}", serde_json::Value::Object(o));
+        outln!("{}", shardctl::json::event(id, fields));
         return;
     }
     let t = humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms));

@@ -6,6 +6,8 @@
 //! - [`cluster`]: [`TestCluster`], a real 3-master Redis Cluster, and slot checks.
 //! - [`process`]: [`Process`], the one guard around a process a test starts; [`signal`],
 //!   [`eventually`].
+//! - [`browser`]: [`Browser`](browser::Browser), headless Chromium driven over WebDriver
+//!   (chromedriver), for the dashboard's tests.
 //! - [`secure`]: [`SecureRedis`], a server behind a password, ACL users and optionally TLS (with
 //!   a throwaway CA made by `openssl`).
 
@@ -23,6 +25,7 @@ pub struct TestRedis {
     persistent: bool,
 }
 
+pub mod browser;
 pub mod cluster;
 pub mod process;
 pub mod secure;
@@ -33,7 +36,8 @@ pub use secure::SecureRedis;
 
 static SEQ: AtomicU64 = AtomicU64::new(0);
 
-fn free_port() -> u16 {
+/// A TCP port free on loopback now (the OS's pick).
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").expect("bind a free port").local_addr().unwrap().port()
 }
 

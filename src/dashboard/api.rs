@@ -1,0 +1,176 @@
+//! The JSON API (docs/dashboard.md): reads, each bounded by what it returns, and the actions.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use shardctl_common::{control, schedule, Error};
+use shardctl_coordinator::inspect::{self, TaskFilter};
+use shardctl_coordinator::{presence, progress, stuck};
+
+use super::http::Reply;
+use super::Dashboard;
+
+/// Answers a read (`GET /api/<path>`).
+pub async fn read(d: &Dashboard, path: &[&str], query: &HashMap<String, String>) -> (u16, Arc<String>) {
+    let r = match path {
+        ["info"] => Ok(info(d)),
+        ["queue"] => queue(d).await,
+        ["tasks"] => tasks(d, query).await,
+        ["tasks", id] => task(d, id).await,
+        ["tasks", id, "failed"] => failed(d, id, query).await,
+        ["tasks", id, "map"] => map(d, id, query).await,
+        ["schedules"] => schedules(d).await,
+        ["events"] => events(d, query).await,
+        _ => Err(Reply::error(404, format!("no API endpoint /api/{}", path.join("/")))),
+    };
+    match r {
+        Ok(v) => (200, Arc::new(v.to_string())),
+        Err(reply) => (reply.status, Arc::new(String::from_utf8_lossy(&reply.body).into_owned())),
+    }
+}
+
+/// Runs an action (`POST /api/<path>`, already authorized).
+pub async fn act(d: &Dashboard, path: &[&str]) -> Reply {
+    let mut con = d.con.clone();
+    let done = match path {
+        ["queue", "pause"] => control::pause(&mut con, &d.keys).await.map(|()| json!({ "paused": true })),
+        ["queue", "resume"] => control::resume(&mut con, &d.keys).await.map(|()| json!({ "paused": false })),
+        ["tasks", id, "cancel"] => match checked(id) {
+            Ok(id) => control::cancel(&mut con, &d.keys, id).await.map(|n| json!({ "task_id": id, "stopped": n })),
+            Err(e) => return e,
+        },
+        ["tasks", id, "retry"] => match checked(id) {
+            Ok(id) => control::retry(&mut con, &d.keys, id).await.map(|n| json!({ "task_id": id, "again": n })),
+            Err(e) => return e,
+        },
+        _ => return Reply::error(404, format!("no action /api/{}", path.join("/"))),
+    };
+    match done {
+        Ok(v) => {
+            tracing::info!(action = %path.join("/"), "dashboard action");
+            Reply::json(200, v.to_string())
+        }
+        Err(e) => failure(e),
+    }
+}
+
+/// An error of the data layer as a reply: bad input 400, no such task 404, refused 409, Redis
+/// 503.
+fn failure(e: Error) -> Reply {
+    match e {
+        Error::Invalid(m) => Reply::error(400, m),
+        Error::NoTask(id) => Reply::error(404, format!("no task '{id}'")),
+        e @ Error::Refused { .. } => Reply::error(409, e),
+        e => Reply::error(503, format!("reading redis: {e}")),
+    }
+}
+
+fn checked(id: &str) -> Result<&str, Reply> {
+    shardctl_common::names::validate_task_id(id).map_err(|e| Reply::error(400, e))?;
+    Ok(id)
+}
+
+/// A query parameter as a number, `default` when absent.
+fn number(query: &HashMap<String, String>, name: &str, default: u64) -> Result<u64, Reply> {
+    match query.get(name) {
+        None => Ok(default),
+        Some(v) => v.parse().map_err(|_| Reply::error(400, format!("{name} must be a number, got '{v}'"))),
+    }
+}
+
+fn info(d: &Dashboard) -> Value {
+    json!({
+        "queue": d.keys.queue(),
+        "version": env!("CARGO_PKG_VERSION"),
+        "read_only": d.read_only(),
+        "refresh_ms": super::reads::FRESH.as_millis() as u64,
+    })
+}
+
+async fn queue(d: &Dashboard) -> Result<Value, Reply> {
+    let mut con = d.con.clone();
+    let k = &d.keys;
+    let counts = progress::shard_counts(&mut con, k).await.map_err(failure)?;
+    let limit = control::limit(&mut con, k).await.map_err(failure)?;
+    let executors = progress::nodes(&mut con, k).await.map_err(failure)?;
+    let coordinators = presence::live(&mut con, k).await.map_err(failure)?;
+    let (unfinished, finished, all): (u64, u64, u64) = redis::pipe()
+        .zcard(k.running())
+        .zcard(k.finished())
+        .zcard(k.index())
+        .query_async(&mut con)
+        .await
+        .map_err(|e| failure(e.into()))?;
+    Ok(json!({
+        "queue": k.queue(),
+        "paused": counts.paused,
+        "waiting": counts.waiting,
+        "active": counts.active,
+        "delayed": counts.delayed,
+        "limit": limit.map(|l| json!({ "max": l.max, "per_ms": l.per.as_millis() as u64 })),
+        "tasks": { "unfinished": unfinished, "finished": finished, "all": all },
+        "executors": executors,
+        "coordinators": coordinators.into_iter().map(|(c, _)| c).collect::<Vec<_>>(),
+    }))
+}
+
+async fn tasks(d: &Dashboard, query: &HashMap<String, String>) -> Result<Value, Reply> {
+    let filter: TaskFilter =
+        query.get("state").map_or("", String::as_str).parse().map_err(|e: String| Reply::error(400, e))?;
+    let offset = number(query, "offset", 0)?;
+    let limit = number(query, "limit", 50)?;
+    let mut con = d.con.clone();
+    let page = inspect::task_page(&mut con, &d.keys, filter, offset, limit).await.map_err(failure)?;
+    serde_json::to_value(page).map_err(|e| Reply::error(500, e))
+}
+
+async fn task(d: &Dashboard, id: &str) -> Result<Value, Reply> {
+    let id = checked(id)?;
+    let mut con = d.con.clone();
+    let t = progress::task(&mut con, &d.keys, id).await.map_err(failure)?;
+    let why = if t.state.is_finished() {
+        Vec::new()
+    } else {
+        stuck::reasons(&mut con, &d.keys, &t).await.map_err(failure)?.iter().map(ToString::to_string).collect()
+    };
+    let payload: Value = serde_json::from_str(&t.payload).unwrap_or_else(|_| Value::String(t.payload.clone()));
+    let mut v = serde_json::to_value(&t).map_err(|e| Reply::error(500, e))?;
+    v["payload"] = payload;
+    v["stuck"] = json!(why);
+    Ok(v)
+}
+
+async fn failed(d: &Dashboard, id: &str, query: &HashMap<String, String>) -> Result<Value, Reply> {
+    let id = checked(id)?;
+    let cursor = query.get("cursor").map_or("0", String::as_str);
+    let count = number(query, "count", 50)?;
+    let mut con = d.con.clone();
+    // a task that does not exist is a 404, not an empty page
+    progress::task(&mut con, &d.keys, id).await.map_err(failure)?;
+    let page = inspect::reason_page(&mut con, &d.keys, id, cursor, count).await.map_err(failure)?;
+    serde_json::to_value(page).map_err(|e| Reply::error(500, e))
+}
+
+async fn map(d: &Dashboard, id: &str, query: &HashMap<String, String>) -> Result<Value, Reply> {
+    let id = checked(id)?;
+    let cells = number(query, "cells", inspect::MAX_CELLS)?;
+    let mut con = d.con.clone();
+    let t = progress::task(&mut con, &d.keys, id).await.map_err(failure)?;
+    let m = inspect::shard_map(&mut con, &d.keys, &t, cells).await.map_err(failure)?;
+    serde_json::to_value(m).map_err(|e| Reply::error(500, e))
+}
+
+async fn schedules(d: &Dashboard) -> Result<Value, Reply> {
+    let mut con = d.con.clone();
+    let now = shardctl_common::time::server_now_ms(&mut con, &d.keys).await.map_err(failure)?;
+    let all = schedule::list(&mut con, &d.keys, now).await.map_err(failure)?;
+    Ok(Value::Array(all.iter().map(|(s, st)| crate::json::schedule(s, st)).collect()))
+}
+
+async fn events(d: &Dashboard, query: &HashMap<String, String>) -> Result<Value, Reply> {
+    let count = number(query, "count", 50)?;
+    let mut con = d.con.clone();
+    let tail = inspect::events_tail(&mut con, &d.keys, count).await.map_err(failure)?;
+    Ok(Value::Array(tail.iter().map(|(id, f)| crate::json::event(id, f)).collect()))
+}

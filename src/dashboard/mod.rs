@@ -1,0 +1,86 @@
+//! The coordinator's web dashboard: a page (HTML, script and style embedded in the binary) and
+//! the JSON API under `/api/` it reads, documented in docs/dashboard.md. The rules it keeps (what
+//! it reads and at what cost, the token, the headers) are in ARCHITECTURE.md, "Dashboard".
+//!
+//! # Layout
+//! - `mod.rs`: [`Dashboard`] (its settings) and [`serve`], the listener loop.
+//! - `http.rs`: requests and responses: routing by method and path, the security headers, the
+//!   token check, the query string.
+//! - `api.rs`: each API endpoint, a read or an action on the queue.
+//! - `reads.rs`: the shared read cache (one Redis read per request key and second, whatever the
+//!   number of viewers).
+//! - `assets/`: `index.html`, `app.js`, `app.css`.
+
+mod api;
+mod http;
+mod reads;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use shardctl_common::conn::Conn;
+use shardctl_common::{Error, Keys, Result};
+use tokio_util::sync::CancellationToken;
+
+/// A dashboard of one queue.
+pub struct Dashboard {
+    con: Conn,
+    keys: Keys,
+    /// The action token; `None`: read-only.
+    token: Option<String>,
+    reads: reads::Reads,
+}
+
+impl Dashboard {
+    /// A dashboard reading `keys`' queue through `con`; actions need `token` (none: read-only).
+    pub fn new(con: Conn, keys: Keys, token: Option<String>) -> Arc<Self> {
+        Arc::new(Dashboard { con, keys, token, reads: reads::Reads::new() })
+    }
+
+    /// Whether actions are refused (no token configured).
+    pub fn read_only(&self) -> bool {
+        self.token.is_none()
+    }
+}
+
+/// Reads the action token from `path`: its first line, at least 16 characters (a token that
+/// short is guessable), printable ASCII.
+pub fn read_token(path: &Path) -> Result<String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::invalid(format!("cannot read the token file {}: {e}", path.display())))?;
+    let token = text.lines().next().map(str::trim).unwrap_or_default();
+    if token.len() < 16 || !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(Error::invalid(format!(
+            "the token file {} must hold a token of at least 16 printable ASCII characters on its first line",
+            path.display()
+        )));
+    }
+    Ok(token.to_owned())
+}
+
+/// Binds `addr` (an error names it when it is taken), then serves `dashboard` until `stop`.
+pub async fn serve(addr: SocketAddr, dashboard: Arc<Dashboard>, stop: CancellationToken) -> Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+        Error::invalid(format!("the dashboard cannot listen on {addr}: {e} (give another --ui-addr, or off)"))
+    })?;
+    let local = listener.local_addr().map_err(|e| Error::Unreachable(format!("dashboard listener: {e}")))?;
+    tokio::spawn(async move {
+        loop {
+            let stream = tokio::select! {
+                r = listener.accept() => match r {
+                    Ok((s, _)) => s,
+                    Err(e) => {
+                        tracing::warn!("dashboard: accepting a connection: {e}");
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                        continue;
+                    }
+                },
+                () = stop.cancelled() => break,
+            };
+            let d = dashboard.clone();
+            tokio::spawn(http::connection(stream, d));
+        }
+    });
+    Ok(local)
+}

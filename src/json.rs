@@ -1,0 +1,75 @@
+//! The JSON shapes shared by the CLI's `--json` outputs and the dashboard's API (documented by
+//! the schemas in docs/schemas): fields stored as text in Redis given their JSON types, an event
+//! of the log, a schedule with its progress.
+
+use serde_json::{json, Map, Value};
+use shardctl_common::schedule::{Schedule, ScheduleState};
+
+/// A field stored as text in Redis, as JSON of its type: the counts, sizes, times and ids that
+/// are numbers become numbers, the 0/1 flags booleans, the payload the JSON it holds, anything
+/// else a string. Every `--json` output goes through this, so a script gets JSON types.
+pub fn field(key: &str, value: &str) -> serde_json::Value {
+    const NUMBERS: &[&str] = &[
+        "seq",
+        "total",
+        "done",
+        "failed",
+        "items",
+        "vnodes",
+        "shard_timeout_ms",
+        "attempts",
+        "priority",
+        "retain_ms",
+        "recovered",
+        "shard",
+        "cursor",
+        "routed",
+        "start_ms",
+        "created_ms",
+        "finished_ms",
+        "count",
+        "max",
+        "per_ms",
+        "attempt",
+        "shards",
+        "fire_ms",
+    ];
+    const FLAGS: &[&str] = &["has_keys", "keep_results"];
+    if NUMBERS.contains(&key) {
+        if let Ok(n) = value.parse::<i64>() {
+            return n.into();
+        }
+    }
+    if FLAGS.contains(&key) && (value == "0" || value == "1") {
+        return (value == "1").into();
+    }
+    if key == "payload" {
+        if let Ok(v) = serde_json::from_str(value) {
+            return v;
+        }
+    }
+    value.into()
+}
+
+/// One event of the log (`watch --json`, the dashboard): its id, its time (ms, from the id) and
+/// its fields, typed.
+pub fn event(id: &str, fields: &[(String, String)]) -> Value {
+    let ms: u64 = id.split('-').next().and_then(|m| m.parse().ok()).unwrap_or(0);
+    let mut o = Map::new();
+    o.insert("id".into(), id.into());
+    o.insert("time_ms".into(), ms.into());
+    for (k, v) in fields {
+        o.insert(k.clone(), field(k, v));
+    }
+    Value::Object(o)
+}
+
+/// A schedule with its progress (`schedule list --json`, the dashboard): the task's fields as an
+/// object of JSON types, not a list of text pairs.
+pub fn schedule(s: &Schedule, st: &ScheduleState) -> Value {
+    let mut v = serde_json::to_value(s).unwrap_or_else(|_| json!({}));
+    let fields: Map<String, Value> = s.fields.iter().map(|(k, f)| (k.clone(), field(k, f))).collect();
+    v["fields"] = Value::Object(fields);
+    v["state"] = serde_json::to_value(st).unwrap_or(Value::Null);
+    v
+}

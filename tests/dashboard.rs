@@ -1,0 +1,332 @@
+//! The coordinator's dashboard in a real browser (headless Chromium over WebDriver) and its API
+//! over plain HTTP, against real executor and coordinator processes and a private redis-server:
+//! live progress without a reload, the shard map's failed cells, retry with the token, the API
+//! refusing without it, hostile text shown as text.
+
+#[allow(dead_code)]
+mod support;
+
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use serde_json::Value;
+use shardctl_testkit::browser::{Browser, Locator};
+use shardctl_testkit::free_port;
+use support::{eventually, Cli, Process};
+
+const PATIENCE: Duration = Duration::from_secs(60);
+/// A token of the test (an action needs it when the coordinator was given it).
+const TOKEN: &str = "test-token-0123456789abcdef";
+
+/// A coordinator of the test's queue serving the dashboard on a free port; `token`: with an
+/// action token file.
+fn coordinator(cli: &Cli, token: bool) -> (Process, String) {
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut args = vec!["coordinator", "--metrics-addr", "off", "--ui-addr", &addr, "--refresh", "200ms"];
+    let file = std::env::temp_dir().join(format!("shardctl-ui-token-{}-{port}", std::process::id()));
+    let file_s = file.display().to_string();
+    if token {
+        std::fs::write(&file, format!("{TOKEN}\n")).unwrap();
+        args.extend(["--ui-token-file", &file_s]);
+    }
+    let c = cli.background("coordinator", &args);
+    let base = format!("http://{addr}");
+    eventually("the dashboard to answer", PATIENCE, || match http("GET", &format!("{base}/api/info"), None) {
+        Ok((200, _, _)) => Ok(()),
+        other => Err(format!("{other:?}\n{}", c.log())),
+    });
+    (c, base)
+}
+
+/// One HTTP/1.1 request (no body); returns status, headers (lowercase names) and body.
+fn http(method: &str, url: &str, token: Option<&str>) -> std::io::Result<(u16, String, String)> {
+    let rest = url.strip_prefix("http://").expect("http URL");
+    let (host, path) = rest.split_once('/').map_or((rest, "/".to_owned()), |(h, p)| (h, format!("/{p}")));
+    let mut s = std::net::TcpStream::connect(host)?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    write!(s, "{method} {path} HTTP/1.1\r\nHost: {host}\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n")?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw)?;
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    Ok((status, head.to_lowercase(), body.to_owned()))
+}
+
+fn json(body: &str) -> Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
+}
+
+/// The colour drawn at the centre of each cell of the shard map, as `#rrggbb`.
+async fn cell_colours(b: &Browser) -> Vec<String> {
+    let v = b
+        .eval(
+            "const c = document.getElementById('shard-map');
+             const size = Number(c.dataset.cellSize), cols = Number(c.dataset.cols), n = Number(c.dataset.cells);
+             const ctx = c.getContext('2d');
+             const out = [];
+             for (let i = 0; i < n; i++) {
+               const x = (i % cols) * size + Math.floor(size / 2) - 1, y = Math.floor(i / cols) * size + Math.floor(size / 2) - 1;
+               const p = ctx.getImageData(x, y, 1, 1).data;
+               out.push('#' + [p[0], p[1], p[2]].map((v) => v.toString(16).padStart(2, '0')).join(''));
+             }
+             return out;",
+        )
+        .await;
+    serde_json::from_value(v).expect("colours")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_follows_a_run_and_draws_failed_shards_in_their_cells() {
+    let Some(b) = Browser::start().await else { return };
+    let cli = Cli::start("dash-live");
+    let (_c, base) = coordinator(&cli, false);
+
+    // a task with failed shards, ended
+    cli.ok(&[
+        "dispatch",
+        "--kind",
+        "fail",
+        "--payload",
+        r#"{"rate":0.3}"#,
+        "--shards",
+        "60",
+        "--attempts",
+        "1",
+        "--task-id",
+        "broken",
+    ]);
+    let _e = cli.executor("dash-e1", &[]);
+    let w = cli.run(&["wait", "broken", "--timeout", "60s"]);
+    assert_eq!(w.code(), 3, "{w:?}");
+    let failed: Vec<u64> = redis::cmd("HKEYS").arg(cli.key("task:broken:errors")).query(&mut cli.con()).unwrap();
+    assert!(!failed.is_empty() && failed.len() < 60, "{failed:?}");
+
+    b.client.goto(&format!("{base}/#/task/broken")).await.unwrap();
+    b.until(
+        "the shard map",
+        PATIENCE,
+        "const c = document.getElementById('shard-map'); return c && c.dataset.cells === '60';",
+    )
+    .await;
+    let colours = cell_colours(&b).await;
+    for (i, c) in colours.iter().enumerate() {
+        let want = if failed.contains(&(i as u64)) { "#e03131" } else { "#2f9e44" };
+        assert_eq!(c, want, "cell {i} (failed shards {failed:?}): {colours:?}");
+    }
+    // the failed shards' reasons, listed
+    let listed = b.until("the reasons", PATIENCE, "return document.querySelectorAll('td.reason').length;").await;
+    assert_eq!(listed.as_u64(), Some(failed.len() as u64));
+
+    // read-only: no action buttons, and the API refuses
+    assert!(b.client.find_all(Locator::Css("#retry, #cancel, #pause")).await.unwrap().is_empty());
+    let mode = b.client.find(Locator::Id("mode")).await.unwrap().text().await.unwrap();
+    assert!(mode.contains("read-only"), "{mode}");
+    let status = b.eval("return fetch('/api/tasks/broken/retry', { method: 'POST' }).then((r) => r.status);").await;
+    assert_eq!(status, 403);
+    let t = cli.json(&["status", "broken", "--json"], 0);
+    assert_eq!(t["state"], "failed", "a refused action changed the task: {t}");
+
+    // a running task: its progress advances on the page without a reload
+    cli.ok(&["dispatch", "--kind", "sleep", "--payload", r#"{"ms":250}"#, "--shards", "40", "--task-id", "slow"]);
+    b.client.goto(&format!("{base}/#/task/slow")).await.unwrap();
+    b.eval("window.notReloaded = true; return 1;").await;
+    let first = b.until("the progress bar", PATIENCE, "const p = document.getElementById('progress'); return p && p.getAttribute('max') === '40' ? Number(p.value) + 1 : 0;").await;
+    let first = first.as_u64().unwrap() - 1;
+    let later = b
+        .until(
+            "the progress to advance",
+            PATIENCE,
+            &format!("const p = document.getElementById('progress'); return p && Number(p.value) > {first} && Number(p.value) < 40 ? Number(p.value) : 0;"),
+        )
+        .await;
+    assert!(later.as_u64().unwrap() > first);
+    assert_eq!(b.eval("return window.notReloaded === true;").await, true, "the page reloaded");
+    // a shot of the page during the run (docs/dashboard.png is one)
+    let png = b.client.screenshot().await.unwrap();
+    assert_eq!(&png[1..4], b"PNG");
+    let to = std::env::var("SHARDCTL_SCREENSHOT")
+        .unwrap_or_else(|_| std::env::temp_dir().join("shardctl-dashboard.png").display().to_string());
+    std::fs::write(&to, &png).unwrap();
+    eprintln!("screenshot: {to}");
+    // the queue page lists it, live too
+    b.client.goto(&format!("{base}/#/")).await.unwrap();
+    b.until(
+        "the queue page",
+        PATIENCE,
+        "return [...document.querySelectorAll('main td a')].some((a) => a.textContent === 'slow');",
+    )
+    .await;
+    let _ = cli.run(&["wait", "slow", "--timeout", "60s"]);
+    b.client.clone().close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_token_a_retry_from_the_page_completes_the_task() {
+    let Some(b) = Browser::start().await else { return };
+    let cli = Cli::start("dash-retry");
+    let (_c, base) = coordinator(&cli, true);
+    let dir = std::env::temp_dir().join(format!("shardctl-dash-retry-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    // fails until the file `ok` exists
+    let exec = format!("sh -c 'test -e {}/ok || {{ echo not yet >&2; exit 1; }}; echo 1'", dir.display());
+    let _e = cli.executor("dash-e2", &["--exec", &exec]);
+    cli.ok(&["dispatch", "--kind", "later", "--shards", "5", "--attempts", "1", "--task-id", "again"]);
+    assert_eq!(cli.run(&["wait", "again", "--timeout", "60s"]).code(), 3);
+
+    // the API: no token 401, a wrong one 401, bad input 400, no such task 404; nothing changed
+    let url = format!("{base}/api/tasks/again/retry");
+    assert_eq!(http("POST", &url, None).unwrap().0, 401);
+    assert_eq!(http("POST", &url, Some("wrong-token-0123456789")).unwrap().0, 401);
+    assert_eq!(http("POST", &format!("{base}/api/tasks/a:b/retry"), Some(TOKEN)).unwrap().0, 400);
+    assert_eq!(http("POST", &format!("{base}/api/tasks/nope/retry"), Some(TOKEN)).unwrap().0, 404);
+    assert_eq!(http("GET", &format!("{base}/api/tasks?state=bogus"), None).unwrap().0, 400);
+    assert_eq!(http("GET", &format!("{base}/api/tasks/again/map?cells=x"), None).unwrap().0, 400);
+    assert_eq!(http("GET", &format!("{base}/api/nothing"), None).unwrap().0, 404);
+    assert_eq!(http("DELETE", &format!("{base}/api/queue"), Some(TOKEN)).unwrap().0, 405);
+    assert_eq!(cli.json(&["status", "again", "--json"], 0)["state"], "failed");
+
+    // the page: no buttons before the token is given
+    b.client.goto(&format!("{base}/#/task/again")).await.unwrap();
+    b.until(
+        "the task page",
+        PATIENCE,
+        "const s = document.getElementById('task-id'); return s && s.textContent === 'again';",
+    )
+    .await;
+    assert!(b.client.find_all(Locator::Id("retry")).await.unwrap().is_empty());
+    b.client.find(Locator::Id("token")).await.unwrap().send_keys(TOKEN).await.unwrap();
+    b.client.find(Locator::Id("token-use")).await.unwrap().click().await.unwrap();
+    std::fs::write(dir.join("ok"), "").unwrap();
+    let retry = b.client.wait().at_most(PATIENCE).for_element(Locator::Id("retry")).await.unwrap();
+    retry.click().await.unwrap();
+    b.until(
+        "the task to complete on the page",
+        PATIENCE,
+        "const s = document.querySelector('h2 .state'); return s && s.textContent === 'completed';",
+    )
+    .await;
+    let t = cli.json(&["status", "again", "--json"], 0);
+    assert_eq!(
+        (t["state"].as_str(), t["done"].as_u64(), t["failed"].as_u64()),
+        (Some("completed"), Some(5), Some(0)),
+        "{t}"
+    );
+    // the token stays out of the URL
+    assert!(!b.client.current_url().await.unwrap().as_str().contains(TOKEN));
+    b.client.clone().close().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_text_is_shown_as_text_and_runs_nothing() {
+    let Some(b) = Browser::start().await else { return };
+    let cli = Cli::start("dash-xss");
+    let (_c, base) = coordinator(&cli, false);
+    let hostile = r#"<script>window.pwned = 1</script><img src=x onerror="window.pwned = 2">"#;
+    let exec = format!("sh -c 'echo \"{}\" >&2; exit 1'", hostile.replace('"', "\\\""));
+    let _e = cli.executor("dash-e3", &["--exec", &exec]);
+    let payload = r#"{"note":"<img src=x onerror=\"window.pwned = 3\">"}"#;
+    cli.ok(&[
+        "dispatch",
+        "--kind",
+        "evil",
+        "--shards",
+        "2",
+        "--attempts",
+        "1",
+        "--task-id",
+        "xss",
+        "--payload",
+        payload,
+    ]);
+    assert_eq!(cli.run(&["wait", "xss", "--timeout", "60s"]).code(), 3);
+    let stored: Vec<String> = redis::cmd("HVALS").arg(cli.key("task:xss:errors")).query(&mut cli.con()).unwrap();
+    assert!(stored.iter().all(|r| r.contains("<script>")), "{stored:?}");
+
+    // the events page and the task page both show the text
+    b.client.goto(&format!("{base}/#/events")).await.unwrap();
+    b.until("the events", PATIENCE, "return document.querySelectorAll('main tbody tr').length > 0;").await;
+    b.client.goto(&format!("{base}/#/task/xss")).await.unwrap();
+    let shown = b
+        .until("the reasons", PATIENCE, "const r = document.querySelector('td.reason'); return r ? r.textContent : '';")
+        .await;
+    assert!(shown.as_str().unwrap().contains("<script>window.pwned = 1</script>"), "{shown}");
+    let payload_shown = b.eval("return document.getElementById('payload').textContent;").await;
+    assert!(payload_shown.as_str().unwrap().contains("<img src=x"), "{payload_shown}");
+    tokio::time::sleep(Duration::from_millis(1500)).await; // a refresh or two
+    assert_eq!(b.eval("return typeof window.pwned;").await, "undefined", "a script from the data ran");
+    assert_eq!(b.eval("return document.querySelectorAll('main img, main script').length;").await, 0);
+    // every response carries the policy that would stop an injected script anyway
+    let (_, head, _) = http("GET", &format!("{base}/"), None).unwrap();
+    assert!(head.contains("content-security-policy: default-src 'none'; script-src 'self'"), "{head}");
+    let (_, head, _) = http("GET", &format!("{base}/api/tasks/xss"), None).unwrap();
+    assert!(head.contains("x-content-type-options: nosniff") && head.contains("content-security-policy"), "{head}");
+    b.client.clone().close().await.unwrap();
+}
+
+/// GETRANGE calls the server has answered (only the shard map reads with it).
+fn getrange_calls(cli: &Cli) -> u64 {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(&mut cli.con()).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_getrange:calls="))
+        .and_then(|r| r.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Many viewers of one page cost one read per second: the API answers them from one read.
+#[test]
+fn many_viewers_share_one_read() {
+    let cli = Cli::start("dash-cache");
+    let (_c, base) = coordinator(&cli, false);
+    cli.ok(&["dispatch", "--kind", "noop", "--shards", "3", "--task-id", "t"]);
+    let before = getrange_calls(&cli);
+    // 16 viewers at once on the same shard map
+    let answers: Vec<String> = (0..16)
+        .map(|_| {
+            let base = base.clone();
+            std::thread::spawn(move || http("GET", &format!("{base}/api/tasks/t/map"), None).unwrap().2)
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect();
+    let reads = getrange_calls(&cli) - before;
+    let first = json(&answers[0]);
+    assert_eq!((first["total"].as_u64(), first["cells"].as_str()), (Some(3), Some("ppp")), "{first}");
+    assert!(answers.iter().all(|a| json(a) == first));
+    // one read, or two if the burst straddled the end of the answer's second
+    assert!((1..=2).contains(&reads), "{reads} reads of the bitmap for 16 viewers");
+}
+
+/// An address given with --ui-addr must be free (exit 2, named); a second coordinator on the
+/// host, left to the default, runs without a dashboard and says so.
+#[test]
+fn a_taken_dashboard_address() {
+    let cli = Cli::start("dash-taken");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = cli.run(&["coordinator", "--metrics-addr", "off", "--ui-addr", &addr]);
+    assert_eq!(out.code(), 2, "{out:?}");
+    assert!(out.stderr.contains(&format!("the dashboard cannot listen on {addr}")), "{out:?}");
+    let out = cli.run(&["coordinator", "--ui-addr", "nowhere"]);
+    assert_eq!(out.code(), 2, "{out:?}");
+    let out = cli.run(&["coordinator", "--metrics-addr", "off", "--ui-token-file", "/nonexistent/token"]);
+    assert_eq!(out.code(), 2, "{out:?}");
+    assert!(out.stderr.contains("cannot read the token file /nonexistent/token"), "{out:?}");
+
+    // the default address: the first coordinator of the host has it (unless something else
+    // does), a second one runs without
+    let first = cli.background("first", &["--log", "info", "coordinator", "--metrics-addr", "off"]);
+    let mut second = cli.background("second", &["--log", "info", "coordinator", "--metrics-addr", "off"]);
+    eventually("both coordinators to run", PATIENCE, || {
+        let n: u64 = redis::cmd("ZCARD").arg(cli.key("coordinators")).query(&mut cli.con()).unwrap();
+        (n == 2).then_some(()).ok_or(format!("{n}\n{}\n{}", first.log(), second.log()))
+    });
+    let logs = first.log() + &second.log();
+    assert!(logs.contains("no dashboard: the dashboard cannot listen on 127.0.0.1:8080"), "{logs}");
+    assert!(second.ended().is_none(), "{}", second.log());
+}
