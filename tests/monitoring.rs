@@ -26,7 +26,7 @@ const RULE_TESTS: &str = "prometheus/shardctl-rules.test.yml";
 const PANELS: [&str; 13] = [
     "Executors live",
     "Running and failed tasks",
-    "Queue: waiting, active, delayed",
+    "Queue: waiting, active, delayed, paused",
     "Throughput: completed, claimed, failed",
     "Failures by class",
     "Shards in flight",
@@ -79,6 +79,7 @@ fn exported() -> BTreeSet<String> {
         cm::QUEUE_WAITING,
         cm::QUEUE_ACTIVE,
         cm::QUEUE_DELAYED,
+        cm::QUEUE_PAUSED,
         cm::QUEUE_RUNNING_TASKS,
         cm::QUEUE_FAILED_TASKS,
         cm::EXECUTORS_LIVE,

@@ -39,8 +39,10 @@ pub const TASK_PROGRESS_RATIO: &str = "shardctl_task_progress_ratio";
 pub const QUEUE_WAITING: &str = "shardctl_queue_waiting";
 /// Gauge: shards being run.
 pub const QUEUE_ACTIVE: &str = "shardctl_queue_active";
-/// Gauge: shards waiting for a retry.
+/// Gauge: shards waiting for a retry or for their task's start (`--delay`).
 pub const QUEUE_DELAYED: &str = "shardctl_queue_delayed";
+/// Gauge: 1 while the queue is paused (no claims), else 0.
+pub const QUEUE_PAUSED: &str = "shardctl_queue_paused";
 /// Gauge: tasks not finished.
 pub const QUEUE_RUNNING_TASKS: &str = "shardctl_queue_running_tasks";
 /// Gauge: tasks that ended failed within the retention.
@@ -60,6 +62,7 @@ pub fn describe() {
     describe_gauge!(QUEUE_WAITING, "Shards ready to be claimed now.");
     describe_gauge!(QUEUE_ACTIVE, "Shards being run.");
     describe_gauge!(QUEUE_DELAYED, "Shards waiting for a retry or for their task's start (--delay).");
+    describe_gauge!(QUEUE_PAUSED, "1 while the queue is paused (shardctl pause: no claims), else 0.");
     describe_gauge!(QUEUE_RUNNING_TASKS, "Tasks not finished.");
     describe_gauge!(QUEUE_FAILED_TASKS, "Tasks that ended failed within the retention.");
     describe_gauge!(EXECUTORS_LIVE, "Executors whose membership heartbeat is within the member timeout.");
@@ -96,6 +99,7 @@ pub fn publish(queue: &str, s: &Snapshot) {
     metrics::gauge!(QUEUE_WAITING, labels.clone()).set(s.counts.waiting as f64);
     metrics::gauge!(QUEUE_ACTIVE, labels.clone()).set(s.counts.active as f64);
     metrics::gauge!(QUEUE_DELAYED, labels.clone()).set(s.counts.delayed as f64);
+    metrics::gauge!(QUEUE_PAUSED, labels.clone()).set(if s.counts.paused { 1.0 } else { 0.0 });
     metrics::gauge!(QUEUE_RUNNING_TASKS, labels.clone()).set(s.running_tasks as f64);
     metrics::gauge!(QUEUE_FAILED_TASKS, labels.clone()).set(s.failed_tasks as f64);
     metrics::gauge!(EXECUTORS_LIVE, labels).set(s.live as f64);

@@ -61,6 +61,16 @@ pub(crate) async fn e2e(ctx: &mut Ctx) -> anyhow::Result<Figures> {
             f.insert("executor_cpu_us_per_shard", per(cpu * 1e6));
             f.insert("executor_cores", cpu / secs);
         }
+        // what the dashboard's shard map of this task costs: its bitmap in 64 KiB chunks, its
+        // held refs and reasons by HSCAN, cells made and sent as JSON
+        let start = Instant::now();
+        let t = shardctl_coordinator::progress::task(&mut con, &keys, &spec.id).await?;
+        let map =
+            shardctl_coordinator::inspect::shard_map(&mut con, &keys, &t, shardctl_coordinator::inspect::MAX_CELLS)
+                .await?;
+        let sent = serde_json::to_string(&map)?.len();
+        f.insert("map_ms", start.elapsed().as_secs_f64() * 1e3);
+        f.insert("map_bytes", sent as f64);
         Ok::<_, anyhow::Error>(f)
     }
     .await;
