@@ -22,6 +22,8 @@
 //! - [`schedule`]: cron schedules fired once per fire time by any number of coordinators.
 //! - [`ring`]: consistent hashing with virtual nodes, the static strategies, `ring simulate`.
 //! - [`split`]: balanced item ranges of shards.
+//! - [`partition`]: the tags of a partitioned queue's partitions, chosen from the slot map.
+//! - [`slot`]: Redis Cluster hash slots of keys.
 //! - [`backoff`]: retry delays (fixed or exponential, with jitter): the one retry policy and the
 //!   one source of jitter.
 //! - [`conn`]: connecting to Redis (one server or a cluster), a dedicated connection for blocking
@@ -50,10 +52,12 @@ pub mod limiter;
 pub mod lock;
 pub mod model;
 pub mod names;
+pub mod partition;
 pub mod redis_url;
 pub mod ring;
 pub mod schedule;
 pub mod scripts;
+pub mod slot;
 pub mod split;
 pub mod time;
 

@@ -658,17 +658,6 @@ async fn paused_queue_hands_out_nothing() {
     assert_eq!(out.shards.len(), 3, "resumed queue hands out work");
 }
 
-#[test]
-fn crc16_and_key_slot_match_redis_cluster() {
-    // reference values from the Redis Cluster specification and CLUSTER KEYSLOT
-    assert_eq!(support::crc16(b"123456789"), 0x31C3);
-    assert_eq!(key_slot("foo"), 12182);
-    assert_eq!(key_slot("bar"), 5061);
-    assert_eq!(key_slot("{user1000}.following"), key_slot("user1000"));
-    assert_eq!(key_slot("foo{}{bar}"), support::crc16(b"foo{}{bar}") % 16384, "empty tag hashes the whole key");
-    assert_eq!(key_slot("foo{{bar}}zap"), key_slot("{bar"), "the tag ends at the first '}}'");
-}
-
 #[tokio::test]
 async fn every_key_of_a_queue_shares_one_cluster_slot() {
     let mut env = ScriptEnv::start("one_slot").await;

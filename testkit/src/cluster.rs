@@ -325,25 +325,4 @@ impl Drop for TestCluster {
     }
 }
 
-/// CRC16/XMODEM (polynomial 0x1021, initial value 0), as Redis Cluster computes it.
-pub fn crc16(data: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &b in data {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
-        }
-    }
-    crc
-}
-
-/// The cluster slot of `key`: only the part between the first `{` and the next `}` is hashed,
-/// when that part is not empty.
-pub fn key_slot(key: &str) -> u16 {
-    let b = key.as_bytes();
-    let tagged = b.iter().position(|&c| c == b'{').and_then(|open| {
-        let rest = &b[open + 1..];
-        rest.iter().position(|&c| c == b'}').filter(|&len| len > 0).map(|len| &rest[..len])
-    });
-    crc16(tagged.unwrap_or(b)) % 16384
-}
+pub use shardctl_common::slot::{crc16, key_slot};
