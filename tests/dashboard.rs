@@ -41,12 +41,23 @@ fn coordinator(cli: &Cli, token: bool) -> (Process, String) {
 
 /// One HTTP/1.1 request (no body); returns status, headers (lowercase names) and body.
 fn http(method: &str, url: &str, token: Option<&str>) -> std::io::Result<(u16, String, String)> {
+    http_as(method, url, token, None)
+}
+
+/// [`http`] with another `Host` header than the URL's.
+fn http_as(
+    method: &str,
+    url: &str,
+    token: Option<&str>,
+    host_header: Option<&str>,
+) -> std::io::Result<(u16, String, String)> {
     let rest = url.strip_prefix("http://").expect("http URL");
     let (host, path) = rest.split_once('/').map_or((rest, "/".to_owned()), |(h, p)| (h, format!("/{p}")));
     let mut s = std::net::TcpStream::connect(host)?;
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
     let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
-    write!(s, "{method} {path} HTTP/1.1\r\nHost: {host}\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n")?;
+    let named = host_header.unwrap_or(host);
+    write!(s, "{method} {path} HTTP/1.1\r\nHost: {named}\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n")?;
     let mut raw = String::new();
     s.read_to_string(&mut raw)?;
     let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
@@ -200,8 +211,10 @@ async fn with_the_token_a_retry_from_the_page_completes_the_task() {
     b.client.find(Locator::Id("token")).await.unwrap().send_keys(TOKEN).await.unwrap();
     b.client.find(Locator::Id("token-use")).await.unwrap().click().await.unwrap();
     std::fs::write(dir.join("ok"), "").unwrap();
-    let retry = b.client.wait().at_most(PATIENCE).for_element(Locator::Id("retry")).await.unwrap();
-    retry.click().await.unwrap();
+    b.until("the retry button", PATIENCE, "const r = document.getElementById('retry'); return r && !r.hidden;").await;
+    let cancel_hidden = b.eval("return document.getElementById('cancel').hidden;").await;
+    assert_eq!(cancel_hidden, true, "cancel is offered for an ended task");
+    b.client.find(Locator::Id("retry")).await.unwrap().click().await.unwrap();
     b.until(
         "the task to complete on the page",
         PATIENCE,
@@ -267,11 +280,11 @@ async fn hostile_text_is_shown_as_text_and_runs_nothing() {
     b.client.clone().close().await.unwrap();
 }
 
-/// GETRANGE calls the server has answered (only the shard map reads with it).
-fn getrange_calls(cli: &Cli) -> u64 {
+/// HKEYS calls the server has answered (of this queue's users, only the shard map sends it).
+fn hkeys_calls(cli: &Cli) -> u64 {
     let info: String = redis::cmd("INFO").arg("commandstats").query(&mut cli.con()).unwrap();
     info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_getrange:calls="))
+        .find_map(|l| l.strip_prefix("cmdstat_hkeys:calls="))
         .and_then(|r| r.split(',').next())
         .and_then(|n| n.parse().ok())
         .unwrap_or(0)
@@ -283,7 +296,7 @@ fn many_viewers_share_one_read() {
     let cli = Cli::start("dash-cache");
     let (_c, base) = coordinator(&cli, false);
     cli.ok(&["dispatch", "--kind", "noop", "--shards", "3", "--task-id", "t"]);
-    let before = getrange_calls(&cli);
+    let before = hkeys_calls(&cli);
     // 16 viewers at once on the same shard map
     let answers: Vec<String> = (0..16)
         .map(|_| {
@@ -294,12 +307,12 @@ fn many_viewers_share_one_read() {
         .into_iter()
         .map(|h| h.join().unwrap())
         .collect();
-    let reads = getrange_calls(&cli) - before;
+    let reads = hkeys_calls(&cli) - before;
     let first = json(&answers[0]);
     assert_eq!((first["total"].as_u64(), first["cells"].as_str()), (Some(3), Some("ppp")), "{first}");
     assert!(answers.iter().all(|a| json(a) == first));
     // one read, or two if the burst straddled the end of the answer's second
-    assert!((1..=2).contains(&reads), "{reads} reads of the bitmap for 16 viewers");
+    assert!((1..=2).contains(&reads), "{reads} reads of the map for 16 viewers");
 }
 
 /// An address given with --ui-addr must be free (exit 2, named); a second coordinator on the
@@ -329,4 +342,45 @@ fn a_taken_dashboard_address() {
     let logs = first.log() + &second.log();
     assert!(logs.contains("no dashboard: the dashboard cannot listen on 127.0.0.1:8080"), "{logs}");
     assert!(second.ended().is_none(), "{}", second.log());
+}
+
+/// What a hostile or careless client cannot do: read through a rebinding DNS name (421), pass
+/// unknown parameters (400), hold a connection open with a partial request (closed), make a
+/// shard map read per shard of a huge task; a cancelled task's unrun shards say so.
+#[test]
+fn the_api_bounds_what_clients_can_make_it_do() {
+    let cli = Cli::start("dash-bounds");
+    let (_c, base) = coordinator(&cli, false);
+    let (status, _, body) = http_as("GET", &format!("{base}/api/queue"), None, Some("rebound.example:80")).unwrap();
+    assert_eq!(status, 421, "{body}");
+    assert_eq!(http_as("GET", &format!("{base}/api/info"), None, Some("localhost:1")).unwrap().0, 421);
+    let port = base.rsplit(':').next().unwrap();
+    assert_eq!(http_as("GET", &format!("{base}/api/info"), None, Some(&format!("localhost:{port}"))).unwrap().0, 200);
+    let (status, _, body) = http("GET", &format!("{base}/api/queue?cachebuster=1"), None).unwrap();
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("unknown query parameter 'cachebuster'"), "{body}");
+    assert_eq!(http("GET", &format!("{base}/api/tasks?limit=0"), None).unwrap().0, 400);
+
+    // a huge task: its map costs its cells, not its 2^32 shards
+    cli.ok(&["dispatch", "--kind", "noop", "--shards", "4294967296", "--task-id", "huge"]);
+    let (status, _, body) = http("GET", &format!("{base}/api/tasks/huge/map"), None).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let m = json(&body);
+    assert_eq!((m["total"].as_u64(), m["cells"].as_str().map(str::len)), (Some(4_294_967_296), Some(20_000)), "{body}");
+    assert!(m["cells"].as_str().unwrap().bytes().all(|c| c == b'p'));
+
+    // cancelled: what never ran is drawn as such
+    cli.ok(&["dispatch", "--kind", "noop", "--shards", "5", "--task-id", "stopped"]);
+    cli.ok(&["cancel", "stopped"]);
+    let m = json(&http("GET", &format!("{base}/api/tasks/stopped/map"), None).unwrap().2);
+    assert_eq!(m["cells"], "ccccc", "{m}");
+
+    // a partial request head: the server closes the connection (header read timeout)
+    let host = base.strip_prefix("http://").unwrap();
+    let mut s = std::net::TcpStream::connect(host).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(s, "GET /api/info HTTP/1.1\r\nHost: {host}\r\n").unwrap();
+    let mut rest = Vec::new();
+    let closed = s.read_to_end(&mut rest);
+    assert!(closed.is_ok(), "the connection was not closed: {closed:?}");
 }

@@ -2,8 +2,6 @@
 //! the event log, and a task's shard map. Each read costs what it returns, never the number of
 //! shards or of finished tasks (ARCHITECTURE.md, "Dashboard").
 
-use std::collections::HashSet;
-
 use redis::aio::ConnectionLike;
 use serde::Serialize;
 use shardctl_common::model::{TaskInfo, TaskState};
@@ -13,14 +11,16 @@ use shardctl_common::{Keys, Result};
 pub const MAX_CELLS: u64 = 20_000;
 /// Bytes of the terminal bitmap read per `GETRANGE`.
 const BITMAP_CHUNK: u64 = 64 * 1024;
-/// Most failure reasons a shard map reads; past them it says its failures are incomplete.
-pub const MAX_REASONS: usize = 100_000;
+/// Most failure reasons whose indexes a shard map reads (their texts are never read); past
+/// them it says its failures are incomplete.
+pub const MAX_REASONS: usize = 1_000_000;
 /// Most index entries a filtered task page looks at.
 pub const MAX_SCAN: u64 = 5_000;
 /// Most tasks, failed shards or events in one page.
 pub const MAX_PAGE: u64 = 200;
 
-/// The task fields a listing reads: all but the payload, which may be large.
+/// The task fields a listing reads: all but the payload and the result, which may be large
+/// (up to 1 MiB each) and which a list does not show.
 const LIST_FIELDS: &[&str] = &[
     "seq",
     "kind",
@@ -43,7 +43,6 @@ const LIST_FIELDS: &[&str] = &[
     "created_ms",
     "finished_ms",
     "retried_ms",
-    "result",
     "agg_error",
 ];
 
@@ -140,8 +139,9 @@ pub async fn task_page<C: ConnectionLike + Send>(
     Ok(page)
 }
 
-/// The tasks of `ids`, in their order, read in one pipeline; `None` for one gone meanwhile.
-async fn tasks_without_payload<C: ConnectionLike + Send>(
+/// The tasks of `ids` without payload and result, in their order, read in one pipeline; `None`
+/// for one gone meanwhile.
+pub async fn tasks_without_payload<C: ConnectionLike + Send>(
     con: &mut C,
     keys: &Keys,
     ids: &[String],
@@ -167,7 +167,8 @@ pub struct ShardReason {
     pub shard: u64,
     /// Its last failure reason.
     pub reason: String,
-    /// `failed` (for good), or `retrying` (it runs again).
+    /// `failed` (for good), `retrying` (it runs again), or `cancelled` (it was to run again, but
+    /// its task was cancelled).
     pub state: &'static str,
 }
 
@@ -180,15 +181,17 @@ pub struct ReasonPage {
     pub next_cursor: Option<String>,
 }
 
-/// One `HSCAN` page (about `count` entries) of the task's reasons, from `cursor` ("0" first).
+/// One `HSCAN` page (about `count` entries) of the reasons of task `t`, from `cursor` ("0"
+/// first).
 pub async fn reason_page<C: ConnectionLike + Send>(
     con: &mut C,
     keys: &Keys,
-    id: &str,
+    t: &TaskInfo,
     cursor: &str,
     count: u64,
 ) -> Result<ReasonPage> {
-    shardctl_common::names::validate_task_id(id)?;
+    let id = t.task_id.as_str();
+    let ended = t.state.is_finished();
     let cursor: u64 =
         cursor.parse().map_err(|_| shardctl_common::Error::invalid(format!("cursor '{cursor}' is not a number")))?;
     let (next, flat): (u64, Vec<String>) = redis::cmd("HSCAN")
@@ -212,7 +215,11 @@ pub async fn reason_page<C: ConnectionLike + Send>(
         .map(|((shard, reason), bit)| ShardReason {
             shard,
             reason,
-            state: if bit == 1 { "failed" } else { "retrying" },
+            state: match (bit == 1, ended) {
+                (true, _) => "failed",
+                (false, false) => "retrying",
+                (false, true) => "cancelled",
+            },
         })
         .collect();
     Ok(ReasonPage { shards, next_cursor: (next != 0).then(|| next.to_string()) })
@@ -225,20 +232,25 @@ pub struct ShardMap {
     pub total: u64,
     /// Shards per cell (the last cell may hold fewer).
     pub per_cell: u64,
-    /// One letter per cell: `f` failed, `r` running, `y` retrying, `p` pending, `d` done (the
-    /// first of these its shards have, in this order).
+    /// One letter per cell: `f` failed, `r` running, `y` retrying, `p` pending, `c` never to run
+    /// (its task was cancelled), `d` done (the first of these its shards have, in this order).
     pub cells: String,
     /// Shards held by an executor now.
     pub running: u64,
     /// Shards not terminal with a failure reason stored (they run again).
     pub retrying: u64,
-    /// Whether every failure reason was read; past [`MAX_REASONS`] some failed shards may be
-    /// drawn as done.
+    /// Whether every failure reason was read; past [`MAX_REASONS`] failed shards without a
+    /// reason read are drawn as done.
     pub reasons_complete: bool,
 }
 
-/// Reads the shard map of `t` in bounded steps: the terminal bitmap in 64 KiB chunks, the held
-/// refs of the task and its reasons by `HSCAN`. At most `max_cells` (≤ [`MAX_CELLS`]) cells.
+/// Bitmaps up to this many bytes are read (in [`BITMAP_CHUNK`]s) and counted here; larger ones
+/// are counted by Redis, one `BITCOUNT` per cell.
+const LOCAL_BITMAP_MAX: u64 = 8 << 20;
+
+/// Reads the shard map of `t`. Its cost is bounded by the bitmap's bytes (only up to a pull
+/// task's cursor: the rest was never claimed), the cells, the task's held refs and its reasons;
+/// never a step per shard. At most `max_cells` (≤ [`MAX_CELLS`]) cells.
 pub async fn shard_map<C: ConnectionLike + Send>(
     con: &mut C,
     keys: &Keys,
@@ -246,67 +258,136 @@ pub async fn shard_map<C: ConnectionLike + Send>(
     max_cells: u64,
 ) -> Result<ShardMap> {
     let total = t.total;
-    let cells_wanted = max_cells.clamp(1, MAX_CELLS);
-    let per_cell = total.div_ceil(cells_wanted).max(1);
-    // the terminal bitmap, chunk by chunk
-    let bytes_needed = total.div_ceil(8);
-    let mut bitmap: Vec<u8> = Vec::with_capacity(bytes_needed as usize);
-    let mut from = 0u64;
-    while from < bytes_needed {
-        let to = (from + BITMAP_CHUNK).min(bytes_needed) - 1;
-        let part: Vec<u8> =
-            redis::cmd("GETRANGE").arg(keys.terminal(&t.task_id)).arg(from).arg(to).query_async(con).await?;
-        let short = (part.len() as u64) < to - from + 1;
-        bitmap.extend_from_slice(&part);
-        if short {
-            break; // the rest is zeros: Redis returns only what the string holds
-        }
-        from = to + 1;
+    let mut per_cell = total.div_ceil(max_cells.clamp(1, MAX_CELLS)).max(1);
+    // only a pull task's indexes below its cursor can be terminal
+    let reached = if t.strategy == "pull" { t.cursor.min(total) } else { total };
+    let local = reached.div_ceil(8) <= LOCAL_BITMAP_MAX;
+    if !local {
+        per_cell = per_cell.div_ceil(8) * 8; // cells of whole bytes, for BITCOUNT
     }
-    let terminal = |i: u64| bitmap.get((i / 8) as usize).is_some_and(|b| b & (0x80 >> (i % 8)) != 0);
-    // the shards held now: refs `<id>:<seq>:<index>` in `active`
-    let pattern = format!("{}:{}:*", t.task_id, t.seq);
-    let mut running = HashSet::new();
-    for (field, _) in hscan(con, &keys.active(), Some(&pattern), usize::MAX).await?.0 {
-        if let Some(i) = field.rsplit(':').next().and_then(|i| i.parse::<u64>().ok()) {
-            running.insert(i);
-        }
-    }
-    let (reasons, reasons_complete) = hscan(con, &keys.errors(&t.task_id), None, MAX_REASONS).await?;
-    let reasons: HashSet<u64> = reasons.iter().filter_map(|(k, _)| k.parse().ok()).collect();
-    let mut cells = String::with_capacity(total.div_ceil(per_cell) as usize);
-    let mut retrying = 0u64;
-    let mut start = 0u64;
-    while start < total {
-        let end = (start + per_cell).min(total);
-        let mut worst = 0u8; // 0 done, 1 pending, 2 retrying, 3 running, 4 failed
-        for i in start..end {
-            let rank = match (terminal(i), reasons.contains(&i), running.contains(&i)) {
-                (true, true, _) => 4,
-                (true, false, _) => 0,
-                (false, _, true) => 3,
-                (false, true, false) => 2,
-                (false, false, false) => 1,
-            };
-            if !terminal(i) && reasons.contains(&i) {
-                retrying += 1;
+    let n = total.div_ceil(per_cell) as usize;
+    let cell_of = |i: u64| (i / per_cell) as usize;
+    let key = keys.terminal(&t.task_id);
+    let mut terminal_in = vec![0u64; n];
+    let mut bitmap: Vec<u8> = Vec::new();
+    if local {
+        let bytes = reached.div_ceil(8);
+        let mut from = 0u64;
+        while from < bytes {
+            let to = (from + BITMAP_CHUNK).min(bytes) - 1;
+            let part: Vec<u8> = redis::cmd("GETRANGE").arg(&key).arg(from).arg(to).query_async(con).await?;
+            let short = (part.len() as u64) < to - from + 1;
+            bitmap.extend_from_slice(&part);
+            if short {
+                break; // the rest is zeros: Redis returns only what the string holds
             }
-            worst = worst.max(rank);
+            from = to + 1;
         }
-        cells.push(['d', 'p', 'y', 'r', 'f'][worst as usize]);
-        start = end;
+        for (k, &b) in bitmap.iter().enumerate() {
+            if b == 0 {
+                continue;
+            }
+            let first = k as u64 * 8;
+            let last = (first + 7).min(total.saturating_sub(1));
+            if cell_of(first) == cell_of(last) {
+                terminal_in[cell_of(first)] += u64::from(b.count_ones());
+            } else {
+                for bit in 0..8u64 {
+                    if b & (0x80 >> bit) != 0 && first + bit < total {
+                        terminal_in[cell_of(first + bit)] += 1;
+                    }
+                }
+            }
+        }
+    } else {
+        for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
+            let mut pipe = redis::pipe();
+            for &c in chunk {
+                let (a, b) = (c as u64 * per_cell / 8, ((c as u64 + 1) * per_cell).min(total).div_ceil(8) - 1);
+                pipe.cmd("BITCOUNT").arg(&key).arg(a).arg(b);
+            }
+            let counts: Vec<u64> = pipe.query_async(con).await?;
+            for (&c, v) in chunk.iter().zip(counts) {
+                terminal_in[c] = v;
+            }
+        }
     }
-    Ok(ShardMap { total, per_cell, cells, running: running.len() as u64, retrying, reasons_complete })
+    // the shards held now: refs `<id>:<seq>:<index>` in `active` (bounded by what executors hold)
+    let pattern = format!("{}:{}:*", t.task_id, t.seq);
+    let mut running_in = vec![false; n];
+    let mut running = 0u64;
+    for field in hscan_fields(con, &keys.active(), Some(&pattern), usize::MAX).await?.0 {
+        if let Some(i) = field.rsplit(':').next().and_then(|i| i.parse::<u64>().ok()).filter(|&i| i < total) {
+            running_in[cell_of(i)] = true;
+            running += 1;
+        }
+    }
+    // the reasons' indexes (not their texts), and whether each is terminal (failed) or not
+    let errors = keys.errors(&t.task_id);
+    let count: u64 = redis::cmd("HLEN").arg(&errors).query_async(con).await?;
+    let (names, reasons_complete) = if count as usize <= MAX_REASONS {
+        (redis::cmd("HKEYS").arg(&errors).query_async::<Vec<String>>(con).await?, true)
+    } else {
+        hscan_fields(con, &errors, None, MAX_REASONS).await?
+    };
+    let indexes: Vec<u64> = names.iter().filter_map(|k| k.parse().ok()).filter(|&i| i < total).collect();
+    let bits: Vec<bool> = if local {
+        indexes.iter().map(|&i| bitmap.get((i / 8) as usize).is_some_and(|b| b & (0x80 >> (i % 8)) != 0)).collect()
+    } else {
+        let mut out = Vec::with_capacity(indexes.len());
+        for chunk in indexes.chunks(10_000) {
+            let mut pipe = redis::pipe();
+            for &i in chunk {
+                pipe.cmd("GETBIT").arg(&key).arg(i);
+            }
+            let got: Vec<u8> = pipe.query_async(con).await?;
+            out.extend(got.into_iter().map(|b| b == 1));
+        }
+        out
+    };
+    let (mut failed_in, mut retry_in) = (vec![false; n], vec![false; n]);
+    let mut retrying = 0u64;
+    for (&i, &terminal) in indexes.iter().zip(&bits) {
+        if terminal {
+            failed_in[cell_of(i)] = true;
+        } else {
+            retry_in[cell_of(i)] = true;
+            retrying += 1;
+        }
+    }
+    // a finished task's shards that are not terminal never run (it was cancelled)
+    let ended = t.state.is_finished();
+    let cells = (0..n)
+        .map(|c| {
+            let size = ((c as u64 + 1) * per_cell).min(total) - c as u64 * per_cell;
+            if failed_in[c] {
+                'f'
+            } else if running_in[c] && !ended {
+                'r'
+            } else if retry_in[c] && !ended {
+                'y'
+            } else if terminal_in[c] < size {
+                if ended {
+                    'c'
+                } else {
+                    'p'
+                }
+            } else {
+                'd'
+            }
+        })
+        .collect();
+    Ok(ShardMap { total, per_cell, cells, running, retrying: if ended { 0 } else { retrying }, reasons_complete })
 }
 
-/// The fields (and values) of a hash by `HSCAN`, matching `pattern` if given, at most `cap`;
+/// The field names of a hash by `HSCAN`, matching `pattern` if given, at most about `cap`;
 /// whether all were read.
-async fn hscan<C: ConnectionLike + Send>(
+async fn hscan_fields<C: ConnectionLike + Send>(
     con: &mut C,
     key: &str,
     pattern: Option<&str>,
     cap: usize,
-) -> Result<(Vec<(String, String)>, bool)> {
+) -> Result<(Vec<String>, bool)> {
     let mut out = Vec::new();
     let mut cursor = 0u64;
     loop {
@@ -316,7 +397,7 @@ async fn hscan<C: ConnectionLike + Send>(
             cmd.arg("MATCH").arg(p);
         }
         let (next, flat): (u64, Vec<String>) = cmd.query_async(con).await?;
-        out.extend(flat.chunks(2).filter_map(|p| Some((p.first()?.clone(), p.get(1)?.clone()))));
+        out.extend(flat.into_iter().step_by(2));
         if next == 0 {
             return Ok((out, true));
         }

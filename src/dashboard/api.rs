@@ -1,20 +1,30 @@
 //! The JSON API (docs/dashboard.md): reads, each bounded by what it returns, and the actions.
 
-use std::collections::HashMap;
-use std::sync::Arc;
-
+use hyper::body::Bytes;
 use serde_json::{json, Value};
+use shardctl_common::model::TaskInfo;
 use shardctl_common::{control, schedule, Error};
 use shardctl_coordinator::inspect::{self, TaskFilter};
 use shardctl_coordinator::{presence, progress, stuck};
+use std::collections::HashMap;
 
 use super::http::Reply;
 use super::Dashboard;
 
-/// Answers a read (`GET /api/<path>`).
-pub async fn read(d: &Dashboard, path: &[&str], query: &HashMap<String, String>) -> (u16, Arc<String>) {
+/// The query parameters each read takes; any other is refused (400).
+pub fn params(path: &[&str]) -> &'static [&'static str] {
+    match path {
+        ["tasks"] => &["state", "offset", "limit"],
+        ["tasks", _, "failed"] => &["cursor", "count"],
+        ["tasks", _, "map"] => &["cells"],
+        ["events"] => &["count"],
+        _ => &[],
+    }
+}
+
+/// Answers a read (`GET /api/<path>`; `info` is answered without Redis, by [`info`]).
+pub async fn read(d: &Dashboard, path: &[&str], query: &HashMap<String, String>) -> (u16, Bytes) {
     let r = match path {
-        ["info"] => Ok(info(d)),
         ["queue"] => queue(d).await,
         ["tasks"] => tasks(d, query).await,
         ["tasks", id] => task(d, id).await,
@@ -25,8 +35,8 @@ pub async fn read(d: &Dashboard, path: &[&str], query: &HashMap<String, String>)
         _ => Err(Reply::error(404, format!("no API endpoint /api/{}", path.join("/")))),
     };
     match r {
-        Ok(v) => (200, Arc::new(v.to_string())),
-        Err(reply) => (reply.status, Arc::new(String::from_utf8_lossy(&reply.body).into_owned())),
+        Ok(v) => (200, Bytes::from(v.to_string())),
+        Err(reply) => (reply.status, reply.body),
     }
 }
 
@@ -62,7 +72,7 @@ fn failure(e: Error) -> Reply {
         Error::Invalid(m) => Reply::error(400, m),
         Error::NoTask(id) => Reply::error(404, format!("no task '{id}'")),
         e @ Error::Refused { .. } => Reply::error(409, e),
-        e => Reply::error(503, format!("reading redis: {e}")),
+        e => Reply::error(503, format!("redis: {e}")),
     }
 }
 
@@ -71,15 +81,27 @@ fn checked(id: &str) -> Result<&str, Reply> {
     Ok(id)
 }
 
-/// A query parameter as a number, `default` when absent.
-fn number(query: &HashMap<String, String>, name: &str, default: u64) -> Result<u64, Reply> {
+/// A query parameter as a number of at least `min`, `default` when absent.
+fn number(query: &HashMap<String, String>, name: &str, default: u64, min: u64) -> Result<u64, Reply> {
     match query.get(name) {
         None => Ok(default),
-        Some(v) => v.parse().map_err(|_| Reply::error(400, format!("{name} must be a number, got '{v}'"))),
+        Some(v) => v
+            .parse()
+            .ok()
+            .filter(|&n| n >= min)
+            .ok_or_else(|| Reply::error(400, format!("{name} must be a number of at least {min}, got '{v}'"))),
     }
 }
 
-fn info(d: &Dashboard) -> Value {
+/// A task without its payload and result (what a map or a page of reasons needs); 404 if none.
+async fn light_task(d: &Dashboard, id: &str) -> Result<TaskInfo, Reply> {
+    let mut con = d.con.clone();
+    let found = inspect::tasks_without_payload(&mut con, &d.keys, &[id.to_owned()]).await.map_err(failure)?;
+    found.into_iter().next().flatten().ok_or_else(|| Reply::error(404, format!("no task '{id}'")))
+}
+
+/// `GET /api/info`: static, no Redis.
+pub fn info(d: &Dashboard) -> Value {
     json!({
         "queue": d.keys.queue(),
         "version": env!("CARGO_PKG_VERSION"),
@@ -118,8 +140,8 @@ async fn queue(d: &Dashboard) -> Result<Value, Reply> {
 async fn tasks(d: &Dashboard, query: &HashMap<String, String>) -> Result<Value, Reply> {
     let filter: TaskFilter =
         query.get("state").map_or("", String::as_str).parse().map_err(|e: String| Reply::error(400, e))?;
-    let offset = number(query, "offset", 0)?;
-    let limit = number(query, "limit", 50)?;
+    let offset = number(query, "offset", 0, 0)?;
+    let limit = number(query, "limit", 50, 1)?;
     let mut con = d.con.clone();
     let page = inspect::task_page(&mut con, &d.keys, filter, offset, limit).await.map_err(failure)?;
     serde_json::to_value(page).map_err(|e| Reply::error(500, e))
@@ -144,19 +166,18 @@ async fn task(d: &Dashboard, id: &str) -> Result<Value, Reply> {
 async fn failed(d: &Dashboard, id: &str, query: &HashMap<String, String>) -> Result<Value, Reply> {
     let id = checked(id)?;
     let cursor = query.get("cursor").map_or("0", String::as_str);
-    let count = number(query, "count", 50)?;
+    let count = number(query, "count", 50, 1)?;
+    let t = light_task(d, id).await?;
     let mut con = d.con.clone();
-    // a task that does not exist is a 404, not an empty page
-    progress::task(&mut con, &d.keys, id).await.map_err(failure)?;
-    let page = inspect::reason_page(&mut con, &d.keys, id, cursor, count).await.map_err(failure)?;
+    let page = inspect::reason_page(&mut con, &d.keys, &t, cursor, count).await.map_err(failure)?;
     serde_json::to_value(page).map_err(|e| Reply::error(500, e))
 }
 
 async fn map(d: &Dashboard, id: &str, query: &HashMap<String, String>) -> Result<Value, Reply> {
     let id = checked(id)?;
-    let cells = number(query, "cells", inspect::MAX_CELLS)?;
+    let cells = number(query, "cells", inspect::MAX_CELLS, 1)?;
+    let t = light_task(d, id).await?;
     let mut con = d.con.clone();
-    let t = progress::task(&mut con, &d.keys, id).await.map_err(failure)?;
     let m = inspect::shard_map(&mut con, &d.keys, &t, cells).await.map_err(failure)?;
     serde_json::to_value(m).map_err(|e| Reply::error(500, e))
 }
@@ -169,7 +190,7 @@ async fn schedules(d: &Dashboard) -> Result<Value, Reply> {
 }
 
 async fn events(d: &Dashboard, query: &HashMap<String, String>) -> Result<Value, Reply> {
-    let count = number(query, "count", 50)?;
+    let count = number(query, "count", 50, 1)?;
     let mut con = d.con.clone();
     let tail = inspect::events_tail(&mut con, &d.keys, count).await.map_err(failure)?;
     Ok(Value::Array(tail.iter().map(|(id, f)| crate::json::event(id, f)).collect()))

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
@@ -20,14 +21,26 @@ const INDEX: &str = include_str!("assets/index.html");
 const SCRIPT: &str = include_str!("assets/app.js");
 const STYLE: &str = include_str!("assets/app.css");
 
-/// Serves one connection (HTTP/1.1, keep-alive) until the peer closes it.
+/// How long a client may take to send a request's head (also while a kept-alive connection
+/// waits for its next request).
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest a connection lives; a browser opens a new one transparently.
+const CONNECTION_LIFETIME: Duration = Duration::from_secs(300);
+
+/// Serves one connection (HTTP/1.1, keep-alive) until the peer closes it, it idles past
+/// [`HEADER_TIMEOUT`], or it reaches [`CONNECTION_LIFETIME`].
 pub async fn connection(stream: tokio::net::TcpStream, dashboard: Arc<Dashboard>) {
     let io = hyper_util::rt::TokioIo::new(stream);
     let service = hyper::service::service_fn(move |req| {
         let d = dashboard.clone();
         async move { Ok::<_, Infallible>(respond(&d, req).await) }
     });
-    if let Err(e) = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await {
+    let served = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .serve_connection(io, service);
+    // past its lifetime the connection is dropped (closed) with its pending request
+    if let Ok(Err(e)) = tokio::time::timeout(CONNECTION_LIFETIME, served).await {
         tracing::debug!("dashboard connection: {e}");
     }
 }
@@ -66,6 +79,14 @@ async fn respond(d: &Dashboard, req: Request<Incoming>) -> Response<Full<Bytes>>
 }
 
 async fn route(d: &Dashboard, req: &Request<Incoming>) -> Reply {
+    // a page served on loopback answers only to loopback names: a rebinding DNS name pointing
+    // at 127.0.0.1 cannot read it from a browser
+    if let Some(allowed) = &d.hosts {
+        let host = req.headers().get("host").and_then(|v| v.to_str().ok()).unwrap_or("");
+        if !allowed.iter().any(|h| h == host) {
+            return Reply::error(421, format!("this dashboard answers to {} only", allowed.join(", ")));
+        }
+    }
     let path = req.uri().path();
     let query = match parse_query(req.uri().query().unwrap_or("")) {
         Ok(q) => q,
@@ -80,14 +101,22 @@ async fn route(d: &Dashboard, req: &Request<Incoming>) -> Reply {
         (&Method::GET, ["app.css"]) => {
             Reply { status: 200, content_type: "text/css; charset=utf-8", body: STYLE.into() }
         }
+        (&Method::GET, ["api", "info"]) => Reply::json(200, api::info(d).to_string()),
         (&Method::GET, ["api", rest @ ..]) => {
+            let allowed = api::params(rest);
+            if let Some(k) = query.keys().find(|k| !allowed.contains(&k.as_str())) {
+                return Reply::error(
+                    400,
+                    format!("unknown query parameter '{k}' (this endpoint takes: {})", allowed.join(", ")),
+                );
+            }
             // one computation per request key and second, shared by every viewer
             let key = match req.uri().query() {
                 Some(q) => format!("{path}?{q}"),
                 None => path.to_owned(),
             };
             let (status, body) = d.reads.get(&key, || api::read(d, rest, &query)).await;
-            Reply::json(status, (*body).clone())
+            Reply::json(status, body)
         }
         (&Method::POST, ["api", rest @ ..]) => {
             if let Err(r) = authorize(d, req) {
@@ -125,12 +154,14 @@ fn authorize(d: &Dashboard, req: &Request<Incoming>) -> Result<(), Reply> {
     Ok(())
 }
 
-/// Compares in time independent of where the two differ.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
+/// Compares in time independent of where the two differ (and of the token's length: the
+/// given value is compared against the token's length, padded).
+fn same(given: &[u8], token: &[u8]) -> bool {
+    let mut diff = u8::from(given.len() != token.len());
+    for (i, t) in token.iter().enumerate() {
+        diff |= given.get(i).copied().unwrap_or(0) ^ t;
     }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    diff == 0
 }
 
 /// `k=v&k=v`: the API's values are names, numbers and cursors, never encoded; anything that

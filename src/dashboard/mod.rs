@@ -30,12 +30,14 @@ pub struct Dashboard {
     /// The action token; `None`: read-only.
     token: Option<String>,
     reads: reads::Reads,
+    /// The `Host` values answered (set when listening on loopback); `None`: any.
+    hosts: Option<Vec<String>>,
 }
 
 impl Dashboard {
     /// A dashboard reading `keys`' queue through `con`; actions need `token` (none: read-only).
-    pub fn new(con: Conn, keys: Keys, token: Option<String>) -> Arc<Self> {
-        Arc::new(Dashboard { con, keys, token, reads: reads::Reads::new() })
+    pub fn new(con: Conn, keys: Keys, token: Option<String>) -> Self {
+        Dashboard { con, keys, token, reads: reads::Reads::new(), hosts: None }
     }
 
     /// Whether actions are refused (no token configured).
@@ -59,14 +61,32 @@ pub fn read_token(path: &Path) -> Result<String> {
     Ok(token.to_owned())
 }
 
-/// Binds `addr` (an error names it when it is taken), then serves `dashboard` until `stop`.
-pub async fn serve(addr: SocketAddr, dashboard: Arc<Dashboard>, stop: CancellationToken) -> Result<SocketAddr> {
+/// Connections served at once; more wait to be accepted.
+const MAX_CONNECTIONS: usize = 256;
+
+/// Binds `addr` (an error names it when it is taken), then serves `dashboard` until `stop`. On a
+/// loopback address it answers only requests whose `Host` names loopback with its port (DNS
+/// rebinding); elsewhere any.
+pub async fn serve(addr: SocketAddr, mut dashboard: Dashboard, stop: CancellationToken) -> Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
         Error::invalid(format!("the dashboard cannot listen on {addr}: {e} (give another --ui-addr, or off)"))
     })?;
     let local = listener.local_addr().map_err(|e| Error::Unreachable(format!("dashboard listener: {e}")))?;
+    if local.ip().is_loopback() {
+        let port = local.port();
+        dashboard.hosts = Some(vec![format!("127.0.0.1:{port}"), format!("localhost:{port}"), format!("[::1]:{port}")]);
+    }
+    let dashboard = Arc::new(dashboard);
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     tokio::spawn(async move {
         loop {
+            let slot = tokio::select! {
+                s = slots.clone().acquire_owned() => match s {
+                    Ok(s) => s,
+                    Err(_) => break,
+                },
+                () = stop.cancelled() => break,
+            };
             let stream = tokio::select! {
                 r = listener.accept() => match r {
                     Ok((s, _)) => s,
@@ -79,7 +99,10 @@ pub async fn serve(addr: SocketAddr, dashboard: Arc<Dashboard>, stop: Cancellati
                 () = stop.cancelled() => break,
             };
             let d = dashboard.clone();
-            tokio::spawn(http::connection(stream, d));
+            tokio::spawn(async move {
+                http::connection(stream, d).await;
+                drop(slot);
+            });
         }
     });
     Ok(local)

@@ -1,27 +1,40 @@
 //! The shared read cache: an answer computed once per request key (path and query) and second,
-//! by one request at a time while the others wait for it; at most [`CONCURRENT`] computations
-//! against Redis at once. So viewers cost what one does, and many keys cannot pile up reads.
+//! by one request at a time while the others wait for it, however long it takes; at most
+//! [`CONCURRENT`] computations against Redis at once, and a request that cannot start one within
+//! [`QUEUE_WAIT`] is answered 503. So viewers cost what one does, and many keys cannot pile up
+//! reads.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use hyper::body::Bytes;
 use tokio::sync::{OnceCell, Semaphore};
 
-/// How long an answer is served from the cache.
+/// How long an answer is served from the cache, from the moment it was computed.
 pub const FRESH: Duration = Duration::from_secs(1);
 /// Reads against Redis at once.
 const CONCURRENT: usize = 4;
+/// How long a request waits for a free read before it is answered 503.
+const QUEUE_WAIT: Duration = Duration::from_secs(5);
 /// Entries kept before the stale ones are dropped.
 const MAX_ENTRIES: usize = 512;
 
 /// An answer: HTTP status and JSON body.
-pub type Answer = (u16, Arc<String>);
+pub type Answer = (u16, Bytes);
 
 struct Entry {
-    born: Instant,
-    answer: OnceCell<Answer>,
+    /// The answer and when it was computed.
+    answer: OnceCell<(Instant, Answer)>,
+}
+
+impl Entry {
+    /// Whether a request may take this entry's answer: being computed, or computed within
+    /// [`FRESH`].
+    fn usable(&self) -> bool {
+        self.answer.get().is_none_or(|(at, _)| at.elapsed() < FRESH)
+    }
 }
 
 /// The cache.
@@ -35,8 +48,8 @@ impl Reads {
         Reads { entries: Mutex::new(HashMap::new()), gate: Semaphore::new(CONCURRENT) }
     }
 
-    /// The answer for `key`: a fresh one from the cache, else `compute`'s (shared with every
-    /// request for `key` meanwhile).
+    /// The answer for `key`: a fresh or coming one from the cache, else `compute`'s (shared with
+    /// every request for `key` meanwhile).
     pub async fn get<F, Fut>(&self, key: &str, compute: F) -> Answer
     where
         F: FnOnce() -> Fut,
@@ -45,12 +58,12 @@ impl Reads {
         let entry = {
             let mut map = self.entries.lock().unwrap_or_else(|p| p.into_inner());
             match map.get(key) {
-                Some(e) if e.born.elapsed() < FRESH => e.clone(),
+                Some(e) if e.usable() => e.clone(),
                 _ => {
                     if map.len() >= MAX_ENTRIES {
-                        map.retain(|_, e| e.born.elapsed() < FRESH);
+                        map.retain(|_, e| e.answer.get().is_none_or(|(at, _)| at.elapsed() < FRESH));
                     }
-                    let e = Arc::new(Entry { born: Instant::now(), answer: OnceCell::new() });
+                    let e = Arc::new(Entry { answer: OnceCell::new() });
                     // a burst of distinct keys past the cap is served, just not kept
                     if map.len() < MAX_ENTRIES {
                         map.insert(key.to_owned(), e.clone());
@@ -59,14 +72,19 @@ impl Reads {
                 }
             }
         };
-        entry
+        let (_, answer) = entry
             .answer
             .get_or_init(|| async {
-                let _permit = self.gate.acquire().await;
-                compute().await
+                let answer = match tokio::time::timeout(QUEUE_WAIT, self.gate.acquire()).await {
+                    Ok(_permit) => compute().await,
+                    Err(_) => {
+                        (503, Bytes::from_static(br#"{"error":"the dashboard is busy reading redis: try again"}"#))
+                    }
+                };
+                (Instant::now(), answer)
             })
-            .await
-            .clone()
+            .await;
+        answer.clone()
     }
 }
 
@@ -76,18 +94,20 @@ mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
 
     #[tokio::test]
-    async fn concurrent_requests_for_one_key_share_one_computation() {
+    async fn concurrent_requests_for_one_key_share_one_computation_however_long() {
         let reads = Arc::new(Reads::new());
         let runs = Arc::new(AtomicU32::new(0));
         let mut all = Vec::new();
-        for _ in 0..20 {
+        for n in 0..20u64 {
             let (reads, runs) = (reads.clone(), runs.clone());
             all.push(tokio::spawn(async move {
+                // arrivals spread over 1.5 s, longer than FRESH: all join the one computation
+                tokio::time::sleep(Duration::from_millis(n * 75)).await;
                 reads
                     .get("/api/queue", || async {
                         runs.fetch_add(1, Ordering::SeqCst);
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        (200, Arc::new("{}".to_owned()))
+                        tokio::time::sleep(Duration::from_millis(2000)).await;
+                        (200, Bytes::from_static(b"{}"))
                     })
                     .await
             }));
@@ -97,7 +117,7 @@ mod tests {
         }
         assert_eq!(runs.load(Ordering::SeqCst), 1);
         // another key is its own
-        let other = reads.get("/api/tasks", || async { (404, Arc::new("x".to_owned())) }).await;
+        let other = reads.get("/api/tasks", || async { (404, Bytes::from_static(b"x")) }).await;
         assert_eq!(other.0, 404);
     }
 }

@@ -3,8 +3,8 @@
 "use strict";
 
 const REFRESH_MS = 1000;
-const COLORS = { d: "#2f9e44", p: "#ced4da", r: "#1c7ed6", y: "#f08c00", f: "#e03131" };
-const CELL_NAMES = { d: "done", p: "pending", r: "running", y: "retrying", f: "failed" };
+const COLORS = { d: "#2f9e44", p: "#ced4da", r: "#1c7ed6", y: "#f08c00", f: "#e03131", c: "#495057" };
+const CELL_NAMES = { d: "done", p: "pending", r: "running", y: "retrying", f: "failed", c: "not run (cancelled)" };
 
 let info = { read_only: true, queue: "" };
 let view = null;
@@ -171,11 +171,9 @@ function tasksView(params) {
 function taskView(id) {
   const head = el("div");
   const controls = el("div", { class: "actions" });
-  if (canAct()) {
-    controls.append(
-      el("button", { id: "retry", onclick: () => act("tasks/" + encodeURIComponent(id) + "/retry", "retry") }, "Retry failed"),
-      el("button", { id: "cancel", class: "danger", onclick: () => { if (confirm("Cancel task " + id + "?")) act("tasks/" + encodeURIComponent(id) + "/cancel", "cancel"); } }, "Cancel task"));
-  }
+  const retry = el("button", { id: "retry", hidden: true, onclick: () => act("tasks/" + encodeURIComponent(id) + "/retry", "retry") }, "Retry failed");
+  const cancel = el("button", { id: "cancel", class: "danger", hidden: true, onclick: () => { if (confirm("Cancel task " + id + "?")) act("tasks/" + encodeURIComponent(id) + "/cancel", "cancel"); } }, "Cancel task");
+  if (canAct()) controls.append(retry, cancel);
   const spec = el("dl", { class: "spec" });
   const legend = el("div", { class: "legend" });
   const canvas = el("canvas", { id: "shard-map", width: 800, height: 40 });
@@ -200,6 +198,10 @@ function taskView(id) {
       const path = "tasks/" + encodeURIComponent(id);
       const [t, m, r] = await Promise.all([api(path), api(path + "/map"), api(path + "/failed?count=50&cursor=" + cursors[cursors.length - 1])]);
       const { rate, eta } = rateEta(t);
+      const ended = ["completed", "failed", "cancelled"].includes(t.state);
+      // retry: failed shards (or a failed aggregation) and not cancelled; cancel: not ended
+      retry.hidden = !(t.state !== "cancelled" && (t.failed > 0 || t.aggregation_error !== null));
+      cancel.hidden = ended;
       head.replaceChildren(
         el("h2", {}, "Task ", el("span", { id: "task-id", text: t.task_id }), " ", stateBadge(t.state)),
         el("p", {}, el("progress", { id: "progress", max: Math.max(1, t.total), value: t.done + t.failed }), " ",
@@ -219,7 +221,8 @@ function taskView(id) {
       ].flat());
       drawMap(canvas, m);
       const count = (c) => [...m.cells].filter((x) => x === c).length;
-      legend.replaceChildren(...["d", "p", "r", "y", "f"].map((c) => el("span", {}, el("i", { class: CELL_NAMES[c] }), CELL_NAMES[c])));
+      legend.replaceChildren(...["d", "p", "r", "y", "f", "c"].filter((c) => c !== "c" || t.state === "cancelled")
+        .map((c) => el("span", {}, el("i", { class: "cell-" + c }), CELL_NAMES[c])));
       mapNote.textContent = (m.per_cell > 1 ? "each cell is " + m.per_cell + " shards, coloured by its worst; " : "one cell per shard; ")
         + m.running + " running, " + m.retrying + " retrying, " + count("f") + " cells with failures"
         + (m.reasons_complete ? "" : " (too many failures to draw them all)");
