@@ -19,6 +19,7 @@
   KEYS[7] meta     hash    queue metadata (paused, seq, cancels, limits, events_maxlen)
   KEYS[8] running  zset    tasks not finished
   KEYS[9] wait     list    explicit refs ready now
+  KEYS[10] unreported zset   (a partition's) shares ended, not yet counted in the home
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2..] groups: task id, seq (its incarnation), token, m, `p` or `f`, then m entries: for
             `p` (plain: no state, no result) an index each; for `f` an index (or `agg`),

@@ -13,6 +13,7 @@
   KEYS[8]  meta     hash    queue metadata (paused, seq, cancels, limits, events_maxlen)
   KEYS[9]  running  zset    tasks not finished
   KEYS[10] wait     list    explicit refs ready now
+  KEYS[11] unreported zset   (a partition's) shares ended, not yet counted in the home
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] node        the failing executor's node: a routed shard's retry goes back to it
   ARGV[3..] groups of 5: ref, token, attempt (of this claim), delay_ms (backoff before the next

@@ -27,6 +27,7 @@
   KEYS[10] meta          hash    queue metadata (paused, seq, cancels, limits, events_maxlen)
   KEYS[11] running       zset    tasks not finished
   KEYS[12] leases        zset    instance -> lease expiry (ms, Redis TIME)
+  KEYS[13] unreported zset   (a partition's) shares ended, not yet counted in the home
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] interval_ms of the full sweep
   ARGV[3] max_stalled   stalls a shard may survive

@@ -8,10 +8,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use shardctl_common::conn::{self, Conn, Endpoint};
+use shardctl_common::partition::Layout;
 use shardctl_common::{Error, Keys, Result};
 use shardctl_coordinator::membership::{self, Member, MembershipConfig};
 use shardctl_coordinator::sweep::{self, SweepConfig};
-use shardctl_executor::{Executor, ExecutorConfig, Registry, Stats, StatsSnapshot};
+use shardctl_executor::{Executor, ExecutorConfig, Registry, Sharing, Stats, StatsSnapshot};
 use tokio_util::sync::CancellationToken;
 
 /// The key prefix of every command and of [`Node::connect`].
@@ -33,6 +34,10 @@ pub struct NodeConfig {
 /// An executor node that has joined its queue's membership; [`Node::run`] runs it.
 pub struct Node {
     executor: Executor,
+    /// On a partitioned queue, one runtime per partition beside the home's `executor`, sharing
+    /// its run slots and counters (ARCHITECTURE.md, "Partitioned queues").
+    partitions: Vec<Executor>,
+    layout: Layout,
     con: Conn,
     keys: Keys,
     member: Member,
@@ -71,8 +76,48 @@ impl Node {
         membership::join(&mut con, &keys, &member, &config.membership).await?;
         let redis = endpoint.redacted().to_owned();
         let grace = config.executor.grace;
-        let executor = Executor::connect(endpoint, keys.clone(), config.executor, registry).await?;
-        Ok(Node { executor, con, keys, member, membership: config.membership, sweep: config.sweep, redis, grace })
+        let layout = shardctl_common::partition::layout(&mut con, &keys).await?;
+        let (executor, partitions) = if layout.partitioned() {
+            let with = Sharing::new(config.executor.concurrency);
+            let home = Executor::connect_partition(
+                endpoint.clone(),
+                keys.clone(),
+                config.executor.clone(),
+                registry.clone(),
+                &with,
+                layout.parts.clone(),
+            )
+            .await?;
+            let mut parts = Vec::new();
+            for pk in &layout.parts {
+                parts.push(
+                    Executor::connect_partition(
+                        endpoint.clone(),
+                        pk.clone(),
+                        config.executor.clone(),
+                        registry.clone(),
+                        &with,
+                        Vec::new(),
+                    )
+                    .await?,
+                );
+            }
+            (home, parts)
+        } else {
+            (Executor::connect(endpoint, keys.clone(), config.executor, registry).await?, Vec::new())
+        };
+        Ok(Node {
+            executor,
+            partitions,
+            layout,
+            con,
+            keys,
+            member,
+            membership: config.membership,
+            sweep: config.sweep,
+            redis,
+            grace,
+        })
     }
 
     /// The node id it runs as.
@@ -102,10 +147,22 @@ impl Node {
 
     /// [`Node::run`], where cancelling `now` during the drain stops at once.
     pub async fn run_until(self, shutdown: CancellationToken, now: CancellationToken) -> Result<StatsSnapshot> {
-        let Node { executor, mut con, keys, member, membership, sweep, redis, .. } = self;
+        let Node { executor, partitions, layout, mut con, keys, member, membership, sweep, redis, .. } = self;
         let routing_wanted = executor.routing_wanted();
         let stop = CancellationToken::new();
-        let sweeper = tokio::spawn(sweep::run(con.clone(), keys.clone(), sweep, stop.clone(), |_| {}));
+        // the home's sweep, each partition's, and the reports of ended shares to the home
+        let mut sweepers =
+            vec![tokio::spawn(sweep::run(con.clone(), keys.clone(), sweep.clone(), stop.clone(), |_| {}))];
+        for pk in &layout.parts {
+            sweepers.push(tokio::spawn(sweep::run(con.clone(), pk.clone(), sweep.clone(), stop.clone(), |_| {})));
+        }
+        if layout.partitioned() {
+            sweepers.push(tokio::spawn(shardctl_coordinator::partitions::run(
+                con.clone(),
+                layout.clone(),
+                stop.clone(),
+            )));
+        }
         let members = {
             let (con, keys, member, stop, shutdown) =
                 (con.clone(), keys.clone(), member.clone(), stop.clone(), shutdown.clone());
@@ -118,10 +175,24 @@ impl Node {
                 r
             })
         };
-        tracing::info!(node = %member.node, queue = %keys.queue(), %redis, "executor started");
-        let ran = executor.run_until(shutdown, now).await;
+        tracing::info!(node = %member.node, queue = %keys.queue(), %redis, partitions = layout.count(), "executor started");
+        let mut runs = vec![tokio::spawn(executor.run_until(shutdown.clone(), now.clone()))];
+        for e in partitions {
+            runs.push(tokio::spawn(e.run_until(shutdown.clone(), now.clone())));
+        }
+        // every runtime shares one set of counters: the first's snapshot is the node's
+        let mut ran = None;
+        for r in runs {
+            let r = r.await.unwrap_or_else(|e| Err(Error::Protocol(format!("executor runtime panicked: {e}"))));
+            if ran.as_ref().is_none_or(|x: &Result<StatsSnapshot>| x.is_ok()) {
+                ran = Some(r);
+            }
+        }
+        let ran = ran.expect("the home runtime ran");
         stop.cancel();
-        let _ = sweeper.await;
+        for s in sweepers {
+            let _ = s.await;
+        }
         let taken_over = members.await.map(|r| r.err()).unwrap_or(None);
         if taken_over.is_none() {
             // our routed list moves to the remaining executors at their next rebalance

@@ -245,6 +245,43 @@ fn a_queue_whose_master_dies_finishes_exactly_on_the_promoted_replica() {
     assert_eq!(assert_one_slot(&cluster, "failover"), promoted);
 }
 
+/// A queue over 3 partitions (ARCHITECTURE.md "Partitioned queues"): the master of a partition
+/// (not the home's) dies mid-run and its replica is promoted; the writes it had not replicated
+/// are lost, their shards run again, and the task still ends exactly, counted once.
+#[test]
+fn a_partition_whose_master_dies_finishes_exactly_on_the_promoted_replica() {
+    let mut cluster = TestCluster::start_with_replicas(3, 1);
+    let cli = Cli::on(&cluster, &cluster.url(), "pfail");
+    let cfg = cli.json(&["config", "--partitions", "3", "--json"], 0);
+    let home_master = cluster.owner(cluster.keyslot(&tag("pfail")));
+    let slot = cfg["partition_tags"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| cluster.keyslot(&format!("{{{}}}", t.as_str().unwrap())))
+        .find(|&s| cluster.owner(s) != home_master)
+        .expect("a partition on another master than the home's");
+    let mut a = executor(&cli, "pfail-a");
+    let mut b = executor(&cli, "pfail-b");
+    let id = cli.ok(&["dispatch", "--shards", "400", "--items", "40000000"]).trim().to_owned();
+    wait_until("the first shards", || task_json(&cli, &id)["done"].as_u64().unwrap() >= 10);
+    let before = task_json(&cli, &id);
+    assert!(before["done"].as_u64().unwrap() < 400, "the task ended before the failover: {before}");
+    drop(cli);
+
+    let dead = cluster.kill_owner(slot);
+    let promoted = cluster.wait_for_failover(slot);
+    assert_ne!(promoted, dead);
+
+    let cli = Cli::on(&cluster, &cluster.url(), "pfail");
+    let w = cli.json(&["wait", &id, "--json", "--timeout", "90s"], 0);
+    assert_eq!(w["state"], "completed", "{w}; log a:\n{}", a.log());
+    assert_eq!((w["done"].as_u64(), w["failed"].as_u64()), (Some(400), Some(0)), "counted once: {w}");
+    assert_eq!(w["result"]["primes"], PRIMES_BELOW_4E7, "{w}");
+    a.terminate();
+    b.terminate();
+}
+
 #[test]
 fn bad_cluster_urls_are_clear_errors() {
     for (url, code, needle) in [

@@ -63,11 +63,13 @@ struct Setup {
     extra_executor_args: &'static [&'static str],
     /// Run on a 3-master Redis Cluster instead of one redis-server.
     on_cluster: bool,
+    /// Partitions of the queue (`config --partitions`; 1: not partitioned).
+    partitions: u32,
 }
 
 /// The pull rounds: the default strategy and the executor arguments alone.
 fn pull(test: &'static str) -> Setup {
-    Setup { test, strategy: None, extra_executor_args: &[], on_cluster: false }
+    Setup { test, strategy: None, extra_executor_args: &[], on_cluster: false, partitions: 1 }
 }
 
 #[test]
@@ -89,6 +91,7 @@ fn crash_round_consistent_hash() {
             strategy: Some("consistent-hash"),
             extra_executor_args: &["--member-heartbeat", "200ms", "--member-timeout", "1s"],
             on_cluster: false,
+            partitions: 1,
         },
     );
 }
@@ -98,6 +101,39 @@ fn crash_round_consistent_hash() {
 #[test]
 fn crash_round_on_a_cluster() {
     crash_round(5, Setup { on_cluster: true, ..pull("crash_round_on_a_cluster") });
+}
+
+/// The round over 3 partitions of one redis-server (ARCHITECTURE.md "Partitioned queues"):
+/// the shares run, report and are counted in the home once, whatever is killed where.
+#[test]
+fn crash_round_over_partitions() {
+    crash_round(6, Setup { partitions: 3, ..pull("crash_round_over_partitions") });
+}
+
+/// The same over 3 partitions on a 3-master cluster: one partition per master.
+#[test]
+fn crash_round_over_partitions_on_a_cluster() {
+    crash_round(7, Setup { partitions: 3, on_cluster: true, ..pull("crash_round_over_partitions_on_a_cluster") });
+}
+
+/// What every partition of a partitioned round holds at the end: a connection to its master
+/// and its prefix.
+fn partition_spaces(c: &Fleet) -> Vec<(redis::Connection, String)> {
+    let out = c.cli(&["config", "--json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).expect("config --json prints JSON");
+    v["partition_tags"]
+        .as_array()
+        .expect("partition_tags")
+        .iter()
+        .map(|t| {
+            let tag = t.as_str().unwrap().to_owned();
+            let con = match &c.redis {
+                Server::Single(r) => r.con(),
+                Server::Cluster(cl) => cl.node_con(cl.owner(cl.keyslot(&format!("{{{tag}}}")))),
+            };
+            (con, format!("{{{tag}}}:"))
+        })
+        .collect()
 }
 
 fn crash_round(round: u32, setup: Setup) {
@@ -118,6 +154,10 @@ fn crash_round(round: u32, setup: Setup) {
     let tkey = format!("{prefix}task:{task}");
     let watch = monitor(c.redis.port(&c.queue), &prefix, &task);
 
+    if setup.partitions > 1 {
+        let out = c.cli(&["config", "--partitions", &setup.partitions.to_string()]);
+        assert!(out.status.success(), "config: {}", String::from_utf8_lossy(&out.stderr));
+    }
     for _ in 0..EXECUTORS {
         c.spawn();
     }
@@ -237,7 +277,41 @@ fn crash_round(round: u32, setup: Setup) {
             std::thread::sleep(Duration::from_millis(50));
         }
     });
-    let (bits, results, errors) = task_counts(&mut con, &tkey);
+    // a partitioned task's shards are counted in its shares, and nothing is left in them either
+    let mut share_left = Vec::new();
+    let (bits, results, errors) = if setup.partitions > 1 {
+        let mut sum = (0, 0, 0);
+        let spaces = partition_spaces(&c);
+        assert_eq!(spaces.len() as u32, setup.partitions);
+        for (mut pcon, pprefix) in spaces {
+            let (b, r, e) = task_counts(&mut pcon, &format!("{pprefix}task:{task}"));
+            sum = (sum.0 + b, sum.1 + r, sum.2 + e);
+            let (held, wait, delayed, unreported, state): (BTreeMap<String, String>, u64, u64, u64, String) =
+                redis::pipe()
+                    .cmd("HGETALL")
+                    .arg(format!("{pprefix}active"))
+                    .cmd("LLEN")
+                    .arg(format!("{pprefix}wait"))
+                    .cmd("ZCARD")
+                    .arg(format!("{pprefix}delayed"))
+                    .cmd("ZCARD")
+                    .arg(format!("{pprefix}unreported"))
+                    .cmd("HGET")
+                    .arg(format!("{pprefix}task:{task}"))
+                    .arg("state")
+                    .query(&mut pcon)
+                    .unwrap();
+            let held = held.keys().filter(|r| *r != ACTIVE_PIN).count();
+            if held + wait as usize + delayed as usize + unreported as usize > 0 || state != "aggregating" {
+                share_left.push(format!(
+                    "{pprefix}: {held} held, {wait} waiting, {delayed} delayed, {unreported} unreported, share {state}"
+                ));
+            }
+        }
+        sum
+    } else {
+        task_counts(&mut con, &tkey)
+    };
     let state: String = redis::cmd("HGET").arg(&tkey).arg("state").query(&mut con).unwrap();
 
     c.stop_all();
@@ -312,8 +386,12 @@ fn crash_round(round: u32, setup: Setup) {
     assert_eq!(results, SHARDS, "one stored result per shard");
     assert_eq!(errors, 0, "no failure reason left");
     assert_eq!(state, "completed");
+    // on a partitioned queue the home's `done` is raised once per share, by the shares' counts
     assert_eq!(seen.done_incr, SHARDS, "`done` raised once per shard: {seen:?}");
-    assert_eq!(seen.setbit, SHARDS, "each shard finished once: {seen:?}");
+    if setup.partitions == 1 {
+        assert_eq!(seen.setbit, SHARDS, "each shard finished once: {seen:?}");
+    }
+    assert!(share_left.is_empty(), "left in the partitions: {share_left:?}");
     assert_eq!(seen.failed_incr, 0, "{seen:?}");
     // aggregated once
     assert_eq!(seen.trigger, 1, "aggregation triggered once: {seen:?}");

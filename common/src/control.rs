@@ -36,6 +36,27 @@ fn refused(id: &str, code: i64, what: &str) -> Error {
 /// executors' next heartbeat, and it ends `cancelled` without aggregation. Returns how many
 /// running shards were stopped. A task that already ended is refused.
 pub async fn cancel<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str) -> Result<u64> {
+    let stopped = cancel_in(con, keys, id).await?;
+    // a task over partitions: its home record first (a share that ends meanwhile is not counted
+    // any more), then each share, whose running shards stop
+    let parts: Option<u32> = redis::cmd("HGET").arg(keys.task(id)).arg("partitions").query_async(con).await?;
+    if parts.is_some_and(|k| k > 1) {
+        let layout = crate::partition::layout(con, keys).await?;
+        let mut n = stopped;
+        for pk in &layout.parts {
+            match cancel_in(con, pk, id).await {
+                Ok(s) => n += s,
+                // a share never created (an empty one) or already ended
+                Err(Error::Refused { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        return Ok(n);
+    }
+    Ok(stopped)
+}
+
+async fn cancel_in<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str) -> Result<u64> {
     crate::names::validate_task_id(id)?;
     let code: i64 = scripts()
         .cancel
@@ -55,6 +76,12 @@ pub async fn cancel<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str
 /// 0 when nothing had failed.
 pub async fn retry<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str) -> Result<u64> {
     crate::names::validate_task_id(id)?;
+    let parts: Option<u32> = redis::cmd("HGET").arg(keys.task(id)).arg("partitions").query_async(con).await?;
+    if parts.is_some_and(|k| k > 1) {
+        return Err(Error::invalid(format!(
+            "task '{id}' runs over partitions: retry of a partitioned task is not supported yet; dispatch it again"
+        )));
+    }
     let code: i64 = scripts()
         .retry
         .keyed(keys, &KeyArgs { task: Some(id), ..Default::default() })
@@ -86,6 +113,11 @@ pub async fn clean<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, older_tha
         removed += n;
         // entries read, stale ones included: a short batch means none is left
         if listed < CLEAN_BATCH {
+            // a partitioned queue: the shares of the tasks removed go too
+            let layout = crate::partition::layout(con, keys).await?;
+            if layout.partitioned() && (removed > 0 || older_than.is_some()) {
+                crate::partition::drop_orphans(con, &layout).await?;
+            }
             return Ok(removed);
         }
     }
@@ -105,6 +137,21 @@ pub struct RateLimit {
 
 /// Sets (or with `None` removes) the queue's rate limit; claims obey it from their next call.
 pub async fn set_limit<C: ConnectionLike + Send + Sync>(
+    con: &mut C,
+    keys: &Keys,
+    limit: Option<RateLimit>,
+) -> Result<()> {
+    // a partitioned queue's limit is split evenly over its partitions (each claims in its own
+    // slot): ⌈max / K⌉ each, so together they start at most max + K - 1 per window
+    let layout = crate::partition::layout(con, keys).await?;
+    let k = layout.count() as u64;
+    for pk in &layout.parts {
+        set_limit_in(con, pk, limit.map(|l| RateLimit { max: l.max.div_ceil(k), per: l.per })).await?;
+    }
+    set_limit_in(con, keys, limit).await
+}
+
+async fn set_limit_in<C: ConnectionLike + Send + Sync>(
     con: &mut C,
     keys: &Keys,
     limit: Option<RateLimit>,
@@ -138,12 +185,21 @@ pub async fn limit<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Result
 /// Pauses the queue: nothing is claimed while paused (the claim script reads `meta.paused`);
 /// running shards go on and finish.
 pub async fn pause<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Result<()> {
-    let () = redis::cmd("HSET").arg(keys.meta()).arg("paused").arg(1).query_async(con).await?;
+    // the home last: `status` reads it, and says paused only once every partition is
+    let layout = crate::partition::layout(con, keys).await?;
+    for k in layout.parts.iter().chain([keys]) {
+        let () = redis::cmd("HSET").arg(k.meta()).arg("paused").arg(1).query_async(con).await?;
+    }
     Ok(())
 }
 
 /// Resumes a paused queue and wakes its blocked executors at once (each passes the wake-up on).
 pub async fn resume<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Result<()> {
+    let layout = crate::partition::layout(con, keys).await?;
+    for k in &layout.parts {
+        let () = redis::cmd("HDEL").arg(k.meta()).arg("paused").query_async(con).await?;
+        let () = redis::cmd("ZADD").arg(k.marker()).arg(0).arg("0").query_async(con).await?;
+    }
     let () = redis::cmd("HDEL").arg(keys.meta()).arg("paused").query_async(con).await?;
     let nodes: Vec<String> = redis::cmd("SMEMBERS").arg(keys.routed_nodes()).query_async(con).await?;
     let mut pipe = redis::pipe();

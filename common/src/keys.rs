@@ -25,6 +25,21 @@ impl Keys {
         Ok(Keys { prefix: format!("{{{prefix}:{queue}}}:"), queue: queue.to_owned() })
     }
 
+    /// The keys of one partition of this queue (ARCHITECTURE.md, "Partitioned queues"): the
+    /// same names under the partition's hash tag `tag` (stored in the home `meta`, made by
+    /// [`crate::partition::tag`]). `Error::Invalid` for a tag that is not one of this queue's
+    /// partitions: `<P>:<Q>@<p>.<salt>`.
+    pub fn partition(&self, tag: &str) -> Result<Self> {
+        let home = &self.prefix[1..self.prefix.len() - 2];
+        let ok = tag.strip_prefix(home).and_then(|r| r.strip_prefix('@')).and_then(|r| r.split_once('.')).is_some_and(
+            |(p, s)| crate::partition::parse_number(p).is_some() && crate::partition::parse_number(s).is_some(),
+        );
+        if !ok {
+            return Err(crate::Error::invalid(format!("'{tag}' is not a partition tag of queue '{home}'")));
+        }
+        Ok(Keys { prefix: format!("{{{tag}}}:"), queue: self.queue.clone() })
+    }
+
     /// The queue's name (the `queue` label of metrics).
     pub fn queue(&self) -> &str {
         &self.queue
@@ -182,6 +197,12 @@ impl Keys {
         self.key("schedule-state")
     }
 
+    /// Zset (in a partition): tasks whose share there ended and is not yet counted in the home,
+    /// task id → when it ended (ms).
+    pub fn unreported(&self) -> String {
+        self.key("unreported")
+    }
+
     /// Every key a task owns (for removal; the same list as `task_keys` in lua/include/lib.lua).
     pub fn task_keys(&self, id: &str) -> [String; 6] {
         [self.task(id), self.terminal(id), self.results(id), self.errors(id), self.shard_keys(id), self.shards(id)]
@@ -199,6 +220,25 @@ mod tests {
         assert_eq!(k.queue(), "default");
         assert_eq!(k.leases(), "{shardctl:default}:leases");
         assert_eq!(k.terminal("t1"), "{shardctl:default}:task:t1:terminal");
+    }
+
+    #[test]
+    fn a_partition_has_the_same_names_under_its_own_tag() {
+        let k = Keys::new("shardctl", "q").unwrap();
+        let p = k.partition("shardctl:q@2.17").unwrap();
+        assert_eq!(p.wait(), "{shardctl:q@2.17}:wait");
+        assert_eq!(p.queue(), "q");
+        for bad in [
+            "shardctl:q",
+            "shardctl:q@2",
+            "shardctl:qq@1.0",
+            "other:q@1.0",
+            "shardctl:q@x.0",
+            "shardctl:q@1.0}",
+            "shardctl:q@01.0",
+        ] {
+            assert!(k.partition(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

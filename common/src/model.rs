@@ -309,6 +309,11 @@ pub struct TaskInfo {
     pub finished_ms: Option<u64>,
     /// Time of the last `retry`, if any: the time a run took counts from it.
     pub retried_ms: Option<u64>,
+    /// Partitions its shards are spread over (1: not partitioned).
+    pub partitions: u32,
+    /// Set when this record is one partition's share of a partitioned task, not a task.
+    #[serde(skip)]
+    pub share: Option<Share>,
     /// The aggregation's result.
     pub result: Option<serde_json::Value>,
     /// Why the aggregation failed, if it did.
@@ -318,7 +323,33 @@ pub struct TaskInfo {
     pub payload: String,
 }
 
+/// What makes a task record one partition's share of a partitioned task (ARCHITECTURE.md,
+/// "Partitioned queues"): its shards are the task's `base .. base + total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Share {
+    /// The partition, 1..=K.
+    pub part: u32,
+    /// The task's index of the share's shard 0.
+    pub base: u64,
+    /// The task's total (the share's own `total` is its size).
+    pub of: u64,
+    /// The home record's incarnation.
+    pub home_seq: u64,
+    /// The home's retry round it runs in.
+    pub round: u64,
+}
+
 impl TaskInfo {
+    /// The task's index of this record's shard `index` (the same unless it is a share).
+    pub fn global_index(&self, index: u64) -> u64 {
+        self.share.map_or(index, |s| s.base + index)
+    }
+
+    /// The task's shard count (a share's own `total` is its size).
+    pub fn task_total(&self) -> u64 {
+        self.share.map_or(self.total, |s| s.of)
+    }
+
     /// Builds the info from a task hash (`HGETALL`); `None` when the hash is empty.
     pub fn from_hash(task_id: &str, h: &HashMap<String, String>) -> Result<Option<Self>, Error> {
         if h.is_empty() {
@@ -355,6 +386,17 @@ impl TaskInfo {
             created_ms: num("created_ms")?,
             finished_ms: h.get("finished_ms").and_then(|v| v.parse().ok()),
             retried_ms: h.get("retried_ms").and_then(|v| v.parse().ok()),
+            partitions: h.get("partitions").and_then(|v| v.parse().ok()).unwrap_or(1),
+            share: match h.get("part") {
+                None => None,
+                Some(_) => Some(Share {
+                    part: num("part")? as u32,
+                    base: num("base")?,
+                    of: num("of")?,
+                    home_seq: num("home_seq")?,
+                    round: num("round")?,
+                }),
+            },
             result,
             aggregation_error: h.get("agg_error").cloned(),
             payload: h.get("payload").cloned().unwrap_or_else(|| "null".into()),

@@ -5,8 +5,157 @@
 
 use std::collections::BTreeMap;
 
+use redis::aio::ConnectionLike;
+
 use crate::error::{Error, Result};
+use crate::keys::Keys;
 use crate::slot::key_slot;
+
+/// A queue's keyspaces: its home and, when it is partitioned, partitions 1..=K.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    /// The home `{P:Q}`: queue-wide keys and task records.
+    pub home: Keys,
+    /// Partitions 1..=K in order (index p-1); empty for an unpartitioned queue (K = 1).
+    pub parts: Vec<Keys>,
+}
+
+impl Layout {
+    /// K: 1 for an unpartitioned queue.
+    pub fn count(&self) -> u32 {
+        (self.parts.len() as u32).max(1)
+    }
+
+    /// Whether tasks are split over partitions (K ≥ 2).
+    pub fn partitioned(&self) -> bool {
+        !self.parts.is_empty()
+    }
+
+    /// The keys of partition `p` (1-based).
+    pub fn part(&self, p: u32) -> Result<&Keys> {
+        self.parts
+            .get((p as usize).wrapping_sub(1))
+            .ok_or_else(|| Error::Protocol(format!("queue {} has no partition {p}", self.home.queue())))
+    }
+
+    /// Every keyspace the queue's shards run in: the home alone, or the partitions.
+    pub fn shard_spaces(&self) -> &[Keys] {
+        if self.parts.is_empty() {
+            std::slice::from_ref(&self.home)
+        } else {
+            &self.parts
+        }
+    }
+}
+
+/// Partition `p`'s share (1 ≤ p ≤ k) of a task of `n` shards: its first index and its size.
+/// Shard i belongs to partition `1 + ⌊i·k / n⌋`: contiguous ranges, sizes within one.
+pub fn share_range(p: u32, k: u32, n: u64) -> (u64, u64) {
+    let start = |p: u32| (((p as u128 - 1) * n as u128).div_ceil(k as u128)) as u64;
+    let (a, b) = (start(p), start(p + 1));
+    (a, b - a)
+}
+
+/// Reads the layout of `home`'s queue from its `meta` (`partitions`, `partition_tags`).
+pub async fn layout<C: ConnectionLike + Send>(con: &mut C, home: &Keys) -> Result<Layout> {
+    let (k, tags): (Option<u32>, Option<String>) =
+        redis::cmd("HMGET").arg(home.meta()).arg("partitions").arg("partition_tags").query_async(con).await?;
+    layout_of(home, k.unwrap_or(1), tags.as_deref().unwrap_or(""))
+}
+
+/// The layout stored as `k` and `tags` (space-separated).
+fn layout_of(home: &Keys, k: u32, tags: &str) -> Result<Layout> {
+    if k <= 1 {
+        return Ok(Layout { home: home.clone(), parts: Vec::new() });
+    }
+    let parts = tags.split_whitespace().map(|t| home.partition(t)).collect::<Result<Vec<_>>>()?;
+    if parts.len() != k as usize {
+        return Err(Error::Protocol(format!("queue {}: {k} partitions but {} tags stored", home.queue(), parts.len())));
+    }
+    Ok(Layout { home: home.clone(), parts })
+}
+
+/// The master (`host:port`) serving each slot, from `CLUSTER SLOTS`; `None` on a server without
+/// cluster support.
+pub async fn slot_owners<C: ConnectionLike + Send>(
+    con: &mut C,
+) -> Result<Option<(Vec<String>, Vec<(u16, u16, String)>)>> {
+    let reply: redis::RedisResult<redis::Value> = redis::cmd("CLUSTER").arg("SLOTS").query_async(con).await;
+    let v = match reply {
+        Ok(v) => v,
+        Err(e) if e.to_string().contains("cluster support disabled") => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let redis::Value::Array(ranges) = v else { return Err(Error::Protocol("CLUSTER SLOTS: not an array".into())) };
+    let mut out = Vec::new();
+    let mut masters: Vec<String> = Vec::new();
+    for r in ranges {
+        let redis::Value::Array(r) = r else { continue };
+        let (Some(redis::Value::Int(a)), Some(redis::Value::Int(b)), Some(redis::Value::Array(m))) =
+            (r.first(), r.get(1), r.get(2))
+        else {
+            continue;
+        };
+        let host = match m.first() {
+            Some(redis::Value::BulkString(h)) => String::from_utf8_lossy(h).into_owned(),
+            Some(redis::Value::SimpleString(h)) => h.clone(),
+            _ => continue,
+        };
+        let Some(redis::Value::Int(port)) = m.get(1) else { continue };
+        let master = format!("{host}:{port}");
+        if !masters.contains(&master) {
+            masters.push(master.clone());
+        }
+        out.push((*a as u16, *b as u16, master));
+    }
+    masters.sort();
+    Ok(Some((masters, out)))
+}
+
+/// Sets the queue's partition count to `k` (1 to [`MAX_PARTITIONS`]) and returns the layout.
+/// The tags are chosen from the cluster's slot map (one server: salt 0). Refused while a task
+/// dispatched over partitions is unfinished: its shares must be served where they are. Setting
+/// the count it has keeps the stored tags.
+pub async fn set_count<C: ConnectionLike + Send>(con: &mut C, home: &Keys, k: u32) -> Result<Layout> {
+    validate_count(k)?;
+    let now = layout(con, home).await?;
+    if now.count() == k {
+        return Ok(now);
+    }
+    let running: Vec<String> = redis::cmd("ZRANGE").arg(home.running()).arg(0).arg(-1).query_async(con).await?;
+    for id in running {
+        let parts: Option<u32> = redis::cmd("HGET").arg(home.task(&id)).arg("partitions").query_async(con).await?;
+        if parts.is_some() {
+            return Err(Error::invalid(format!(
+                "task '{id}' runs over {} partitions: wait for it (or cancel it) before changing the count",
+                now.count()
+            )));
+        }
+    }
+    let (prefix, queue) = home_names(home);
+    let tags = match slot_owners(con).await? {
+        None => choose_tags(&prefix, queue, k, &[], |_| None)?,
+        Some((masters, ranges)) => choose_tags(&prefix, queue, k, &masters, |slot| {
+            ranges.iter().find(|(a, b, _)| (*a..=*b).contains(&slot)).map(|(_, _, m)| m.clone())
+        })?,
+    };
+    let () = redis::cmd("HSET")
+        .arg(home.meta())
+        .arg("partitions")
+        .arg(k)
+        .arg("partition_tags")
+        .arg(tags.join(" "))
+        .query_async(con)
+        .await?;
+    layout_of(home, k, &tags.join(" "))
+}
+
+/// The prefix and queue names of a home's keys.
+fn home_names(home: &Keys) -> (String, &str) {
+    let tag = &home.prefix()[1..home.prefix().len() - 2];
+    let prefix = tag[..tag.len() - home.queue().len() - 1].to_owned();
+    (prefix, home.queue())
+}
 
 /// Most partitions of a queue.
 pub const MAX_PARTITIONS: u32 = 64;
@@ -14,6 +163,14 @@ pub const MAX_PARTITIONS: u32 = 64;
 /// The hash tag (without braces) of partition `p` of `queue` under `prefix`, with salt `salt`.
 pub fn tag(prefix: &str, queue: &str, p: u32, salt: u32) -> String {
     format!("{prefix}:{queue}@{p}.{salt}")
+}
+
+/// A partition number or salt as written in a tag: decimal digits, no leading zero, < 2^32.
+pub fn parse_number(s: &str) -> Option<u32> {
+    if s.is_empty() || s.len() > 10 || (s.len() > 1 && s.starts_with('0')) || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
 }
 
 /// Checks a partition count: 1 (no partitions: today's layout) to [`MAX_PARTITIONS`].
@@ -27,8 +184,10 @@ pub fn validate_count(k: u32) -> Result<()> {
 
 /// The tags of partitions 1..=`k`. `owner` names the master serving a slot (`None`: one server,
 /// where every salt is 0). On a cluster each partition in turn takes the smallest salt whose
-/// slot's master holds the fewest partitions so far, the home's master counting as holding one
-/// (it carries the queue-wide keys), ties to the master listed first in `masters`.
+/// slot's master holds the fewest partitions so far, so that partitions land on distinct
+/// masters while there are enough; among those, a master other than the home's first (it
+/// carries the queue-wide keys, a light load beside a partition's), then the one listed first
+/// in `masters`.
 pub fn choose_tags(
     prefix: &str,
     queue: &str,
@@ -45,13 +204,11 @@ pub fn choose_tags(
         return Ok((1..=k).map(|p| tag(prefix, queue, p, 0)).collect());
     };
     let mut held: BTreeMap<&str, u32> = masters.iter().map(|m| (m.as_str(), 0)).collect();
-    if let Some(h) = held.get_mut(home.as_str()) {
-        *h += 1;
-    }
     let mut out = Vec::new();
     for p in 1..=k {
         let least = masters.iter().map(|m| held[m.as_str()]).min().unwrap_or(0);
-        let target = masters.iter().find(|m| held[m.as_str()] == least).cloned();
+        let fewest = || masters.iter().filter(|m| held[m.as_str()] == least);
+        let target = fewest().find(|m| **m != home).or_else(|| fewest().next()).cloned();
         let mut chosen = None;
         // each salt lands on a master with probability about 1/masters: a few tries suffice
         for salt in 0..100_000 {
@@ -71,9 +228,71 @@ pub fn choose_tags(
     Ok(out)
 }
 
+/// Shares looked at per partition and call of [`drop_orphans`].
+const ORPHAN_BATCH: isize = 1000;
+
+/// Removes shares whose home record is gone (cleaned, or expired with its retention) or is
+/// another incarnation, among the oldest [`ORPHAN_BATCH`] of each partition. Three round trips
+/// per partition. Returns how many were removed.
+pub async fn drop_orphans<C: ConnectionLike + Send>(con: &mut C, layout: &Layout) -> Result<u64> {
+    let mut removed = 0;
+    for pk in &layout.parts {
+        let ids: Vec<String> =
+            redis::cmd("ZRANGE").arg(pk.index()).arg(0).arg(ORPHAN_BATCH - 1).query_async(con).await?;
+        if ids.is_empty() {
+            continue;
+        }
+        let mut theirs = redis::pipe();
+        let mut homes = redis::pipe();
+        for id in &ids {
+            theirs.hget(pk.task(id), "home_seq");
+            homes.hget(layout.home.task(id), "seq");
+        }
+        let theirs: Vec<Option<u64>> = theirs.query_async(con).await?;
+        let homes: Vec<Option<u64>> = homes.query_async(con).await?;
+        let (mut pipe, mut here) = (redis::pipe(), 0);
+        for ((id, share), home) in ids.iter().zip(theirs).zip(homes) {
+            if share.is_some() && share == home {
+                continue;
+            }
+            // nothing of this share runs again (a claim of it finds no task and lets go)
+            for k in pk.task_keys(id) {
+                pipe.del(k).ignore();
+            }
+            for z in [pk.index(), pk.tasks(), pk.unreported(), pk.finished(), pk.running(), pk.expiring()] {
+                pipe.zrem(z, id).ignore();
+            }
+            here += 1;
+        }
+        if here > 0 {
+            let () = pipe.query_async(con).await?;
+            removed += here;
+        }
+    }
+    Ok(removed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shares_cover_the_task_once_in_order() {
+        for (k, n) in [(2u32, 1u64), (3, 2), (3, 3), (3, 10), (7, 1_000_003), (64, 4_294_967_296), (2, 4_294_967_296)] {
+            let mut next = 0;
+            for p in 1..=k {
+                let (base, size) = share_range(p, k, n);
+                assert_eq!(base, next, "k {k} n {n} p {p}");
+                for i in [base, base + size.saturating_sub(1)] {
+                    if size > 0 {
+                        assert_eq!(1 + (i as u128 * k as u128 / n as u128) as u32, p, "shard {i} of {n} over {k}");
+                    }
+                }
+                next = base + size;
+            }
+            assert_eq!(next, n);
+        }
+    }
 
     /// Three masters owning thirds of the slots.
     fn thirds(slot: u16) -> Option<String> {
@@ -93,7 +312,7 @@ mod tests {
     }
 
     #[test]
-    fn on_a_cluster_partitions_land_on_distinct_masters_home_last() {
+    fn on_a_cluster_partitions_land_on_distinct_masters_the_homes_last() {
         let masters: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
         let home = thirds(key_slot("{shardctl:q}")).unwrap();
         for k in [2u32, 3, 6] {
@@ -104,15 +323,16 @@ mod tests {
             for o in &owners {
                 *count.entry(o.as_str()).or_default() += 1;
             }
-            // the home's master counts one: the others fill first, then all evenly
-            let with_home = |m: &str| count.get(m).copied().unwrap_or(0) + u32::from(m == home);
-            let (lo, hi) = (
-                masters.iter().map(|m| with_home(m)).min().unwrap(),
-                masters.iter().map(|m| with_home(m)).max().unwrap(),
-            );
+            // evenly over the masters, the home's master last to take one more
+            let held = |m: &str| count.get(m).copied().unwrap_or(0);
+            let (lo, hi) =
+                (masters.iter().map(|m| held(m)).min().unwrap(), masters.iter().map(|m| held(m)).max().unwrap());
             assert!(hi - lo <= 1, "k={k}: {owners:?} (home on {home})");
             if k == 2 {
                 assert!(!owners.contains(&home), "k=2 keeps the home's master free: {owners:?}");
+            }
+            if k == 3 {
+                assert_eq!(count.len(), 3, "k=3: one partition per master: {owners:?}");
             }
             // distinct tags, none a queue name's tag
             assert!(tags.iter().all(|t| t.contains('@')));

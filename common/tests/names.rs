@@ -50,6 +50,7 @@ const QUEUE_KEYS: &[(&str, QueueKey)] = &[
     ("limiter", Keys::limiter),
     ("schedules", Keys::schedules),
     ("schedule_state", Keys::schedule_state),
+    ("unreported", Keys::unreported),
 ];
 /// Every key of one task, by task id (and `task_keys`, enumerated on its own).
 const TASK_KEYS: &[(&str, NamedKey)] = &[
@@ -66,7 +67,7 @@ const NODE_KEYS: &[(&str, NamedKey)] =
 // No key is built from an executor instance (leases are members of `leases`) nor from a shard
 // ref (per-shard state is a field of the task's `shards` hash).
 /// `Keys` methods that build no key of their own.
-const NOT_KEYS: &[&str] = &["new", "queue", "prefix", "task_keys"];
+const NOT_KEYS: &[&str] = &["new", "queue", "prefix", "task_keys", "partition"];
 
 /// Incarnations (task `seq`) each task id is enumerated with.
 const INCARNATIONS: &[u64] = &[1, 2, 10, 12, 123];
@@ -341,7 +342,22 @@ fn no_two_entities_share_a_key_and_every_key_has_its_queues_tag() {
                 assert!(key.starts_with(k.prefix()), "{key} is outside {}", k.prefix());
                 assert_eq!(hash_tag(key), tag, "{key} is in another slot than queue {q} of {p}");
             }
-            own_slot(tag, queue_owner);
+            own_slot(tag, queue_owner.clone());
+            // its partitions: the same names under a tag of their own, never another queue's
+            for (pn, salt) in [(1, 0), (2, 0), (2, 7), (10, 123)] {
+                let ptag = shardctl_common::partition::tag(p, q, pn, salt);
+                let pk = k.partition(&ptag).unwrap();
+                let owner = format!("{queue_owner} partition {pn}.{salt}");
+                let mut of_part: Vec<String> = QUEUE_KEYS.iter().map(|(_, f)| f(&pk)).collect();
+                for t in tasks.iter().take(20) {
+                    of_part.extend(TASK_KEYS.iter().map(|(_, f)| f(&pk, t)));
+                }
+                for (i, key) in of_part.iter().enumerate() {
+                    reg.add(key.clone(), &owner, &format!("partition key {i}"));
+                    assert_eq!(hash_tag(key), ptag, "{key} is outside partition {ptag}");
+                }
+                own_slot(ptag, owner);
+            }
         }
     }
     for p in prefixes.iter().cloned().chain(valid(Kind::Prefix)).collect::<BTreeSet<_>>() {

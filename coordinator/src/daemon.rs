@@ -127,13 +127,19 @@ pub async fn snapshot(con: &mut Conn, keys: &Keys, now_ms: u64, retention: Durat
     if !ids.is_empty() {
         let mut pipe = redis::pipe();
         for id in &ids {
-            pipe.cmd("HMGET").arg(keys.task(id)).arg(&["kind", "state", "total", "done", "failed"]);
+            pipe.cmd("HMGET").arg(keys.task(id)).arg(&["kind", "state", "total", "done", "failed", "partitions"]);
         }
-        type Fields = (Option<String>, Option<String>, Option<u64>, Option<u64>, Option<u64>);
+        type Fields = (Option<String>, Option<String>, Option<u64>, Option<u64>, Option<u64>, Option<u32>);
         let rows: Vec<Fields> = pipe.query_async(con).await?;
-        for (id, (kind, state, total, done, failed)) in ids.into_iter().zip(rows) {
+        for (id, (kind, state, total, mut done, mut failed, parts)) in ids.into_iter().zip(rows) {
             // removed meanwhile
             let (Some(kind), Some(state)) = (kind, state) else { continue };
+            if parts.is_some_and(|k| k > 1) && state == "running" {
+                // over partitions: its shares' live counts
+                if let Ok(t) = progress::task(con, keys, id).await {
+                    (done, failed) = (Some(t.done), Some(t.failed));
+                }
+            }
             if state == "failed" {
                 out.failed_tasks += 1;
             }
@@ -157,7 +163,25 @@ pub async fn snapshot(con: &mut Conn, keys: &Keys, now_ms: u64, retention: Durat
 /// and a reading published to the gauges every refresh. Redis errors are logged and the next
 /// refresh tries again (meanwhile the gauges age out: a silent daemon exports nothing stale).
 pub async fn run(mut con: Conn, keys: Keys, cfg: DaemonConfig, stop: CancellationToken) {
-    let sweeper = tokio::spawn(sweep::run(con.clone(), keys.clone(), cfg.sweep.clone(), stop.clone(), |_| {}));
+    let mut sweepers =
+        vec![tokio::spawn(sweep::run(con.clone(), keys.clone(), cfg.sweep.clone(), stop.clone(), |_| {}))];
+    // a partitioned queue: each partition's sweep, and the reports of ended shares to the home
+    match shardctl_common::partition::layout(&mut con, &keys).await {
+        Ok(layout) if layout.partitioned() => {
+            for pk in &layout.parts {
+                sweepers.push(tokio::spawn(sweep::run(
+                    con.clone(),
+                    pk.clone(),
+                    cfg.sweep.clone(),
+                    stop.clone(),
+                    |_| {},
+                )));
+            }
+            sweepers.push(tokio::spawn(crate::partitions::run(con.clone(), layout, stop.clone())));
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!("reading the queue's partitions: {e}"),
+    }
     let firing = tokio::spawn(crate::firing::run(con.clone(), keys.clone(), stop.clone()));
     let mut tick = tokio::time::interval(cfg.refresh);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -172,7 +196,9 @@ pub async fn run(mut con: Conn, keys: Keys, cfg: DaemonConfig, stop: Cancellatio
         refresh(&mut con, &keys, &cfg).await;
     }
     let _ = crate::presence::withdraw(&mut con, &keys).await;
-    let _ = sweeper.await;
+    for s in sweepers {
+        let _ = s.await;
+    }
     let _ = firing.await;
 }
 

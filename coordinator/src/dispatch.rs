@@ -17,6 +17,11 @@ pub fn new_task_id() -> String {
 /// An id already in use is refused ([`ScriptCode::TaskExists`]).
 pub async fn create_task<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, spec: &TaskSpec) -> Result<()> {
     spec.validate()?;
+    // a partitioned queue: a home record and one share per partition
+    let layout = shardctl_common::partition::layout(con, keys).await?;
+    if layout.partitioned() {
+        return crate::partitions::dispatch(con, &layout, spec).await;
+    }
     match scripts::dispatch(con, keys, spec).await {
         Err(Error::Script(c @ ScriptCode::TaskExists)) => Err(taken(c, &spec.id)),
         other => other,
@@ -52,6 +57,17 @@ pub async fn dispatch(
     use redis::AsyncCommands;
     use shardctl_common::ring::Strategy;
 
+    if spec.strategy != Strategy::Pull || shard_keys.is_some() {
+        let layout = shardctl_common::partition::layout(con, keys).await?;
+        if layout.partitioned() {
+            // refused there with the reason
+            return crate::partitions::dispatch(con, &layout, spec).await.map(|()| Dispatched {
+                resumed: false,
+                placed: 0,
+                live: 0,
+            });
+        }
+    }
     if spec.strategy == Strategy::Pull {
         if shard_keys.is_some() {
             return Err(Error::invalid(

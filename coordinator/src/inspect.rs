@@ -44,6 +44,7 @@ const LIST_FIELDS: &[&str] = &[
     "finished_ms",
     "retried_ms",
     "agg_error",
+    "partitions",
 ];
 
 /// Which tasks a page lists.
@@ -155,7 +156,11 @@ pub async fn tasks_without_payload<C: ConnectionLike + Send>(
     for (id, row) in ids.iter().zip(rows) {
         let h: std::collections::HashMap<String, String> =
             LIST_FIELDS.iter().zip(row).filter_map(|(f, v)| v.map(|v| ((*f).to_owned(), v))).collect();
-        out.push(TaskInfo::from_hash(id, &h)?);
+        let mut t = TaskInfo::from_hash(id, &h)?;
+        if let Some(t) = t.as_mut() {
+            crate::progress::live_counts(con, keys, t).await?;
+        }
+        out.push(t);
     }
     Ok(out)
 }

@@ -14,6 +14,8 @@
 //! - [`rebalance`]: failover and rebalancing under a short lock.
 //! - [`firing`]: firing due cron schedules (each fire time's task created once); the
 //!   schedules themselves are stored by `shardctl_common::schedule`.
+//! - [`partitions`]: tasks over a partitioned queue: dispatch as a home record and shares, the
+//!   report of ended shares to the home, orphaned shares removed.
 //! - [`progress`]: one task's state and counts, a queue's counts, failed shards.
 //! - [`inspect`]: bounded reads for the dashboard: task pages, reason pages, the event log's
 //!   tail, a task's shard map.
@@ -38,6 +40,7 @@ pub mod inspect;
 pub mod liveness;
 pub mod membership;
 pub mod metrics;
+pub mod partitions;
 pub mod presence;
 pub mod progress;
 pub mod rebalance;

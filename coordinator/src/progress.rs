@@ -12,7 +12,36 @@ use shardctl_common::{Error, Keys, Result};
 pub async fn task<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str) -> Result<TaskInfo> {
     shardctl_common::names::validate_task_id(id)?;
     let h: HashMap<String, String> = redis::cmd("HGETALL").arg(keys.task(id)).query_async(con).await?;
-    TaskInfo::from_hash(id, &h)?.ok_or_else(|| Error::NoTask(id.to_owned()))
+    let mut t = TaskInfo::from_hash(id, &h)?.ok_or_else(|| Error::NoTask(id.to_owned()))?;
+    live_counts(con, keys, &mut t).await?;
+    Ok(t)
+}
+
+/// A running task over partitions counts its shards in its home as each share ends: its live
+/// counts are its shares' (one read per partition). Any other task is left as it is.
+pub async fn live_counts<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, t: &mut TaskInfo) -> Result<()> {
+    if t.partitions <= 1 || t.state != shardctl_common::model::TaskState::Running {
+        return Ok(());
+    }
+    let layout = shardctl_common::partition::layout(con, keys).await?;
+    let (mut done, mut failed, mut cursor) = (0, 0, 0);
+    for pk in &layout.parts {
+        let (d, f, c, home_seq): (Option<u64>, Option<u64>, Option<u64>, Option<u64>) = redis::cmd("HMGET")
+            .arg(pk.task(&t.task_id))
+            .arg(&["done", "failed", "cursor", "home_seq"])
+            .query_async(con)
+            .await?;
+        if home_seq == Some(t.seq) {
+            done += d.unwrap_or(0);
+            failed += f.unwrap_or(0);
+            cursor += c.unwrap_or(0);
+        }
+    }
+    // never behind what the home has counted (a share removed after its report)
+    t.done = t.done.max(done);
+    t.failed = t.failed.max(failed);
+    t.cursor = cursor;
+    Ok(())
 }
 
 /// A queue's counts.
@@ -47,8 +76,22 @@ pub struct ShardCounts {
     pub delayed: u64,
 }
 
-/// The shard counts of a queue: a few round trips whatever its size (one per kind of list).
+/// The shard counts of a queue: a few round trips whatever its size (one per kind of list), per
+/// keyspace of a partitioned queue (its home and each partition, summed).
 pub async fn shard_counts<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Result<ShardCounts> {
+    let mut c = space_counts(con, keys).await?;
+    let layout = shardctl_common::partition::layout(con, keys).await?;
+    for pk in &layout.parts {
+        let p = space_counts(con, pk).await?;
+        c.waiting += p.waiting;
+        c.active += p.active;
+        c.delayed += p.delayed;
+    }
+    Ok(c)
+}
+
+/// The shard counts of one keyspace.
+async fn space_counts<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Result<ShardCounts> {
     #[allow(clippy::type_complexity)]
     let (paused, wait, active, pinned, delayed, rerouted, runnable, routed_nodes, unrouted, scheduled): (
         Option<String>,
@@ -147,6 +190,19 @@ pub async fn failed_shards<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, i
     shardctl_common::names::validate_task_id(id)?;
     let h: HashMap<String, String> = redis::cmd("HGETALL").arg(keys.errors(id)).query_async(con).await?;
     let mut v: Vec<(u64, String)> = h.into_iter().filter_map(|(k, r)| k.parse().ok().map(|i| (i, r))).collect();
+    // a task over partitions: its shares' reasons, at the task's indexes
+    let (parts, seq): (Option<u32>, Option<u64>) =
+        redis::cmd("HMGET").arg(keys.task(id)).arg("partitions").arg("seq").query_async(con).await?;
+    if parts.is_some_and(|k| k > 1) {
+        let layout = shardctl_common::partition::layout(con, keys).await?;
+        for pk in &layout.parts {
+            let (base, home_seq): (Option<u64>, Option<u64>) =
+                redis::cmd("HMGET").arg(pk.task(id)).arg("base").arg("home_seq").query_async(con).await?;
+            let (Some(base), true) = (base, home_seq == seq) else { continue };
+            let h: HashMap<String, String> = redis::cmd("HGETALL").arg(pk.errors(id)).query_async(con).await?;
+            v.extend(h.into_iter().filter_map(|(k, r)| k.parse::<u64>().ok().map(|i| (base + i, r))));
+        }
+    }
     v.sort();
     Ok(v)
 }

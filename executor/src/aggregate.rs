@@ -28,10 +28,53 @@ async fn scan_hash(con: &mut Conn, key: &str) -> Result<HashMap<u64, String>> {
     }
 }
 
-/// Every shard's outcome: its stored result (`null` when none was stored) or its failure.
-pub(crate) async fn outcomes(con: &mut Conn, keys: &Keys, task: &TaskInfo) -> Result<Vec<ShardOutcome>> {
-    let results = scan_hash(con, &keys.results(&task.task_id)).await?;
-    let errors = scan_hash(con, &keys.errors(&task.task_id)).await?;
+/// Every shard's outcome: its stored result (`null` when none was stored) or its failure. A
+/// task spread over partitions (`parts`, the queue's partitions) has them in its shares, indexed
+/// from each share's `base`.
+pub(crate) async fn outcomes(
+    con: &mut Conn,
+    keys: &Keys,
+    parts: &[Keys],
+    task: &TaskInfo,
+) -> Result<Vec<ShardOutcome>> {
+    let (mut results, mut errors) = (HashMap::new(), HashMap::new());
+    if task.partitions <= 1 {
+        results = scan_hash(con, &keys.results(&task.task_id)).await?;
+        errors = scan_hash(con, &keys.errors(&task.task_id)).await?;
+    } else {
+        if parts.len() != task.partitions as usize {
+            return Err(shardctl_common::Error::Protocol(format!(
+                "task {} runs over {} partitions, this executor serves {}",
+                task.task_id,
+                task.partitions,
+                parts.len()
+            )));
+        }
+        for (p, pk) in parts.iter().enumerate() {
+            // fewer shards than partitions: the last ones have no share
+            if shardctl_common::partition::share_range(p as u32 + 1, task.partitions, task.total).1 == 0 {
+                continue;
+            }
+            let (base, home_seq): (Option<u64>, Option<u64>) =
+                redis::cmd("HMGET").arg(pk.task(&task.task_id)).arg("base").arg("home_seq").query_async(con).await?;
+            let (Some(base), Some(home_seq)) = (base, home_seq) else {
+                return Err(shardctl_common::Error::Protocol(format!(
+                    "task {}: share {} is gone",
+                    task.task_id,
+                    p + 1
+                )));
+            };
+            if home_seq != task.seq {
+                return Err(shardctl_common::Error::Protocol(format!(
+                    "task {}: share {} belongs to another incarnation",
+                    task.task_id,
+                    p + 1
+                )));
+            }
+            results.extend(scan_hash(con, &pk.results(&task.task_id)).await?.into_iter().map(|(i, v)| (base + i, v)));
+            errors.extend(scan_hash(con, &pk.errors(&task.task_id)).await?.into_iter().map(|(i, v)| (base + i, v)));
+        }
+    }
     Ok((0..task.total)
         .map(|index| {
             let result = match (results.get(&index), errors.get(&index)) {

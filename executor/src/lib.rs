@@ -67,5 +67,5 @@ pub use handler::{
     run_cpu, run_cpu_of, AggregateContext, Aggregator, BoxFuture, Handler, Registry, ShardContext, ShardError,
     ShardOutcome,
 };
-pub use runtime::Executor;
+pub use runtime::{Executor, Sharing};
 pub use stats::{Stats, StatsSnapshot};

@@ -154,11 +154,10 @@ async fn run_handler(
     let Some(handler) = shared.registry.handler_for(&info.kind) else {
         return Err(ShardError(format!("no handler for kind {} on node {}", info.kind, shared.node_id)));
     };
-    if index >= info.total || info.items < info.total {
-        return Err(ShardError(format!(
-            "shard {index} is outside the task ({} shards, {} items)",
-            info.total, info.items
-        )));
+    // a share's shards are the task's base..base+total: the handler sees the task's index
+    let (local, index, total) = (index, info.global_index(index), info.task_total());
+    if local >= info.total || index >= total || info.items < total {
+        return Err(ShardError(format!("shard {index} is outside the task ({total} shards, {} items)", info.items)));
     }
     let key = if info.has_keys {
         let mut con = shared.con.clone();
@@ -176,8 +175,8 @@ async fn run_handler(
         task_id: info.task_id.clone(),
         kind: info.kind.clone(),
         index,
-        total: info.total,
-        range: shard_range(index, info.total, info.items),
+        total,
+        range: shard_range(index, total, info.items),
         key,
         payload: meta.payload.clone(),
         attempt: claim.attempt,
@@ -204,7 +203,7 @@ async fn run_aggregator(
         .map_err(|e| ShardError(format!("reading the task: {e}")))?
         .filter(|m| m.info.seq == r.inc)
         .ok_or_else(|| ShardError::new("task missing"))?;
-    let results = crate::aggregate::outcomes(&mut con, &shared.keys, &meta.info)
+    let results = crate::aggregate::outcomes(&mut con, &shared.keys, &shared.partitions, &meta.info)
         .await
         .map_err(|e| ShardError(format!("reading shard results: {e}")))?;
     let info = meta.info;

@@ -62,6 +62,8 @@ pub(crate) struct Shared {
     pub(crate) claims: ClaimState,
     /// What the next heartbeat must do besides extending the lease.
     pub(crate) beat: BeatRequests,
+    /// The queue's partitions, for the aggregation of a task spread over them (empty: none).
+    pub(crate) partitions: Vec<Keys>,
 }
 
 /// The claim loop's state that the heartbeat and the reporter read.
@@ -94,6 +96,19 @@ pub(crate) struct BeatRequests {
     pub(crate) cancels: Mutex<crate::heartbeat::Cancels>,
 }
 
+/// What the runtimes of one node over a partitioned queue share: the run slots and the counters.
+pub struct Sharing {
+    budget: Arc<crate::starts::Budget>,
+    stats: Arc<Stats>,
+}
+
+impl Sharing {
+    /// `concurrency` run slots over every runtime built with it.
+    pub fn new(concurrency: usize) -> Sharing {
+        Sharing { budget: crate::starts::Budget::new(concurrency), stats: Arc::new(Stats::default()) }
+    }
+}
+
 /// One executor process's runtime.
 pub struct Executor {
     shared: Arc<Shared>,
@@ -102,6 +117,32 @@ pub struct Executor {
 impl Executor {
     /// Connects to Redis; fails at once when it cannot be reached or the config is invalid.
     pub async fn connect(endpoint: Endpoint, keys: Keys, cfg: ExecutorConfig, registry: Registry) -> Result<Self> {
+        Executor::connect_shared(endpoint, keys, cfg, registry, None, Vec::new()).await
+    }
+
+    /// [`Executor::connect`] for one keyspace of a partitioned queue (its home or one partition):
+    /// the runtimes of one node share `with`'s run budget (`--concurrency` over all of them) and
+    /// counters, and the home's aggregates tasks from their shares in `partitions`.
+    pub async fn connect_partition(
+        endpoint: Endpoint,
+        keys: Keys,
+        cfg: ExecutorConfig,
+        registry: Registry,
+        with: &Sharing,
+        partitions: Vec<Keys>,
+    ) -> Result<Self> {
+        Executor::connect_shared(endpoint, keys, cfg, registry, Some(with), partitions).await
+    }
+
+    async fn connect_shared(
+        endpoint: Endpoint,
+        keys: Keys,
+        cfg: ExecutorConfig,
+        registry: Registry,
+        with: Option<&Sharing>,
+        partitions: Vec<Keys>,
+    ) -> Result<Self> {
+        let budget = with.map(|w| w.budget.clone());
         cfg.validate().map_err(shardctl_common::Error::Invalid)?;
         let con = endpoint.manager().await?;
         let node_id: Arc<str> = Arc::from(cfg.node_id.as_str());
@@ -116,7 +157,7 @@ impl Executor {
             con,
             held: Mutex::new(HashMap::new()),
             tasks: TaskCache::default(),
-            stats: Arc::new(Stats::default()),
+            stats: with.map_or_else(|| Arc::new(Stats::default()), |w| w.stats.clone()),
             metrics,
             outbox: Default::default(),
             aborting: AtomicBool::new(false),
@@ -124,10 +165,14 @@ impl Executor {
             routing_wanted: Arc::new(tokio::sync::Notify::new()),
             node_id,
             ahead: Default::default(),
-            starts: crate::starts::Starts::new(concurrency, TaskTracker::new()),
+            starts: crate::starts::Starts::new(concurrency, TaskTracker::new(), budget.clone()),
             claims: ClaimState { in_flight: AtomicU64::new(NO_CLAIM), ..Default::default() },
             beat: BeatRequests::default(),
+            partitions,
         });
+        if let Some(b) = &budget {
+            b.join(&shared);
+        }
         Ok(Executor { shared })
     }
 

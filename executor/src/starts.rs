@@ -11,7 +11,8 @@
 //! instead of waiting behind them here.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use shardctl_common::scripts::Claimed;
@@ -36,11 +37,63 @@ struct State {
     closed: bool,
 }
 
+/// The run slots that the runtimes of one node share, one runtime per partition of a queue
+/// (ARCHITECTURE.md, "Partitioned queues"): at most `limit` shards run at once over all of them,
+/// and what they hold (running or claimed ahead) counts against one claim target.
+pub(crate) struct Budget {
+    limit: usize,
+    running: AtomicUsize,
+    members: Mutex<Vec<Weak<Shared>>>,
+    /// Where the next slot freed starts looking for a waiting shard: the runtimes take turns.
+    turn: AtomicUsize,
+}
+
+impl Budget {
+    /// `limit` run slots (the node's `--concurrency`) shared by the runtimes built with it.
+    pub(crate) fn new(limit: usize) -> Arc<Budget> {
+        Arc::new(Budget { limit, running: AtomicUsize::new(0), members: Mutex::default(), turn: AtomicUsize::new(0) })
+    }
+
+    pub(crate) fn join(&self, member: &Arc<Shared>) {
+        self.members.lock().unwrap().push(Arc::downgrade(member));
+    }
+
+    fn members(&self) -> Vec<Arc<Shared>> {
+        self.members.lock().unwrap().iter().filter_map(Weak::upgrade).collect()
+    }
+
+    /// Takes a run slot if one is free.
+    fn take(&self) -> bool {
+        self.running.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |r| (r < self.limit).then_some(r + 1)).is_ok()
+    }
+
+    /// Shards held by every runtime: running or waiting for a slot.
+    fn outstanding(&self) -> usize {
+        self.members().iter().map(|m| m.starts.own_outstanding()).sum()
+    }
+
+    /// A slot was freed: every runtime in turn may start a waiting shard, and claim again.
+    fn freed(&self) {
+        self.running.fetch_sub(1, Ordering::SeqCst);
+        let members = self.members();
+        if members.is_empty() {
+            return;
+        }
+        let first = self.turn.fetch_add(1, Ordering::Relaxed) % members.len();
+        for m in members.iter().cycle().skip(first).take(members.len()) {
+            start_next(m);
+            m.starts.freed.notify_one();
+        }
+    }
+}
+
 /// The slots of one executor.
 pub(crate) struct Starts {
     state: Mutex<State>,
     concurrency: usize,
     tracker: TaskTracker,
+    /// Shared with the node's other runtimes (partitions), if any.
+    budget: Option<Arc<Budget>>,
     /// Notified when a shard ends: the claim loop may claim again.
     pub(crate) freed: tokio::sync::Notify,
 }
@@ -58,12 +111,15 @@ impl Drop for Slot {
         }
         starts.freed.notify_one();
         start_next(&self.0);
+        if let Some(b) = &starts.budget {
+            b.freed();
+        }
     }
 }
 
 impl Starts {
-    pub(crate) fn new(concurrency: usize, tracker: TaskTracker) -> Starts {
-        Starts { state: Mutex::default(), concurrency, tracker, freed: tokio::sync::Notify::new() }
+    pub(crate) fn new(concurrency: usize, tracker: TaskTracker, budget: Option<Arc<Budget>>) -> Starts {
+        Starts { state: Mutex::default(), concurrency, tracker, budget, freed: tokio::sync::Notify::new() }
     }
 
     /// The tracker of every shard task.
@@ -71,16 +127,30 @@ impl Starts {
         &self.tracker
     }
 
-    /// Shards claimed and not ended: running or waiting.
+    /// Shards claimed and not ended: running or waiting (of every runtime sharing the budget).
     pub(crate) fn outstanding(&self) -> usize {
+        match &self.budget {
+            Some(b) => b.outstanding(),
+            None => self.own_outstanding(),
+        }
+    }
+
+    /// Shards of this runtime claimed and not ended.
+    pub(crate) fn own_outstanding(&self) -> usize {
         let s = self.state.lock().unwrap();
         s.running + s.waiting.len()
     }
 
     /// Slots free now that no waiting shard will take.
     pub(crate) fn free(&self) -> usize {
-        let s = self.state.lock().unwrap();
-        self.concurrency.saturating_sub(s.running + s.waiting.len())
+        let own = {
+            let s = self.state.lock().unwrap();
+            self.concurrency.saturating_sub(s.running + s.waiting.len())
+        };
+        match &self.budget {
+            Some(b) => own.min(b.limit.saturating_sub(b.outstanding())),
+            None => own,
+        }
     }
 
     /// How long the running shards have gone without one ending (`None` when none runs): a
@@ -140,6 +210,11 @@ fn start_next(shared: &Arc<Shared>) {
                 drop(s);
                 crate::run::unstarted(shared, w.claim, &w.cancel);
                 continue;
+            }
+            if starts.budget.as_ref().is_some_and(|b| !b.take()) {
+                // every slot of the node is busy: the next freed one starts it
+                s.waiting.push_front(w);
+                return;
             }
             if s.running == 0 {
                 s.busy_since = Some(Instant::now());

@@ -224,16 +224,33 @@ local function requeue(prefix, ref, front)
   return true
 end
 
--- Enqueues the aggregation job if the task's counts say every shard is terminal.
+-- Enqueues the aggregation job of a task whose every shard is terminal (`c`: its done, failed
+-- and seq).
+local function enqueue_aggregation(prefix, tid, done, failed, seq, now)
+  rcall('HSET', task_key(prefix, tid, ''), 'state', 'aggregating', 'aggregating_ms', now)
+  rcall('LPUSH', K.wait, tid .. ':' .. seq .. ':agg')
+  wake()
+  emit('event', 'task_aggregating', 'task', tid, 'done', done, 'failed', failed)
+end
+
+-- Enqueues the aggregation job if the task's counts say every shard is terminal. A share of a
+-- partitioned task (it has `part`) is counted one level up instead (ARCHITECTURE.md
+-- "Partitioned queues"): it waits in `unreported` until report.lua in the home has counted it
+-- and ack.lua removed it, and its keys take the task's retention from now.
 local function maybe_aggregate(prefix, tid, now)
   local tkey = task_key(prefix, tid, '')
-  local c = rcall('HMGET', tkey, 'done', 'failed', 'total', 'seq')
-  if tonumber(c[1]) + tonumber(c[2]) == tonumber(c[3]) then
+  local c = rcall('HMGET', tkey, 'done', 'failed', 'total', 'seq', 'part', 'retain_ms')
+  if tonumber(c[1]) + tonumber(c[2]) ~= tonumber(c[3]) then return end
+  if c[5] then
     rcall('HSET', tkey, 'state', 'aggregating', 'aggregating_ms', now)
-    rcall('LPUSH', K.wait, tid .. ':' .. c[4] .. ':agg')
-    wake()
-    emit('event', 'task_aggregating', 'task', tid, 'done', c[1], 'failed', c[2])
+    rcall('ZADD', K.unreported, now, tid)
+    local retain = tonumber(c[6] or '0')
+    if retain > 0 then
+      for _, sfx in ipairs(TASK_SUFFIXES) do rcall('PEXPIRE', task_key(prefix, tid, sfx), retain) end
+    end
+    return
   end
+  enqueue_aggregation(prefix, tid, c[1], c[2], c[4], now)
 end
 
 -- Marks shard `idx` of a task terminal and counts it in `field` ('done' or 'failed'), once:
@@ -318,9 +335,18 @@ local function create_task(prefix, tid, now, priority, start, fields)
   -- an earlier task under this id whose keys expired may still be listed as ended
   rcall('ZREM', K.expiring, tid)
   rcall('ZREM', K.finished, tid)
+  local shape = rcall('HMGET', tkey, 'strategy', 'part', 'partitions')
   rcall('ZADD', K.index, now, tid)
-  rcall('ZADD', K.running, now, tid)
-  local pull = rcall('HGET', tkey, 'strategy') == 'pull'
+  -- a share of a partitioned task runs while its home record does (in the home's `running`)
+  if not shape[2] then rcall('ZADD', K.running, now, tid) end
+  if shape[3] then
+    -- the home record of a partitioned task: its shards are claimed from its shares
+    rcall('HSET', tkey, 'cursor', rcall('HGET', tkey, 'total'), 'round', 0)
+    local t = rcall('HMGET', tkey, 'kind', 'total')
+    emit('event', 'task_dispatched', 'task', tid, 'seq', seq, 'kind', t[1], 'total', t[2], 'partitions', shape[3])
+    return 1
+  end
+  local pull = shape[1] == 'pull'
   if not pull then
     -- routed: placed chunk by chunk (route.lua) by the dispatcher or, if it dies, a rebalancer
     rcall('HSET', tkey, 'cursor', rcall('HGET', tkey, 'total'), 'routed', 0)

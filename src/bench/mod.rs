@@ -18,6 +18,9 @@
 //! - `pickup`: an idle executor process (default flags) blocked on the marker; dispatch of a
 //!   one-shard task → its claim, from the server's `MONITOR` timestamps, 250 times.
 //! - `rss`: an executor process's RSS idle and with 10,000 `sleep` shards in flight.
+//! - `cluster`: a private 3-master Redis Cluster started by the bench; N no-op shards through 2
+//!   executor processes on a queue of 1 partition, then of 3: throughput and each master's
+//!   Redis CPU per shard (only scenario that does not use the bench's own server).
 //! - `bullmq`: `bench/bullmq/bench.js`, BullMQ's best case, on the same Redis.
 //!
 //! Redis figures come from `INFO` before and after (CPU = user + sys; commands = the `calls` of
@@ -26,10 +29,11 @@
 //!
 //! # Layout
 //! One file per scenario group (`queue`: e2e and dispatch; `holding`: idle and upkeep; `primes`,
-//! `small`, `rss`, `pickup`, `failover`, `bullmq`), `process` (executor processes of this
+//! `small`, `rss`, `pickup`, `failover`, `cluster`, `bullmq`), `process` (executor processes of this
 //! binary), `stats` (Redis `INFO` figures), `table` (medians against targets).
 
 mod bullmq;
+mod cluster;
 mod failover;
 mod holding;
 mod pickup;
@@ -82,6 +86,8 @@ pub enum Scenario {
     Pickup,
     /// A SIGKILLed executor's shards held elsewhere.
     Failover,
+    /// A private 3-master cluster: 1 partition against 3.
+    Cluster,
     /// BullMQ's best case on the same Redis.
     Bullmq,
 }
@@ -100,6 +106,7 @@ impl Scenario {
             Scenario::Rss => "rss",
             Scenario::Pickup => "pickup",
             Scenario::Failover => "failover",
+            Scenario::Cluster => "cluster",
             Scenario::Bullmq => "bullmq",
         }
     }
@@ -279,6 +286,7 @@ async fn measure(opts: &Options, ctx: &mut Ctx, version: String, mut notes: Vec<
                 Scenario::Rss => rss::run(ctx).await,
                 Scenario::Pickup => pickup::run(ctx).await,
                 Scenario::Failover => failover::run(ctx).await,
+                Scenario::Cluster => cluster::run(ctx).await,
                 Scenario::Bullmq => {
                     let script = bullmq_script.as_deref().expect("prepared");
                     bullmq::run(ctx, script, opts.shards.min(bullmq::CAP)).await

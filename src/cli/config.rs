@@ -15,6 +15,12 @@ pub struct ConfigArgs {
     /// Log one event per completed shard (costs a command per shard; off by default).
     #[arg(long, value_parser = on_off)]
     pub events_completions: Option<bool>,
+    /// Spread new tasks over K partitions, each in a hash slot of its own (1 to 64; 1: one slot,
+    /// the default). On a Redis Cluster the partitions land on distinct masters while there
+    /// are enough. Refused while a task over partitions is unfinished; restart the executors
+    /// and coordinators after a change (they read the partitions at start).
+    #[arg(long, value_name = "K")]
+    pub partitions: Option<u32>,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -30,7 +36,13 @@ fn on_off(s: &str) -> Result<bool, String> {
 
 pub async fn run(args: &Args, a: &ConfigArgs) -> anyhow::Result<ExitCode> {
     let (_, mut con) = connect(args).await?;
-    let s = control::queue_settings(&mut con, &args.keys()?, a.events_maxlen, a.events_completions).await?;
+    let keys = args.keys()?;
+    let layout = match a.partitions {
+        Some(k) => shardctl_common::partition::set_count(&mut con, &keys, k).await?,
+        None => shardctl_common::partition::layout(&mut con, &keys).await?,
+    };
+    let tags: Vec<String> = layout.parts.iter().map(|p| p.prefix()[1..p.prefix().len() - 2].to_owned()).collect();
+    let s = control::queue_settings(&mut con, &keys, a.events_maxlen, a.events_completions).await?;
     if a.json {
         outln!(
             "{}",
@@ -39,6 +51,8 @@ pub async fn run(args: &Args, a: &ConfigArgs) -> anyhow::Result<ExitCode> {
                 "events_maxlen": s.events_maxlen,
                 "events_completions": s.events_completions,
                 "paused": s.paused,
+                "partitions": layout.count(),
+                "partition_tags": tags,
             })
         );
     } else {
@@ -46,6 +60,11 @@ pub async fn run(args: &Args, a: &ConfigArgs) -> anyhow::Result<ExitCode> {
         outln!("events_maxlen      {}{}", s.events_maxlen, if s.events_maxlen == 0 { " (events off)" } else { "" });
         outln!("events_completions {}", if s.events_completions { "on" } else { "off" });
         outln!("paused             {}", s.paused);
+        outln!(
+            "partitions         {}{}",
+            layout.count(),
+            if tags.is_empty() { String::new() } else { format!(" ({})", tags.join(" ")) }
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

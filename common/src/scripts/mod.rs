@@ -9,6 +9,7 @@
 //! - `task`: creating a task.
 //! - `upkeep`: the stalled sweep, due retries, departed nodes, disowning, reading a lease.
 //! - `nodes`: routed placement, moving lists, membership.
+//! - `partition`: a partition's ended share counted in the home, and acknowledged.
 //! - `locks`: a token lock's release.
 //! - `decode`: reply decoding.
 
@@ -17,6 +18,7 @@ mod decode;
 mod finish;
 mod locks;
 mod nodes;
+mod partition;
 mod registry;
 mod task;
 mod upkeep;
@@ -26,6 +28,7 @@ pub use decode::ItemCodes;
 pub use finish::*;
 pub use locks::*;
 pub use nodes::*;
+pub use partition::*;
 pub use registry::*;
 pub use task::*;
 pub use upkeep::*;

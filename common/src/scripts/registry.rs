@@ -120,6 +120,7 @@ pub fn queue_key(keys: &Keys, name: &str, at: &KeyArgs<'_>) -> std::result::Resu
         "routed-nodes" => keys.routed_nodes(),
         "reroute" => keys.reroute(),
         "unrouted" => keys.unrouted(),
+        "unreported" => keys.unreported(),
         "rebalancing" => keys.rebalancing(),
         "scheduled" => keys.scheduled(),
         "expiring" => keys.expiring(),
@@ -255,6 +256,8 @@ registry!(
     clean,
     fire,
     reap,
+    report,
+    ack,
 );
 
 /// The registry.

@@ -1,0 +1,66 @@
+//! A partition's ended share of a task, counted in the task's home record (`report.lua`) and
+//! then removed from the partition's `unreported` (`ack.lua`): ARCHITECTURE.md, "Partitioned
+//! queues".
+
+use redis::aio::ConnectionLike;
+
+use crate::error::Result;
+use crate::keys::Keys;
+
+use super::*;
+
+/// What a share reports to its home.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShareReport {
+    /// The task.
+    pub task: String,
+    /// The home record's incarnation the share was dispatched for.
+    pub home_seq: u64,
+    /// The partition, 1..=K.
+    pub part: u32,
+    /// The home's retry round the share ran in.
+    pub round: u64,
+    /// The share's final counts.
+    pub done: u64,
+    /// The share's final counts.
+    pub failed: u64,
+}
+
+/// How a report went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reported {
+    /// Counted now.
+    Counted,
+    /// Counted before, or for a round, incarnation or state that no longer takes it.
+    Already,
+    /// The home record is gone (cleaned): nothing to count.
+    HomeGone,
+}
+
+/// Counts `r` in the home record of `home` (report.lua).
+pub async fn report<C: ConnectionLike + Send>(con: &mut C, home: &Keys, r: &ShareReport) -> Result<Reported> {
+    let code: i64 = scripts()
+        .report
+        .keyed(home, &KeyArgs { task: Some(&r.task), ..Default::default() })
+        .arg(home.prefix())
+        .arg(&r.task)
+        .arg(r.home_seq)
+        .arg(r.part)
+        .arg(r.round)
+        .arg(r.done)
+        .arg(r.failed)
+        .invoke_async(con)
+        .await?;
+    Ok(match code {
+        1 => Reported::Counted,
+        -3 => Reported::HomeGone,
+        _ => Reported::Already,
+    })
+}
+
+/// Removes `task` from `partition`'s `unreported` if it is still the entry that ended at
+/// `ended_ms` (ack.lua); true when removed.
+pub async fn ack<C: ConnectionLike + Send>(con: &mut C, partition: &Keys, task: &str, ended_ms: u64) -> Result<bool> {
+    let r: i64 = scripts().ack.keyed(partition, &KeyArgs::default()).arg(task).arg(ended_ms).invoke_async(con).await?;
+    Ok(r == 1)
+}

@@ -1,0 +1,198 @@
+//! Tasks over a partitioned queue (ARCHITECTURE.md, "Partitioned queues"): dispatch as a home
+//! record and one share per partition, the report of each ended share to the home (repeated
+//! until acknowledged), and the removal of shares whose home record is gone.
+
+use redis::aio::ConnectionLike;
+use shardctl_common::model::TaskSpec;
+use shardctl_common::partition::{share_range, Layout};
+use shardctl_common::scripts::{self, Reported, ShareReport};
+use shardctl_common::{Error, Keys, Result, ScriptCode};
+
+/// Creates task `spec` over the partitions of `layout`: its home record (the total, the counts
+/// its shares report, the aggregation), then each non-empty share in its partition. Re-running
+/// the same dispatch after a crash part-way creates the shares still missing.
+pub async fn dispatch<C: ConnectionLike + Send>(con: &mut C, layout: &Layout, spec: &TaskSpec) -> Result<()> {
+    use shardctl_common::ring::Strategy;
+    spec.validate()?;
+    if spec.strategy != Strategy::Pull || spec.has_keys {
+        return Err(Error::invalid(format!(
+            "queue {} is spread over {} partitions: only pull tasks (no keys file) run there; \
+             routed strategies need a queue of one partition",
+            layout.home.queue(),
+            layout.count()
+        )));
+    }
+    let k = layout.count();
+    let home = &layout.home;
+    let mut fields = spec.fields();
+    fields.push(("partitions", k.to_string()));
+    let resumed = match scripts::dispatch_fields(con, home, spec, &fields).await {
+        Ok(()) => false,
+        Err(Error::Script(ScriptCode::TaskExists)) => {
+            // the same dispatch again, cut short before every share existed?
+            let t = crate::progress::task(con, home, &spec.id).await?;
+            let same =
+                t.kind == spec.kind && t.total == spec.shards && t.items == spec.items && t.payload == spec.payload;
+            if !same || t.partitions != k || t.state.is_finished() {
+                return Err(Error::refused(
+                    ScriptCode::TaskExists,
+                    format!("a task with id '{}' already exists in this queue", spec.id),
+                ));
+            }
+            true
+        }
+        Err(e) => return Err(e),
+    };
+    let home_seq: u64 = redis::cmd("HGET").arg(home.task(&spec.id)).arg("seq").query_async(con).await?;
+    for (i, pk) in layout.parts.iter().enumerate() {
+        let p = i as u32 + 1;
+        let (base, size) = share_range(p, k, spec.shards);
+        if size == 0 {
+            continue;
+        }
+        let mut fields = spec.fields();
+        for f in fields.iter_mut() {
+            if f.0 == "total" {
+                f.1 = size.to_string();
+            }
+        }
+        fields.extend([
+            ("part", p.to_string()),
+            ("base", base.to_string()),
+            ("of", spec.shards.to_string()),
+            ("home_seq", home_seq.to_string()),
+            ("round", "0".to_owned()),
+        ]);
+        match scripts::dispatch_fields(con, pk, spec, &fields).await {
+            Ok(()) => {}
+            Err(Error::Script(ScriptCode::TaskExists)) if resumed => {}
+            Err(Error::Script(ScriptCode::TaskExists)) => {
+                // a share left over from an earlier task under this id whose home is gone
+                return Err(Error::refused(
+                    ScriptCode::TaskExists,
+                    format!(
+                        "task id '{}' is still in use in partition {p}: run `shardctl clean`, or use another id",
+                        spec.id
+                    ),
+                ));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Shares read from a partition's `unreported` per call.
+const REPORT_BATCH: usize = 100;
+
+/// Reports every ended share found in the partitions' `unreported` to the home, then
+/// acknowledges it there. Idempotent: whoever repeats it counts nothing twice. Returns how many
+/// shares were counted now.
+pub async fn report_pending<C: ConnectionLike + Send>(con: &mut C, layout: &Layout) -> Result<u64> {
+    let mut counted = 0;
+    for pk in &layout.parts {
+        let pending: Vec<(String, u64)> = redis::cmd("ZRANGE")
+            .arg(pk.unreported())
+            .arg(0)
+            .arg(REPORT_BATCH as i64 - 1)
+            .arg("WITHSCORES")
+            .query_async(con)
+            .await?;
+        for (task, ended) in pending {
+            if report_share(con, &layout.home, pk, &task, ended).await? {
+                counted += 1;
+            }
+        }
+    }
+    Ok(counted)
+}
+
+/// Reports one ended share; true when it was counted now.
+async fn report_share<C: ConnectionLike + Send>(
+    con: &mut C,
+    home: &Keys,
+    part: &Keys,
+    task: &str,
+    ended: u64,
+) -> Result<bool> {
+    type Fields = (Option<u32>, Option<u64>, Option<u64>, Option<u64>, Option<u64>, Option<String>);
+    let (p, home_seq, round, done, failed, state): Fields = redis::cmd("HMGET")
+        .arg(part.task(task))
+        .arg(&["part", "home_seq", "round", "done", "failed", "state"])
+        .query_async(con)
+        .await?;
+    let counted = match (p, home_seq, round, done, failed, state.as_deref()) {
+        (Some(part_no), Some(home_seq), Some(round), Some(done), Some(failed), Some("aggregating")) => {
+            let r = ShareReport { task: task.to_owned(), home_seq, part: part_no, round, done, failed };
+            scripts::report(con, home, &r).await? == Reported::Counted
+        }
+        // the share is gone (cleaned, expired) or runs again: nothing to count for this entry
+        _ => false,
+    };
+    scripts::ack(con, part, task, ended).await?;
+    if counted {
+        tracing::debug!(task, partition = p.unwrap_or(0), "share counted in the home");
+    }
+    Ok(counted)
+}
+
+/// Tasks of the home's `running` looked at per [`reconcile`] call.
+const RECONCILE_BATCH: isize = 100;
+
+/// Reports again every ended share whose count the home record lacks, for the oldest running
+/// tasks over partitions: a failover of the home's master can lose a count that its partition
+/// already acknowledged (replication is asynchronous), and nothing else would report it again.
+/// Idempotent like [`report_pending`]; returns how many shares were counted now.
+pub async fn reconcile<C: ConnectionLike + Send>(con: &mut C, layout: &Layout) -> Result<u64> {
+    let home = &layout.home;
+    let ids: Vec<String> =
+        redis::cmd("ZRANGE").arg(home.running()).arg(0).arg(RECONCILE_BATCH - 1).query_async(con).await?;
+    let mut counted = 0;
+    for id in ids {
+        let mut fields = vec!["partitions".to_owned(), "state".to_owned(), "seq".to_owned()];
+        fields.extend((1..=layout.count()).map(|p| format!("part:{p}")));
+        let row: Vec<Option<String>> = redis::cmd("HMGET").arg(home.task(&id)).arg(&fields).query_async(con).await?;
+        let k: u32 = row[0].as_deref().and_then(|v| v.parse().ok()).unwrap_or(1);
+        if k != layout.count() || k < 2 || row[1].as_deref() != Some("running") {
+            continue;
+        }
+        for (i, pk) in layout.parts.iter().enumerate() {
+            if row[3 + i].is_some() {
+                continue;
+            }
+            let state: Option<String> = redis::cmd("HGET").arg(pk.task(&id)).arg("state").query_async(con).await?;
+            if state.as_deref() == Some("aggregating") && report_share(con, home, pk, &id, 0).await? {
+                tracing::info!(task = %id, partition = i + 1, "a share's count missing in the home was reported again");
+                counted += 1;
+            }
+        }
+    }
+    Ok(counted)
+}
+
+/// How often every process serving the queue repeats the reports still pending.
+pub const REPORT_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// [`report_pending`] runs per [`reconcile`].
+const RECONCILE_EVERY: u32 = 25;
+
+/// Repeats [`report_pending`] every [`REPORT_EVERY`] until `stop`, and [`reconcile`] every
+/// [`RECONCILE_EVERY`] of them (5 s).
+pub async fn run(mut con: shardctl_common::conn::Conn, layout: Layout, stop: tokio_util::sync::CancellationToken) {
+    let mut round = 0u32;
+    loop {
+        if let Err(e) = report_pending(&mut con, &layout).await {
+            tracing::warn!("reporting ended shares to the home: {e}");
+        }
+        round = round.wrapping_add(1);
+        if round % RECONCILE_EVERY == 0 {
+            if let Err(e) = reconcile(&mut con, &layout).await {
+                tracing::warn!("checking the home's counts of ended shares: {e}");
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(REPORT_EVERY) => {}
+            _ = stop.cancelled() => return,
+        }
+    }
+}

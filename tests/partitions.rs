@@ -1,0 +1,296 @@
+//! Partitioned queues (ARCHITECTURE.md "Partitioned queues"): a task split over K partitions of
+//! one queue, each share in a hash slot of its own, counted one level up in the home exactly
+//! once. The crash rounds over partitions (with SIGKILL, SIGSTOP and SIGTERM, on one server and
+//! on a 3-master cluster) are in tests/crash.rs; this file checks the rest through the binary
+//! and, for the report that a crash cuts between two slots, through the library.
+
+// the harness shared by the CLI test files: this one uses a part of it
+#[allow(dead_code)]
+mod support;
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use shardctl_common::model::TaskSpec;
+use shardctl_common::partition::{self, Layout};
+use shardctl_common::scripts::{self, ClaimRequest, Finished, FinishedAs, Reported, ShareReport};
+use shardctl_common::Keys;
+use shardctl_testkit::{TestCluster, TestRedis};
+use support::Cli;
+
+/// The prefixes of the queue's partitions, from `config --json`.
+fn partition_prefixes(cli: &Cli) -> Vec<String> {
+    let v = cli.json(&["config", "--json"], 0);
+    v["partition_tags"].as_array().unwrap().iter().map(|t| format!("{{{}}}:", t.as_str().unwrap())).collect()
+}
+
+/// A `primes` task over 3 partitions of one server: the exact result (each share's handler sees
+/// the task's own indexes and item ranges), the counts in the home, one share per partition
+/// with its own base, every share reported once.
+#[test]
+fn a_task_over_three_partitions_sums_exactly_and_is_counted_once() {
+    let cli = Cli::start("parts");
+    let cfg = cli.json(&["config", "--partitions", "3", "--json"], 0);
+    assert_eq!(cfg["partitions"], json!(3), "{cfg}");
+    let prefixes = partition_prefixes(&cli);
+    assert_eq!(prefixes.len(), 3);
+    assert_eq!(prefixes[0], "{shardctl:parts@1.0}:");
+    let _a = cli.executor("pa", &[]);
+    let _b = cli.executor("pb", &[]);
+    // 1000 shards over the items 0..100000: a share running its own indexes would count the
+    // primes of the first third three times
+    cli.ok(&["dispatch", "--kind", "primes", "--shards", "1000", "--items", "100000", "--task-id", "s"]);
+    let t = cli.json(&["wait", "s", "--timeout", "60s", "--json"], 0);
+    assert_eq!(t["state"], json!("completed"), "{t}");
+    assert_eq!(t["partitions"], json!(3), "{t}");
+    assert_eq!((t["done"].as_u64(), t["failed"].as_u64(), t["total"].as_u64()), (Some(1000), Some(0), Some(1000)));
+    assert_eq!(t["result"], json!({ "primes": 9592 }), "{t}");
+    let mut con = cli.con();
+    let mut bases = Vec::new();
+    for (p, prefix) in prefixes.iter().enumerate() {
+        let share: (u64, u64, u64, String) = redis::cmd("HMGET")
+            .arg(format!("{prefix}task:s"))
+            .arg(&["base", "total", "done", "state"])
+            .query(&mut con)
+            .unwrap();
+        assert_eq!(share.1, share.2, "share {} not all done: {share:?}", p + 1);
+        assert_eq!(share.3, "aggregating", "an ended share waits for its home");
+        bases.push((share.0, share.1));
+        let bits: u64 = redis::cmd("BITCOUNT").arg(format!("{prefix}task:s:terminal")).query(&mut con).unwrap();
+        assert_eq!(bits, share.1);
+        let unreported: u64 = redis::cmd("ZCARD").arg(format!("{prefix}unreported")).query(&mut con).unwrap();
+        assert_eq!(unreported, 0, "partition {} still has a report pending", p + 1);
+    }
+    assert_eq!(bases, [(0, 334), (334, 333), (667, 333)]);
+    // the home counted each share once, with its counts
+    let parts: Vec<Option<String>> =
+        redis::cmd("HMGET").arg(cli.key("task:s")).arg(&["part:1", "part:2", "part:3"]).query(&mut con).unwrap();
+    assert_eq!(parts, [Some("334/0".into()), Some("333/0".into()), Some("333/0".into())]);
+    let events: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg(cli.key("events"))
+        .arg("-")
+        .arg("+")
+        .query::<Vec<(String, std::collections::HashMap<String, String>)>>(&mut con)
+        .unwrap()
+        .into_iter()
+        .map(|(id, m)| (id, m.into_iter().collect()))
+        .collect();
+    let kinds: Vec<String> =
+        events.iter().filter_map(|(_, f)| f.iter().find(|(k, _)| k == "event").map(|(_, v)| v.clone())).collect();
+    assert_eq!(kinds.iter().filter(|k| *k == "share_counted").count(), 3, "{kinds:?}");
+    assert_eq!(kinds.iter().filter(|k| *k == "task_aggregating").count(), 1, "{kinds:?}");
+    assert_eq!(kinds.iter().filter(|k| *k == "task_completed").count(), 1, "{kinds:?}");
+    // status lists the task once, from its home
+    let st = cli.json(&["status", "--json"], 0);
+    let listed: Vec<&Value> = st["recent"].as_array().unwrap().iter().filter(|t| t["task_id"] == json!("s")).collect();
+    assert_eq!(listed.len(), 1, "{st}");
+}
+
+/// Failed shards are counted in their shares and reach the home; fewer shards than partitions
+/// leave the extra partitions without a share.
+#[test]
+fn failures_and_tiny_tasks_over_partitions() {
+    let cli = Cli::start("parts-fail");
+    cli.ok(&["config", "--partitions", "4"]);
+    let _a = cli.executor("pf", &[]);
+    cli.ok(&[
+        "dispatch",
+        "--kind",
+        "fail",
+        "--shards",
+        "10",
+        "--attempts",
+        "1",
+        "--task-id",
+        "f",
+        "--payload",
+        r#"{"rate":1}"#,
+    ]);
+    let t = cli.json(&["wait", "f", "--timeout", "60s", "--json"], 3);
+    assert_eq!(
+        (t["state"].as_str(), t["failed"].as_u64(), t["done"].as_u64()),
+        (Some("failed"), Some(10), Some(0)),
+        "{t}"
+    );
+    // every share's reasons, at the task's own indexes
+    let failed = cli.json(&["status", "f", "--failed", "--json"], 0);
+    let shards: Vec<u64> = failed.as_array().unwrap().iter().map(|f| f["shard"].as_u64().unwrap()).collect();
+    assert_eq!(shards, (0..10).collect::<Vec<_>>(), "{failed}");
+    // 2 shards over 4 partitions: two shares, and the task still ends
+    cli.ok(&["dispatch", "--kind", "noop", "--shards", "2", "--task-id", "tiny"]);
+    let t = cli.json(&["wait", "tiny", "--timeout", "60s", "--json"], 0);
+    assert_eq!((t["state"].as_str(), t["done"].as_u64()), (Some("completed"), Some(2)), "{t}");
+    let mut con = cli.con();
+    let shares: Vec<bool> = partition_prefixes(&cli)
+        .iter()
+        .map(|p| redis::cmd("EXISTS").arg(format!("{p}task:tiny")).query(&mut con).unwrap())
+        .collect();
+    assert_eq!(shares.iter().filter(|e| **e).count(), 2, "{shares:?}");
+}
+
+/// What a partitioned queue refuses, clearly and without writing: routed strategies, a keys
+/// file, a bad count, a change of count while a task runs over partitions.
+#[test]
+fn a_partitioned_queue_refuses_what_it_cannot_do() {
+    let cli = Cli::start("parts-refuse");
+    cli.rejects(&["config", "--partitions", "0"], 2, "partitions must be 1 to 64");
+    cli.rejects(&["config", "--partitions", "65"], 2, "partitions must be 1 to 64");
+    cli.ok(&["config", "--partitions", "2"]);
+    cli.rejects(
+        &["dispatch", "--kind", "noop", "--shards", "4", "--strategy", "consistent-hash"],
+        2,
+        "only pull tasks",
+    );
+    // a task running over the partitions pins the count (no executor: it stays running)
+    cli.ok(&["dispatch", "--kind", "noop", "--shards", "4", "--task-id", "pinned"]);
+    cli.rejects(&["config", "--partitions", "3"], 2, "runs over 2 partitions");
+    cli.rejects(&["retry", "pinned"], 2, "not supported yet");
+    // the same count again changes nothing and is fine
+    cli.ok(&["config", "--partitions", "2"]);
+}
+
+/// Pause, resume and cancel reach every partition; clean removes the shares with their task.
+#[test]
+fn controls_reach_every_partition() {
+    let cli = Cli::start("parts-ctl");
+    cli.ok(&["config", "--partitions", "3"]);
+    cli.ok(&["pause"]);
+    let mut con = cli.con();
+    let prefixes = partition_prefixes(&cli);
+    for p in &prefixes {
+        let paused: Option<String> = redis::cmd("HGET").arg(format!("{p}meta")).arg("paused").query(&mut con).unwrap();
+        assert_eq!(paused.as_deref(), Some("1"), "{p} not paused");
+    }
+    let _a = cli.executor("pc", &[]);
+    cli.ok(&["dispatch", "--kind", "noop", "--shards", "30", "--task-id", "held"]);
+    std::thread::sleep(Duration::from_millis(800));
+    let t = cli.json(&["status", "held", "--json"], 0);
+    assert_eq!(t["done"], json!(0), "claimed while paused: {t}");
+    cli.ok(&["resume"]);
+    let t = cli.json(&["wait", "held", "--timeout", "60s", "--json"], 0);
+    assert_eq!(t["done"], json!(30), "{t}");
+
+    // a long task cancelled: every share stops and nothing more is claimed
+    cli.ok(&["dispatch", "--kind", "sleep", "--shards", "300", "--payload", r#"{"ms":200}"#, "--task-id", "long"]);
+    std::thread::sleep(Duration::from_millis(700));
+    cli.ok(&["cancel", "long"]);
+    let t = cli.json(&["wait", "long", "--timeout", "30s", "--json"], 4);
+    assert_eq!(t["state"], json!("cancelled"), "{t}");
+    for p in &prefixes {
+        let state: Option<String> =
+            redis::cmd("HGET").arg(format!("{p}task:long")).arg("state").query(&mut con).unwrap();
+        assert_eq!(state.as_deref(), Some("cancelled"), "share in {p}");
+    }
+    // clean removes the tasks and their shares, in every partition
+    cli.ok(&["clean", "--older-than", "0s"]);
+    for p in &prefixes {
+        for id in ["held", "long"] {
+            let n: u64 = redis::cmd("EXISTS").arg(format!("{p}task:{id}")).query(&mut con).unwrap();
+            assert_eq!(n, 0, "share {id} left in {p}");
+        }
+        let idx: u64 = redis::cmd("ZCARD").arg(format!("{p}index")).query(&mut con).unwrap();
+        assert_eq!(idx, 0, "{p} index");
+    }
+}
+
+/// On a 3-master cluster the partitions land on the three masters, distinct from one another.
+#[test]
+fn on_a_cluster_partitions_land_on_distinct_masters() {
+    let cluster = TestCluster::start(3);
+    let cli = Cli::on((), &cluster.url(), "parts-spread");
+    let v = cli.json(&["config", "--partitions", "3", "--json"], 0);
+    let owners: std::collections::BTreeSet<u16> = v["partition_tags"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| cluster.owner(cluster.keyslot(&format!("{{{}}}", t.as_str().unwrap()))))
+        .collect();
+    assert_eq!(owners.len(), 3, "{v}");
+}
+
+/// The report is the step a crash can cut between two slots: a share ended in its partition,
+/// its process gone before the home counted it. Whoever repeats the pending reports (every
+/// executor and coordinator, every 200 ms) counts it once; a repeated or stale report counts
+/// nothing; the aggregation job is enqueued once.
+#[tokio::test]
+async fn a_report_lost_between_two_slots_is_repeated_and_counted_once() {
+    let redis = TestRedis::start();
+    let mut con = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let home = Keys::new("shardctl", "lost-report").unwrap();
+    let layout: Layout = partition::set_count(&mut con, &home, 2).await.unwrap();
+    let spec = TaskSpec::new("r", "noop", 5);
+    shardctl_coordinator::partitions::dispatch(&mut con, &layout, &spec).await.unwrap();
+    // run every shard of both shares by hand, as an executor would, and "die" before reporting
+    for pk in &layout.parts {
+        let req = ClaimRequest { count: 10, lock_ms: 60_000, token_base: "e1", seq: 1, node: "n1", ahead: 0 };
+        let claimed = scripts::claim(&mut con, pk, &req).await.unwrap().shards;
+        let done: Vec<Finished<'_>> =
+            claimed.iter().map(|c| Finished { claim: c, outcome: FinishedAs::Completed("") }).collect();
+        scripts::finish(&mut con, pk, "n1", &done).await.unwrap();
+    }
+    let url = redis.url();
+    let home_state = || {
+        let (url, home) = (url.clone(), home.clone());
+        async move {
+            let mut c = redis::Client::open(url).unwrap().get_multiplexed_async_connection().await.unwrap();
+            let (state, done): (String, u64) =
+                redis::cmd("HMGET").arg(home.task("r")).arg(&["state", "done"]).query_async(&mut c).await.unwrap();
+            let wait: Vec<String> =
+                redis::cmd("LRANGE").arg(home.wait()).arg(0).arg(-1).query_async(&mut c).await.unwrap();
+            (state, done, wait)
+        }
+    };
+    // both shares ended, nothing counted in the home yet
+    assert_eq!(home_state().await, ("running".into(), 0, vec![]));
+    for pk in &layout.parts {
+        let n: u64 = redis::cmd("ZCARD").arg(pk.unreported()).query_async(&mut con).await.unwrap();
+        assert_eq!(n, 1);
+    }
+    // a report counted but never acknowledged (the crash came between the two slots' writes)
+    let r = ShareReport { task: "r".into(), home_seq: 1, part: 1, round: 0, done: 3, failed: 0 };
+    assert_eq!(scripts::report(&mut con, &home, &r).await.unwrap(), Reported::Counted);
+    assert_eq!(scripts::report(&mut con, &home, &r).await.unwrap(), Reported::Already, "counted twice");
+    // a report of another round or incarnation counts nothing
+    let stale = ShareReport { round: 7, part: 2, ..r.clone() };
+    assert_eq!(scripts::report(&mut con, &home, &stale).await.unwrap(), Reported::Already);
+    let other = ShareReport { home_seq: 99, part: 2, ..r.clone() };
+    assert_eq!(scripts::report(&mut con, &home, &other).await.unwrap(), Reported::Already);
+    assert_eq!(home_state().await, ("running".into(), 3, vec![]));
+    // the repeat: share 1 counts nothing more (and is acknowledged), share 2 counts now
+    assert_eq!(shardctl_coordinator::partitions::report_pending(&mut con, &layout).await.unwrap(), 1);
+    assert_eq!(shardctl_coordinator::partitions::report_pending(&mut con, &layout).await.unwrap(), 0);
+    for pk in &layout.parts {
+        let n: u64 = redis::cmd("ZCARD").arg(pk.unreported()).query_async(&mut con).await.unwrap();
+        assert_eq!(n, 0, "acknowledged");
+    }
+    let (state, done, wait) = home_state().await;
+    assert_eq!((state.as_str(), done), ("aggregating", 5));
+    assert_eq!(wait, ["r:1:agg"], "the aggregation job enqueued once");
+}
+
+/// A failover of the home's master can lose a count (replication is asynchronous) that the
+/// partition has already acknowledged: the reconciliation finds the ended share without its
+/// count in the home and reports it again, once.
+#[tokio::test]
+async fn a_count_lost_in_the_home_after_its_acknowledgement_is_reported_again() {
+    let redis = TestRedis::start();
+    let mut con = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let home = Keys::new("shardctl", "lost-count").unwrap();
+    let layout: Layout = partition::set_count(&mut con, &home, 2).await.unwrap();
+    shardctl_coordinator::partitions::dispatch(&mut con, &layout, &TaskSpec::new("r", "noop", 4)).await.unwrap();
+    let pk = &layout.parts[0];
+    let req = ClaimRequest { count: 10, lock_ms: 60_000, token_base: "e1", seq: 1, node: "n1", ahead: 0 };
+    let claimed = scripts::claim(&mut con, pk, &req).await.unwrap().shards;
+    let done: Vec<Finished<'_>> =
+        claimed.iter().map(|c| Finished { claim: c, outcome: FinishedAs::Completed("") }).collect();
+    scripts::finish(&mut con, pk, "n1", &done).await.unwrap();
+    assert_eq!(shardctl_coordinator::partitions::report_pending(&mut con, &layout).await.unwrap(), 1);
+    // the home's master failed over and its replica had not received the count
+    let () = redis::cmd("HDEL").arg(home.task("r")).arg("part:1").query_async(&mut con).await.unwrap();
+    let () = redis::cmd("HSET").arg(home.task("r")).arg("done").arg(0).query_async(&mut con).await.unwrap();
+    assert_eq!(shardctl_coordinator::partitions::report_pending(&mut con, &layout).await.unwrap(), 0, "acknowledged");
+    assert_eq!(shardctl_coordinator::partitions::reconcile(&mut con, &layout).await.unwrap(), 1);
+    assert_eq!(shardctl_coordinator::partitions::reconcile(&mut con, &layout).await.unwrap(), 0);
+    let done: u64 = redis::cmd("HGET").arg(home.task("r")).arg("done").query_async(&mut con).await.unwrap();
+    assert_eq!(done, 2, "share 1's two shards, counted once");
+}
