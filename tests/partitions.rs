@@ -217,7 +217,7 @@ async fn a_report_lost_between_two_slots_is_repeated_and_counted_once() {
     let redis = TestRedis::start();
     let mut con = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
     let home = Keys::new("shardctl", "lost-report").unwrap();
-    let layout: Layout = partition::set_count(&mut con, &home, 2).await.unwrap();
+    let layout: Layout = partition::set_count(&mut con, &home, 2, false).await.unwrap();
     let spec = TaskSpec::new("r", "noop", 5);
     shardctl_coordinator::partitions::dispatch(&mut con, &layout, &spec).await.unwrap();
     // run every shard of both shares by hand, as an executor would, and "die" before reporting
@@ -276,7 +276,7 @@ async fn a_count_lost_in_the_home_after_its_acknowledgement_is_reported_again() 
     let redis = TestRedis::start();
     let mut con = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
     let home = Keys::new("shardctl", "lost-count").unwrap();
-    let layout: Layout = partition::set_count(&mut con, &home, 2).await.unwrap();
+    let layout: Layout = partition::set_count(&mut con, &home, 2, false).await.unwrap();
     shardctl_coordinator::partitions::dispatch(&mut con, &layout, &TaskSpec::new("r", "noop", 4)).await.unwrap();
     let pk = &layout.parts[0];
     let req = ClaimRequest { count: 10, lock_ms: 60_000, token_base: "e1", seq: 1, node: "n1", ahead: 0 };

@@ -113,10 +113,11 @@ pub async fn slot_owners<C: ConnectionLike + Send>(
 }
 
 /// Sets the queue's partition count to `k` (1 to [`MAX_PARTITIONS`]) and returns the layout.
-/// The tags are chosen from the cluster's slot map (one server: salt 0). Refused while a task
-/// dispatched over partitions is unfinished: its shares must be served where they are. Setting
-/// the count it has keeps the stored tags.
-pub async fn set_count<C: ConnectionLike + Send>(con: &mut C, home: &Keys, k: u32) -> Result<Layout> {
+/// The tags are chosen from the slot map of the cluster `con` reaches when `on_cluster` (one
+/// server: salt 0, and no `CLUSTER` command is sent). Refused while a task dispatched over
+/// partitions is unfinished: its shares must be served where they are. Setting the count it
+/// has keeps the stored tags.
+pub async fn set_count<C: ConnectionLike + Send>(con: &mut C, home: &Keys, k: u32, on_cluster: bool) -> Result<Layout> {
     validate_count(k)?;
     let now = layout(con, home).await?;
     if now.count() == k {
@@ -133,7 +134,8 @@ pub async fn set_count<C: ConnectionLike + Send>(con: &mut C, home: &Keys, k: u3
         }
     }
     let (prefix, queue) = home_names(home);
-    let tags = match slot_owners(con).await? {
+    let owners = if on_cluster { slot_owners(con).await? } else { None };
+    let tags = match owners {
         None => choose_tags(&prefix, queue, k, &[], |_| None)?,
         Some((masters, ranges)) => choose_tags(&prefix, queue, k, &masters, |slot| {
             ranges.iter().find(|(a, b, _)| (*a..=*b).contains(&slot)).map(|(_, _, m)| m.clone())

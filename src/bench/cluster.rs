@@ -168,7 +168,7 @@ async fn one(ctx: &Ctx, cluster: &Cluster, k: u32) -> anyhow::Result<Vec<(&'stat
     let endpoint = shardctl_common::conn::open(&cluster.url())?;
     let mut con = endpoint.manager().await?;
     let keys = Keys::new(&ctx.prefix, &ctx.queue)?;
-    shardctl_common::partition::set_count(&mut con, &keys, k).await?;
+    shardctl_common::partition::set_count(&mut con, &keys, k, true).await?;
     let exe = std::env::current_exe().context("finding this program to start executors")?;
     let mut execs = Vec::new();
     for i in 0..EXECUTORS {

@@ -35,10 +35,10 @@ fn on_off(s: &str) -> Result<bool, String> {
 }
 
 pub async fn run(args: &Args, a: &ConfigArgs) -> anyhow::Result<ExitCode> {
-    let (_, mut con) = connect(args).await?;
+    let (endpoint, mut con) = connect(args).await?;
     let keys = args.keys()?;
     let layout = match a.partitions {
-        Some(k) => shardctl_common::partition::set_count(&mut con, &keys, k).await?,
+        Some(k) => shardctl_common::partition::set_count(&mut con, &keys, k, endpoint.is_cluster()).await?,
         None => shardctl_common::partition::layout(&mut con, &keys).await?,
     };
     let tags: Vec<String> = layout.parts.iter().map(|p| p.prefix()[1..p.prefix().len() - 2].to_owned()).collect();

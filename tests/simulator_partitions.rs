@@ -1,0 +1,474 @@
+//! The protocol simulator over partitions (ARCHITECTURE.md "Partitioned queues", "The protocol
+//! simulator"): seeded random executors claim, complete and fail shards in the shares of tasks
+//! spread over 3 partitions of one queue, on a real redis-server with the real scripts; the
+//! cross-slot report of an ended share is cut between its two slots (counted in the home, never
+//! acknowledged), repeated, raced with cancel; leases expire and the partitions' sweeps recover
+//! shards; ended tasks are cleaned and their ids dispatched again. After every step the checks
+//! below hold; at the end a drain must end every task that was not cancelled with
+//! `done + failed == total` and its aggregation recorded once.
+//!
+//! - CI: seeds 1 to 6, 1,000 steps each. `SHARDCTL_SIM_SEED=<n>` replays one seed,
+//!   `SHARDCTL_SIM_STEPS=<n>` sets the length.
+//!
+//! Checked after every step, for every task id with a home record:
+//! - the home's `done` and `failed` are the sum of its `part:<p>` fields (each share counted
+//!   once, with its final counts), and never exceed its total;
+//! - a counted share exists for the same incarnation, has ended, and its counts are the ones
+//!   counted;
+//! - each share's `done + failed` is the number of its terminal bits, at most its size;
+//! - a home past `running` has every non-empty share counted and `done + failed == total`;
+//! - at most one aggregation job of the current incarnation is queued, held or delayed; none
+//!   held or delayed once the task ended; and the aggregation was recorded at most once per
+//!   incarnation.
+
+use std::collections::{BTreeMap, HashMap};
+
+use shardctl_common::conn::{open, Conn};
+use shardctl_common::model::TaskSpec;
+use shardctl_common::partition::{self, share_range, Layout};
+use shardctl_common::scripts::{self, ClaimRequest, Claimed, Finished, FinishedAs, ShareReport};
+use shardctl_common::{control, Keys};
+use shardctl_coordinator::partitions;
+use shardctl_testkit::TestRedis;
+
+const K: u32 = 3;
+const IDS: usize = 4;
+const EXECUTORS: usize = 3;
+const CI_SEEDS: u64 = 6;
+const CI_STEPS: u64 = 1_000;
+
+type Outcome = Result<(), String>;
+/// A home record's state, total, done, failed and seq.
+type Row = (Option<String>, Option<u64>, Option<u64>, Option<u64>, Option<u64>);
+
+macro_rules! ensure {
+    ($c:expr, $($m:tt)*) => {
+        if !$c {
+            return Err(format!($($m)*));
+        }
+    };
+}
+
+/// xorshift64*: the same steps for the same seed.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn chance(&mut self, pct: u64) -> bool {
+        self.next() % 100 < pct
+    }
+}
+
+/// A simulated executor: its instance (its leases), and what it holds, by keyspace (0: home,
+/// p: partition p).
+struct Exec {
+    instance: String,
+    seq: u64,
+    held: Vec<(usize, Claimed)>,
+}
+
+struct Sim {
+    con: Conn,
+    layout: Layout,
+    rng: Rng,
+    execs: Vec<Exec>,
+    /// (task, incarnation) → aggregations recorded.
+    aggregated: HashMap<(String, u64), u32>,
+    log: Vec<String>,
+}
+
+impl Sim {
+    fn space(&self, s: usize) -> &Keys {
+        if s == 0 {
+            &self.layout.home
+        } else {
+            &self.layout.parts[s - 1]
+        }
+    }
+
+    fn note(&mut self, s: String) {
+        if self.log.len() >= 30 {
+            self.log.remove(0);
+        }
+        self.log.push(s);
+    }
+
+    async fn step(&mut self, n: u64) -> Outcome {
+        let weights: [u64; 9] = [6, 25, 25, 8, 10, 4, 3, 3, 4];
+        let total: u64 = weights.iter().sum();
+        let mut pick = self.rng.next() % total;
+        let mut action = 0;
+        while pick >= weights[action] {
+            pick -= weights[action];
+            action += 1;
+        }
+        let e = self.rng.below(self.execs.len());
+        let id = format!("t{}", self.rng.below(IDS));
+        match action {
+            0 => self.dispatch(&id).await,
+            1 => {
+                let s = self.rng.below(K as usize + 1);
+                self.claim(e, s).await
+            }
+            2 | 3 => self.finish(e, action == 3).await,
+            4 => {
+                let p = 1 + self.rng.below(K as usize);
+                self.report(p).await
+            }
+            5 => self.expire(e).await,
+            6 => {
+                let r = control::cancel(&mut self.con, &self.layout.home, &id).await;
+                self.note(format!("#{n} cancel {id}: {r:?}"));
+                Ok(())
+            }
+            7 => {
+                let r = control::clean(&mut self.con, &self.layout.home, Some(std::time::Duration::ZERO)).await;
+                self.note(format!("#{n} clean: {r:?}"));
+                r.map(|_| ()).map_err(|e| format!("clean: {e}"))
+            }
+            _ => {
+                for s in 0..=K as usize {
+                    let k = self.space(s).clone();
+                    scripts::promote(&mut self.con, &k).await.map_err(|e| format!("promote: {e}"))?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    async fn dispatch(&mut self, id: &str) -> Outcome {
+        let shards = 1 + self.rng.below(10) as u64;
+        let mut spec = TaskSpec::new(id, "noop", shards);
+        spec.attempts = 1 + self.rng.below(3) as u32;
+        let r = partitions::dispatch(&mut self.con, &self.layout, &spec).await;
+        self.note(format!("dispatch {id} ({shards} shards, {} attempts): {r:?}", spec.attempts));
+        Ok(())
+    }
+
+    async fn claim(&mut self, e: usize, s: usize) -> Outcome {
+        let keys = self.space(s).clone();
+        let ex = &mut self.execs[e];
+        ex.seq += 1;
+        let req = ClaimRequest {
+            count: 1 + (ex.seq % 3) as usize,
+            lock_ms: 60_000,
+            token_base: &ex.instance,
+            seq: ex.seq,
+            node: "n",
+            ahead: 0,
+        };
+        let out = scripts::claim(&mut self.con, &keys, &req).await.map_err(|e| format!("claim: {e}"))?;
+        let refs: Vec<String> = out.shards.iter().map(|c| c.shard_ref.to_string()).collect();
+        self.execs[e].held.extend(out.shards.into_iter().map(|c| (s, c)));
+        self.note(format!("e{e} claims in space {s}: {refs:?}"));
+        Ok(())
+    }
+
+    async fn finish(&mut self, e: usize, fail: bool) -> Outcome {
+        if self.execs[e].held.is_empty() {
+            return Ok(());
+        }
+        let j = self.rng.below(self.execs[e].held.len());
+        let lost = self.rng.chance(15);
+        let (s, c) = if lost { self.execs[e].held[j].clone() } else { self.execs[e].held.remove(j) };
+        let keys = self.space(s).clone();
+        let outcome = if fail {
+            FinishedAs::Failed { delay_ms: 0, reason: "simulated" }
+        } else if c.shard_ref.is_aggregate() {
+            FinishedAs::Completed("{}")
+        } else {
+            FinishedAs::Completed("")
+        };
+        let codes = scripts::finish(&mut self.con, &keys, "n", &[Finished { claim: &c, outcome }])
+            .await
+            .map_err(|e| format!("finish: {e}"))?;
+        if c.shard_ref.is_aggregate() && codes.first().is_some_and(|c| matches!(c, Ok(1))) && !fail {
+            *self.aggregated.entry((c.shard_ref.task.clone(), c.shard_ref.inc)).or_default() += 1;
+        }
+        self.note(format!(
+            "e{e} {} {} in space {s}: {codes:?}{}",
+            if fail { "fails" } else { "completes" },
+            c.shard_ref,
+            if lost { " (reply lost)" } else { "" }
+        ));
+        Ok(())
+    }
+
+    /// The cross-slot report of partition `p`'s ended shares: whole, or cut after the home's
+    /// count (never acknowledged: the next repeat finds it again).
+    async fn report(&mut self, p: usize) -> Outcome {
+        let pk = self.layout.parts[p - 1].clone();
+        if self.rng.chance(40) {
+            let pending: Vec<(String, u64)> = redis::cmd("ZRANGE")
+                .arg(pk.unreported())
+                .arg(0)
+                .arg(-1)
+                .arg("WITHSCORES")
+                .query_async(&mut self.con)
+                .await
+                .map_err(|e| e.to_string())?;
+            for (task, _) in pending {
+                let f: (Option<u64>, Option<u64>, Option<u64>, Option<u64>) = redis::cmd("HMGET")
+                    .arg(pk.task(&task))
+                    .arg(&["home_seq", "round", "done", "failed"])
+                    .query_async(&mut self.con)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let (Some(home_seq), Some(round), Some(done), Some(failed)) = f else { continue };
+                let r = ShareReport { task: task.clone(), home_seq, part: p as u32, round, done, failed };
+                let got = scripts::report(&mut self.con, &self.layout.home, &r).await.map_err(|e| e.to_string())?;
+                self.note(format!("report of {task} in partition {p}, cut before its ack: {got:?}"));
+            }
+            return Ok(());
+        }
+        let n = partitions::report_pending(&mut self.con, &self.layout).await.map_err(|e| format!("report: {e}"))?;
+        self.note(format!("reports pending: {n} counted"));
+        Ok(())
+    }
+
+    /// Executor `e` dies: its leases run out, every partition's sweep recovers its shards.
+    async fn expire(&mut self, e: usize) -> Outcome {
+        let inst = self.execs[e].instance.clone();
+        self.execs[e].held.clear();
+        self.execs[e].instance = format!("{inst}x");
+        for s in 0..=K as usize {
+            let k = self.space(s).clone();
+            let () = redis::cmd("ZADD")
+                .arg(k.leases())
+                .arg("XX")
+                .arg(1)
+                .arg(&inst)
+                .query_async(&mut self.con)
+                .await
+                .map_err(|e| e.to_string())?;
+            scripts::sweep(&mut self.con, &k, 1, 1000).await.map_err(|e| format!("sweep: {e}"))?;
+        }
+        self.note(format!("e{e} dies ({inst}): its leases expire, the sweeps run"));
+        Ok(())
+    }
+
+    async fn check(&mut self) -> Outcome {
+        let home = self.layout.home.clone();
+        for i in 0..IDS {
+            let id = format!("t{i}");
+            let h: HashMap<String, String> = redis::cmd("HGETALL")
+                .arg(home.task(&id))
+                .query_async(&mut self.con)
+                .await
+                .map_err(|e| e.to_string())?;
+            if h.is_empty() {
+                continue;
+            }
+            let num = |f: &str| h.get(f).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            let (total, done, failed, seq) = (num("total"), num("done"), num("failed"), num("seq"));
+            let state = h.get("state").cloned().unwrap_or_default();
+            ensure!(done + failed <= total, "{id}: home counts {done}+{failed} past its total {total}");
+            let (mut sum_d, mut sum_f) = (0, 0);
+            for p in 1..=K {
+                let pk = self.layout.parts[p as usize - 1].clone();
+                let size = share_range(p, K, total).1;
+                let s: HashMap<String, String> = redis::cmd("HGETALL")
+                    .arg(pk.task(&id))
+                    .query_async(&mut self.con)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let snum = |f: &str| s.get(f).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+                let mine = !s.is_empty() && snum("home_seq") == seq;
+                if mine {
+                    let bits: u64 = redis::cmd("BITCOUNT")
+                        .arg(pk.terminal(&id))
+                        .query_async(&mut self.con)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    ensure!(
+                        snum("done") + snum("failed") == bits,
+                        "{id} share {p}: counts {}+{} but {bits} terminal bits",
+                        snum("done"),
+                        snum("failed")
+                    );
+                    ensure!(
+                        bits <= size && snum("total") == size,
+                        "{id} share {p}: {bits} bits, total {} for a share of {size}",
+                        snum("total")
+                    );
+                }
+                if let Some(v) = h.get(&format!("part:{p}")) {
+                    let (d, f) = v.split_once('/').ok_or(format!("{id}: part:{p} = {v}"))?;
+                    let (d, f): (u64, u64) = (d.parse().unwrap(), f.parse().unwrap());
+                    sum_d += d;
+                    sum_f += f;
+                    // a share counted is ended with those counts (unless cleaned away since)
+                    if mine {
+                        let st = s.get("state").map(String::as_str).unwrap_or("");
+                        ensure!(
+                            st == "aggregating" || st == "cancelled",
+                            "{id} share {p} counted in the home while {st}"
+                        );
+                        ensure!(
+                            (snum("done"), snum("failed")) == (d, f),
+                            "{id} share {p}: counted {d}/{f}, has {}/{}",
+                            snum("done"),
+                            snum("failed")
+                        );
+                    }
+                } else if state != "running" && state != "cancelled" && size > 0 {
+                    return Err(format!("{id} is {state} but share {p} is not counted"));
+                }
+            }
+            ensure!((sum_d, sum_f) == (done, failed), "{id}: home counts {done}/{failed}, its shares' {sum_d}/{sum_f}");
+            if state == "aggregating" || state == "completed" || state == "failed" {
+                ensure!(done + failed == total, "{id} {state} with {done}+{failed} of {total}");
+            }
+            // aggregation jobs of this incarnation: at most one anywhere, none once ended
+            let agg = format!("{id}:{seq}:agg");
+            let wait: Vec<String> = redis::cmd("LRANGE")
+                .arg(home.wait())
+                .arg(0)
+                .arg(-1)
+                .query_async(&mut self.con)
+                .await
+                .map_err(|e| e.to_string())?;
+            let active: BTreeMap<String, String> =
+                redis::cmd("HGETALL").arg(home.active()).query_async(&mut self.con).await.map_err(|e| e.to_string())?;
+            let delayed: Option<f64> = redis::cmd("ZSCORE")
+                .arg(home.delayed())
+                .arg(&agg)
+                .query_async(&mut self.con)
+                .await
+                .map_err(|e| e.to_string())?;
+            let jobs = wait.iter().filter(|r| **r == agg).count()
+                + usize::from(active.contains_key(&agg))
+                + usize::from(delayed.is_some());
+            ensure!(jobs <= 1, "{id}: {jobs} aggregation jobs queued, held or delayed");
+            if matches!(state.as_str(), "completed" | "failed" | "cancelled") {
+                // a ref left in `wait` is dropped by the claim that meets it (stale)
+                ensure!(
+                    !active.contains_key(&agg) && delayed.is_none(),
+                    "{id} {state} with its aggregation job held or delayed"
+                );
+            }
+            if matches!(state.as_str(), "running" | "delayed") {
+                ensure!(jobs == 0, "{id} running with an aggregation job");
+            }
+            let recorded = self.aggregated.get(&(id.clone(), seq)).copied().unwrap_or(0);
+            ensure!(recorded <= 1, "{id} incarnation {seq}: aggregation recorded {recorded} times");
+        }
+        Ok(())
+    }
+
+    /// Runs everything to its end: one executor claims and completes all there is, the reports
+    /// are repeated, until every task that was not cancelled has ended.
+    async fn drain(&mut self) -> Outcome {
+        for e in 0..self.execs.len() {
+            self.expire(e).await?;
+        }
+        for round in 0..200 {
+            for s in 0..=K as usize {
+                let k = self.space(s).clone();
+                scripts::promote(&mut self.con, &k).await.map_err(|e| e.to_string())?;
+                self.claim(0, s).await?;
+                while !self.execs[0].held.is_empty() {
+                    self.finish(0, false).await?;
+                }
+            }
+            partitions::report_pending(&mut self.con, &self.layout).await.map_err(|e| e.to_string())?;
+            self.check().await?;
+            let mut open = Vec::new();
+            for i in 0..IDS {
+                let id = format!("t{i}");
+                let st: Option<String> = redis::cmd("HGET")
+                    .arg(self.layout.home.task(&id))
+                    .arg("state")
+                    .query_async(&mut self.con)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if matches!(st.as_deref(), Some("running" | "aggregating")) {
+                    open.push(id);
+                }
+            }
+            if open.is_empty() {
+                return self.final_check().await;
+            }
+            if round == 199 {
+                return Err(format!("after the drain, tasks {open:?} have not ended"));
+            }
+        }
+        Ok(())
+    }
+
+    async fn final_check(&mut self) -> Outcome {
+        for i in 0..IDS {
+            let id = format!("t{i}");
+            let (state, total, done, failed, seq): Row = redis::cmd("HMGET")
+                .arg(self.layout.home.task(&id))
+                .arg(&["state", "total", "done", "failed", "seq"])
+                .query_async(&mut self.con)
+                .await
+                .map_err(|e| e.to_string())?;
+            let Some(state) = state else { continue };
+            if state == "cancelled" {
+                continue;
+            }
+            let (total, done, failed, seq) =
+                (total.unwrap_or(0), done.unwrap_or(0), failed.unwrap_or(0), seq.unwrap_or(0));
+            ensure!(done + failed == total, "{id} {state}: {done}+{failed} of {total}");
+            let n = self.aggregated.get(&(id.clone(), seq)).copied().unwrap_or(0);
+            // an aggregation whose reply was lost counts in Redis but not here: at most once
+            ensure!(n <= 1, "{id}: aggregated {n} times");
+        }
+        Ok(())
+    }
+}
+
+async fn run_seed(con: Conn, seed: u64, steps: u64) -> Outcome {
+    let mut c = con.clone();
+    let () = redis::cmd("FLUSHALL").query_async(&mut c).await.map_err(|e| e.to_string())?;
+    let home = Keys::new("shardctl", "psim").unwrap();
+    let layout = partition::set_count(&mut c, &home, K, false).await.map_err(|e| e.to_string())?;
+    let mut sim = Sim {
+        con,
+        layout,
+        rng: Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1),
+        execs: (0..EXECUTORS).map(|i| Exec { instance: format!("e{i}"), seq: 0, held: Vec::new() }).collect(),
+        aggregated: HashMap::new(),
+        log: Vec::new(),
+    };
+    let fail =
+        |sim: &Sim, n: u64, e: String| format!("seed {seed}, step {n}: {e}\nlast steps:\n  {}", sim.log.join("\n  "));
+    for n in 1..=steps {
+        if let Err(e) = sim.step(n).await {
+            return Err(fail(&sim, n, e));
+        }
+        if let Err(e) = sim.check().await {
+            return Err(fail(&sim, n, e));
+        }
+    }
+    sim.drain().await.map_err(|e| fail(&sim, steps + 1, e))
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().map(|v| v.parse().unwrap_or_else(|_| panic!("{name}={v} is not a number")))
+}
+
+#[tokio::test]
+async fn seeded_simulation_over_partitions() {
+    let redis = TestRedis::start();
+    let con = open(&redis.url()).unwrap().manager().await.unwrap();
+    let steps = env_u64("SHARDCTL_SIM_STEPS").unwrap_or(CI_STEPS);
+    let seeds: Vec<u64> = match env_u64("SHARDCTL_SIM_SEED") {
+        Some(s) => vec![s],
+        None => (1..=CI_SEEDS).collect(),
+    };
+    for seed in seeds {
+        if let Err(e) = run_seed(con.clone(), seed, steps).await {
+            panic!("{e}\nreplay: SHARDCTL_SIM_SEED={seed} cargo test --test simulator_partitions");
+        }
+    }
+}
