@@ -384,3 +384,55 @@ fn the_api_bounds_what_clients_can_make_it_do() {
     let closed = s.read_to_end(&mut rest);
     assert!(closed.is_ok(), "the connection was not closed: {closed:?}");
 }
+
+/// A task over partitions (ARCHITECTURE.md "Partitioned queues") through the API: its shard map
+/// has its failed shards in their cells, and its reasons, paged partition after partition, carry
+/// the task's own indexes.
+#[test]
+fn the_api_shows_a_task_over_partitions_at_its_own_indexes() {
+    let cli = Cli::start("dash-parts");
+    cli.ok(&["config", "--partitions", "3"]);
+    let (_c, base) = coordinator(&cli, false);
+    let _e = cli.executor("dash-pe", &[]);
+    let payload = r#"{"rate":0.3}"#;
+    let args =
+        ["dispatch", "--kind", "fail", "--payload", payload, "--shards", "60", "--attempts", "1", "--task-id", "pb"];
+    cli.ok(&args);
+    assert_eq!(cli.run(&["wait", "pb", "--timeout", "60s"]).code(), 3);
+    let failed: Vec<u64> = cli
+        .json(&["status", "pb", "--failed", "--json"], 0)
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["shard"].as_u64().unwrap())
+        .collect();
+    assert!(!failed.is_empty() && failed.len() < 60, "{failed:?}");
+    // the map: 60 cells, `f` exactly at the failed shards
+    let (status, _, body) = http("GET", &format!("{base}/api/tasks/pb/map"), None).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let map = json(&body);
+    let cells = map["cells"].as_str().unwrap();
+    assert_eq!(cells.len(), 60, "{map}");
+    let drawn: Vec<u64> = cells.char_indices().filter(|(_, c)| *c == 'f').map(|(i, _)| i as u64).collect();
+    assert_eq!(drawn, failed, "{map}");
+    assert!(cells.chars().all(|c| c == 'f' || c == 'd'), "{map}");
+    // the reasons, two at a time, through every partition
+    let (mut cursor, mut listed) = ("0".to_owned(), Vec::new());
+    for _ in 0..200 {
+        let (status, _, body) =
+            http("GET", &format!("{base}/api/tasks/pb/failed?cursor={cursor}&count=2"), None).unwrap();
+        assert_eq!(status, 200, "{body}");
+        let page = json(&body);
+        listed.extend(page["shards"].as_array().unwrap().iter().map(|s| s["shard"].as_u64().unwrap()));
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = c.to_owned(),
+            None => break,
+        }
+    }
+    listed.sort_unstable();
+    listed.dedup();
+    assert_eq!(listed, failed);
+    // a cursor of no partition is a clear 400
+    let (status, _, body) = http("GET", &format!("{base}/api/tasks/pb/failed?cursor=9.0"), None).unwrap();
+    assert_eq!(status, 400, "{body}");
+}

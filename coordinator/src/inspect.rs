@@ -195,10 +195,40 @@ pub async fn reason_page<C: ConnectionLike + Send>(
     cursor: &str,
     count: u64,
 ) -> Result<ReasonPage> {
+    let bad = || shardctl_common::Error::invalid(format!("cursor '{cursor}' is not a cursor of this list"));
+    // a task over partitions: its shares' reasons one partition after the other, the cursor
+    // `<partition>.<cursor>` (a plain number for partition 1 or an unpartitioned task)
+    let (part, cursor) = match cursor.split_once('.') {
+        Some((p, c)) if t.partitions > 1 => (p.parse::<u32>().map_err(|_| bad())?, c),
+        _ => (1, cursor),
+    };
+    let cursor: u64 = cursor.parse().map_err(|_| bad())?;
+    if t.partitions > 1 {
+        let layout = shardctl_common::partition::layout(con, keys).await?;
+        let pk = layout.part(part).map_err(|_| bad())?;
+        let (base, _) = shardctl_common::partition::share_range(part, t.partitions, t.total);
+        let mut page = space_reasons(con, pk, t, cursor, count, base).await?;
+        if page.next_cursor.is_none() && part < t.partitions {
+            page.next_cursor = Some(format!("{}.0", part + 1));
+        } else if let Some(c) = page.next_cursor.take() {
+            page.next_cursor = Some(format!("{part}.{c}"));
+        }
+        return Ok(page);
+    }
+    space_reasons(con, keys, t, cursor, count, 0).await
+}
+
+/// One page of the reasons stored in `keys`' keyspace, the shards shown at `base` + index.
+async fn space_reasons<C: ConnectionLike + Send>(
+    con: &mut C,
+    keys: &Keys,
+    t: &TaskInfo,
+    cursor: u64,
+    count: u64,
+    base: u64,
+) -> Result<ReasonPage> {
     let id = t.task_id.as_str();
     let ended = t.state.is_finished();
-    let cursor: u64 =
-        cursor.parse().map_err(|_| shardctl_common::Error::invalid(format!("cursor '{cursor}' is not a number")))?;
     let (next, flat): (u64, Vec<String>) = redis::cmd("HSCAN")
         .arg(keys.errors(id))
         .arg(cursor)
@@ -218,7 +248,7 @@ pub async fn reason_page<C: ConnectionLike + Send>(
         .into_iter()
         .zip(bits)
         .map(|((shard, reason), bit)| ShardReason {
-            shard,
+            shard: base + shard,
             reason,
             state: match (bit == 1, ended) {
                 (true, _) => "failed",
@@ -257,6 +287,63 @@ const LOCAL_BITMAP_MAX: u64 = 8 << 20;
 /// task's cursor: the rest was never claimed), the cells, the task's held refs and its reasons;
 /// never a step per shard. At most `max_cells` (≤ [`MAX_CELLS`]) cells.
 pub async fn shard_map<C: ConnectionLike + Send>(
+    con: &mut C,
+    keys: &Keys,
+    t: &TaskInfo,
+    max_cells: u64,
+) -> Result<ShardMap> {
+    if t.partitions > 1 {
+        return partitioned_map(con, keys, t, max_cells).await;
+    }
+    space_map(con, keys, t, max_cells).await
+}
+
+/// The map of a task over partitions: each share's map, with cells in proportion to its size,
+/// one after the other (the shares are contiguous ranges of the task).
+async fn partitioned_map<C: ConnectionLike + Send>(
+    con: &mut C,
+    keys: &Keys,
+    t: &TaskInfo,
+    max_cells: u64,
+) -> Result<ShardMap> {
+    let max_cells = max_cells.clamp(1, MAX_CELLS);
+    let layout = shardctl_common::partition::layout(con, keys).await?;
+    let mut out = ShardMap {
+        total: t.total,
+        per_cell: t.total.div_ceil(max_cells).max(1),
+        cells: String::new(),
+        running: 0,
+        retrying: 0,
+        reasons_complete: true,
+    };
+    for (i, pk) in layout.parts.iter().enumerate() {
+        let (_, size) = shardctl_common::partition::share_range(i as u32 + 1, t.partitions, t.total);
+        if size == 0 {
+            continue;
+        }
+        let cells = (max_cells * size).div_ceil(t.total.max(1)).max(1);
+        let h: std::collections::HashMap<String, String> =
+            redis::cmd("HGETALL").arg(pk.task(&t.task_id)).query_async(con).await?;
+        let share = TaskInfo::from_hash(&t.task_id, &h)?.filter(|s| s.share.is_some_and(|x| x.home_seq == t.seq));
+        let Some(mut share) = share else {
+            // not there (cleaned) or another incarnation's: drawn as the home says
+            let c = if t.state.is_finished() { 'd' } else { 'p' };
+            out.cells.extend(std::iter::repeat_n(c, size.div_ceil(size.div_ceil(cells)) as usize));
+            continue;
+        };
+        // a share of a cancelled task is cancelled too; one still running shows as it is
+        share.state = if t.state == shardctl_common::model::TaskState::Cancelled { t.state } else { share.state };
+        let m = space_map(con, pk, &share, cells).await?;
+        out.cells.push_str(&m.cells);
+        out.running += m.running;
+        out.retrying += m.retrying;
+        out.reasons_complete &= m.reasons_complete;
+    }
+    Ok(out)
+}
+
+/// The map of a task (or a share) in one keyspace.
+async fn space_map<C: ConnectionLike + Send>(
     con: &mut C,
     keys: &Keys,
     t: &TaskInfo,
