@@ -48,6 +48,10 @@ local agg_again = #again == 0 and state == 'failed' and t[4] ~= false
 if #again == 0 and not agg_again then return 0 end
 rcall('HSET', tkey, 'retried_ms', now)
 
+if rcall('HEXISTS', tkey, 'part') == 1 then
+  -- a share of a partitioned task: its keys took the task's retention when it ended
+  for _, k in ipairs(task_keys(prefix, tid)) do rcall('PERSIST', k) end
+end
 if ended then
   rcall('HSET', tkey, 'state', 'running')
   rcall('HDEL', tkey, 'finished_ms', 'result', 'agg_error')
@@ -79,10 +83,12 @@ if state == 'aggregating' then
   end
   drop_state(prefix, tid, 'agg')
 end
--- fresh attempts: no failure counts against the shard; its attempt numbers go on past the
--- task's attempts, so that a handler never sees the number of an attempt it already made (the
--- `fail` kind decides by it) and the claim knows the shard has state
-local attempts = rcall('HGET', tkey, 'attempts') or '1'
+-- fresh attempts: no failure counts against the shard; its attempt numbers go on past those of
+-- the rounds before (the n-th retry starts past n × attempts), so that a handler does not see
+-- the number of an attempt it already made (the `fail` kind decides by it) and the claim knows
+-- the shard has state
+local retries = rcall('HINCRBY', tkey, 'retries', 1)
+local attempts = tonumber(rcall('HGET', tkey, 'attempts') or '1') * retries
 local pre = tid .. ':' .. rcall('HGET', tkey, 'seq') .. ':'
 local skey = shards_key(prefix, tid)
 for _, idx in ipairs(again) do

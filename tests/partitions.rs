@@ -128,8 +128,8 @@ fn failures_and_tiny_tasks_over_partitions() {
     assert_eq!(shares.iter().filter(|e| **e).count(), 2, "{shares:?}");
 }
 
-/// What a partitioned queue refuses, clearly and without writing: routed strategies, a keys
-/// file, a bad count, a change of count while a task runs over partitions.
+/// What a partitioned queue refuses, clearly and without writing: routed strategies, a bad
+/// count, a change of count while a task runs over partitions.
 #[test]
 fn a_partitioned_queue_refuses_what_it_cannot_do() {
     let cli = Cli::start("parts-refuse");
@@ -144,7 +144,6 @@ fn a_partitioned_queue_refuses_what_it_cannot_do() {
     // a task running over the partitions pins the count (no executor: it stays running)
     cli.ok(&["dispatch", "--kind", "noop", "--shards", "4", "--task-id", "pinned"]);
     cli.rejects(&["config", "--partitions", "3"], 2, "runs over 2 partitions");
-    cli.rejects(&["retry", "pinned"], 2, "not supported yet");
     // the same count again changes nothing and is fine
     cli.ok(&["config", "--partitions", "2"]);
 }
@@ -293,4 +292,119 @@ async fn a_count_lost_in_the_home_after_its_acknowledgement_is_reported_again() 
     assert_eq!(shardctl_coordinator::partitions::reconcile(&mut con, &layout).await.unwrap(), 0);
     let done: u64 = redis::cmd("HGET").arg(home.task("r")).arg("done").query_async(&mut con).await.unwrap();
     assert_eq!(done, 2, "share 1's two shards, counted once");
+}
+
+/// `retry` of a task over partitions runs the failed shards of every share again, in a new
+/// round, until the task completes; each round's counts replace the last in the home.
+#[test]
+fn retry_over_partitions_runs_the_failed_shards_again_until_done() {
+    let cli = Cli::start("parts-retry");
+    cli.ok(&["config", "--partitions", "3"]);
+    let _a = cli.executor("pr", &[]);
+    let payload = r#"{"rate":0.5}"#;
+    cli.ok(&[
+        "dispatch",
+        "--kind",
+        "fail",
+        "--payload",
+        payload,
+        "--shards",
+        "60",
+        "--attempts",
+        "1",
+        "--task-id",
+        "rt",
+    ]);
+    let t = cli.json(&["wait", "rt", "--timeout", "60s", "--json"], 3);
+    let mut failed = t["failed"].as_u64().unwrap();
+    assert!(failed > 0 && failed < 60, "{t}");
+    let mut rounds = 0;
+    while failed > 0 {
+        rounds += 1;
+        assert!(rounds <= 30, "still {failed} failed after 30 retries");
+        let said = cli.ok(&["retry", "rt"]);
+        assert!(said.contains(&format!("{failed} failed shards queued again")), "{said}");
+        let out = cli.run(&["wait", "rt", "--timeout", "60s", "--json"]);
+        let t: Value = serde_json::from_str(out.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+        assert!(t["state"] == json!("failed") || t["state"] == json!("completed"), "{t}");
+        assert_eq!(t["done"].as_u64().unwrap() + t["failed"].as_u64().unwrap(), 60, "{t}");
+        failed = t["failed"].as_u64().unwrap();
+        if failed == 0 {
+            assert_eq!(t["state"], json!("completed"), "{t}");
+        }
+    }
+    let round: u64 = redis::cmd("HGET").arg(cli.key("task:rt")).arg("round").query(&mut cli.con()).unwrap();
+    assert_eq!(round, rounds, "one round per retry");
+}
+
+/// A retry cut short after the home record was reopened (the shares not yet retried) is
+/// completed by the reconciliation: the shares ended in an older round run again.
+#[tokio::test]
+async fn a_retry_cut_short_is_completed_by_the_reconciliation() {
+    let redis = TestRedis::start();
+    let mut con = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let home = Keys::new("shardctl", "cut-retry").unwrap();
+    let layout: Layout = partition::set_count(&mut con, &home, 2, false).await.unwrap();
+    let mut spec = TaskSpec::new("r", "fail", 4);
+    spec.attempts = 1;
+    shardctl_coordinator::partitions::dispatch(&mut con, &layout, &spec).await.unwrap();
+    // every shard fails for good; both shares end and are counted
+    for pk in &layout.parts {
+        let req = ClaimRequest { count: 10, lock_ms: 60_000, token_base: "e1", seq: 1, node: "n1", ahead: 0 };
+        let claimed = scripts::claim(&mut con, pk, &req).await.unwrap().shards;
+        let failed: Vec<Finished<'_>> = claimed
+            .iter()
+            .map(|c| Finished { claim: c, outcome: FinishedAs::Failed { delay_ms: 0, reason: "boom" } })
+            .collect();
+        scripts::finish(&mut con, pk, "n1", &failed).await.unwrap();
+    }
+    assert_eq!(shardctl_coordinator::partitions::report_pending(&mut con, &layout).await.unwrap(), 2);
+    // the aggregation runs and records the failure
+    let req = ClaimRequest { count: 1, lock_ms: 60_000, token_base: "e1", seq: 2, node: "n1", ahead: 0 };
+    let agg = scripts::claim(&mut con, &home, &req).await.unwrap().shards;
+    assert_eq!(agg.len(), 1);
+    scripts::finish(&mut con, &home, "n1", &[Finished { claim: &agg[0], outcome: FinishedAs::Completed("{}") }])
+        .await
+        .unwrap();
+    let state: String = redis::cmd("HGET").arg(home.task("r")).arg("state").query_async(&mut con).await.unwrap();
+    assert_eq!(state, "failed");
+    // the retry's first step alone (its process died before the shares' retries)
+    let round: i64 = shardctl_common::scripts::scripts()
+        .reopen
+        .keyed(&home, &shardctl_common::scripts::KeyArgs { task: Some("r"), ..Default::default() })
+        .arg(home.prefix())
+        .arg("r")
+        .arg(1)
+        .arg(2)
+        .invoke_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(round, 1);
+    let (state, done, failed): (String, u64, u64) =
+        redis::cmd("HMGET").arg(home.task("r")).arg(&["state", "done", "failed"]).query_async(&mut con).await.unwrap();
+    assert_eq!((state.as_str(), done, failed), ("running", 0, 0), "the shares' counts forgotten");
+    // a late report of the old round counts nothing
+    let old = ShareReport { task: "r".into(), home_seq: 1, part: 1, round: 0, done: 0, failed: 2 };
+    assert_eq!(scripts::report(&mut con, &home, &old).await.unwrap(), Reported::Already);
+    // the reconciliation retries both shares in round 1: their shards are claimable again
+    shardctl_coordinator::partitions::reconcile(&mut con, &layout).await.unwrap();
+    for pk in &layout.parts {
+        let (state, round): (String, u64) =
+            redis::cmd("HMGET").arg(pk.task("r")).arg(&["state", "round"]).query_async(&mut con).await.unwrap();
+        assert_eq!((state.as_str(), round), ("running", 1));
+        let wait: u64 = redis::cmd("LLEN").arg(pk.wait()).query_async(&mut con).await.unwrap();
+        assert_eq!(wait, 2, "the share's failed shards wait to run again");
+    }
+    // the shares now succeed and report in round 1: the task completes with every shard done
+    for pk in &layout.parts {
+        let req = ClaimRequest { count: 10, lock_ms: 60_000, token_base: "e1", seq: 3, node: "n1", ahead: 0 };
+        let claimed = scripts::claim(&mut con, pk, &req).await.unwrap().shards;
+        let done: Vec<Finished<'_>> =
+            claimed.iter().map(|c| Finished { claim: c, outcome: FinishedAs::Completed("") }).collect();
+        scripts::finish(&mut con, pk, "n1", &done).await.unwrap();
+    }
+    assert_eq!(shardctl_coordinator::partitions::report_pending(&mut con, &layout).await.unwrap(), 2);
+    let (state, done, failed): (String, u64, u64) =
+        redis::cmd("HMGET").arg(home.task("r")).arg(&["state", "done", "failed"]).query_async(&mut con).await.unwrap();
+    assert_eq!((state.as_str(), done, failed), ("aggregating", 4, 0));
 }

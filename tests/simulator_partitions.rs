@@ -2,8 +2,9 @@
 //! simulator"): seeded random executors claim, complete and fail shards in the shares of tasks
 //! spread over 3 partitions of one queue, on a real redis-server with the real scripts; the
 //! cross-slot report of an ended share is cut between its two slots (counted in the home, never
-//! acknowledged), repeated, raced with cancel; leases expire and the partitions' sweeps recover
-//! shards; ended tasks are cleaned and their ids dispatched again. After every step the checks
+//! acknowledged), repeated, raced with cancel; tasks are retried, some retries cut after their
+//! first step and completed by the reconciliation; leases expire and the partitions' sweeps
+//! recover shards; ended tasks are cleaned and their ids dispatched again. After every step the checks
 //! below hold; at the end a drain must end every task that was not cancelled with
 //! `done + failed == total` and its aggregation recorded once.
 //!
@@ -79,7 +80,7 @@ struct Sim {
     layout: Layout,
     rng: Rng,
     execs: Vec<Exec>,
-    /// (task, incarnation) → aggregations recorded.
+    /// (`task:round:retries`, incarnation) → aggregations recorded.
     aggregated: HashMap<(String, u64), u32>,
     log: Vec<String>,
 }
@@ -101,7 +102,7 @@ impl Sim {
     }
 
     async fn step(&mut self, n: u64) -> Outcome {
-        let weights: [u64; 9] = [6, 25, 25, 8, 10, 4, 3, 3, 4];
+        let weights: [u64; 12] = [6, 25, 25, 8, 10, 4, 3, 3, 4, 3, 1, 2];
         let total: u64 = weights.iter().sum();
         let mut pick = self.rng.next() % total;
         let mut action = 0;
@@ -132,6 +133,17 @@ impl Sim {
                 let r = control::clean(&mut self.con, &self.layout.home, Some(std::time::Duration::ZERO)).await;
                 self.note(format!("#{n} clean: {r:?}"));
                 r.map(|_| ()).map_err(|e| format!("clean: {e}"))
+            }
+            9 => {
+                let r = control::retry(&mut self.con, &self.layout.home, &id).await;
+                self.note(format!("#{n} retry {id}: {r:?}"));
+                Ok(())
+            }
+            10 => self.cut_retry(&id).await,
+            11 => {
+                let r = partitions::reconcile(&mut self.con, &self.layout).await;
+                self.note(format!("#{n} reconcile: {r:?}"));
+                r.map(|_| ()).map_err(|e| format!("reconcile: {e}"))
             }
             _ => {
                 for s in 0..=K as usize {
@@ -190,7 +202,8 @@ impl Sim {
             .await
             .map_err(|e| format!("finish: {e}"))?;
         if c.shard_ref.is_aggregate() && codes.first().is_some_and(|c| matches!(c, Ok(1))) && !fail {
-            *self.aggregated.entry((c.shard_ref.task.clone(), c.shard_ref.inc)).or_default() += 1;
+            let key = self.agg_key(&c.shard_ref.task, c.shard_ref.inc).await?;
+            *self.aggregated.entry(key).or_default() += 1;
         }
         self.note(format!(
             "e{e} {} {} in space {s}: {codes:?}{}",
@@ -231,6 +244,43 @@ impl Sim {
         let n = partitions::report_pending(&mut self.con, &self.layout).await.map_err(|e| format!("report: {e}"))?;
         self.note(format!("reports pending: {n} counted"));
         Ok(())
+    }
+
+    /// What an aggregation is recorded once for: the incarnation, and the retry round (a retry
+    /// aggregates again).
+    async fn agg_key(&mut self, task: &str, inc: u64) -> Result<(String, u64), String> {
+        let (round, retries): (Option<u64>, Option<u64>) = redis::cmd("HMGET")
+            .arg(self.layout.home.task(task))
+            .arg("round")
+            .arg("retries")
+            .query_async(&mut self.con)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((format!("{task}:{}:{}", round.unwrap_or(0), retries.unwrap_or(0)), inc))
+    }
+
+    /// A retry whose process dies after its first step: the home record reopened for every
+    /// partition, no share retried yet (the reconciliation or the next retry completes it).
+    async fn cut_retry(&mut self, id: &str) -> Outcome {
+        let home = self.layout.home.clone();
+        let state: Option<String> = redis::cmd("HGET")
+            .arg(home.task(id))
+            .arg("state")
+            .query_async(&mut self.con)
+            .await
+            .map_err(|e| e.to_string())?;
+        if !matches!(state.as_deref(), Some("failed" | "completed" | "aggregating")) {
+            return Ok(());
+        }
+        let mut inv =
+            scripts::scripts().reopen.keyed(&home, &scripts::KeyArgs { task: Some(id), ..Default::default() });
+        inv.arg(home.prefix()).arg(id);
+        for p in 1..=K {
+            inv.arg(p);
+        }
+        let r: redis::RedisResult<i64> = inv.invoke_async(&mut self.con).await;
+        self.note(format!("retry of {id} cut after reopening its home: {r:?}"));
+        r.map(|_| ()).map_err(|e| format!("reopen: {e}"))
     }
 
     /// Executor `e` dies: its leases run out, every partition's sweep recovers its shards.
@@ -357,8 +407,9 @@ impl Sim {
             if matches!(state.as_str(), "running" | "delayed") {
                 ensure!(jobs == 0, "{id} running with an aggregation job");
             }
-            let recorded = self.aggregated.get(&(id.clone(), seq)).copied().unwrap_or(0);
-            ensure!(recorded <= 1, "{id} incarnation {seq}: aggregation recorded {recorded} times");
+            let key = self.agg_key(&id, seq).await?;
+            let recorded = self.aggregated.get(&key).copied().unwrap_or(0);
+            ensure!(recorded <= 1, "{id} incarnation {seq}: aggregation recorded {recorded} times in one round");
         }
         Ok(())
     }
@@ -379,6 +430,7 @@ impl Sim {
                 }
             }
             partitions::report_pending(&mut self.con, &self.layout).await.map_err(|e| e.to_string())?;
+            partitions::reconcile(&mut self.con, &self.layout).await.map_err(|e| e.to_string())?;
             self.check().await?;
             let mut open = Vec::new();
             for i in 0..IDS {
@@ -419,7 +471,8 @@ impl Sim {
             let (total, done, failed, seq) =
                 (total.unwrap_or(0), done.unwrap_or(0), failed.unwrap_or(0), seq.unwrap_or(0));
             ensure!(done + failed == total, "{id} {state}: {done}+{failed} of {total}");
-            let n = self.aggregated.get(&(id.clone(), seq)).copied().unwrap_or(0);
+            let key = self.agg_key(&id, seq).await?;
+            let n = self.aggregated.get(&key).copied().unwrap_or(0);
             // an aggregation whose reply was lost counts in Redis but not here: at most once
             ensure!(n <= 1, "{id}: aggregated {n} times");
         }

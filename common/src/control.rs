@@ -11,7 +11,7 @@ use crate::error::{Error, Result, ScriptCode};
 use crate::keys::Keys;
 use crate::scripts::{scripts, KeyArgs};
 
-fn refused(id: &str, code: i64, what: &str) -> Error {
+pub(crate) fn refused(id: &str, code: i64, what: &str) -> Error {
     match ScriptCode::from_code(code) {
         Some(ScriptCode::TaskMissing) => Error::NoTask(id.to_owned()),
         Some(c @ ScriptCode::TaskEnded) if what == "cancel" => {
@@ -78,10 +78,13 @@ pub async fn retry<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str)
     crate::names::validate_task_id(id)?;
     let parts: Option<u32> = redis::cmd("HGET").arg(keys.task(id)).arg("partitions").query_async(con).await?;
     if parts.is_some_and(|k| k > 1) {
-        return Err(Error::invalid(format!(
-            "task '{id}' runs over partitions: retry of a partitioned task is not supported yet; dispatch it again"
-        )));
+        return crate::partition::retry(con, keys, id).await;
     }
+    retry_here(con, keys, id).await
+}
+
+/// `retry.lua` on task `id` of one keyspace.
+pub(crate) async fn retry_here<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str) -> Result<u64> {
     let code: i64 = scripts()
         .retry
         .keyed(keys, &KeyArgs { task: Some(id), ..Default::default() })

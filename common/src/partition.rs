@@ -152,6 +152,92 @@ pub async fn set_count<C: ConnectionLike + Send>(con: &mut C, home: &Keys, k: u3
     layout_of(home, k, &tags.join(" "))
 }
 
+/// Runs the failed shards of task `id` over partitions again (`shardctl retry`): the home record
+/// is reopened (`reopen.lua`: a new round, the counts of the shares with failures forgotten),
+/// then each of those shares is retried in its partition (`retry.lua`) in the new round. A task
+/// whose shards all succeeded but whose aggregation failed retries its aggregation alone, in the
+/// home. On a running task it completes a retry cut short (see [`resume_retries`]). Returns how
+/// many shards (or 1: the aggregation) run again.
+pub async fn retry<C: ConnectionLike + Send>(con: &mut C, home: &Keys, id: &str) -> Result<u64> {
+    let layout = layout(con, home).await?;
+    let mut fields: Vec<String> = ["state", "round"].map(str::to_owned).to_vec();
+    fields.extend((1..=layout.count()).map(|p| format!("part:{p}")));
+    let row: Vec<Option<String>> = redis::cmd("HMGET").arg(home.task(id)).arg(&fields).query_async(con).await?;
+    let state = row[0].clone();
+    let failed_parts: Vec<u32> = (1..=layout.count())
+        .filter(|p| {
+            row[1 + *p as usize]
+                .as_deref()
+                .and_then(|v| v.split_once('/'))
+                .is_some_and(|(_, f)| f.parse::<u64>().is_ok_and(|f| f > 0))
+        })
+        .collect();
+    match state.as_deref() {
+        Some("running") => {
+            let round = row[1].as_deref().and_then(|r| r.parse().ok()).unwrap_or(0);
+            return resume_retries(con, &layout, id, round).await;
+        }
+        Some("completed" | "failed" | "aggregating") if !failed_parts.is_empty() => {}
+        // only the aggregation failed (or nothing did), a cancelled or missing task: as for any task
+        _ => return crate::control::retry_here(con, home, id).await,
+    }
+    let mut inv =
+        crate::scripts::scripts().reopen.keyed(home, &crate::scripts::KeyArgs { task: Some(id), ..Default::default() });
+    inv.arg(home.prefix()).arg(id);
+    for p in &failed_parts {
+        inv.arg(*p);
+    }
+    let round: i64 = inv.invoke_async(con).await?;
+    if round < 0 {
+        return Err(crate::control::refused(id, round, "retry"));
+    }
+    let mut again = 0;
+    for p in failed_parts {
+        again += retry_share(con, layout.part(p)?, id, round as u64).await?;
+    }
+    Ok(again)
+}
+
+/// Retries the share of task `id` in partition `part` in home round `round`.
+async fn retry_share<C: ConnectionLike + Send>(con: &mut C, part: &Keys, id: &str, round: u64) -> Result<u64> {
+    let exists: bool = redis::cmd("EXISTS").arg(part.task(id)).query_async(con).await?;
+    if !exists {
+        return Ok(0);
+    }
+    let () = redis::cmd("HSET").arg(part.task(id)).arg("round").arg(round).query_async(con).await?;
+    match crate::control::retry_here(con, part, id).await {
+        Ok(n) => Ok(n),
+        // cancelled meanwhile, or gone: nothing runs again there
+        Err(Error::Refused { .. }) => Ok(0),
+        Err(e) => Err(e),
+    }
+}
+
+/// Completes a retry cut short after its home record was reopened: every share of task `id`
+/// that ended in a round older than the home's `round`, its count missing in the home, is
+/// retried in that round. Returns how many shards run again.
+pub async fn resume_retries<C: ConnectionLike + Send>(
+    con: &mut C,
+    layout: &Layout,
+    id: &str,
+    round: u64,
+) -> Result<u64> {
+    let mut again = 0;
+    for (i, pk) in layout.parts.iter().enumerate() {
+        let counted: bool =
+            redis::cmd("HEXISTS").arg(layout.home.task(id)).arg(format!("part:{}", i + 1)).query_async(con).await?;
+        if counted {
+            continue;
+        }
+        let (state, share_round): (Option<String>, Option<u64>) =
+            redis::cmd("HMGET").arg(pk.task(id)).arg("state").arg("round").query_async(con).await?;
+        if state.as_deref() == Some("aggregating") && share_round.is_some_and(|r| r < round) {
+            again += retry_share(con, pk, id, round).await?;
+        }
+    }
+    Ok(again)
+}
+
 /// The prefix and queue names of a home's keys.
 fn home_names(home: &Keys) -> (String, &str) {
     let tag = &home.prefix()[1..home.prefix().len() - 2];

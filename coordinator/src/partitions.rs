@@ -149,12 +149,18 @@ pub async fn reconcile<C: ConnectionLike + Send>(con: &mut C, layout: &Layout) -
         redis::cmd("ZRANGE").arg(home.running()).arg(0).arg(RECONCILE_BATCH - 1).query_async(con).await?;
     let mut counted = 0;
     for id in ids {
-        let mut fields = vec!["partitions".to_owned(), "state".to_owned(), "seq".to_owned()];
+        let mut fields = vec!["partitions".to_owned(), "state".to_owned(), "round".to_owned()];
         fields.extend((1..=layout.count()).map(|p| format!("part:{p}")));
         let row: Vec<Option<String>> = redis::cmd("HMGET").arg(home.task(&id)).arg(&fields).query_async(con).await?;
         let k: u32 = row[0].as_deref().and_then(|v| v.parse().ok()).unwrap_or(1);
         if k != layout.count() || k < 2 || row[1].as_deref() != Some("running") {
             continue;
+        }
+        // a retry cut short after its home record was reopened: its shares run again now
+        let round = row[2].as_deref().and_then(|r| r.parse().ok()).unwrap_or(0);
+        let again = shardctl_common::partition::resume_retries(con, layout, &id, round).await?;
+        if again > 0 {
+            tracing::info!(task = %id, shards = again, "a retry cut short was completed");
         }
         for (i, pk) in layout.parts.iter().enumerate() {
             if row[3 + i].is_some() {

@@ -258,6 +258,7 @@ registry!(
     reap,
     report,
     ack,
+    reopen,
 );
 
 /// The registry.

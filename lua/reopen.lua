@@ -1,0 +1,71 @@
+--[[
+  Reopens the home record of a task over partitions for `retry` (ARCHITECTURE.md "Partitioned
+  queues"): raises its `round`, forgets the counts of the shares given (their `part:<p>` fields
+  go and their counts leave `done` and `failed`), and makes it `running` again. The caller then
+  retries each of those shares in its partition, after setting its `round` to the one returned;
+  a report of the round before is refused from now on. A retry cut short after this script is
+  completed by the next `retry` or by the reconciliation (a share ended in an older round than
+  its home's, its count missing, is retried then).
+
+  KEYS[1]  task:<id>          hash    the home record
+  KEYS[2]  task:<id>:terminal bitmap  of this task (its retention lifted)
+  KEYS[3]  task:<id>:results  hash    of this task
+  KEYS[4]  task:<id>:errors   hash    of this task
+  KEYS[5]  task:<id>:keys     hash    of this task
+  KEYS[6]  task:<id>:shards   hash    of this task
+  KEYS[7]  active             hash    ref -> token of its holder
+  KEYS[8]  delayed            zset    ref -> due time (ms)
+  KEYS[9]  events             stream  the event log
+  KEYS[10] expiring           zset    ended tasks with a retention, by expiry time
+  KEYS[11] finished           zset    ended tasks, by end time
+  KEYS[12] meta               hash    queue metadata (cancels, events_maxlen)
+  KEYS[13] running            zset    tasks not finished
+  KEYS[14] stalled            set     stall candidates of the last sweep
+  KEYS[15] wait               list    explicit refs ready now
+  ARGV[1] key prefix  `{P:Q}:`
+  ARGV[2] task id
+  ARGV[3..] the partitions whose shares run again
+
+  Returns the new round, or -3 (task missing), -9 (task cancelled), -10 (its results were not
+  kept).
+]]
+local prefix, tid, now = ARGV[1], ARGV[2], now_ms()
+local tkey = K.task
+local t = rcall('HMGET', tkey, 'state', 'keep_results', 'seq')
+local state = t[1]
+if not state then return -3 end
+if state == 'cancelled' then return -9 end
+local ended = state == 'completed' or state == 'failed'
+if ended and t[2] == '0' then return -10 end
+local round = rcall('HINCRBY', tkey, 'round', 1)
+for i = 3, #ARGV do
+  local v = rcall('HGET', tkey, 'part:' .. ARGV[i])
+  if v then
+    local d, f = string.match(v, '^(%d+)/(%d+)$')
+    rcall('HINCRBY', tkey, 'done', 0 - tonumber(d))
+    rcall('HINCRBY', tkey, 'failed', 0 - tonumber(f))
+    rcall('HDEL', tkey, 'part:' .. ARGV[i])
+  end
+end
+rcall('HSET', tkey, 'retried_ms', now)
+if ended then
+  rcall('HSET', tkey, 'state', 'running')
+  rcall('HDEL', tkey, 'finished_ms', 'result', 'agg_error')
+  rcall('ZREM', K.finished, tid)
+  rcall('ZREM', K.expiring, tid)
+  rcall('ZADD', K.running, rcall('HGET', tkey, 'created_ms'), tid)
+  for _, k in ipairs(task_keys(prefix, tid)) do rcall('PERSIST', k) end
+elseif state == 'aggregating' then
+  -- its aggregation job no longer applies (as in retry.lua)
+  local aref = tid .. ':' .. t[3] .. ':agg'
+  rcall('HSET', tkey, 'state', 'running')
+  rcall('LREM', K.wait, 0, aref)
+  rcall('ZREM', K.delayed, aref)
+  if rcall('HDEL', K.active, aref) == 1 then
+    rcall('SREM', K.stalled, aref)
+    rcall('HINCRBY', K.meta, 'cancels', 1)
+  end
+  drop_state(prefix, tid, 'agg')
+end
+emit('event', 'task_retried', 'task', tid, 'partitions', #ARGV - 2, 'round', round)
+return round
