@@ -26,7 +26,8 @@
 local prefix, tid, inc, p, round = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local t = rcall('HMGET', K.task, 'seq', 'round', 'state', 'partitions')
 if not t[1] then return -3 end
-if t[1] ~= inc or not t[4] or (t[2] or '0') ~= round or t[3] ~= 'running' then return 0 end
+-- a delayed home (`--delay`) counts too: its shares start at about its start time
+if t[1] ~= inc or not t[4] or (t[2] or '0') ~= round or (t[3] ~= 'running' and t[3] ~= 'delayed') then return 0 end
 if rcall('HSETNX', K.task, 'part:' .. p, ARGV[6] .. '/' .. ARGV[7]) == 0 then return 0 end
 rcall('HINCRBY', K.task, 'done', ARGV[6])
 rcall('HINCRBY', K.task, 'failed', ARGV[7])

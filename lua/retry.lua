@@ -48,10 +48,6 @@ local agg_again = #again == 0 and state == 'failed' and t[4] ~= false
 if #again == 0 and not agg_again then return 0 end
 rcall('HSET', tkey, 'retried_ms', now)
 
-if rcall('HEXISTS', tkey, 'part') == 1 then
-  -- a share of a partitioned task: its keys took the task's retention when it ended
-  for _, k in ipairs(task_keys(prefix, tid)) do rcall('PERSIST', k) end
-end
 if ended then
   rcall('HSET', tkey, 'state', 'running')
   rcall('HDEL', tkey, 'finished_ms', 'result', 'agg_error')

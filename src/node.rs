@@ -38,6 +38,9 @@ pub struct Node {
     /// its run slots and counters (ARCHITECTURE.md, "Partitioned queues").
     partitions: Vec<Executor>,
     layout: Layout,
+    /// What the runtimes of a partitioned queue share, with the endpoint and block timeout of
+    /// their common blocking connection.
+    sharing: Option<(Sharing, Endpoint, std::time::Duration)>,
     con: Conn,
     keys: Keys,
     member: Member,
@@ -77,15 +80,15 @@ impl Node {
         let redis = endpoint.redacted().to_owned();
         let grace = config.executor.grace;
         let layout = shardctl_common::partition::layout(&mut con, &keys).await?;
-        let (executor, partitions) = if layout.partitioned() {
-            let with = Sharing::new(config.executor.concurrency);
+        let block = config.executor.block_timeout;
+        let (executor, partitions, sharing) = if layout.partitioned() {
+            let with = Sharing::new(config.executor.concurrency, &endpoint);
             let home = Executor::connect_partition(
                 endpoint.clone(),
                 keys.clone(),
                 config.executor.clone(),
                 registry.clone(),
                 &with,
-                layout.parts.clone(),
             )
             .await?;
             let mut parts = Vec::new();
@@ -97,19 +100,19 @@ impl Node {
                         config.executor.clone(),
                         registry.clone(),
                         &with,
-                        Vec::new(),
                     )
                     .await?,
                 );
             }
-            (home, parts)
+            (home, parts, Some((with, endpoint, block)))
         } else {
-            (Executor::connect(endpoint, keys.clone(), config.executor, registry).await?, Vec::new())
+            (Executor::connect(endpoint, keys.clone(), config.executor, registry).await?, Vec::new(), None)
         };
         Ok(Node {
             executor,
             partitions,
             layout,
+            sharing,
             con,
             keys,
             member,
@@ -147,7 +150,7 @@ impl Node {
 
     /// [`Node::run`], where cancelling `now` during the drain stops at once.
     pub async fn run_until(self, shutdown: CancellationToken, now: CancellationToken) -> Result<StatsSnapshot> {
-        let Node { executor, partitions, layout, mut con, keys, member, membership, sweep, redis, .. } = self;
+        let Node { executor, partitions, layout, sharing, mut con, keys, member, membership, sweep, redis, .. } = self;
         let routing_wanted = executor.routing_wanted();
         let stop = CancellationToken::new();
         // the home's sweep, each partition's, and the reports of ended shares to the home
@@ -163,6 +166,12 @@ impl Node {
                 stop.clone(),
             )));
         }
+        // one blocking connection for every runtime, on one server
+        let waiting = CancellationToken::new();
+        let waiter = sharing.map(|(with, endpoint, block)| {
+            let waiting = waiting.clone();
+            tokio::spawn(async move { with.wait_for_all(endpoint, block, waiting).await })
+        });
         let members = {
             let (con, keys, member, stop, shutdown) =
                 (con.clone(), keys.clone(), member.clone(), stop.clone(), shutdown.clone());
@@ -189,6 +198,10 @@ impl Node {
             }
         }
         let ran = ran.expect("the home runtime ran");
+        waiting.cancel();
+        if let Some(w) = waiter {
+            let _ = w.await;
+        }
         stop.cancel();
         for s in sweepers {
             let _ = s.await;

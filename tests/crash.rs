@@ -47,7 +47,7 @@ const GRACE: Duration = Duration::from_secs(1);
 /// so that its late work is refused. A lease that lapsed alone loses nothing: shards no sweep
 /// recovered stay with their holder, whose heartbeat takes the lease again.
 const STOP_MS: (u64, u64) = (3000, 4000);
-const GAP_MS: (u64, u64) = (200, 900);
+const GAP_MS: (u64, u64) = (150, 600);
 
 /// The rounds share two cores: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());

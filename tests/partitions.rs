@@ -408,3 +408,191 @@ async fn a_retry_cut_short_is_completed_by_the_reconciliation() {
         redis::cmd("HMGET").arg(home.task("r")).arg(&["state", "done", "failed"]).query_async(&mut con).await.unwrap();
     assert_eq!((state.as_str(), done, failed), ("aggregating", 4, 0));
 }
+
+/// One executor serves every partition and the home fairly: no share waits for another's to
+/// drain, and the aggregation of a small task runs while a big one holds the executor.
+#[test]
+fn no_partition_and_no_aggregation_waits_for_another_to_drain() {
+    let cli = Cli::start("parts-fair");
+    cli.ok(&["config", "--partitions", "3"]);
+    let _a = cli.executor("pfair", &[]);
+    cli.ok(&["dispatch", "--kind", "sleep", "--payload", r#"{"ms":2}"#, "--shards", "20000", "--task-id", "big"]);
+    let prefixes = partition_prefixes(&cli);
+    let mut con = cli.con();
+    support::eventually("every share of the big task to progress", Duration::from_secs(30), || {
+        let done: Vec<u64> = prefixes
+            .iter()
+            .map(|p| {
+                redis::cmd("HGET")
+                    .arg(format!("{p}task:big"))
+                    .arg("done")
+                    .query::<Option<u64>>(&mut con)
+                    .unwrap()
+                    .unwrap_or(0)
+            })
+            .collect();
+        if done.iter().all(|d| *d > 0) {
+            Ok(())
+        } else {
+            Err(format!("{done:?}"))
+        }
+    });
+    cli.ok(&["dispatch", "--kind", "noop", "--shards", "30", "--priority", "10", "--task-id", "small"]);
+    let t = cli.json(&["wait", "small", "--timeout", "60s", "--json"], 0);
+    assert_eq!(t["state"], json!("completed"), "{t}");
+    // the small task's aggregation did not wait for the big task's shards to drain
+    let big = cli.json(&["status", "big", "--json"], 0);
+    assert_eq!(big["state"], json!("running"), "the big task ended first: the test proves nothing: {big}");
+    let done = big["done"].as_u64().unwrap() + big["failed"].as_u64().unwrap();
+    assert!(done < 10_000, "the small task ended only after {done} of the big task's 20,000 shards");
+    cli.ok(&["cancel", "big"]);
+}
+
+/// A share that ends long before the others keeps its results until the task ends (the
+/// retention counts from the task's end), so the aggregation reads them all.
+#[test]
+fn an_early_share_outlives_the_retention_until_its_task_ends() {
+    let cli = Cli::start("parts-retain");
+    cli.ok(&["config", "--partitions", "3"]);
+    let prefixes = partition_prefixes(&cli);
+    let mut con = cli.con();
+    // partition 3 claims nothing for a while
+    let () = redis::cmd("HSET").arg(format!("{}meta", prefixes[2])).arg("paused").arg(1).query(&mut con).unwrap();
+    let _a = cli.executor("pret", &[]);
+    cli.ok(&[
+        "dispatch",
+        "--kind",
+        "primes",
+        "--shards",
+        "30",
+        "--items",
+        "100000",
+        "--retain",
+        "1s",
+        "--task-id",
+        "r",
+    ]);
+    support::eventually("shares 1 and 2 to end", Duration::from_secs(30), || {
+        let states: Vec<Option<String>> = prefixes[..2]
+            .iter()
+            .map(|p| redis::cmd("HGET").arg(format!("{p}task:r")).arg("state").query(&mut con).unwrap())
+            .collect();
+        if states.iter().all(|s| s.as_deref() == Some("aggregating")) {
+            Ok(())
+        } else {
+            Err(format!("{states:?}"))
+        }
+    });
+    std::thread::sleep(Duration::from_millis(2000)); // past the retention
+    let () = redis::cmd("HDEL").arg(format!("{}meta", prefixes[2])).arg("paused").query(&mut con).unwrap();
+    let () = redis::cmd("ZADD").arg(format!("{}marker", prefixes[2])).arg(0).arg("0").query(&mut con).unwrap();
+    let t = cli.json(&["wait", "r", "--timeout", "60s", "--json"], 0);
+    assert_eq!(t["result"], json!({ "primes": 9592 }), "{t}");
+}
+
+/// A task id whose earlier task's home record went without its shares (a `clean` cut short)
+/// dispatches again: the orphaned shares are removed and the new task runs.
+#[test]
+fn an_id_whose_shares_were_orphaned_is_dispatched_again() {
+    let cli = Cli::start("parts-orphan");
+    cli.ok(&["config", "--partitions", "3"]);
+    let _a = cli.executor("porph", &[]);
+    cli.ok(&["dispatch", "--kind", "noop", "--shards", "9", "--task-id", "o", "--retain", "forever"]);
+    cli.json(&["wait", "o", "--timeout", "60s", "--json"], 0);
+    let mut con = cli.con();
+    for k in ["task:o", "task:o:terminal", "task:o:results"] {
+        let () = redis::cmd("DEL").arg(cli.key(k)).query(&mut con).unwrap();
+    }
+    for z in ["index", "finished"] {
+        let () = redis::cmd("ZREM").arg(cli.key(z)).arg("o").query(&mut con).unwrap();
+    }
+    cli.ok(&["dispatch", "--kind", "primes", "--shards", "9", "--items", "100000", "--task-id", "o"]);
+    let t = cli.json(&["wait", "o", "--timeout", "60s", "--json"], 0);
+    assert_eq!((t["state"].as_str(), t["result"]["primes"].as_u64()), (Some("completed"), Some(9592)), "{t}");
+}
+
+/// Cancel reaches every share even when a partition has none (fewer shards than partitions),
+/// and cancelling again completes a cancel cut short.
+#[test]
+fn cancel_passes_over_partitions_without_a_share() {
+    let cli = Cli::start("parts-cancel");
+    cli.ok(&["config", "--partitions", "4"]);
+    cli.ok(&["dispatch", "--kind", "sleep", "--payload", r#"{"ms":60000}"#, "--shards", "2", "--task-id", "c"]);
+    cli.ok(&["cancel", "c"]);
+    let mut con = cli.con();
+    let states: Vec<Option<String>> = partition_prefixes(&cli)
+        .iter()
+        .map(|p| redis::cmd("HGET").arg(format!("{p}task:c")).arg("state").query(&mut con).unwrap())
+        .collect();
+    assert_eq!(states.iter().flatten().filter(|s| *s == "cancelled").count(), 2, "{states:?}");
+    assert_eq!(states.iter().filter(|s| s.is_none()).count(), 2, "{states:?}");
+    cli.ok(&["cancel", "c"]);
+}
+
+/// A delayed task over partitions says so, then runs.
+#[test]
+fn a_delayed_task_over_partitions_waits_then_runs() {
+    let cli = Cli::start("parts-delay");
+    cli.ok(&["config", "--partitions", "3"]);
+    let _a = cli.executor("pdel", &[]);
+    cli.ok(&["dispatch", "--kind", "noop", "--shards", "6", "--delay", "2s", "--task-id", "d"]);
+    let t = cli.json(&["status", "d", "--json"], 0);
+    assert_eq!(t["state"], json!("delayed"), "{t}");
+    let t = cli.json(&["wait", "d", "--timeout", "60s", "--json"], 0);
+    assert_eq!((t["state"].as_str(), t["done"].as_u64()), (Some("completed"), Some(6)), "{t}");
+}
+
+/// An executor started before the queue was partitioned still aggregates tasks over partitions
+/// (it reads the partitions when it aggregates).
+#[test]
+fn an_executor_started_before_the_partitions_aggregates_over_them() {
+    let cli = Cli::start("parts-late");
+    let mut old = cli.executor("plate-old", &[]);
+    std::thread::sleep(Duration::from_millis(500));
+    cli.ok(&["config", "--partitions", "3"]);
+    let _new = cli.executor("plate-new", &[]);
+    for i in 0..6 {
+        cli.ok(&["dispatch", "--kind", "primes", "--shards", "9", "--items", "100000", "--task-id", &format!("l{i}")]);
+    }
+    for i in 0..6 {
+        let t = cli.json(&["wait", &format!("l{i}"), "--timeout", "60s", "--json"], 0);
+        assert_eq!(t["result"]["primes"], json!(9592), "{t}\n{}", old.log());
+    }
+    old.terminate();
+}
+
+/// Lost writes the reconciliation repairs: a share whose creation was lost is created again
+/// (past a grace time), and a cancel lost in the home is completed from its cancelled share.
+#[tokio::test]
+async fn the_reconciliation_recreates_lost_shares_and_completes_lost_cancels() {
+    let redis = TestRedis::start();
+    let mut con = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let home = Keys::new("shardctl", "lost-share").unwrap();
+    let layout: Layout = partition::set_count(&mut con, &home, 2, false).await.unwrap();
+    shardctl_coordinator::partitions::dispatch(&mut con, &layout, &TaskSpec::new("m", "noop", 4)).await.unwrap();
+    let pk = &layout.parts[1];
+    for k in pk.task_keys("m") {
+        let () = redis::cmd("DEL").arg(k).query_async(&mut con).await.unwrap();
+    }
+    let () = redis::cmd("ZREM").arg(pk.index()).arg("m").query_async(&mut con).await.unwrap();
+    let () = redis::cmd("ZREM").arg(pk.tasks()).arg("m").query_async(&mut con).await.unwrap();
+    // within the grace time it may still be on its way: left alone
+    shardctl_coordinator::partitions::reconcile(&mut con, &layout).await.unwrap();
+    let n: u64 = redis::cmd("EXISTS").arg(pk.task("m")).query_async(&mut con).await.unwrap();
+    assert_eq!(n, 0);
+    // past it, created again, for the same incarnation, runnable
+    let () = redis::cmd("HSET").arg(home.task("m")).arg("created_ms").arg(1).query_async(&mut con).await.unwrap();
+    shardctl_coordinator::partitions::reconcile(&mut con, &layout).await.unwrap();
+    let (total, base, home_seq): (u64, u64, u64) =
+        redis::cmd("HMGET").arg(pk.task("m")).arg(&["total", "base", "home_seq"]).query_async(&mut con).await.unwrap();
+    assert_eq!((total, base, home_seq), (2, 2, 1));
+    let runnable: Option<f64> = redis::cmd("ZSCORE").arg(pk.tasks()).arg("m").query_async(&mut con).await.unwrap();
+    assert!(runnable.is_some());
+    // a cancel whose home write was lost: the share is cancelled, the home still running
+    shardctl_common::control::cancel(&mut con, &layout.parts[0], "m").await.unwrap();
+    shardctl_coordinator::partitions::reconcile(&mut con, &layout).await.unwrap();
+    let state: String = redis::cmd("HGET").arg(home.task("m")).arg("state").query_async(&mut con).await.unwrap();
+    assert_eq!(state, "cancelled");
+    let state: String = redis::cmd("HGET").arg(pk.task("m")).arg("state").query_async(&mut con).await.unwrap();
+    assert_eq!(state, "cancelled", "and every share with it");
+}

@@ -36,22 +36,28 @@ pub(crate) fn refused(id: &str, code: i64, what: &str) -> Error {
 /// executors' next heartbeat, and it ends `cancelled` without aggregation. Returns how many
 /// running shards were stopped. A task that already ended is refused.
 pub async fn cancel<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str) -> Result<u64> {
-    let stopped = cancel_in(con, keys, id).await?;
+    crate::names::validate_task_id(id)?;
+    let (parts, state): (Option<u32>, Option<String>) =
+        redis::cmd("HMGET").arg(keys.task(id)).arg("partitions").arg("state").query_async(con).await?;
+    if parts.is_none_or(|k| k <= 1) {
+        return cancel_in(con, keys, id).await;
+    }
     // a task over partitions: its home record first (a share that ends meanwhile is not counted
-    // any more), then each share, whose running shards stop
-    let parts: Option<u32> = redis::cmd("HGET").arg(keys.task(id)).arg("partitions").query_async(con).await?;
-    if parts.is_some_and(|k| k > 1) {
-        let layout = crate::partition::layout(con, keys).await?;
-        let mut n = stopped;
-        for pk in &layout.parts {
-            match cancel_in(con, pk, id).await {
-                Ok(s) => n += s,
-                // a share never created (an empty one) or already ended
-                Err(Error::Refused { .. }) => {}
-                Err(e) => return Err(e),
-            }
+    // any more), then each share, whose running shards stop. A cancel cut short after the home
+    // is completed by cancelling again (the home, already cancelled, is passed over).
+    let mut stopped = match cancel_in(con, keys, id).await {
+        Ok(n) => n,
+        Err(e) if state.as_deref() == Some("cancelled") && e.script_code() == Some(ScriptCode::TaskEnded) => 0,
+        Err(e) => return Err(e),
+    };
+    let layout = crate::partition::layout(con, keys).await?;
+    for pk in &layout.parts {
+        match cancel_in(con, pk, id).await {
+            Ok(s) => stopped += s,
+            // no share there (fewer shards than partitions), or it ended already
+            Err(Error::Refused { .. } | Error::NoTask(_)) => {}
+            Err(e) => return Err(e),
         }
-        return Ok(n);
     }
     Ok(stopped)
 }
@@ -237,11 +243,20 @@ pub async fn queue_settings<C: ConnectionLike + Send>(
     events_completions: Option<bool>,
 ) -> Result<QueueSettings> {
     let meta = keys.meta();
-    if let Some(n) = events_maxlen {
-        let () = redis::cmd("HSET").arg(&meta).arg("events_maxlen").arg(n).query_async(con).await?;
-    }
-    if let Some(on) = events_completions {
-        let () = redis::cmd("HSET").arg(&meta).arg("events_completions").arg(u8::from(on)).query_async(con).await?;
+    // a partitioned queue logs in every partition too (shard events happen there)
+    let layout = if events_maxlen.is_some() || events_completions.is_some() {
+        crate::partition::layout(con, keys).await?
+    } else {
+        crate::partition::Layout { home: keys.clone(), parts: Vec::new() }
+    };
+    for k in layout.parts.iter().chain([keys]) {
+        if let Some(n) = events_maxlen {
+            let () = redis::cmd("HSET").arg(k.meta()).arg("events_maxlen").arg(n).query_async(con).await?;
+        }
+        if let Some(on) = events_completions {
+            let () =
+                redis::cmd("HSET").arg(k.meta()).arg("events_completions").arg(u8::from(on)).query_async(con).await?;
+        }
     }
     let (maxlen, completions, paused): (Option<u64>, Option<String>, Option<String>) =
         redis::cmd("HMGET").arg(&meta).arg(&["events_maxlen", "events_completions", "paused"]).query_async(con).await?;

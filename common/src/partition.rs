@@ -141,6 +141,27 @@ pub async fn set_count<C: ConnectionLike + Send>(con: &mut C, home: &Keys, k: u3
             ranges.iter().find(|(a, b, _)| (*a..=*b).contains(&slot)).map(|(_, _, m)| m.clone())
         })?,
     };
+    let layout = layout_of(home, k, &tags.join(" "))?;
+    // the queue's settings reach the new partitions first: paused, its events, its rate limit
+    // (split evenly, as `shardctl limit` does)
+    let names = ["paused", "events_maxlen", "events_completions", "limit_max", "limit_per_ms"];
+    let v: Vec<Option<u64>> = redis::cmd("HMGET").arg(home.meta()).arg(&names).query_async(con).await?;
+    for pk in &layout.parts {
+        for (name, value) in names.iter().zip(&v) {
+            match (*name, value) {
+                (_, None) => {
+                    let () = redis::cmd("HDEL").arg(pk.meta()).arg(*name).query_async(con).await?;
+                }
+                ("limit_max", Some(m)) => {
+                    let () =
+                        redis::cmd("HSET").arg(pk.meta()).arg(*name).arg(m.div_ceil(k as u64)).query_async(con).await?;
+                }
+                (_, Some(x)) => {
+                    let () = redis::cmd("HSET").arg(pk.meta()).arg(*name).arg(*x).query_async(con).await?;
+                }
+            }
+        }
+    }
     let () = redis::cmd("HSET")
         .arg(home.meta())
         .arg("partitions")
@@ -149,7 +170,7 @@ pub async fn set_count<C: ConnectionLike + Send>(con: &mut C, home: &Keys, k: u3
         .arg(tags.join(" "))
         .query_async(con)
         .await?;
-    layout_of(home, k, &tags.join(" "))
+    Ok(layout)
 }
 
 /// Runs the failed shards of task `id` over partitions again (`shardctl retry`): the home record
@@ -316,45 +337,43 @@ pub fn choose_tags(
     Ok(out)
 }
 
-/// Shares looked at per partition and call of [`drop_orphans`].
+/// Shares looked at per round trip of [`drop_orphans`].
 const ORPHAN_BATCH: isize = 1000;
 
-/// Removes shares whose home record is gone (cleaned, or expired with its retention) or is
-/// another incarnation, among the oldest [`ORPHAN_BATCH`] of each partition. Three round trips
-/// per partition. Returns how many were removed.
+/// Removes the shares whose home record is gone (cleaned, or expired with its retention) or is
+/// another incarnation, in every partition: the whole `index`, 1,000 shares per three round
+/// trips, each removal guarded in its slot (`drop_share.lua`: only if the share was not
+/// dispatched again meanwhile). Returns how many were removed.
 pub async fn drop_orphans<C: ConnectionLike + Send>(con: &mut C, layout: &Layout) -> Result<u64> {
     let mut removed = 0;
     for pk in &layout.parts {
-        let ids: Vec<String> =
-            redis::cmd("ZRANGE").arg(pk.index()).arg(0).arg(ORPHAN_BATCH - 1).query_async(con).await?;
-        if ids.is_empty() {
-            continue;
-        }
-        let mut theirs = redis::pipe();
-        let mut homes = redis::pipe();
-        for id in &ids {
-            theirs.hget(pk.task(id), "home_seq");
-            homes.hget(layout.home.task(id), "seq");
-        }
-        let theirs: Vec<Option<u64>> = theirs.query_async(con).await?;
-        let homes: Vec<Option<u64>> = homes.query_async(con).await?;
-        let (mut pipe, mut here) = (redis::pipe(), 0);
-        for ((id, share), home) in ids.iter().zip(theirs).zip(homes) {
-            if share.is_some() && share == home {
-                continue;
+        let mut from: isize = 0;
+        loop {
+            let ids: Vec<String> =
+                redis::cmd("ZRANGE").arg(pk.index()).arg(from).arg(from + ORPHAN_BATCH - 1).query_async(con).await?;
+            if ids.is_empty() {
+                break;
             }
-            // nothing of this share runs again (a claim of it finds no task and lets go)
-            for k in pk.task_keys(id) {
-                pipe.del(k).ignore();
+            let mut theirs = redis::pipe();
+            let mut homes = redis::pipe();
+            for id in &ids {
+                theirs.hget(pk.task(id), "home_seq");
+                homes.hget(layout.home.task(id), "seq");
             }
-            for z in [pk.index(), pk.tasks(), pk.unreported(), pk.finished(), pk.running(), pk.expiring()] {
-                pipe.zrem(z, id).ignore();
+            let theirs: Vec<Option<String>> = theirs.query_async(con).await?;
+            let homes: Vec<Option<String>> = homes.query_async(con).await?;
+            let mut here = 0;
+            for ((id, share), home) in ids.iter().zip(theirs).zip(homes) {
+                if share.is_some() && share == home {
+                    continue;
+                }
+                if crate::scripts::drop_share(con, pk, id, share.as_deref().unwrap_or("")).await? {
+                    here += 1;
+                }
             }
-            here += 1;
-        }
-        if here > 0 {
-            let () = pipe.query_async(con).await?;
-            removed += here;
+            removed += here as u64;
+            // the removed entries left the index: the next page starts that much earlier
+            from += ORPHAN_BATCH - here;
         }
     }
     Ok(removed)

@@ -127,18 +127,25 @@ pub async fn snapshot(con: &mut Conn, keys: &Keys, now_ms: u64, retention: Durat
     if !ids.is_empty() {
         let mut pipe = redis::pipe();
         for id in &ids {
-            pipe.cmd("HMGET").arg(keys.task(id)).arg(&["kind", "state", "total", "done", "failed", "partitions"]);
+            pipe.cmd("HMGET").arg(keys.task(id)).arg(&[
+                "kind",
+                "state",
+                "total",
+                "done",
+                "failed",
+                "partitions",
+                "seq",
+            ]);
         }
-        type Fields = (Option<String>, Option<String>, Option<u64>, Option<u64>, Option<u64>, Option<u32>);
+        type Fields = (Option<String>, Option<String>, Option<u64>, Option<u64>, Option<u64>, Option<u32>, Option<u64>);
         let rows: Vec<Fields> = pipe.query_async(con).await?;
-        for (id, (kind, state, total, mut done, mut failed, parts)) in ids.into_iter().zip(rows) {
+        for (id, (kind, state, total, mut done, mut failed, parts, seq)) in ids.into_iter().zip(rows) {
             // removed meanwhile
             let (Some(kind), Some(state)) = (kind, state) else { continue };
-            if parts.is_some_and(|k| k > 1) && state == "running" {
+            if parts.is_some_and(|k| k > 1) && matches!(state.as_str(), "running" | "delayed" | "cancelled") {
                 // over partitions: its shares' live counts
-                if let Ok(t) = progress::task(con, keys, id).await {
-                    (done, failed) = (Some(t.done), Some(t.failed));
-                }
+                let (d, f, _) = progress::shares_sum(con, keys, id, seq.unwrap_or(0)).await?;
+                (done, failed) = (Some(done.unwrap_or(0).max(d)), Some(failed.unwrap_or(0).max(f)));
             }
             if state == "failed" {
                 out.failed_tasks += 1;

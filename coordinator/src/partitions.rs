@@ -26,8 +26,8 @@ pub async fn dispatch<C: ConnectionLike + Send>(con: &mut C, layout: &Layout, sp
     let home = &layout.home;
     let mut fields = spec.fields();
     fields.push(("partitions", k.to_string()));
-    let resumed = match scripts::dispatch_fields(con, home, spec, &fields).await {
-        Ok(()) => false,
+    match scripts::dispatch_fields(con, home, spec, &fields).await {
+        Ok(()) => {}
         Err(Error::Script(ScriptCode::TaskExists)) => {
             // the same dispatch again, cut short before every share existed?
             let t = crate::progress::task(con, home, &spec.id).await?;
@@ -39,48 +39,79 @@ pub async fn dispatch<C: ConnectionLike + Send>(con: &mut C, layout: &Layout, sp
                     format!("a task with id '{}' already exists in this queue", spec.id),
                 ));
             }
-            true
         }
         Err(e) => return Err(e),
-    };
+    }
     let home_seq: u64 = redis::cmd("HGET").arg(home.task(&spec.id)).arg("seq").query_async(con).await?;
     for (i, pk) in layout.parts.iter().enumerate() {
-        let p = i as u32 + 1;
-        let (base, size) = share_range(p, k, spec.shards);
-        if size == 0 {
-            continue;
+        create_share(con, pk, i as u32 + 1, k, spec, home_seq).await?;
+    }
+    Ok(())
+}
+
+/// Creates share `p` of `k` of task `spec` in partition `pk`, for the home record's incarnation
+/// `home_seq`: nothing for an empty share, nothing when it exists already for that incarnation;
+/// a share of an earlier task under this id whose home record is gone (its removal was cut
+/// short) is an orphan: removed, then this one is created.
+async fn create_share<C: ConnectionLike + Send>(
+    con: &mut C,
+    pk: &Keys,
+    p: u32,
+    k: u32,
+    spec: &TaskSpec,
+    home_seq: u64,
+) -> Result<()> {
+    let (base, size) = share_range(p, k, spec.shards);
+    if size == 0 {
+        return Ok(());
+    }
+    let mut fields = spec.fields();
+    for f in fields.iter_mut() {
+        if f.0 == "total" {
+            f.1 = size.to_string();
         }
-        let mut fields = spec.fields();
-        for f in fields.iter_mut() {
-            if f.0 == "total" {
-                f.1 = size.to_string();
-            }
-        }
-        fields.extend([
-            ("part", p.to_string()),
-            ("base", base.to_string()),
-            ("of", spec.shards.to_string()),
-            ("home_seq", home_seq.to_string()),
-            ("round", "0".to_owned()),
-        ]);
+    }
+    fields.extend([
+        ("part", p.to_string()),
+        ("base", base.to_string()),
+        ("of", spec.shards.to_string()),
+        ("home_seq", home_seq.to_string()),
+        ("round", "0".to_owned()),
+    ]);
+    for _ in 0..3 {
         match scripts::dispatch_fields(con, pk, spec, &fields).await {
-            Ok(()) => {}
-            Err(Error::Script(ScriptCode::TaskExists)) if resumed => {}
+            Ok(()) => return Ok(()),
             Err(Error::Script(ScriptCode::TaskExists)) => {
-                // a share left over from an earlier task under this id whose home is gone
-                return Err(Error::refused(
-                    ScriptCode::TaskExists,
-                    format!(
-                        "task id '{}' is still in use in partition {p}: run `shardctl clean`, or use another id",
-                        spec.id
-                    ),
-                ));
+                let theirs: Option<String> =
+                    redis::cmd("HGET").arg(pk.task(&spec.id)).arg("home_seq").query_async(con).await?;
+                if theirs.as_deref() == Some(home_seq.to_string().as_str()) {
+                    return Ok(()); // ours: a dispatch resumed
+                }
+                scripts::drop_share(con, pk, &spec.id, theirs.as_deref().unwrap_or("")).await?;
             }
             Err(e) => return Err(e),
         }
     }
-    Ok(())
+    Err(Error::Protocol(format!("share {p} of task {} could not be created", spec.id)))
 }
+
+/// The spec a home record was dispatched with (what its shares are made of).
+fn spec_of(t: &shardctl_common::model::TaskInfo, priority: i64) -> TaskSpec {
+    let mut spec = TaskSpec::new(t.task_id.clone(), t.kind.clone(), t.total);
+    spec.items = t.items;
+    spec.payload = t.payload.clone();
+    spec.attempts = t.attempts;
+    spec.backoff = t.backoff.parse().unwrap_or_default();
+    spec.priority = priority;
+    spec.shard_timeout = (t.shard_timeout_ms > 0).then(|| std::time::Duration::from_millis(t.shard_timeout_ms));
+    spec.keep_results = t.keep_results;
+    spec.retain = (t.retain_ms > 0).then(|| std::time::Duration::from_millis(t.retain_ms));
+    spec
+}
+
+/// How long after its creation a running task's missing share is taken as lost (not one its
+/// dispatch is still creating) and created again.
+pub const SHARE_GRACE_MS: u64 = 10_000;
 
 /// Shares read from a partition's `unreported` per call.
 const REPORT_BATCH: usize = 100;
@@ -136,17 +167,55 @@ async fn report_share<C: ConnectionLike + Send>(
     Ok(counted)
 }
 
-/// Tasks of the home's `running` looked at per [`reconcile`] call.
-const RECONCILE_BATCH: isize = 100;
+/// Creates share `p` of running task `id` again if it is missing past [`SHARE_GRACE_MS`] (its
+/// creation was lost with a partition's master, or its dispatcher died before it).
+async fn recreate_share<C: ConnectionLike + Send>(con: &mut C, layout: &Layout, id: &str, p: u32) -> Result<()> {
+    let t = crate::progress::task(con, &layout.home, id).await?;
+    if shardctl_common::partition::share_range(p, t.partitions, t.total).1 == 0 {
+        return Ok(());
+    }
+    let now = shardctl_common::time::server_now_ms(con, &layout.home).await?;
+    if now.saturating_sub(t.created_ms) < SHARE_GRACE_MS || t.partitions != layout.count() {
+        return Ok(());
+    }
+    let priority: Option<i64> = redis::cmd("HGET").arg(layout.home.task(id)).arg("priority").query_async(con).await?;
+    tracing::warn!(task = %id, partition = p, "a share of a running task is missing: creating it again");
+    create_share(con, layout.part(p)?, p, t.partitions, &spec_of(&t, priority.unwrap_or(0)), t.seq).await
+}
 
-/// Reports again every ended share whose count the home record lacks, for the oldest running
-/// tasks over partitions: a failover of the home's master can lose a count that its partition
-/// already acknowledged (replication is asynchronous), and nothing else would report it again.
-/// Idempotent like [`report_pending`]; returns how many shares were counted now.
+/// Tasks of the home's `running` looked at per [`reconcile`] call.
+pub const RECONCILE_BATCH: isize = 100;
+
+/// Repairs, for every running task over partitions, what a lost write would leave stuck (see
+/// [`reconcile_page`]), in pages of [`RECONCILE_BATCH`] tasks. Returns how many shares were
+/// counted now.
 pub async fn reconcile<C: ConnectionLike + Send>(con: &mut C, layout: &Layout) -> Result<u64> {
+    let (mut counted, mut from) = (0, 0);
+    loop {
+        let (n, next) = reconcile_page(con, layout, from).await?;
+        counted += n;
+        match next {
+            Some(f) => from = f,
+            None => return Ok(counted),
+        }
+    }
+}
+
+/// Repairs the running tasks over partitions at `from` in the home's `running`: an ended share
+/// whose count the home lacks is reported again (a failover of the home's master can lose a
+/// count its partition already acknowledged: replication is asynchronous); a retry cut short is
+/// completed; a share missing past [`SHARE_GRACE_MS`] is created again; a cancelled share's
+/// home is cancelled. Idempotent like [`report_pending`]. Returns how many shares were counted
+/// now, and where the next page starts (`None`: this was the last).
+pub async fn reconcile_page<C: ConnectionLike + Send>(
+    con: &mut C,
+    layout: &Layout,
+    from: isize,
+) -> Result<(u64, Option<isize>)> {
     let home = &layout.home;
     let ids: Vec<String> =
-        redis::cmd("ZRANGE").arg(home.running()).arg(0).arg(RECONCILE_BATCH - 1).query_async(con).await?;
+        redis::cmd("ZRANGE").arg(home.running()).arg(from).arg(from + RECONCILE_BATCH - 1).query_async(con).await?;
+    let next = (ids.len() as isize == RECONCILE_BATCH).then_some(from + RECONCILE_BATCH);
     let mut counted = 0;
     for id in ids {
         let mut fields = vec!["partitions".to_owned(), "state".to_owned(), "round".to_owned()];
@@ -167,33 +236,46 @@ pub async fn reconcile<C: ConnectionLike + Send>(con: &mut C, layout: &Layout) -
                 continue;
             }
             let state: Option<String> = redis::cmd("HGET").arg(pk.task(&id)).arg("state").query_async(con).await?;
-            if state.as_deref() == Some("aggregating") && report_share(con, home, pk, &id, 0).await? {
-                tracing::info!(task = %id, partition = i + 1, "a share's count missing in the home was reported again");
-                counted += 1;
+            match state.as_deref() {
+                Some("aggregating") => {
+                    if report_share(con, home, pk, &id, 0).await? {
+                        tracing::info!(task = %id, partition = i + 1, "a share's count missing in the home was reported again");
+                        counted += 1;
+                    }
+                }
+                // a cancel whose home record was lost (a failover of the home's master)
+                Some("cancelled") => {
+                    if let Err(e) = shardctl_common::control::cancel(con, home, &id).await {
+                        tracing::warn!(task = %id, "cancelling a task whose share was cancelled: {e}");
+                    }
+                }
+                Some(_) => {}
+                None => recreate_share(con, layout, &id, i as u32 + 1).await?,
             }
         }
     }
-    Ok(counted)
+    Ok((counted, next))
 }
 
 /// How often every process serving the queue repeats the reports still pending.
 pub const REPORT_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// [`report_pending`] runs per [`reconcile`].
-const RECONCILE_EVERY: u32 = 25;
+pub const RECONCILE_EVERY: u32 = 25;
 
-/// Repeats [`report_pending`] every [`REPORT_EVERY`] until `stop`, and [`reconcile`] every
-/// [`RECONCILE_EVERY`] of them (5 s).
+/// Repeats [`report_pending`] every [`REPORT_EVERY`] until `stop`, and one page of
+/// [`reconcile_page`] every [`RECONCILE_EVERY`] of them (5 s), the pages in turn.
 pub async fn run(mut con: shardctl_common::conn::Conn, layout: Layout, stop: tokio_util::sync::CancellationToken) {
-    let mut round = 0u32;
+    let (mut round, mut from) = (0u32, 0isize);
     loop {
         if let Err(e) = report_pending(&mut con, &layout).await {
             tracing::warn!("reporting ended shares to the home: {e}");
         }
         round = round.wrapping_add(1);
         if round % RECONCILE_EVERY == 0 {
-            if let Err(e) = reconcile(&mut con, &layout).await {
-                tracing::warn!("checking the home's counts of ended shares: {e}");
+            match reconcile_page(&mut con, &layout, from).await {
+                Ok((_, next)) => from = next.unwrap_or(0),
+                Err(e) => tracing::warn!("checking the home's counts of ended shares: {e}"),
             }
         }
         tokio::select! {

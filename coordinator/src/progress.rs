@@ -17,26 +17,16 @@ pub async fn task<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str) 
     Ok(t)
 }
 
-/// A running task over partitions counts its shards in its home as each share ends: its live
-/// counts are its shares' (one read per partition). Any other task is left as it is.
+/// A task over partitions counts its shards in its home as each share ends: while it runs (or
+/// waits for its start, or once it was cancelled) its counts are its shares' (one read per
+/// partition). Any other task is left as it is.
 pub async fn live_counts<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, t: &mut TaskInfo) -> Result<()> {
-    if t.partitions <= 1 || t.state != shardctl_common::model::TaskState::Running {
+    use shardctl_common::model::TaskState;
+    // running, delayed, or cancelled (its shares' work is not reported once it is)
+    if t.partitions <= 1 || !matches!(t.state, TaskState::Running | TaskState::Delayed | TaskState::Cancelled) {
         return Ok(());
     }
-    let layout = shardctl_common::partition::layout(con, keys).await?;
-    let (mut done, mut failed, mut cursor) = (0, 0, 0);
-    for pk in &layout.parts {
-        let (d, f, c, home_seq): (Option<u64>, Option<u64>, Option<u64>, Option<u64>) = redis::cmd("HMGET")
-            .arg(pk.task(&t.task_id))
-            .arg(&["done", "failed", "cursor", "home_seq"])
-            .query_async(con)
-            .await?;
-        if home_seq == Some(t.seq) {
-            done += d.unwrap_or(0);
-            failed += f.unwrap_or(0);
-            cursor += c.unwrap_or(0);
-        }
-    }
+    let (done, failed, cursor) = shares_sum(con, keys, &t.task_id, t.seq).await?;
     // never behind what the home has counted (a share removed after its report)
     t.done = t.done.max(done);
     t.failed = t.failed.max(failed);
@@ -74,6 +64,31 @@ pub struct ShardCounts {
     pub active: u64,
     /// Shards waiting for a retry or for their task's start (`--delay`).
     pub delayed: u64,
+}
+
+/// The sums of `done`, `failed` and `cursor` over the shares of incarnation `seq` of task `id`
+/// (one read per partition).
+pub async fn shares_sum<C: ConnectionLike + Send>(
+    con: &mut C,
+    keys: &Keys,
+    id: &str,
+    seq: u64,
+) -> Result<(u64, u64, u64)> {
+    let layout = shardctl_common::partition::layout(con, keys).await?;
+    let (mut done, mut failed, mut cursor) = (0, 0, 0);
+    for pk in &layout.parts {
+        let (d, f, c, home_seq): (Option<u64>, Option<u64>, Option<u64>, Option<u64>) = redis::cmd("HMGET")
+            .arg(pk.task(id))
+            .arg(&["done", "failed", "cursor", "home_seq"])
+            .query_async(con)
+            .await?;
+        if home_seq == Some(seq) {
+            done += d.unwrap_or(0);
+            failed += f.unwrap_or(0);
+            cursor += c.unwrap_or(0);
+        }
+    }
+    Ok((done, failed, cursor))
 }
 
 /// The shard counts of a queue: a few round trips whatever its size (one per kind of list), per

@@ -37,7 +37,7 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
             shared.ahead.target(concurrency, shared.cfg.prefetch, shared.starts.quiet())
         };
         let target = concurrency + ahead;
-        let missing = target.saturating_sub(shared.starts.outstanding());
+        let missing = shared.starts.missing(target);
         if missing < (ahead / 2).max(1) {
             if parked(&shared, &shutdown).await {
                 return;
@@ -67,8 +67,11 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
         // completions waiting ride on it: one call for both. Not many, nor while other shards
         // run: a claim carrying hundreds of completions arrives later and the run slots go dry
         // meanwhile (one executor, no-op shards: -30% throughput when tried)
-        let done =
-            if shared.starts.outstanding() <= 1 { shared.outbox.take_completions(WITH_CLAIM_MAX) } else { Vec::new() };
+        let done = if shared.starts.own_outstanding() <= 1 {
+            shared.outbox.take_completions(WITH_CLAIM_MAX)
+        } else {
+            Vec::new()
+        };
         let outcome = if done.is_empty() {
             scripts::claim(&mut con, &shared.keys, &req).await
         } else {
@@ -126,7 +129,7 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
                     }
                     // set from the map, not counted up and down: a ref claimed again while its
                     // old claim is still held replaces it
-                    shared.metrics.in_flight.set(held.len() as f64);
+                    crate::starts::publish_in_flight(&shared, held.len());
                 }
                 // in claim order: those that fit start now, the others when a running shard ends
                 crate::starts::push(&shared, claimed);
@@ -215,6 +218,15 @@ async fn wait_for_work(
     shutdown: &CancellationToken,
 ) -> shardctl_common::Result<()> {
     if wait.is_zero() {
+        return Ok(());
+    }
+    if let Some(wake) = &shared.wake {
+        // the node's waiter blocks for every runtime and wakes this one when its marker pops
+        tokio::select! {
+            _ = wake.notified() => {}
+            _ = tokio::time::sleep(wait) => {}
+            _ = shutdown.cancelled() => {}
+        }
         return Ok(());
     }
     if blocking.is_none() {

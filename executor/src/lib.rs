@@ -15,6 +15,7 @@
 //! - `ahead`: how many shards to claim ahead, from observed run and claim times.
 //! - `run`: one shard: handler lookup, panics, cancellation, result limits.
 //! - `heartbeat`: the batched lock extension and lost-lock cancellation.
+//! - `waiter`: one blocking connection for the runtimes of a node on one server (partitions).
 //! - `outbox`: outcomes waiting to be recorded, taken by the reporter or by the next claim
 //!   (completions and a claim in one script call).
 //! - `report`: batched completion (an outcome waits up to 5 ms for others), failure (with
@@ -61,6 +62,7 @@ pub mod shutdown;
 mod starts;
 pub mod stats;
 mod tasks;
+mod waiter;
 
 pub use config::ExecutorConfig;
 pub use handler::{

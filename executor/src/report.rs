@@ -69,7 +69,7 @@ pub(crate) async fn run(shared: Arc<Shared>, closing: CancellationToken) {
         while outbox.len() > 0
             && outbox.len() < MAX_BATCH
             && !closing.is_cancelled()
-            && (shared.starts.outstanding() > 1 || shared.claims.parked.load(Ordering::SeqCst))
+            && (shared.starts.own_outstanding() > 1 || shared.claims.parked.load(Ordering::SeqCst))
         {
             tokio::select! {
                 biased;
@@ -96,7 +96,7 @@ pub(crate) fn forget(shared: &Shared, batch: Vec<Report>) {
             held.remove(&r.claim.shard_ref);
         }
     }
-    shared.metrics.in_flight.set(held.len() as f64);
+    crate::starts::publish_in_flight(shared, held.len());
 }
 
 /// The completions of `batch` (every report in it a completion), as the scripts take them.

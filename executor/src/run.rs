@@ -203,7 +203,17 @@ async fn run_aggregator(
         .map_err(|e| ShardError(format!("reading the task: {e}")))?
         .filter(|m| m.info.seq == r.inc)
         .ok_or_else(|| ShardError::new("task missing"))?;
-    let results = crate::aggregate::outcomes(&mut con, &shared.keys, &shared.partitions, &meta.info)
+    // the queue's partitions as they are now (an executor started before they changed reads
+    // the shares where they are)
+    let parts = if meta.info.partitions > 1 {
+        shardctl_common::partition::layout(&mut con, &shared.keys)
+            .await
+            .map_err(|e| ShardError(format!("reading the queue's partitions: {e}")))?
+            .parts
+    } else {
+        Vec::new()
+    };
+    let results = crate::aggregate::outcomes(&mut con, &shared.keys, &parts, &meta.info)
         .await
         .map_err(|e| ShardError(format!("reading shard results: {e}")))?;
     let info = meta.info;

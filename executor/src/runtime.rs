@@ -62,8 +62,11 @@ pub(crate) struct Shared {
     pub(crate) claims: ClaimState,
     /// What the next heartbeat must do besides extending the lease.
     pub(crate) beat: BeatRequests,
-    /// The queue's partitions, for the aggregation of a task spread over them (empty: none).
-    pub(crate) partitions: Vec<Keys>,
+    /// Notified by the node's shared waiter when one of this runtime's markers is popped; `None`:
+    /// the claim loop blocks on a connection of its own.
+    pub(crate) wake: Option<Arc<tokio::sync::Notify>>,
+    /// Refs held now (the in-flight gauge of a node is the sum over its runtimes).
+    pub(crate) held_now: std::sync::atomic::AtomicUsize,
 }
 
 /// The claim loop's state that the heartbeat and the reporter read.
@@ -96,16 +99,31 @@ pub(crate) struct BeatRequests {
     pub(crate) cancels: Mutex<crate::heartbeat::Cancels>,
 }
 
-/// What the runtimes of one node over a partitioned queue share: the run slots and the counters.
+/// What the runtimes of one node over a partitioned queue share: the run slots, the counters,
+/// and on one server the blocking connection.
 pub struct Sharing {
     budget: Arc<crate::starts::Budget>,
     stats: Arc<Stats>,
+    waiter: Option<Arc<crate::waiter::Waiter>>,
 }
 
 impl Sharing {
-    /// `concurrency` run slots over every runtime built with it.
-    pub fn new(concurrency: usize) -> Sharing {
-        Sharing { budget: crate::starts::Budget::new(concurrency), stats: Arc::new(Stats::default()) }
+    /// `concurrency` run slots over every runtime built with it; on one server (not a cluster)
+    /// one blocking connection for all of them ([`Sharing::wait_for_all`]).
+    pub fn new(concurrency: usize, endpoint: &Endpoint) -> Sharing {
+        Sharing {
+            budget: crate::starts::Budget::new(concurrency),
+            stats: Arc::new(Stats::default()),
+            waiter: (!endpoint.is_cluster()).then(Default::default),
+        }
+    }
+
+    /// Blocks for every runtime built with it on one connection until `stop` (on a cluster each
+    /// runtime blocks on its own: this returns at once). Start it once the runtimes are built.
+    pub async fn wait_for_all(&self, endpoint: Endpoint, block: std::time::Duration, stop: CancellationToken) {
+        if let Some(w) = &self.waiter {
+            w.clone().run(endpoint, block, stop).await;
+        }
     }
 }
 
@@ -117,21 +135,20 @@ pub struct Executor {
 impl Executor {
     /// Connects to Redis; fails at once when it cannot be reached or the config is invalid.
     pub async fn connect(endpoint: Endpoint, keys: Keys, cfg: ExecutorConfig, registry: Registry) -> Result<Self> {
-        Executor::connect_shared(endpoint, keys, cfg, registry, None, Vec::new()).await
+        Executor::connect_shared(endpoint, keys, cfg, registry, None).await
     }
 
     /// [`Executor::connect`] for one keyspace of a partitioned queue (its home or one partition):
     /// the runtimes of one node share `with`'s run budget (`--concurrency` over all of them) and
-    /// counters, and the home's aggregates tasks from their shares in `partitions`.
+    /// counters.
     pub async fn connect_partition(
         endpoint: Endpoint,
         keys: Keys,
         cfg: ExecutorConfig,
         registry: Registry,
         with: &Sharing,
-        partitions: Vec<Keys>,
     ) -> Result<Self> {
-        Executor::connect_shared(endpoint, keys, cfg, registry, Some(with), partitions).await
+        Executor::connect_shared(endpoint, keys, cfg, registry, Some(with)).await
     }
 
     async fn connect_shared(
@@ -140,9 +157,9 @@ impl Executor {
         cfg: ExecutorConfig,
         registry: Registry,
         with: Option<&Sharing>,
-        partitions: Vec<Keys>,
     ) -> Result<Self> {
         let budget = with.map(|w| w.budget.clone());
+        let wake = with.and_then(|w| w.waiter.as_ref()).map(|_| Arc::new(tokio::sync::Notify::new()));
         cfg.validate().map_err(shardctl_common::Error::Invalid)?;
         let con = endpoint.manager().await?;
         let node_id: Arc<str> = Arc::from(cfg.node_id.as_str());
@@ -168,8 +185,13 @@ impl Executor {
             starts: crate::starts::Starts::new(concurrency, TaskTracker::new(), budget.clone()),
             claims: ClaimState { in_flight: AtomicU64::new(NO_CLAIM), ..Default::default() },
             beat: BeatRequests::default(),
-            partitions,
+            wake: wake.clone(),
+            held_now: Default::default(),
         });
+        if let (Some(w), Some(wake)) = (with.and_then(|w| w.waiter.as_ref()), wake) {
+            let markers = vec![shared.keys.marker(), shared.keys.node_marker(&shared.cfg.node_id)];
+            w.join(markers, wake, shared.routing_wanted.clone());
+        }
         if let Some(b) = &budget {
             b.join(&shared);
         }

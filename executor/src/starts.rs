@@ -67,9 +67,15 @@ impl Budget {
         self.running.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |r| (r < self.limit).then_some(r + 1)).is_ok()
     }
 
-    /// Shards held by every runtime: running or waiting for a slot.
+    /// Shards held by every runtime (running or waiting for a slot), and how many runtimes
+    /// hold some.
+    fn holding(&self) -> (usize, usize) {
+        let each: Vec<usize> = self.members().iter().map(|m| m.starts.own_outstanding()).collect();
+        (each.iter().sum(), each.iter().filter(|n| **n > 0).count())
+    }
+
     fn outstanding(&self) -> usize {
-        self.members().iter().map(|m| m.starts.own_outstanding()).sum()
+        self.holding().0
     }
 
     /// A slot was freed: every runtime in turn may start a waiting shard, and claim again.
@@ -85,6 +91,17 @@ impl Budget {
             m.starts.freed.notify_one();
         }
     }
+}
+
+/// Sets the in-flight gauge: `held` refs of this runtime, plus those of the node's other
+/// runtimes when they share a budget (the gauge is the node's).
+pub(crate) fn publish_in_flight(shared: &Shared, held: usize) {
+    shared.held_now.store(held, Ordering::Relaxed);
+    let n = match &shared.starts.budget {
+        Some(b) => b.members().iter().map(|m| m.held_now.load(Ordering::Relaxed)).sum(),
+        None => held,
+    };
+    shared.metrics.in_flight.set(n as f64);
 }
 
 /// The slots of one executor.
@@ -127,11 +144,22 @@ impl Starts {
         &self.tracker
     }
 
-    /// Shards claimed and not ended: running or waiting (of every runtime sharing the budget).
-    pub(crate) fn outstanding(&self) -> usize {
-        match &self.budget {
-            Some(b) => b.outstanding(),
-            None => self.own_outstanding(),
+    /// How many shards to claim to hold `target` (every slot busy plus what to claim ahead).
+    /// Runtimes sharing a budget (partitions) share the target: each claims up to its fair part
+    /// of it (the target over the runtimes holding shards, itself counted), and one holding
+    /// nothing always claims one, so no partition, and no aggregation job, waits for another's
+    /// work to drain.
+    pub(crate) fn missing(&self, target: usize) -> usize {
+        let own = self.own_outstanding();
+        let Some(b) = &self.budget else { return target.saturating_sub(own) };
+        let (all, holding) = b.holding();
+        let active = holding + usize::from(own == 0);
+        let fair = target.div_ceil(active.max(1));
+        let missing = target.saturating_sub(all).min(fair.saturating_sub(own));
+        if own == 0 {
+            missing.max(1)
+        } else {
+            missing
         }
     }
 

@@ -236,18 +236,15 @@ end
 -- Enqueues the aggregation job if the task's counts say every shard is terminal. A share of a
 -- partitioned task (it has `part`) is counted one level up instead (ARCHITECTURE.md
 -- "Partitioned queues"): it waits in `unreported` until report.lua in the home has counted it
--- and ack.lua removed it, and its keys take the task's retention from now.
+-- and ack.lua removed it. Its keys stay until its home record is removed (the aggregation reads
+-- them; `partition::drop_orphans` removes them then).
 local function maybe_aggregate(prefix, tid, now)
   local tkey = task_key(prefix, tid, '')
-  local c = rcall('HMGET', tkey, 'done', 'failed', 'total', 'seq', 'part', 'retain_ms')
+  local c = rcall('HMGET', tkey, 'done', 'failed', 'total', 'seq', 'part')
   if tonumber(c[1]) + tonumber(c[2]) ~= tonumber(c[3]) then return end
   if c[5] then
     rcall('HSET', tkey, 'state', 'aggregating', 'aggregating_ms', now)
     rcall('ZADD', K.unreported, now, tid)
-    local retain = tonumber(c[6] or '0')
-    if retain > 0 then
-      for _, sfx in ipairs(TASK_SUFFIXES) do rcall('PEXPIRE', task_key(prefix, tid, sfx), retain) end
-    end
     return
   end
   enqueue_aggregation(prefix, tid, c[1], c[2], c[4], now)
@@ -339,12 +336,10 @@ local function create_task(prefix, tid, now, priority, start, fields)
   rcall('ZADD', K.index, now, tid)
   -- a share of a partitioned task runs while its home record does (in the home's `running`)
   if not shape[2] then rcall('ZADD', K.running, now, tid) end
-  if shape[3] then
+  local home = shape[3] ~= false
+  if home then
     -- the home record of a partitioned task: its shards are claimed from its shares
     rcall('HSET', tkey, 'cursor', rcall('HGET', tkey, 'total'), 'round', 0)
-    local t = rcall('HMGET', tkey, 'kind', 'total')
-    emit('event', 'task_dispatched', 'task', tid, 'seq', seq, 'kind', t[1], 'total', t[2], 'partitions', shape[3])
-    return 1
   end
   local pull = shape[1] == 'pull'
   if not pull then
@@ -355,6 +350,8 @@ local function create_task(prefix, tid, now, priority, start, fields)
     rcall('HSET', tkey, 'state', 'delayed', 'start_ms', start)
     rcall('ZADD', K.scheduled, start, tid)
     rcall('ZADD', K.marker, 'LT', start, 'delayed')
+  elseif home then
+    -- nothing to claim here: its shares are runnable in their partitions
   elseif pull then
     rcall('ZADD', K.tasks, runnable_score(priority, seq), tid)
     wake()

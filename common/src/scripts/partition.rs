@@ -64,3 +64,22 @@ pub async fn ack<C: ConnectionLike + Send>(con: &mut C, partition: &Keys, task: 
     let r: i64 = scripts().ack.keyed(partition, &KeyArgs::default()).arg(task).arg(ended_ms).invoke_async(con).await?;
     Ok(r == 1)
 }
+
+/// Removes the share of `task` in `partition` if its `home_seq` is still `home_seq` (empty: it
+/// had none) (drop_share.lua); true when removed.
+pub async fn drop_share<C: ConnectionLike + Send>(
+    con: &mut C,
+    partition: &Keys,
+    task: &str,
+    home_seq: &str,
+) -> Result<bool> {
+    let n: i64 = scripts()
+        .drop_share
+        .keyed(partition, &KeyArgs { task: Some(task), ..Default::default() })
+        .arg(partition.prefix())
+        .arg(task)
+        .arg(home_seq)
+        .invoke_async(con)
+        .await?;
+    Ok(n == 1)
+}

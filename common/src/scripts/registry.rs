@@ -259,6 +259,7 @@ registry!(
     report,
     ack,
     reopen,
+    drop_share,
 );
 
 /// The registry.

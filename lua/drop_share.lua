@@ -1,0 +1,29 @@
+--[[
+  Removes the share of task `id` in a partition whose home record is gone or is another
+  incarnation (ARCHITECTURE.md "Partitioned queues"), only if the share is still the one that
+  was judged an orphan (its `home_seq` unchanged): a share of the same id dispatched again
+  meanwhile stays.
+
+  KEYS[1]  task:<id>          hash    the share
+  KEYS[2]  task:<id>:terminal bitmap  of this share
+  KEYS[3]  task:<id>:results  hash    of this share
+  KEYS[4]  task:<id>:errors   hash    of this share
+  KEYS[5]  task:<id>:keys     hash    of this share
+  KEYS[6]  task:<id>:shards   hash    of this share
+  KEYS[7]  index              zset    every task (and share) of the keyspace
+  KEYS[8]  tasks              zset    runnable tasks
+  KEYS[9]  unreported         zset    shares ended, not yet counted in the home
+  KEYS[10] finished           zset    ended tasks
+  KEYS[11] running            zset    tasks not finished
+  KEYS[12] expiring           zset    ended tasks with a retention
+  ARGV[1] key prefix  `{P:Q@p.s}:`
+  ARGV[2] task id
+  ARGV[3] the share's `home_seq` as read (empty: it had none)
+
+  Returns 1 removed, 0 left (it changed since).
+]]
+local prefix, tid = ARGV[1], ARGV[2]
+if (rcall('HGET', K.task, 'home_seq') or '') ~= ARGV[3] then return 0 end
+rcall('DEL', unpack(task_keys(prefix, tid)))
+for _, z in ipairs({ K.index, K.tasks, K.unreported, K.finished, K.running, K.expiring }) do rcall('ZREM', z, tid) end
+return 1
