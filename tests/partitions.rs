@@ -596,3 +596,59 @@ async fn the_reconciliation_recreates_lost_shares_and_completes_lost_cancels() {
     let state: String = redis::cmd("HGET").arg(pk.task("m")).arg("state").query_async(&mut con).await.unwrap();
     assert_eq!(state, "cancelled", "and every share with it");
 }
+
+/// The aggregation never reads a share that lost writes after it was counted (a failover of its
+/// partition's master): it fails, saying why, instead of aggregating partial results.
+#[test]
+fn the_aggregation_refuses_a_share_that_lost_writes_after_its_count() {
+    let cli = Cli::start("parts-lost");
+    cli.ok(&["config", "--partitions", "2"]);
+    let prefixes = partition_prefixes(&cli);
+    let mut con = cli.con();
+    // the home claims nothing: the aggregation job waits
+    let () = redis::cmd("HSET").arg(cli.key("meta")).arg("paused").arg(1).query(&mut con).unwrap();
+    let _a = cli.executor("plost", &[]);
+    cli.ok(&[
+        "dispatch",
+        "--kind",
+        "primes",
+        "--shards",
+        "8",
+        "--items",
+        "100000",
+        "--attempts",
+        "1",
+        "--task-id",
+        "x",
+    ]);
+    support::eventually("both shares counted", Duration::from_secs(30), || {
+        let s: Option<String> = redis::cmd("HGET").arg(cli.key("task:x")).arg("state").query(&mut con).unwrap();
+        if s.as_deref() == Some("aggregating") {
+            Ok(())
+        } else {
+            Err(format!("{s:?}"))
+        }
+    });
+    // share 1's master fails over and its replica lacks the last completion
+    let share = format!("{}task:x", prefixes[0]);
+    let () = redis::pipe()
+        .cmd("SETBIT")
+        .arg(format!("{share}:terminal"))
+        .arg(3)
+        .arg(0)
+        .cmd("HINCRBY")
+        .arg(&share)
+        .arg("done")
+        .arg(-1)
+        .cmd("HSET")
+        .arg(&share)
+        .arg("state")
+        .arg("running")
+        .query(&mut con)
+        .unwrap();
+    let () = redis::cmd("HDEL").arg(cli.key("meta")).arg("paused").query(&mut con).unwrap();
+    let () = redis::cmd("ZADD").arg(cli.key("marker")).arg(0).arg("0").query(&mut con).unwrap();
+    let t = cli.json(&["wait", "x", "--timeout", "60s", "--json"], 3);
+    assert!(t["aggregation_error"].as_str().unwrap_or("").contains("share 1 is not complete"), "{t}");
+    assert!(t["result"].is_null(), "a partial result was recorded: {t}");
+}

@@ -55,8 +55,28 @@ pub(crate) async fn outcomes(
             if shardctl_common::partition::share_range(p as u32 + 1, task.partitions, task.total).1 == 0 {
                 continue;
             }
-            let (base, home_seq): (Option<u64>, Option<u64>) =
-                redis::cmd("HMGET").arg(pk.task(&task.task_id)).arg("base").arg("home_seq").query_async(con).await?;
+            let (base, home_seq, total, state, bits): (Option<u64>, Option<u64>, Option<u64>, Option<String>, u64) =
+                redis::pipe()
+                    .cmd("HMGET")
+                    .arg(pk.task(&task.task_id))
+                    .arg(&["base", "home_seq", "total", "state"])
+                    .cmd("BITCOUNT")
+                    .arg(pk.terminal(&task.task_id))
+                    .query_async::<((Option<u64>, Option<u64>, Option<u64>, Option<String>), u64)>(con)
+                    .await
+                    .map(|((a, b, c, d), e)| (a, b, c, d, e))?;
+            // a share counted in the home whose partition lost its last writes since (a failover
+            // of its master) runs them again: aggregating now would miss their results
+            if state.as_deref() != Some("aggregating") || total != Some(bits) {
+                return Err(shardctl_common::Error::Protocol(format!(
+                    "task {}: share {} is not complete ({bits} of {} shards terminal, {}): a failover of its \
+                     master lost writes; retry the task's aggregation once the share has ended again",
+                    task.task_id,
+                    p + 1,
+                    total.unwrap_or(0),
+                    state.unwrap_or_default()
+                )));
+            }
             let (Some(base), Some(home_seq)) = (base, home_seq) else {
                 return Err(shardctl_common::Error::Protocol(format!(
                     "task {}: share {} is gone",
