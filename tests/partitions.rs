@@ -652,3 +652,46 @@ fn the_aggregation_refuses_a_share_that_lost_writes_after_its_count() {
     assert!(t["aggregation_error"].as_str().unwrap_or("").contains("share 1 is not complete"), "{t}");
     assert!(t["result"].is_null(), "a partial result was recorded: {t}");
 }
+
+/// A change of the count leaves ended tasks readable where their shares are (the home record
+/// keeps its partitions' tags), and `clean` empties the partitions no longer in use, then
+/// removes their keys.
+#[test]
+fn a_change_of_the_count_keeps_ended_tasks_readable_and_cleans_retired_partitions() {
+    let cli = Cli::start("parts-change");
+    cli.ok(&["config", "--partitions", "3"]);
+    let old = partition_prefixes(&cli);
+    let _a = cli.executor("pchg", &[]);
+    let payload = r#"{"rate":0.5}"#;
+    cli.ok(&[
+        "dispatch",
+        "--kind",
+        "fail",
+        "--payload",
+        payload,
+        "--shards",
+        "12",
+        "--attempts",
+        "1",
+        "--task-id",
+        "a",
+    ]);
+    let t = cli.json(&["wait", "a", "--timeout", "60s", "--json"], 3);
+    let failed = t["failed"].as_u64().unwrap();
+    cli.ok(&["config", "--partitions", "2"]);
+    // still read over its own three partitions
+    let reasons = cli.json(&["status", "a", "--failed", "--json"], 0);
+    assert_eq!(reasons.as_array().unwrap().len() as u64, failed, "{reasons}");
+    // a new task runs over two
+    cli.ok(&["dispatch", "--kind", "noop", "--shards", "4", "--task-id", "b"]);
+    let t = cli.json(&["wait", "b", "--timeout", "60s", "--json"], 0);
+    assert_eq!(t["partitions"], json!(2), "{t}");
+    // clean: the third partition, retired, is emptied and its keys go
+    cli.ok(&["clean", "--older-than", "0s"]);
+    let mut con = cli.con();
+    let left: Vec<String> =
+        redis::cmd("KEYS").arg(format!("{}*", old[2].replace('{', "\\{").replace('}', "\\}"))).query(&mut con).unwrap();
+    assert!(left.is_empty(), "{left:?}");
+    let retired: String = redis::cmd("HGET").arg(cli.key("meta")).arg("retired_tags").query(&mut con).unwrap();
+    assert_eq!(retired, "");
+}

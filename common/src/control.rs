@@ -50,7 +50,7 @@ pub async fn cancel<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str
         Err(e) if state.as_deref() == Some("cancelled") && e.script_code() == Some(ScriptCode::TaskEnded) => 0,
         Err(e) => return Err(e),
     };
-    let layout = crate::partition::layout(con, keys).await?;
+    let layout = crate::partition::task_layout(con, keys, id).await?;
     for pk in &layout.parts {
         match cancel_in(con, pk, id).await {
             Ok(s) => stopped += s,
@@ -124,7 +124,8 @@ pub async fn clean<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, older_tha
         if listed < CLEAN_BATCH {
             // a partitioned queue: the shares of the tasks removed go too
             let layout = crate::partition::layout(con, keys).await?;
-            if layout.partitioned() && (removed > 0 || older_than.is_some()) {
+            // (or was: its retired partitions are emptied the same way)
+            if removed > 0 || older_than.is_some() {
                 crate::partition::drop_orphans(con, &layout).await?;
             }
             return Ok(removed);

@@ -63,6 +63,22 @@ pub async fn layout<C: ConnectionLike + Send>(con: &mut C, home: &Keys) -> Resul
     layout_of(home, k.unwrap_or(1), tags.as_deref().unwrap_or(""))
 }
 
+/// The partitions task `id` was dispatched over (its home record keeps their tags: a later
+/// change of the queue's count leaves its shares where they are); the queue's when the record
+/// has none.
+pub async fn task_layout<C: ConnectionLike + Send>(con: &mut C, home: &Keys, id: &str) -> Result<Layout> {
+    let tags: Option<String> = redis::cmd("HGET").arg(home.task(id)).arg("partition_tags").query_async(con).await?;
+    match tags {
+        Some(t) => layout_of(home, t.split_whitespace().count() as u32, &t),
+        None => layout(con, home).await,
+    }
+}
+
+/// The tags of `layout`'s partitions, space-separated (as stored).
+pub fn tags_of(layout: &Layout) -> String {
+    layout.parts.iter().map(|p| p.prefix()[1..p.prefix().len() - 2].to_owned()).collect::<Vec<_>>().join(" ")
+}
+
 /// The layout stored as `k` and `tags` (space-separated).
 fn layout_of(home: &Keys, k: u32, tags: &str) -> Result<Layout> {
     if k <= 1 {
@@ -162,12 +178,24 @@ pub async fn set_count<C: ConnectionLike + Send>(con: &mut C, home: &Keys, k: u3
             }
         }
     }
+    // partitions no longer in use keep the shares of ended tasks: `drop_orphans` removes them
+    // with their task, then the partition's own keys
+    let retired: Option<String> = redis::cmd("HGET").arg(home.meta()).arg("retired_tags").query_async(con).await?;
+    let mut retired: Vec<String> = retired.unwrap_or_default().split_whitespace().map(str::to_owned).collect();
+    for old in tags_of(&now).split_whitespace() {
+        if !tags.iter().any(|t| t == old) && !retired.iter().any(|t| t == old) {
+            retired.push(old.to_owned());
+        }
+    }
+    retired.retain(|t| !tags.contains(t));
     let () = redis::cmd("HSET")
         .arg(home.meta())
         .arg("partitions")
         .arg(k)
         .arg("partition_tags")
         .arg(tags.join(" "))
+        .arg("retired_tags")
+        .arg(retired.join(" "))
         .query_async(con)
         .await?;
     Ok(layout)
@@ -180,7 +208,7 @@ pub async fn set_count<C: ConnectionLike + Send>(con: &mut C, home: &Keys, k: u3
 /// home. On a running task it completes a retry cut short (see [`resume_retries`]). Returns how
 /// many shards (or 1: the aggregation) run again.
 pub async fn retry<C: ConnectionLike + Send>(con: &mut C, home: &Keys, id: &str) -> Result<u64> {
-    let layout = layout(con, home).await?;
+    let layout = task_layout(con, home, id).await?;
     let mut fields: Vec<String> = ["state", "round"].map(str::to_owned).to_vec();
     fields.extend((1..=layout.count()).map(|p| format!("part:{p}")));
     let row: Vec<Option<String>> = redis::cmd("HMGET").arg(home.task(id)).arg(&fields).query_async(con).await?;
@@ -346,7 +374,12 @@ const ORPHAN_BATCH: isize = 1000;
 /// dispatched again meanwhile). Returns how many were removed.
 pub async fn drop_orphans<C: ConnectionLike + Send>(con: &mut C, layout: &Layout) -> Result<u64> {
     let mut removed = 0;
-    for pk in &layout.parts {
+    // and the partitions a change of the count retired: emptied, their keys go
+    let retired: Option<String> =
+        redis::cmd("HGET").arg(layout.home.meta()).arg("retired_tags").query_async(con).await?;
+    let retired: Vec<Keys> =
+        retired.unwrap_or_default().split_whitespace().filter_map(|t| layout.home.partition(t).ok()).collect();
+    for pk in layout.parts.iter().chain(&retired) {
         let mut from: isize = 0;
         loop {
             let ids: Vec<String> =
@@ -375,6 +408,40 @@ pub async fn drop_orphans<C: ConnectionLike + Send>(con: &mut C, layout: &Layout
             // the removed entries left the index: the next page starts that much earlier
             from += ORPHAN_BATCH - here;
         }
+    }
+    for pk in &retired {
+        let left: u64 = redis::cmd("ZCARD").arg(pk.index()).query_async(con).await?;
+        if left > 0 {
+            continue;
+        }
+        let mut pipe = redis::pipe();
+        for key in [
+            pk.meta(),
+            pk.events(),
+            pk.leases(),
+            pk.marker(),
+            pk.active(),
+            pk.stalled(),
+            pk.stalled_check(),
+            pk.limiter(),
+            pk.wait(),
+            pk.delayed(),
+            pk.tasks(),
+            pk.unreported(),
+            pk.running(),
+            pk.finished(),
+            pk.expiring(),
+            pk.scheduled(),
+        ] {
+            pipe.del(key).ignore();
+        }
+        let () = pipe.query_async(con).await?;
+        let tag = &pk.prefix()[1..pk.prefix().len() - 2];
+        let now: Option<String> =
+            redis::cmd("HGET").arg(layout.home.meta()).arg("retired_tags").query_async(con).await?;
+        let rest: Vec<&str> = now.as_deref().unwrap_or("").split_whitespace().filter(|t| *t != tag).collect();
+        let () =
+            redis::cmd("HSET").arg(layout.home.meta()).arg("retired_tags").arg(rest.join(" ")).query_async(con).await?;
     }
     Ok(removed)
 }

@@ -204,7 +204,7 @@ pub async fn reason_page<C: ConnectionLike + Send>(
     };
     let cursor: u64 = cursor.parse().map_err(|_| bad())?;
     if t.partitions > 1 {
-        let layout = shardctl_common::partition::layout(con, keys).await?;
+        let layout = shardctl_common::partition::task_layout(con, keys, &t.task_id).await?;
         let pk = layout.part(part).map_err(|_| bad())?;
         let (base, _) = shardctl_common::partition::share_range(part, t.partitions, t.total);
         let mut page = space_reasons(con, pk, t, cursor, count, base).await?;
@@ -307,7 +307,7 @@ async fn partitioned_map<C: ConnectionLike + Send>(
     max_cells: u64,
 ) -> Result<ShardMap> {
     let max_cells = max_cells.clamp(1, MAX_CELLS);
-    let layout = shardctl_common::partition::layout(con, keys).await?;
+    let layout = shardctl_common::partition::task_layout(con, keys, &t.task_id).await?;
     let mut out = ShardMap {
         total: t.total,
         per_cell: t.total.div_ceil(max_cells).max(1),

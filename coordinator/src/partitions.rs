@@ -26,6 +26,7 @@ pub async fn dispatch<C: ConnectionLike + Send>(con: &mut C, layout: &Layout, sp
     let home = &layout.home;
     let mut fields = spec.fields();
     fields.push(("partitions", k.to_string()));
+    fields.push(("partition_tags", shardctl_common::partition::tags_of(layout)));
     match scripts::dispatch_fields(con, home, spec, &fields).await {
         Ok(()) => {}
         Err(Error::Script(ScriptCode::TaskExists)) => {

@@ -74,7 +74,7 @@ pub async fn shares_sum<C: ConnectionLike + Send>(
     id: &str,
     seq: u64,
 ) -> Result<(u64, u64, u64)> {
-    let layout = shardctl_common::partition::layout(con, keys).await?;
+    let layout = shardctl_common::partition::task_layout(con, keys, id).await?;
     let (mut done, mut failed, mut cursor) = (0, 0, 0);
     for pk in &layout.parts {
         let (d, f, c, home_seq): (Option<u64>, Option<u64>, Option<u64>, Option<u64>) = redis::cmd("HMGET")
@@ -209,7 +209,7 @@ pub async fn failed_shards<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, i
     let (parts, seq): (Option<u32>, Option<u64>) =
         redis::cmd("HMGET").arg(keys.task(id)).arg("partitions").arg("seq").query_async(con).await?;
     if parts.is_some_and(|k| k > 1) {
-        let layout = shardctl_common::partition::layout(con, keys).await?;
+        let layout = shardctl_common::partition::task_layout(con, keys, id).await?;
         for pk in &layout.parts {
             let (base, home_seq): (Option<u64>, Option<u64>) =
                 redis::cmd("HMGET").arg(pk.task(id)).arg("base").arg("home_seq").query_async(con).await?;

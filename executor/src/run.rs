@@ -203,12 +203,12 @@ async fn run_aggregator(
         .map_err(|e| ShardError(format!("reading the task: {e}")))?
         .filter(|m| m.info.seq == r.inc)
         .ok_or_else(|| ShardError::new("task missing"))?;
-    // the queue's partitions as they are now (an executor started before they changed reads
-    // the shares where they are)
+    // the partitions the task was dispatched over, read now (an executor started before the
+    // queue's partitions changed reads the shares where they are)
     let parts = if meta.info.partitions > 1 {
-        shardctl_common::partition::layout(&mut con, &shared.keys)
+        shardctl_common::partition::task_layout(&mut con, &shared.keys, &r.task)
             .await
-            .map_err(|e| ShardError(format!("reading the queue's partitions: {e}")))?
+            .map_err(|e| ShardError(format!("reading the task's partitions: {e}")))?
             .parts
     } else {
         Vec::new()
