@@ -695,3 +695,34 @@ fn a_change_of_the_count_keeps_ended_tasks_readable_and_cleans_retired_partition
     let retired: String = redis::cmd("HGET").arg(cli.key("meta")).arg("retired_tags").query(&mut con).unwrap();
     assert_eq!(retired, "");
 }
+
+/// A schedule on a partitioned queue fires tasks over its partitions, each fire time once.
+#[test]
+fn a_schedule_fires_tasks_over_the_partitions() {
+    let cli = Cli::start("parts-cron");
+    cli.ok(&["config", "--partitions", "3"]);
+    let _a = cli.executor("pcron", &[]);
+    let mut c =
+        cli.background("coord", &["coordinator", "--metrics-addr", "off", "--ui-addr", "off", "--refresh", "200ms"]);
+    cli.ok(&["schedule", "add", "tick", "--cron", "* * * * * *", "--shards", "6", "--kind", "noop"]);
+    support::eventually("a fired task to complete", Duration::from_secs(30), || {
+        let st = cli.json(&["status", "--json"], 0);
+        let done: Vec<Value> = st["recent"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| t["task_id"].as_str().unwrap_or("").starts_with("tick-") && t["state"] == json!("completed"))
+            .cloned()
+            .collect();
+        match done.first() {
+            Some(t) => Ok(t.clone()),
+            None => Err(format!("{st}")),
+        }
+    });
+    cli.ok(&["schedule", "remove", "tick"]);
+    let st = cli.json(&["status", "--json"], 0);
+    for t in st["recent"].as_array().unwrap() {
+        assert_eq!(t["partitions"], json!(3), "a fired task ran unpartitioned: {t}");
+    }
+    assert!(c.terminate().success(), "{}", c.log());
+}

@@ -7,8 +7,9 @@ use std::collections::BTreeMap;
 
 use redis::aio::ConnectionLike;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, ScriptCode};
 use crate::keys::Keys;
+use crate::model::TaskSpec;
 use crate::slot::key_slot;
 
 /// A queue's keyspaces: its home and, when it is partitioned, partitions 1..=K.
@@ -363,6 +364,66 @@ pub fn choose_tags(
         out.push(t);
     }
     Ok(out)
+}
+
+/// Creates share `p` of `k` of task `spec` in partition `pk`, for the home record's incarnation
+/// `home_seq`: nothing for an empty share, nothing when it exists already for that incarnation;
+/// a share of an earlier task under this id whose home record is gone (its removal was cut
+/// short) is an orphan: removed, then this one is created.
+pub async fn create_share<C: ConnectionLike + Send>(
+    con: &mut C,
+    pk: &Keys,
+    p: u32,
+    k: u32,
+    spec: &TaskSpec,
+    home_seq: u64,
+) -> Result<()> {
+    let (base, size) = share_range(p, k, spec.shards);
+    if size == 0 {
+        return Ok(());
+    }
+    let mut fields = spec.fields();
+    for f in fields.iter_mut() {
+        if f.0 == "total" {
+            f.1 = size.to_string();
+        }
+    }
+    fields.extend([
+        ("part", p.to_string()),
+        ("base", base.to_string()),
+        ("of", spec.shards.to_string()),
+        ("home_seq", home_seq.to_string()),
+        ("round", "0".to_owned()),
+    ]);
+    for _ in 0..3 {
+        match crate::scripts::dispatch_fields(con, pk, spec, &fields).await {
+            Ok(()) => return Ok(()),
+            Err(Error::Script(ScriptCode::TaskExists)) => {
+                let theirs: Option<String> =
+                    redis::cmd("HGET").arg(pk.task(&spec.id)).arg("home_seq").query_async(con).await?;
+                if theirs.as_deref() == Some(home_seq.to_string().as_str()) {
+                    return Ok(()); // ours: a dispatch resumed
+                }
+                crate::scripts::drop_share(con, pk, &spec.id, theirs.as_deref().unwrap_or("")).await?;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(Error::Protocol(format!("share {p} of task {} could not be created", spec.id)))
+}
+
+/// The spec a home record was dispatched with (what its shares are made of).
+pub fn spec_of(t: &crate::model::TaskInfo, priority: i64) -> TaskSpec {
+    let mut spec = TaskSpec::new(t.task_id.clone(), t.kind.clone(), t.total);
+    spec.items = t.items;
+    spec.payload = t.payload.clone();
+    spec.attempts = t.attempts;
+    spec.backoff = t.backoff.parse().unwrap_or_default();
+    spec.priority = priority;
+    spec.shard_timeout = (t.shard_timeout_ms > 0).then(|| std::time::Duration::from_millis(t.shard_timeout_ms));
+    spec.keep_results = t.keep_results;
+    spec.retain = (t.retain_ms > 0).then(|| std::time::Duration::from_millis(t.retain_ms));
+    spec
 }
 
 /// Shares looked at per round trip of [`drop_orphans`].

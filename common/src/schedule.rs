@@ -211,6 +211,11 @@ impl Schedule {
         run: bool,
     ) -> Result<Fired> {
         let id = task_id(&self.name, fire_ms);
+        // on a partitioned queue a pull task is a home record (created here, once) and its
+        // shares (created next; if this process dies first, the reconciliation creates them)
+        let layout = crate::partition::layout(con, keys).await?;
+        let pull = self.fields.iter().any(|(f, v)| f == "strategy" && v == "pull");
+        let over = layout.partitioned() && pull;
         let mut inv = scripts().fire.keyed(keys, &KeyArgs { task: Some(&id), ..Default::default() });
         inv.arg(keys.prefix())
             .arg(&self.name)
@@ -224,7 +229,20 @@ impl Schedule {
             inv.arg(f).arg(v);
         }
         inv.arg("schedule").arg(&self.name).arg("fire_ms").arg(fire_ms);
+        if over {
+            inv.arg("partitions").arg(layout.count()).arg("partition_tags").arg(crate::partition::tags_of(&layout));
+        }
         let code: i64 = inv.invoke_async(con).await?;
+        if code == 1 && over {
+            let h: std::collections::HashMap<String, String> =
+                redis::cmd("HGETALL").arg(keys.task(&id)).query_async(con).await?;
+            if let Some(t) = crate::model::TaskInfo::from_hash(&id, &h)? {
+                let spec = crate::partition::spec_of(&t, self.priority);
+                for (i, pk) in layout.parts.iter().enumerate() {
+                    crate::partition::create_share(con, pk, i as u32 + 1, layout.count(), &spec, t.seq).await?;
+                }
+            }
+        }
         Ok(match code {
             1 => Fired::Created,
             0 => Fired::AlreadyHandled,

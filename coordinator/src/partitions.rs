@@ -4,7 +4,7 @@
 
 use redis::aio::ConnectionLike;
 use shardctl_common::model::TaskSpec;
-use shardctl_common::partition::{share_range, Layout};
+use shardctl_common::partition::Layout;
 use shardctl_common::scripts::{self, Reported, ShareReport};
 use shardctl_common::{Error, Keys, Result, ScriptCode};
 
@@ -45,69 +45,9 @@ pub async fn dispatch<C: ConnectionLike + Send>(con: &mut C, layout: &Layout, sp
     }
     let home_seq: u64 = redis::cmd("HGET").arg(home.task(&spec.id)).arg("seq").query_async(con).await?;
     for (i, pk) in layout.parts.iter().enumerate() {
-        create_share(con, pk, i as u32 + 1, k, spec, home_seq).await?;
+        shardctl_common::partition::create_share(con, pk, i as u32 + 1, k, spec, home_seq).await?;
     }
     Ok(())
-}
-
-/// Creates share `p` of `k` of task `spec` in partition `pk`, for the home record's incarnation
-/// `home_seq`: nothing for an empty share, nothing when it exists already for that incarnation;
-/// a share of an earlier task under this id whose home record is gone (its removal was cut
-/// short) is an orphan: removed, then this one is created.
-async fn create_share<C: ConnectionLike + Send>(
-    con: &mut C,
-    pk: &Keys,
-    p: u32,
-    k: u32,
-    spec: &TaskSpec,
-    home_seq: u64,
-) -> Result<()> {
-    let (base, size) = share_range(p, k, spec.shards);
-    if size == 0 {
-        return Ok(());
-    }
-    let mut fields = spec.fields();
-    for f in fields.iter_mut() {
-        if f.0 == "total" {
-            f.1 = size.to_string();
-        }
-    }
-    fields.extend([
-        ("part", p.to_string()),
-        ("base", base.to_string()),
-        ("of", spec.shards.to_string()),
-        ("home_seq", home_seq.to_string()),
-        ("round", "0".to_owned()),
-    ]);
-    for _ in 0..3 {
-        match scripts::dispatch_fields(con, pk, spec, &fields).await {
-            Ok(()) => return Ok(()),
-            Err(Error::Script(ScriptCode::TaskExists)) => {
-                let theirs: Option<String> =
-                    redis::cmd("HGET").arg(pk.task(&spec.id)).arg("home_seq").query_async(con).await?;
-                if theirs.as_deref() == Some(home_seq.to_string().as_str()) {
-                    return Ok(()); // ours: a dispatch resumed
-                }
-                scripts::drop_share(con, pk, &spec.id, theirs.as_deref().unwrap_or("")).await?;
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Err(Error::Protocol(format!("share {p} of task {} could not be created", spec.id)))
-}
-
-/// The spec a home record was dispatched with (what its shares are made of).
-fn spec_of(t: &shardctl_common::model::TaskInfo, priority: i64) -> TaskSpec {
-    let mut spec = TaskSpec::new(t.task_id.clone(), t.kind.clone(), t.total);
-    spec.items = t.items;
-    spec.payload = t.payload.clone();
-    spec.attempts = t.attempts;
-    spec.backoff = t.backoff.parse().unwrap_or_default();
-    spec.priority = priority;
-    spec.shard_timeout = (t.shard_timeout_ms > 0).then(|| std::time::Duration::from_millis(t.shard_timeout_ms));
-    spec.keep_results = t.keep_results;
-    spec.retain = (t.retain_ms > 0).then(|| std::time::Duration::from_millis(t.retain_ms));
-    spec
 }
 
 /// How long after its creation a running task's missing share is taken as lost (not one its
@@ -181,7 +121,15 @@ async fn recreate_share<C: ConnectionLike + Send>(con: &mut C, layout: &Layout, 
     }
     let priority: Option<i64> = redis::cmd("HGET").arg(layout.home.task(id)).arg("priority").query_async(con).await?;
     tracing::warn!(task = %id, partition = p, "a share of a running task is missing: creating it again");
-    create_share(con, layout.part(p)?, p, t.partitions, &spec_of(&t, priority.unwrap_or(0)), t.seq).await
+    shardctl_common::partition::create_share(
+        con,
+        layout.part(p)?,
+        p,
+        t.partitions,
+        &shardctl_common::partition::spec_of(&t, priority.unwrap_or(0)),
+        t.seq,
+    )
+    .await
 }
 
 /// Tasks of the home's `running` looked at per [`reconcile`] call.
