@@ -25,6 +25,8 @@
   KEYS[17] stalled            set     stall candidates of the last sweep
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] task id
+  ARGV[3] (a share of a partitioned task) the home's new round: the share takes it, and a share
+          already in that round (or a later one) is not retried again (returns 0)
 
   Returns how many shards (or 1 for the aggregation) go again: 0 when nothing failed, or -3
   (task missing), -9 (task cancelled), -10 (its results were not kept: aggregation would miss
@@ -32,6 +34,16 @@
 ]]
 local prefix, tid, now = ARGV[1], ARGV[2], now_ms()
 local tkey = K.task
+if ARGV[3] then
+  local r = rcall('HGET', tkey, 'round')
+  if not r then return -3 end
+  if tonumber(r) >= tonumber(ARGV[3]) then return 0 end
+  -- read first: the share's other keys (an abort at a key of a slot being migrated writes
+  -- nothing), then the round, whatever follows: with nothing to run again, the share's counts
+  -- are reported again in the new round
+  touch_task(prefix, tid)
+  rcall('HSET', tkey, 'round', ARGV[3])
+end
 local t = rcall('HMGET', tkey, 'state', 'keep_results', 'failed', 'agg_error')
 local state = t[1]
 if not state then return -3 end

@@ -726,3 +726,118 @@ fn a_schedule_fires_tasks_over_the_partitions() {
     }
     assert!(c.terminate().success(), "{}", c.log());
 }
+
+/// A node whose run slots are all busy claims nothing more, in any partition: the work goes to
+/// an idle node (a partition's runtime holding nothing once claimed one whatever the node ran,
+/// and sat on it).
+#[test]
+fn a_busy_node_leaves_new_work_to_an_idle_one() {
+    let cli = Cli::start("parts-busy");
+    cli.ok(&["config", "--partitions", "2"]);
+    let mut busy = cli.executor("pbusy", &["--prefetch", "0"]);
+    cli.ok(&["dispatch", "--kind", "sleep", "--payload", r#"{"ms":600000}"#, "--shards", "2", "--task-id", "long"]);
+    support::eventually("the busy node to run both long shards", Duration::from_secs(30), || {
+        let t = cli.json(&["status", "long", "--json"], 0);
+        let active = cli.json(&["status", "--json"], 0)["active"].as_u64().unwrap_or(0);
+        if active == 2 {
+            Ok(())
+        } else {
+            Err(format!("{active} active: {t}"))
+        }
+    });
+    let mut idle = cli.executor("pidle", &[]);
+    for i in 0..4 {
+        let id = format!("s{i}");
+        cli.ok(&["dispatch", "--kind", "noop", "--shards", "3", "--task-id", &id]);
+        let t = cli.json(&["wait", &id, "--timeout", "60s", "--json"], 0);
+        assert_eq!(t["state"], json!("completed"), "{t}");
+    }
+    cli.ok(&["cancel", "long"]);
+    assert!(busy.terminate().success());
+    assert!(idle.terminate().success());
+    let claimed = |log: &str| -> u64 {
+        log.lines()
+            .find(|l| l.contains("executor stopped"))
+            .and_then(|l| l.split("claimed=").nth(1))
+            .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no counters in the log:\n{log}"))
+    };
+    assert_eq!(claimed(&busy.log()), 2, "the busy node claimed more than its two long shards:\n{}", busy.log());
+    assert_eq!(claimed(&idle.log()), 4 * 3 + 4, "the idle node ran every small shard and aggregation");
+}
+
+/// The reconciliation judges a share by its incarnation: a leftover share of an earlier task
+/// under the id (its removal cut short) neither cancels nor counts for a new task of that id.
+#[tokio::test]
+async fn a_leftover_share_of_an_earlier_task_does_not_touch_a_new_one() {
+    let redis = TestRedis::start();
+    let mut con = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let home = Keys::new("shardctl", "leftover").unwrap();
+    let layout: Layout = partition::set_count(&mut con, &home, 3, false).await.unwrap();
+    shardctl_coordinator::partitions::dispatch(&mut con, &layout, &TaskSpec::new("y", "noop", 3)).await.unwrap();
+    shardctl_common::control::cancel(&mut con, &home, "y").await.unwrap();
+    // the home record goes, its shares' removal is cut short
+    for k in home.task_keys("y") {
+        let () = redis::cmd("DEL").arg(k).query_async(&mut con).await.unwrap();
+    }
+    for z in [home.index(), home.finished(), home.expiring()] {
+        let () = redis::cmd("ZREM").arg(z).arg("y").query_async(&mut con).await.unwrap();
+    }
+    // a new y of 2 shards: no share in partition 3, whose leftover (cancelled) share goes
+    shardctl_coordinator::partitions::dispatch(&mut con, &layout, &TaskSpec::new("y", "noop", 2)).await.unwrap();
+    let n: u64 = redis::cmd("EXISTS").arg(layout.parts[2].task("y")).query_async(&mut con).await.unwrap();
+    assert_eq!(n, 0, "the leftover share in partition 3 was removed");
+    shardctl_coordinator::partitions::reconcile(&mut con, &layout).await.unwrap();
+    let state: String = redis::cmd("HGET").arg(home.task("y")).arg("state").query_async(&mut con).await.unwrap();
+    assert_eq!(state, "running", "the new task was cancelled by its predecessor's share");
+}
+
+/// A share created after its task was cancelled (the cancel came between the home record and
+/// the share) is cancelled at once; a retry of one share in a round runs once.
+#[tokio::test]
+async fn a_share_created_after_a_cancel_is_cancelled_and_a_round_retries_once() {
+    let redis = TestRedis::start();
+    let mut con = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let home = Keys::new("shardctl", "late-share").unwrap();
+    let layout: Layout = partition::set_count(&mut con, &home, 2, false).await.unwrap();
+    let spec = TaskSpec::new("z", "noop", 4);
+    let mut fields = spec.fields();
+    fields.push(("partitions", "2".to_owned()));
+    fields.push(("partition_tags", partition::tags_of(&layout)));
+    scripts::dispatch_fields(&mut con, &home, &spec, &fields).await.unwrap();
+    shardctl_common::control::cancel(&mut con, &home, "z").await.unwrap();
+    partition::create_share(&mut con, &home, &layout.parts[0], 1, 2, &spec, 1).await.unwrap();
+    let state: String =
+        redis::cmd("HGET").arg(layout.parts[0].task("z")).arg("state").query_async(&mut con).await.unwrap();
+    assert_eq!(state, "cancelled");
+
+    // a failed task over 2 partitions, reopened in round 1: resuming the retry twice runs its
+    // shares once
+    let mut spec = TaskSpec::new("f", "fail", 4);
+    spec.attempts = 1;
+    shardctl_coordinator::partitions::dispatch(&mut con, &layout, &spec).await.unwrap();
+    for pk in &layout.parts {
+        let req = ClaimRequest { count: 10, lock_ms: 60_000, token_base: "e1", seq: 1, node: "n1", ahead: 0 };
+        let claimed = scripts::claim(&mut con, pk, &req).await.unwrap().shards;
+        let failed: Vec<Finished<'_>> = claimed
+            .iter()
+            .map(|c| Finished { claim: c, outcome: FinishedAs::Failed { delay_ms: 0, reason: "boom" } })
+            .collect();
+        scripts::finish(&mut con, pk, "n1", &failed).await.unwrap();
+    }
+    shardctl_coordinator::partitions::report_pending(&mut con, &layout).await.unwrap();
+    let round: i64 = scripts::scripts()
+        .reopen
+        .keyed(&home, &scripts::KeyArgs { task: Some("f"), ..Default::default() })
+        .arg(home.prefix())
+        .arg("f")
+        .arg(1)
+        .arg(2)
+        .invoke_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(round, 1);
+    assert_eq!(partition::resume_retries(&mut con, &layout, "f", 1).await.unwrap(), 4);
+    assert_eq!(partition::resume_retries(&mut con, &layout, "f", 1).await.unwrap(), 0, "retried twice in one round");
+}

@@ -91,13 +91,23 @@ pub async fn retry<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str)
 
 /// `retry.lua` on task `id` of one keyspace.
 pub(crate) async fn retry_here<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str) -> Result<u64> {
-    let code: i64 = scripts()
-        .retry
-        .keyed(keys, &KeyArgs { task: Some(id), ..Default::default() })
-        .arg(keys.prefix())
-        .arg(id)
-        .invoke_async(con)
-        .await?;
+    retry_in_round(con, keys, id, None).await
+}
+
+/// `retry.lua` on task `id` of one keyspace; a share of a partitioned task with the home's new
+/// `round` (the share takes it in the same call, and is not retried twice in one round).
+pub(crate) async fn retry_in_round<C: ConnectionLike + Send>(
+    con: &mut C,
+    keys: &Keys,
+    id: &str,
+    round: Option<u64>,
+) -> Result<u64> {
+    let mut inv = scripts().retry.keyed(keys, &KeyArgs { task: Some(id), ..Default::default() });
+    inv.arg(keys.prefix()).arg(id);
+    if let Some(r) = round {
+        inv.arg(r);
+    }
+    let code: i64 = inv.invoke_async(con).await?;
     if code < 0 {
         return Err(refused(id, code, "retry"));
     }

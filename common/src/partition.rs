@@ -250,15 +250,10 @@ pub async fn retry<C: ConnectionLike + Send>(con: &mut C, home: &Keys, id: &str)
 
 /// Retries the share of task `id` in partition `part` in home round `round`.
 async fn retry_share<C: ConnectionLike + Send>(con: &mut C, part: &Keys, id: &str, round: u64) -> Result<u64> {
-    let exists: bool = redis::cmd("EXISTS").arg(part.task(id)).query_async(con).await?;
-    if !exists {
-        return Ok(0);
-    }
-    let () = redis::cmd("HSET").arg(part.task(id)).arg("round").arg(round).query_async(con).await?;
-    match crate::control::retry_here(con, part, id).await {
+    match crate::control::retry_in_round(con, part, id, Some(round)).await {
         Ok(n) => Ok(n),
-        // cancelled meanwhile, or gone: nothing runs again there
-        Err(Error::Refused { .. }) => Ok(0),
+        // gone, or cancelled meanwhile: nothing runs again there
+        Err(Error::Refused { .. } | Error::NoTask(_)) => Ok(0),
         Err(e) => Err(e),
     }
 }
@@ -272,6 +267,7 @@ pub async fn resume_retries<C: ConnectionLike + Send>(
     id: &str,
     round: u64,
 ) -> Result<u64> {
+    let seq: Option<u64> = redis::cmd("HGET").arg(layout.home.task(id)).arg("seq").query_async(con).await?;
     let mut again = 0;
     for (i, pk) in layout.parts.iter().enumerate() {
         let counted: bool =
@@ -279,9 +275,9 @@ pub async fn resume_retries<C: ConnectionLike + Send>(
         if counted {
             continue;
         }
-        let (state, share_round): (Option<String>, Option<u64>) =
-            redis::cmd("HMGET").arg(pk.task(id)).arg("state").arg("round").query_async(con).await?;
-        if state.as_deref() == Some("aggregating") && share_round.is_some_and(|r| r < round) {
+        let (state, share_round, home_seq): (Option<String>, Option<u64>, Option<u64>) =
+            redis::cmd("HMGET").arg(pk.task(id)).arg("state").arg("round").arg("home_seq").query_async(con).await?;
+        if state.as_deref() == Some("aggregating") && share_round.is_some_and(|r| r < round) && home_seq == seq {
             again += retry_share(con, pk, id, round).await?;
         }
     }
@@ -366,12 +362,14 @@ pub fn choose_tags(
     Ok(out)
 }
 
-/// Creates share `p` of `k` of task `spec` in partition `pk`, for the home record's incarnation
-/// `home_seq`: nothing for an empty share, nothing when it exists already for that incarnation;
-/// a share of an earlier task under this id whose home record is gone (its removal was cut
-/// short) is an orphan: removed, then this one is created.
+/// Creates share `p` of `k` of task `spec` in partition `pk`, for the incarnation `home_seq` of
+/// its home record in `home`: nothing for an empty share, nothing when it exists already for
+/// that incarnation; a share of an earlier task under this id whose home record is gone (its
+/// removal was cut short) is an orphan: removed, then this one is created. A share created after
+/// its task was cancelled is cancelled at once.
 pub async fn create_share<C: ConnectionLike + Send>(
     con: &mut C,
+    home: &Keys,
     pk: &Keys,
     p: u32,
     k: u32,
@@ -379,7 +377,13 @@ pub async fn create_share<C: ConnectionLike + Send>(
     home_seq: u64,
 ) -> Result<()> {
     let (base, size) = share_range(p, k, spec.shards);
+    let ours = home_seq.to_string();
     if size == 0 {
+        // none here; an earlier task's share under this id (its removal cut short) goes
+        let theirs: Option<String> = redis::cmd("HGET").arg(pk.task(&spec.id)).arg("home_seq").query_async(con).await?;
+        if let Some(t) = theirs.filter(|t| *t != ours) {
+            crate::scripts::drop_share(con, pk, &spec.id, &t).await?;
+        }
         return Ok(());
     }
     let mut fields = spec.fields();
@@ -392,16 +396,20 @@ pub async fn create_share<C: ConnectionLike + Send>(
         ("part", p.to_string()),
         ("base", base.to_string()),
         ("of", spec.shards.to_string()),
-        ("home_seq", home_seq.to_string()),
+        ("home_seq", ours.clone()),
         ("round", "0".to_owned()),
     ]);
+    let mut created = false;
     for _ in 0..3 {
         match crate::scripts::dispatch_fields(con, pk, spec, &fields).await {
-            Ok(()) => return Ok(()),
+            Ok(()) => {
+                created = true;
+                break;
+            }
             Err(Error::Script(ScriptCode::TaskExists)) => {
                 let theirs: Option<String> =
                     redis::cmd("HGET").arg(pk.task(&spec.id)).arg("home_seq").query_async(con).await?;
-                if theirs.as_deref() == Some(home_seq.to_string().as_str()) {
+                if theirs.as_deref() == Some(ours.as_str()) {
                     return Ok(()); // ours: a dispatch resumed
                 }
                 crate::scripts::drop_share(con, pk, &spec.id, theirs.as_deref().unwrap_or("")).await?;
@@ -409,7 +417,20 @@ pub async fn create_share<C: ConnectionLike + Send>(
             Err(e) => return Err(e),
         }
     }
-    Err(Error::Protocol(format!("share {p} of task {} could not be created", spec.id)))
+    if !created {
+        return Err(Error::Protocol(format!("share {p} of task {} could not be created", spec.id)));
+    }
+    // a cancel of the task that came between its home record and this share misses the share:
+    // it is cancelled here
+    let (state, seq): (Option<String>, Option<u64>) =
+        redis::cmd("HMGET").arg(home.task(&spec.id)).arg("state").arg("seq").query_async(con).await?;
+    if seq != Some(home_seq) || matches!(state.as_deref(), Some("cancelled") | None) {
+        match crate::control::cancel(con, pk, &spec.id).await {
+            Ok(_) | Err(Error::Refused { .. } | Error::NoTask(_)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// The spec a home record was dispatched with (what its shares are made of).

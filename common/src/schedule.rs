@@ -239,7 +239,7 @@ impl Schedule {
             if let Some(t) = crate::model::TaskInfo::from_hash(&id, &h)? {
                 let spec = crate::partition::spec_of(&t, self.priority);
                 for (i, pk) in layout.parts.iter().enumerate() {
-                    crate::partition::create_share(con, pk, i as u32 + 1, layout.count(), &spec, t.seq).await?;
+                    crate::partition::create_share(con, keys, pk, i as u32 + 1, layout.count(), &spec, t.seq).await?;
                 }
             }
         }

@@ -45,7 +45,7 @@ pub async fn dispatch<C: ConnectionLike + Send>(con: &mut C, layout: &Layout, sp
     }
     let home_seq: u64 = redis::cmd("HGET").arg(home.task(&spec.id)).arg("seq").query_async(con).await?;
     for (i, pk) in layout.parts.iter().enumerate() {
-        shardctl_common::partition::create_share(con, pk, i as u32 + 1, k, spec, home_seq).await?;
+        shardctl_common::partition::create_share(con, home, pk, i as u32 + 1, k, spec, home_seq).await?;
     }
     Ok(())
 }
@@ -123,6 +123,7 @@ async fn recreate_share<C: ConnectionLike + Send>(con: &mut C, layout: &Layout, 
     tracing::warn!(task = %id, partition = p, "a share of a running task is missing: creating it again");
     shardctl_common::partition::create_share(
         con,
+        &layout.home,
         layout.part(p)?,
         p,
         t.partitions,
@@ -167,7 +168,7 @@ pub async fn reconcile_page<C: ConnectionLike + Send>(
     let next = (ids.len() as isize == RECONCILE_BATCH).then_some(from + RECONCILE_BATCH);
     let mut counted = 0;
     for id in ids {
-        let mut fields = vec!["partitions".to_owned(), "state".to_owned(), "round".to_owned()];
+        let mut fields = vec!["partitions".to_owned(), "state".to_owned(), "round".to_owned(), "seq".to_owned()];
         fields.extend((1..=layout.count()).map(|p| format!("part:{p}")));
         let row: Vec<Option<String>> = redis::cmd("HMGET").arg(home.task(&id)).arg(&fields).query_async(con).await?;
         let k: u32 = row[0].as_deref().and_then(|v| v.parse().ok()).unwrap_or(1);
@@ -180,11 +181,16 @@ pub async fn reconcile_page<C: ConnectionLike + Send>(
         if again > 0 {
             tracing::info!(task = %id, shards = again, "a retry cut short was completed");
         }
+        let seq: Option<u64> = row[3].as_deref().and_then(|s| s.parse().ok());
         for (i, pk) in layout.parts.iter().enumerate() {
-            if row[3 + i].is_some() {
+            if row[4 + i].is_some() {
                 continue;
             }
-            let state: Option<String> = redis::cmd("HGET").arg(pk.task(&id)).arg("state").query_async(con).await?;
+            let (state, home_seq): (Option<String>, Option<u64>) =
+                redis::cmd("HMGET").arg(pk.task(&id)).arg("state").arg("home_seq").query_async(con).await?;
+            // a share of an earlier task under this id (its removal cut short) is not this
+            // task's: it is replaced like a missing one
+            let state = if home_seq == seq { state } else { None };
             match state.as_deref() {
                 Some("aggregating") => {
                     if report_share(con, home, pk, &id, 0).await? {

@@ -220,13 +220,10 @@ async fn wait_for_work(
     if wait.is_zero() {
         return Ok(());
     }
-    if let Some(wake) = &shared.wake {
-        // the node's waiter blocks for every runtime and wakes this one when its marker pops
-        tokio::select! {
-            _ = wake.notified() => {}
-            _ = tokio::time::sleep(wait) => {}
-            _ = shutdown.cancelled() => {}
-        }
+    if let Some((waiter, me)) = &shared.wake {
+        // the node's waiter blocks for every waiting runtime and wakes this one when its marker
+        // pops
+        me.wait(waiter, wait, shutdown).await;
         return Ok(());
     }
     if blocking.is_none() {
@@ -244,6 +241,14 @@ async fn wait_for_work(
     // `delayed` (its score is a due time by the server's clock): the next claim says how long
     // from now, and the executor waits that long (a time the scripts wrote is never compared
     // with this host's clock)
+    if let Some((key, member, score)) = &popped {
+        if !shared.starts.can_claim() {
+            // the node's run slots filled meanwhile (a partition's runtime): this wake-up is
+            // another executor's, it goes back
+            let () = redis::cmd("ZADD").arg(key).arg(*score).arg(member).query_async(con).await?;
+            return Ok(());
+        }
+    }
     if popped.is_some_and(|(_, member, _)| member == "route") {
         // routed work waits for a rebalance: the membership loop runs one now
         shared.routing_wanted.notify_one();

@@ -62,9 +62,9 @@ pub(crate) struct Shared {
     pub(crate) claims: ClaimState,
     /// What the next heartbeat must do besides extending the lease.
     pub(crate) beat: BeatRequests,
-    /// Notified by the node's shared waiter when one of this runtime's markers is popped; `None`:
-    /// the claim loop blocks on a connection of its own.
-    pub(crate) wake: Option<Arc<tokio::sync::Notify>>,
+    /// The node's shared waiter and this runtime's place in it; `None`: the claim loop blocks
+    /// on a connection of its own.
+    pub(crate) wake: Option<(Arc<crate::waiter::Waiter>, Arc<crate::waiter::Member>)>,
     /// Refs held now (the in-flight gauge of a node is the sum over its runtimes).
     pub(crate) held_now: std::sync::atomic::AtomicUsize,
 }
@@ -159,13 +159,15 @@ impl Executor {
         with: Option<&Sharing>,
     ) -> Result<Self> {
         let budget = with.map(|w| w.budget.clone());
-        let wake = with.and_then(|w| w.waiter.as_ref()).map(|_| Arc::new(tokio::sync::Notify::new()));
+
         cfg.validate().map_err(shardctl_common::Error::Invalid)?;
         let con = endpoint.manager().await?;
         let node_id: Arc<str> = Arc::from(cfg.node_id.as_str());
         let token_base = cfg.instance.clone();
         let concurrency = cfg.concurrency;
         let metrics = Metrics::new(keys.queue(), &cfg.node_id);
+        let routing_wanted = Arc::new(tokio::sync::Notify::new());
+        let (keys_marker, node_marker) = (keys.marker(), keys.node_marker(&cfg.node_id));
         let shared = Arc::new(Shared {
             cfg,
             keys,
@@ -179,19 +181,20 @@ impl Executor {
             outbox: Default::default(),
             aborting: AtomicBool::new(false),
             token_base,
-            routing_wanted: Arc::new(tokio::sync::Notify::new()),
+            routing_wanted: routing_wanted.clone(),
             node_id,
             ahead: Default::default(),
             starts: crate::starts::Starts::new(concurrency, TaskTracker::new(), budget.clone()),
             claims: ClaimState { in_flight: AtomicU64::new(NO_CLAIM), ..Default::default() },
             beat: BeatRequests::default(),
-            wake: wake.clone(),
+            wake: with.and_then(|w| w.waiter.as_ref()).map(|w| {
+                let markers = vec![keys_marker.clone(), node_marker.clone()];
+                let budget = budget.clone();
+                let can_claim = Box::new(move || budget.as_ref().is_none_or(|b| b.has_free()));
+                (w.clone(), w.join(markers, routing_wanted.clone(), can_claim))
+            }),
             held_now: Default::default(),
         });
-        if let (Some(w), Some(wake)) = (with.and_then(|w| w.waiter.as_ref()), wake) {
-            let markers = vec![shared.keys.marker(), shared.keys.node_marker(&shared.cfg.node_id)];
-            w.join(markers, wake, shared.routing_wanted.clone());
-        }
         if let Some(b) = &budget {
             b.join(&shared);
         }

@@ -62,6 +62,11 @@ impl Budget {
         self.members.lock().unwrap().iter().filter_map(Weak::upgrade).collect()
     }
 
+    /// Whether a run slot is free now.
+    pub(crate) fn has_free(&self) -> bool {
+        self.running.load(Ordering::SeqCst) < self.limit
+    }
+
     /// Takes a run slot if one is free.
     fn take(&self) -> bool {
         self.running.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |r| (r < self.limit).then_some(r + 1)).is_ok()
@@ -147,8 +152,9 @@ impl Starts {
     /// How many shards to claim to hold `target` (every slot busy plus what to claim ahead).
     /// Runtimes sharing a budget (partitions) share the target: each claims up to its fair part
     /// of it (the target over the runtimes holding shards, itself counted), and one holding
-    /// nothing always claims one, so no partition, and no aggregation job, waits for another's
-    /// work to drain.
+    /// nothing claims one whenever a run slot of the node is free, so no partition, and no
+    /// aggregation job, waits for another's work to drain (and none is held here while every
+    /// slot is busy: another node may run it).
     pub(crate) fn missing(&self, target: usize) -> usize {
         let own = self.own_outstanding();
         let Some(b) = &self.budget else { return target.saturating_sub(own) };
@@ -156,11 +162,17 @@ impl Starts {
         let active = holding + usize::from(own == 0);
         let fair = target.div_ceil(active.max(1));
         let missing = target.saturating_sub(all).min(fair.saturating_sub(own));
-        if own == 0 {
+        if own == 0 && b.has_free() {
             missing.max(1)
         } else {
             missing
         }
+    }
+
+    /// Whether a run slot is free for a shard this runtime would claim now (always, without a
+    /// shared budget: its claim target says how many).
+    pub(crate) fn can_claim(&self) -> bool {
+        self.budget.as_ref().is_none_or(|b| b.has_free())
     }
 
     /// Shards of this runtime claimed and not ended.
