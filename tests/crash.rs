@@ -110,6 +110,22 @@ fn crash_round_over_partitions() {
     crash_round(6, Setup { partitions: 3, ..pull("crash_round_over_partitions") });
 }
 
+/// The consistent-hash round over 3 partitions of one server: every partition's node lists,
+/// placed over the home's membership, fail over and rebalance like the queue's.
+#[test]
+fn crash_round_consistent_hash_over_partitions() {
+    crash_round(
+        8,
+        Setup {
+            test: "crash_round_consistent_hash_over_partitions",
+            strategy: Some("consistent-hash"),
+            extra_executor_args: &["--member-heartbeat", "200ms", "--member-timeout", "1s"],
+            on_cluster: false,
+            partitions: 3,
+        },
+    );
+}
+
 /// The same over 3 partitions on a 3-master cluster: one partition per master.
 #[test]
 fn crash_round_over_partitions_on_a_cluster() {
@@ -260,17 +276,28 @@ fn crash_round(round: u32, setup: Setup) {
         std::thread::sleep(Duration::from_millis(50));
     };
     // a routed task also leaves nothing on the node lists, in `reroute` or unplaced
+    // (on one server: a partitioned queue's partitions are on it too)
+    let spaces: Vec<String> = if setup.partitions > 1 && !setup.on_cluster {
+        partition_spaces(&c).into_iter().map(|(_, p)| p).chain([prefix.clone()]).collect()
+    } else {
+        vec![prefix.clone()]
+    };
     let routed_left = setup.strategy.map(|_| {
         let deadline = Instant::now() + Duration::from_secs(3);
         loop {
             let mut refs: Vec<String> = Vec::new();
-            for list in scan(&mut con, &format!("{prefix}node:*:wait")).into_iter().chain([format!("{prefix}reroute")])
-            {
-                let l: Vec<String> = redis::cmd("LRANGE").arg(&list).arg(0).arg(-1).query(&mut con).unwrap();
-                refs.extend(l.into_iter().map(|r| format!("{list}: {r}")));
+            let mut unrouted: Vec<String> = Vec::new();
+            for space in &spaces {
+                for list in
+                    scan(&mut con, &format!("{space}node:*:wait")).into_iter().chain([format!("{space}reroute")])
+                {
+                    let l: Vec<String> = redis::cmd("LRANGE").arg(&list).arg(0).arg(-1).query(&mut con).unwrap();
+                    refs.extend(l.into_iter().map(|r| format!("{list}: {r}")));
+                }
+                let u: Vec<String> =
+                    redis::cmd("ZRANGE").arg(format!("{space}unrouted")).arg(0).arg(-1).query(&mut con).unwrap();
+                unrouted.extend(u);
             }
-            let unrouted: Vec<String> =
-                redis::cmd("ZRANGE").arg(format!("{prefix}unrouted")).arg(0).arg(-1).query(&mut con).unwrap();
             if (refs.is_empty() && unrouted.is_empty()) || Instant::now() > deadline {
                 break (refs, unrouted);
             }

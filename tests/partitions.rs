@@ -128,18 +128,20 @@ fn failures_and_tiny_tasks_over_partitions() {
     assert_eq!(shares.iter().filter(|e| **e).count(), 2, "{shares:?}");
 }
 
-/// What a partitioned queue refuses, clearly and without writing: routed strategies, a bad
-/// count, a change of count while a task runs over partitions.
+/// What a partitioned queue refuses, clearly and without writing: a keys file, a bad count, a
+/// change of count while a task runs over partitions.
 #[test]
 fn a_partitioned_queue_refuses_what_it_cannot_do() {
     let cli = Cli::start("parts-refuse");
     cli.rejects(&["config", "--partitions", "0"], 2, "partitions must be 1 to 64");
     cli.rejects(&["config", "--partitions", "65"], 2, "partitions must be 1 to 64");
     cli.ok(&["config", "--partitions", "2"]);
+    let keys = std::env::temp_dir().join(format!("shardctl-parts-keys-{}", std::process::id()));
+    std::fs::write(&keys, "a\nb\nc\n").unwrap();
     cli.rejects(
-        &["dispatch", "--kind", "noop", "--shards", "4", "--strategy", "consistent-hash"],
+        &["dispatch", "--kind", "noop", "--keys-file", keys.to_str().unwrap(), "--strategy", "consistent-hash"],
         2,
-        "only pull tasks",
+        "a keys file needs a queue of one partition",
     );
     // a task running over the partitions pins the count (no executor: it stays running)
     cli.ok(&["dispatch", "--kind", "noop", "--shards", "4", "--task-id", "pinned"]);

@@ -211,11 +211,11 @@ impl Schedule {
         run: bool,
     ) -> Result<Fired> {
         let id = task_id(&self.name, fire_ms);
-        // on a partitioned queue a pull task is a home record (created here, once) and its
-        // shares (created next; if this process dies first, the reconciliation creates them)
+        // on a partitioned queue a task is a home record (created here, once) and its shares
+        // (created next; if this process dies first, the reconciliation creates them; routed
+        // ones are placed by the next rebalance)
         let layout = crate::partition::layout(con, keys).await?;
-        let pull = self.fields.iter().any(|(f, v)| f == "strategy" && v == "pull");
-        let over = layout.partitioned() && pull;
+        let over = layout.partitioned();
         let mut inv = scripts().fire.keyed(keys, &KeyArgs { task: Some(&id), ..Default::default() });
         inv.arg(keys.prefix())
             .arg(&self.name)

@@ -60,12 +60,20 @@ pub async fn dispatch(
     if spec.strategy != Strategy::Pull || shard_keys.is_some() {
         let layout = shardctl_common::partition::layout(con, keys).await?;
         if layout.partitioned() {
-            // refused there with the reason
-            return crate::partitions::dispatch(con, &layout, spec).await.map(|()| Dispatched {
-                resumed: false,
-                placed: 0,
-                live: 0,
-            });
+            // a routed task over partitions: its shares placed in each (a keys file is refused)
+            if shard_keys.is_some() {
+                return Err(Error::invalid(format!(
+                    "queue {} is spread over {} partitions: a keys file needs a queue of one partition",
+                    keys.queue(),
+                    layout.count()
+                )));
+            }
+            crate::partitions::dispatch(con, &layout, spec).await?;
+            if spec.strategy == Strategy::Pull || spec.delay.is_some() {
+                return Ok(Dispatched { resumed: false, placed: 0, live: 0 });
+            }
+            let (placed, live) = crate::partitions::route(con, &layout, &spec.id).await?;
+            return Ok(Dispatched { resumed: false, placed, live });
         }
     }
     if spec.strategy == Strategy::Pull {

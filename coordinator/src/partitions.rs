@@ -10,14 +10,13 @@ use shardctl_common::{Error, Keys, Result, ScriptCode};
 
 /// Creates task `spec` over the partitions of `layout`: its home record (the total, the counts
 /// its shares report, the aggregation), then each non-empty share in its partition. Re-running
-/// the same dispatch after a crash part-way creates the shares still missing.
+/// the same dispatch after a crash part-way creates the shares still missing. A routed share
+/// waits unplaced in its partition until it is placed ([`route`], or any rebalance).
 pub async fn dispatch<C: ConnectionLike + Send>(con: &mut C, layout: &Layout, spec: &TaskSpec) -> Result<()> {
-    use shardctl_common::ring::Strategy;
     spec.validate()?;
-    if spec.strategy != Strategy::Pull || spec.has_keys {
+    if spec.has_keys {
         return Err(Error::invalid(format!(
-            "queue {} is spread over {} partitions: only pull tasks (no keys file) run there; \
-             routed strategies need a queue of one partition",
+            "queue {} is spread over {} partitions: a keys file needs a queue of one partition",
             layout.home.queue(),
             layout.count()
         )));
@@ -53,6 +52,21 @@ pub async fn dispatch<C: ConnectionLike + Send>(con: &mut C, layout: &Layout, sp
 /// How long after its creation a running task's missing share is taken as lost (not one its
 /// dispatch is still creating) and created again.
 pub const SHARE_GRACE_MS: u64 = 10_000;
+
+/// Places the unplaced shards of routed task `id` in every partition of `layout` over the live
+/// executors (the home's membership); returns how many this call placed and how many executors
+/// live. With none, the shares wait unplaced for the first rebalance.
+pub async fn route(con: &mut shardctl_common::conn::Conn, layout: &Layout, id: &str) -> Result<(u64, usize)> {
+    let live = crate::membership::live(con, &layout.home).await?;
+    if live.is_empty() {
+        return Ok((0, 0));
+    }
+    let mut placed = 0;
+    for pk in &layout.parts {
+        placed += crate::route::Router::new(live.clone()).route_task(con, pk, id).await?;
+    }
+    Ok((placed, live.len()))
+}
 
 /// Shares read from a partition's `unreported` per call.
 const REPORT_BATCH: usize = 100;

@@ -22,11 +22,19 @@ pub async fn task<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str) 
 /// partition). Any other task is left as it is.
 pub async fn live_counts<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, t: &mut TaskInfo) -> Result<()> {
     use shardctl_common::model::TaskState;
-    // running, delayed, or cancelled (its shares' work is not reported once it is)
-    if t.partitions <= 1 || !matches!(t.state, TaskState::Running | TaskState::Delayed | TaskState::Cancelled) {
+    // running, delayed, or cancelled (its shares' work is not reported once it is); a routed
+    // task's placement is its shares' in any state
+    let live = matches!(t.state, TaskState::Running | TaskState::Delayed | TaskState::Cancelled);
+    if t.partitions <= 1 || !(live || t.strategy != "pull") {
         return Ok(());
     }
-    let (done, failed, cursor) = shares_sum(con, keys, &t.task_id, t.seq).await?;
+    let Sums { done, failed, cursor, routed } = shares(con, keys, &t.task_id, t.seq).await?;
+    if t.strategy != "pull" {
+        t.routed = Some(routed);
+    }
+    if !live {
+        return Ok(());
+    }
     // never behind what the home has counted (a share removed after its report)
     t.done = t.done.max(done);
     t.failed = t.failed.max(failed);
@@ -74,21 +82,37 @@ pub async fn shares_sum<C: ConnectionLike + Send>(
     id: &str,
     seq: u64,
 ) -> Result<(u64, u64, u64)> {
+    let s = shares(con, keys, id, seq).await?;
+    Ok((s.done, s.failed, s.cursor))
+}
+
+/// The sums over the shares of a task.
+#[derive(Debug, Clone, Copy, Default)]
+struct Sums {
+    done: u64,
+    failed: u64,
+    cursor: u64,
+    routed: u64,
+}
+
+async fn shares<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str, seq: u64) -> Result<Sums> {
     let layout = shardctl_common::partition::task_layout(con, keys, id).await?;
-    let (mut done, mut failed, mut cursor) = (0, 0, 0);
+    let mut sum = Sums::default();
     for pk in &layout.parts {
-        let (d, f, c, home_seq): (Option<u64>, Option<u64>, Option<u64>, Option<u64>) = redis::cmd("HMGET")
+        type Row = (Option<u64>, Option<u64>, Option<u64>, Option<u64>, Option<u64>);
+        let (d, f, c, r, home_seq): Row = redis::cmd("HMGET")
             .arg(pk.task(id))
-            .arg(&["done", "failed", "cursor", "home_seq"])
+            .arg(&["done", "failed", "cursor", "routed", "home_seq"])
             .query_async(con)
             .await?;
         if home_seq == Some(seq) {
-            done += d.unwrap_or(0);
-            failed += f.unwrap_or(0);
-            cursor += c.unwrap_or(0);
+            sum.done += d.unwrap_or(0);
+            sum.failed += f.unwrap_or(0);
+            sum.cursor += c.unwrap_or(0);
+            sum.routed += r.unwrap_or(0);
         }
     }
-    Ok((done, failed, cursor))
+    Ok(sum)
 }
 
 /// The shard counts of a queue: a few round trips whatever its size (one per kind of list), per

@@ -73,21 +73,10 @@ pub async fn rebalance(con: &mut Conn, keys: &Keys) -> Result<Option<RebalanceRe
     r.map(Some)
 }
 
-async fn run(con: &mut Conn, keys: &Keys) -> Result<RebalanceReport> {
-    let mut report = RebalanceReport::default();
-    // each node's score is the time it is alive until (its heartbeat plus its own timeout), by
-    // the server's clock; judged and removed in one script (a node that beats again after this
-    // simply joins again)
-    let reaped = scripts::reap(con, keys).await?;
-    report.departed = reaped.departed;
-    report.live = reaped.live;
-    if report.live.is_empty() {
-        // nothing can be placed: unplaced tasks and reroutes wait for the first executor
-        return Ok(report);
-    }
-    let mut router = Router::new(report.live.clone());
-    router.keep_alive(vec![keys.rebalance_lock(), keys.rebalancing()], LOCK_TTL);
-
+/// Places what waits in keyspace `keys` (the queue's, or one partition's) over the live members
+/// of `report`: unplaced tasks, reroutes, departed nodes' lists, and every live list when the
+/// membership changed since the last placement there.
+async fn place(con: &mut Conn, keys: &Keys, router: &mut Router, report: &mut RebalanceReport) -> Result<()> {
     let unrouted: Vec<String> = con.zrange(keys.unrouted(), 0, -1).await?;
     for id in unrouted {
         report.placed += router.route_task(con, keys, &id).await?;
@@ -116,6 +105,34 @@ async fn run(con: &mut Conn, keys: &Keys) -> Result<RebalanceReport> {
             report.rebalanced += router.rehome_list(con, keys, &list, Some(len)).await?;
         }
         let _: () = con.hset(keys.meta(), "placed_members", &signature).await?;
+    }
+    Ok(())
+}
+
+async fn run(con: &mut Conn, keys: &Keys) -> Result<RebalanceReport> {
+    let mut report = RebalanceReport::default();
+    // each node's score is the time it is alive until (its heartbeat plus its own timeout), by
+    // the server's clock; judged and removed in one script (a node that beats again after this
+    // simply joins again)
+    let reaped = scripts::reap(con, keys).await?;
+    report.departed = reaped.departed;
+    report.live = reaped.live;
+    if report.live.is_empty() {
+        // nothing can be placed: unplaced tasks and reroutes wait for the first executor
+        return Ok(report);
+    }
+    let mut router = Router::new(report.live.clone());
+    router.keep_alive(vec![keys.rebalance_lock(), keys.rebalancing()], LOCK_TTL);
+    place(con, keys, &mut router, &mut report).await?;
+    // a partitioned queue: the same in each partition, over the home's membership
+    // (ARCHITECTURE.md "Partitioned queues"); each has its own lists, reroutes and flag
+    let layout = shardctl_common::partition::layout(con, keys).await?;
+    for pk in &layout.parts {
+        let mut router = Router::new(report.live.clone());
+        router.keep_alive(vec![pk.rebalancing()], LOCK_TTL);
+        let r = place(con, pk, &mut router, &mut report).await;
+        let _ = con.del::<_, ()>(pk.rebalancing()).await;
+        r?;
     }
     Ok(report)
 }
