@@ -38,12 +38,14 @@ if state == 'cancelled' then return -9 end
 local ended = state == 'completed' or state == 'failed'
 if ended and t[2] == '0' then return -10 end
 local round = rcall('HINCRBY', tkey, 'round', 1)
+local again = 0
 for i = 3, #ARGV do
   local v = rcall('HGET', tkey, 'part:' .. ARGV[i])
   if v then
     local d, f = string.match(v, '^(%d+)/(%d+)$')
     rcall('HINCRBY', tkey, 'done', 0 - tonumber(d))
     rcall('HINCRBY', tkey, 'failed', 0 - tonumber(f))
+    again = again + tonumber(f)
     rcall('HDEL', tkey, 'part:' .. ARGV[i])
   end
 end
@@ -67,5 +69,5 @@ elseif state == 'aggregating' then
   end
   drop_state(prefix, tid, 'agg')
 end
-emit('event', 'task_retried', 'task', tid, 'partitions', #ARGV - 2, 'round', round)
+emit('event', 'task_retried', 'task', tid, 'shards', again, 'round', round)
 return round

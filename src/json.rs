@@ -22,6 +22,8 @@ pub fn field(key: &str, value: &str) -> serde_json::Value {
         "retain_ms",
         "recovered",
         "shard",
+        "partition",
+        "round",
         "cursor",
         "routed",
         "start_ms",

@@ -463,7 +463,9 @@ fn config_schedule_list_and_watch_events_match_their_schemas() {
         .iter()
         .filter_map(Value::as_str)
         .collect();
-    let seen: BTreeSet<&str> = lines.iter().filter_map(|e| e["event"].as_str()).collect();
+    let mut seen: BTreeSet<&str> = lines.iter().filter_map(|e| e["event"].as_str()).collect();
+    // a queue spread over partitions logs it (seen below)
+    seen.insert("share_counted");
     let unseen: Vec<&&str> = known.difference(&seen).collect();
     assert!(unseen.is_empty(), "no event of kinds {unseen:?} was logged: {logged:?}");
 
@@ -522,4 +524,46 @@ fn bench_report_matches_its_schema() {
         "an unknown scenario",
         &changed(&report, |r| r["scenarios"]["warp"] = report["scenarios"]["dispatch-pull"].clone()),
     );
+}
+
+/// A queue spread over partitions: `watch --json` merges the partitions' shard events (at the
+/// task's indexes) with the home's, and every line matches the schema, `share_counted` and a
+/// retry's round among them.
+#[test]
+fn watch_over_partitions_matches_the_schema() {
+    let event = Schema::load("watch-event");
+    let cli = Cli::start("schema-parts");
+    cli.ok(&["config", "--partitions", "2"]);
+    let _e = cli.executor("schema-pe", &[]);
+    let args = [
+        "dispatch",
+        "--kind",
+        "fail",
+        "--payload",
+        r#"{"rate":1}"#,
+        "--shards",
+        "4",
+        "--attempts",
+        "1",
+        "--task-id",
+        "pf",
+    ];
+    cli.ok(&args);
+    assert_eq!(cli.run(&["wait", "pf"]).code(), 3);
+    cli.ok(&["retry", "pf"]);
+    assert_eq!(cli.run(&["wait", "pf"]).code(), 3);
+    // dispatched, 4 failed, 2 counted, aggregating, failed; retried (round 1), 4 failed, 2
+    // counted, aggregating, failed
+    let out = cli.ok(&["watch", "--from-start", "--count", "18", "--json"]);
+    let lines: Vec<Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    for l in &lines {
+        event.check("watch --json over partitions", l);
+    }
+    let shards: BTreeSet<u64> =
+        lines.iter().filter(|e| e["event"] == "shard_failed").filter_map(|e| e["shard"].as_u64()).collect();
+    assert_eq!(shards, (0..4).collect(), "{out}");
+    let counted = lines.iter().filter(|e| e["event"] == "share_counted").count();
+    assert_eq!(counted, 4, "{out}");
+    let retried = lines.iter().find(|e| e["event"] == "task_retried").expect("a task_retried event");
+    assert_eq!((retried["shards"].as_u64(), retried["round"].as_u64()), (Some(4), Some(1)), "{retried}");
 }

@@ -54,37 +54,95 @@ pub async fn run(args: &Args, a: &WatchArgs) -> anyhow::Result<ExitCode> {
     }
     // a blocking read needs a connection of its own with a response timeout past the block
     let mut con = endpoint.blocking(std::time::Duration::from_secs(5)).await?;
-    let key = keys.events();
-    let mut last = if a.from_start { "0-0".to_owned() } else { "$".to_owned() };
+    // a partitioned queue: the per-shard events (`shard_*`) happen in the partitions' logs, at
+    // the shares' own indexes; they are merged in, at the task's indexes
+    let layout = shardctl_common::partition::layout(&mut plain, &keys).await?;
+    let start = match (a.from_start, layout.partitioned()) {
+        (true, _) => "0-0".to_owned(),
+        (false, false) => "$".to_owned(),
+        // "$" needs a blocking read per stream: the server's time now stands for it
+        (false, true) => format!("{}-0", shardctl_common::time::server_now_ms(&mut plain, &keys).await?),
+    };
+    let mut streams: Vec<(String, Option<shardctl_common::Keys>, String)> = vec![(keys.events(), None, start.clone())];
+    for pk in &layout.parts {
+        streams.push((pk.events(), Some(pk.clone()), start.clone()));
+    }
+    let mut bases: std::collections::HashMap<(String, String), u64> = std::collections::HashMap::new();
     let mut seen = 0u64;
     loop {
-        let opts = StreamReadOptions::default().block(5000).count(500);
-        let reply: Option<StreamReadReply> = con.xread_options(&[&key], &[&last], &opts).await?;
-        for stream in reply.map(|r| r.keys).unwrap_or_default() {
-            for entry in stream.ids {
-                last = entry.id.clone();
-                let mut fields: Vec<(String, String)> = entry
-                    .map
-                    .iter()
-                    .map(|(k, v)| (k.clone(), redis::from_redis_value_ref::<String>(v).unwrap_or_default()))
-                    .collect();
-                // a stable order: task and shard first, the rest by name
-                let rank = |k: &str| match k {
-                    "event" => 0,
-                    "task" => 1,
-                    "shard" => 2,
-                    _ => 3,
-                };
-                fields.sort_by(|a, b| (rank(&a.0), &a.0).cmp(&(rank(&b.0), &b.0)));
-                let get = |f: &str| fields.iter().find(|(k, _)| k == f).map(|(_, v)| v.as_str());
-                if a.task.as_deref().is_some_and(|t| get("task") != Some(t)) {
-                    continue;
+        let mut round: Vec<(String, Vec<(String, String)>)> = Vec::new();
+        for (key, part, last) in streams.iter_mut() {
+            // the home blocks when it is the only stream, the partitions are read as they are
+            let opts = if part.is_none() && layout.parts.is_empty() {
+                StreamReadOptions::default().block(5000).count(500)
+            } else {
+                StreamReadOptions::default().count(500)
+            };
+            let c = if part.is_none() && layout.parts.is_empty() { &mut con } else { &mut plain };
+            let reply: Option<StreamReadReply> = c.xread_options(&[&*key], &[&*last], &opts).await?;
+            for stream in reply.map(|r| r.keys).unwrap_or_default() {
+                for entry in stream.ids {
+                    *last = entry.id.clone();
+                    let mut fields: Vec<(String, String)> = entry
+                        .map
+                        .iter()
+                        .map(|(k, v)| (k.clone(), redis::from_redis_value_ref::<String>(v).unwrap_or_default()))
+                        .collect();
+                    if let Some(pk) = part {
+                        let event =
+                            fields.iter().find(|(k, _)| k == "event").map(|(_, v)| v.clone()).unwrap_or_default();
+                        if !event.starts_with("shard_") {
+                            continue; // the share's own dispatch or cancel: the home logs the task's
+                        }
+                        let task = fields.iter().find(|(k, _)| k == "task").map(|(_, v)| v.clone()).unwrap_or_default();
+                        let base = match bases.get(&(key.clone(), task.clone())) {
+                            Some(b) => *b,
+                            None => {
+                                let b: Option<u64> =
+                                    redis::cmd("HGET").arg(pk.task(&task)).arg("base").query_async(&mut plain).await?;
+                                let b = b.unwrap_or(0);
+                                bases.insert((key.clone(), task.clone()), b);
+                                b
+                            }
+                        };
+                        for (k, v) in fields.iter_mut() {
+                            if k == "shard" {
+                                if let Ok(i) = v.parse::<u64>() {
+                                    *v = (base + i).to_string();
+                                }
+                            }
+                        }
+                    }
+                    round.push((entry.id.clone(), fields));
                 }
-                print_event(&entry.id, &fields, a.json);
-                seen += 1;
-                if a.count.is_some_and(|c| seen >= c) {
-                    return Ok(ExitCode::SUCCESS);
-                }
+            }
+        }
+        if round.is_empty() && !layout.parts.is_empty() {
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            continue;
+        }
+        // in time order across the logs (ids are `<ms>-<seq>`)
+        round.sort_by_key(|(id, _)| {
+            let (ms, n) = id.split_once('-').unwrap_or((id, "0"));
+            (ms.parse::<u64>().unwrap_or(0), n.parse::<u64>().unwrap_or(0))
+        });
+        for (id, mut fields) in round {
+            // a stable order: task and shard first, the rest by name
+            let rank = |k: &str| match k {
+                "event" => 0,
+                "task" => 1,
+                "shard" => 2,
+                _ => 3,
+            };
+            fields.sort_by(|a, b| (rank(&a.0), &a.0).cmp(&(rank(&b.0), &b.0)));
+            let get = |f: &str| fields.iter().find(|(k, _)| k == f).map(|(_, v)| v.as_str());
+            if a.task.as_deref().is_some_and(|t| get("task") != Some(t)) {
+                continue;
+            }
+            print_event(&id, &fields, a.json);
+            seen += 1;
+            if a.count.is_some_and(|c| seen >= c) {
+                return Ok(ExitCode::SUCCESS);
             }
         }
     }
