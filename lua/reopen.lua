@@ -51,23 +51,9 @@ for i = 3, #ARGV do
 end
 rcall('HSET', tkey, 'retried_ms', now)
 if ended then
-  rcall('HSET', tkey, 'state', 'running')
-  rcall('HDEL', tkey, 'finished_ms', 'result', 'agg_error')
-  rcall('ZREM', K.finished, tid)
-  rcall('ZREM', K.expiring, tid)
-  rcall('ZADD', K.running, rcall('HGET', tkey, 'created_ms'), tid)
-  for _, k in ipairs(task_keys(prefix, tid)) do rcall('PERSIST', k) end
+  reopen_ended(prefix, tid)
 elseif state == 'aggregating' then
-  -- its aggregation job no longer applies (as in retry.lua)
-  local aref = tid .. ':' .. t[3] .. ':agg'
-  rcall('HSET', tkey, 'state', 'running')
-  rcall('LREM', K.wait, 0, aref)
-  rcall('ZREM', K.delayed, aref)
-  if rcall('HDEL', K.active, aref) == 1 then
-    rcall('SREM', K.stalled, aref)
-    rcall('HINCRBY', K.meta, 'cancels', 1)
-  end
-  drop_state(prefix, tid, 'agg')
+  withdraw_aggregation(prefix, tid, tid .. ':' .. t[3] .. ':agg')
 end
 emit('event', 'task_retried', 'task', tid, 'shards', again, 'round', round)
 return round

@@ -60,14 +60,7 @@ local agg_again = #again == 0 and state == 'failed' and t[4] ~= false
 if #again == 0 and not agg_again then return 0 end
 rcall('HSET', tkey, 'retried_ms', now)
 
-if ended then
-  rcall('HSET', tkey, 'state', 'running')
-  rcall('HDEL', tkey, 'finished_ms', 'result', 'agg_error')
-  rcall('ZREM', K.finished, tid)
-  rcall('ZREM', K.expiring, tid)
-  rcall('ZADD', K.running, rcall('HGET', tkey, 'created_ms'), tid)
-  for _, k in ipairs(task_keys(prefix, tid)) do rcall('PERSIST', k) end
-end
+if ended then reopen_ended(prefix, tid) end
 local aref = tid .. ':' .. rcall('HGET', tkey, 'seq') .. ':agg'
 if agg_again then
   rcall('ZREM', K.delayed, aref)
@@ -78,19 +71,7 @@ if agg_again then
   emit('event', 'task_retried', 'task', tid, 'shards', 0)
   return 1
 end
-if state == 'aggregating' then
-  -- its aggregation job, queued or running, no longer applies: the queued one leaves `wait` (the
-  -- retried shards enqueue a new one), the running one loses its lock, so that its result, read
-  -- before the retry, cannot end the task; its executor stops it at the next heartbeat
-  rcall('HSET', tkey, 'state', 'running')
-  rcall('LREM', K.wait, 0, aref)
-  rcall('ZREM', K.delayed, aref)
-  if rcall('HDEL', K.active, aref) == 1 then
-    rcall('SREM', K.stalled, aref)
-    rcall('HINCRBY', K.meta, 'cancels', 1)
-  end
-  drop_state(prefix, tid, 'agg')
-end
+if state == 'aggregating' then withdraw_aggregation(prefix, tid, aref) end
 -- fresh attempts: no failure counts against the shard; its attempt numbers go on past those of
 -- the rounds before (the n-th retry starts past n × attempts), so that a handler does not see
 -- the number of an attempt it already made (the `fail` kind decides by it) and the claim knows

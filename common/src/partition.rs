@@ -231,13 +231,7 @@ pub async fn retry<C: ConnectionLike + Send>(con: &mut C, home: &Keys, id: &str)
         // only the aggregation failed (or nothing did), a cancelled or missing task: as for any task
         _ => return crate::control::retry_here(con, home, id).await,
     }
-    let mut inv =
-        crate::scripts::scripts().reopen.keyed(home, &crate::scripts::KeyArgs { task: Some(id), ..Default::default() });
-    inv.arg(home.prefix()).arg(id);
-    for p in &failed_parts {
-        inv.arg(*p);
-    }
-    let round: i64 = inv.invoke_async(con).await?;
+    let round = crate::scripts::reopen(con, home, id, &failed_parts).await?;
     if round < 0 {
         return Err(crate::control::refused(id, round, "retry"));
     }

@@ -297,6 +297,33 @@ local function end_task(prefix, tid, state, now)
   emit('event', 'task_' .. state, 'task', tid)
 end
 
+-- Makes an ended task (completed or failed) run again (retry.lua, reopen.lua): back to
+-- `running`, its result gone, its keys kept past its retention.
+local function reopen_ended(prefix, tid)
+  local tkey = task_key(prefix, tid, '')
+  rcall('HSET', tkey, 'state', 'running')
+  rcall('HDEL', tkey, 'finished_ms', 'result', 'agg_error')
+  rcall('ZREM', K.finished, tid)
+  rcall('ZREM', K.expiring, tid)
+  rcall('ZADD', K.running, rcall('HGET', tkey, 'created_ms'), tid)
+  for _, k in ipairs(task_keys(prefix, tid)) do rcall('PERSIST', k) end
+end
+
+-- Takes back an aggregating task's aggregation job `aref` (retry.lua, reopen.lua): it runs
+-- again, so the queued job leaves `wait` (the retried shards enqueue a new one) and the running
+-- one loses its lock, so that its result, read before the retry, cannot end the task (its
+-- executor stops it at the next heartbeat).
+local function withdraw_aggregation(prefix, tid, aref)
+  rcall('HSET', task_key(prefix, tid, ''), 'state', 'running')
+  rcall('LREM', K.wait, 0, aref)
+  rcall('ZREM', K.delayed, aref)
+  if rcall('HDEL', K.active, aref) == 1 then
+    rcall('SREM', K.stalled, aref)
+    rcall('HINCRBY', K.meta, 'cancels', 1)
+  end
+  drop_state(prefix, tid, 'agg')
+end
+
 -- Ends a task's aggregation: records the result (or the aggregation's failure) once.
 local function finish_task(prefix, tid, ok, value, now)
   local tkey = task_key(prefix, tid, '')

@@ -83,3 +83,15 @@ pub async fn drop_share<C: ConnectionLike + Send>(
         .await?;
     Ok(n == 1)
 }
+
+/// Reopens the home record of task `id` for a retry of the shares of partitions `parts`
+/// (reopen.lua); the new round, or the refusal's code (-3 task missing, -9 cancelled, -10
+/// results not kept).
+pub async fn reopen<C: ConnectionLike + Send>(con: &mut C, home: &Keys, id: &str, parts: &[u32]) -> Result<i64> {
+    let mut inv = scripts().reopen.keyed(home, &KeyArgs { task: Some(id), ..Default::default() });
+    inv.arg(home.prefix()).arg(id);
+    for p in parts {
+        inv.arg(*p);
+    }
+    Ok(inv.invoke_async(con).await?)
+}
