@@ -217,32 +217,8 @@ fn a_queue_moved_to_another_master_mid_run_finishes_exactly() {
 
 #[test]
 fn a_queue_whose_master_dies_finishes_exactly_on_the_promoted_replica() {
-    let mut cluster = TestCluster::start_with_replicas(3, 1);
-    let cli = Cli::on(&cluster, &cluster.url(), "failover");
-    let slot = cluster.keyslot(&tag("failover"));
-    let mut a = executor(&cli, "failover-a");
-    let mut b = executor(&cli, "failover-b");
-    let id = cli.ok(&["dispatch", "--shards", "400", "--items", "40000000"]).trim().to_owned();
-    wait_until("the first shards", || task_json(&cli, &id)["done"].as_u64().unwrap() >= 10);
-    let before = task_json(&cli, &id);
-    assert!(before["done"].as_u64().unwrap() < 400, "the task ended before the failover: {before}");
-    drop(cli);
-
-    // the master dies with shards in flight; its replica is promoted (cluster-node-timeout 2 s)
-    let dead = cluster.kill_owner(slot);
-    let promoted = cluster.wait_for_failover(slot);
-    assert_ne!(promoted, dead);
-
-    // the executors carry on through the new master: writes the replica had not received are
-    // lost, so their shards run again, but every shard is counted once and the result is exact
-    let cli = Cli::on(&cluster, &cluster.url(), "failover");
-    let w = cli.json(&["wait", &id, "--json", "--timeout", "60s"], 0);
-    assert_eq!(w["state"], "completed", "{w}; log a:\n{}", a.log());
-    assert_eq!((w["done"].as_u64(), w["failed"].as_u64()), (Some(400), Some(0)), "counted once: {w}");
-    assert_eq!(w["result"]["primes"], PRIMES_BELOW_4E7, "{w}");
-    a.terminate();
-    b.terminate();
-    assert_eq!(assert_one_slot(&cluster, "failover"), promoted);
+    let promoted = failover_round("failover", 1);
+    assert_eq!(promoted.0, promoted.1, "{promoted:?}");
 }
 
 /// A queue over 3 partitions (ARCHITECTURE.md "Partitioned queues"): the master of a partition
@@ -250,19 +226,32 @@ fn a_queue_whose_master_dies_finishes_exactly_on_the_promoted_replica() {
 /// are lost, their shards run again, and the task still ends exactly, counted once.
 #[test]
 fn a_partition_whose_master_dies_finishes_exactly_on_the_promoted_replica() {
+    failover_round("pfail", 3);
+}
+
+/// One master (with a replica) dies with shards in flight and its replica is promoted
+/// (cluster-node-timeout 2 s): the queue's own master, or with `partitions` > 1 the master of a
+/// partition other than the home's. The executors carry on through the new master: writes the
+/// replica had not received are lost, so their shards run again, but every shard is counted once
+/// and the result is exact. Returns the promoted master and the queue's slot owner at the end.
+fn failover_round(queue: &str, partitions: u32) -> (u16, u16) {
     let mut cluster = TestCluster::start_with_replicas(3, 1);
-    let cli = Cli::on(&cluster, &cluster.url(), "pfail");
-    let cfg = cli.json(&["config", "--partitions", "3", "--json"], 0);
-    let home_master = cluster.owner(cluster.keyslot(&tag("pfail")));
-    let slot = cfg["partition_tags"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| cluster.keyslot(&format!("{{{}}}", t.as_str().unwrap())))
-        .find(|&s| cluster.owner(s) != home_master)
-        .expect("a partition on another master than the home's");
-    let mut a = executor(&cli, "pfail-a");
-    let mut b = executor(&cli, "pfail-b");
+    let cli = Cli::on(&cluster, &cluster.url(), queue);
+    let home = cluster.keyslot(&tag(queue));
+    let slot = if partitions > 1 {
+        let cfg = cli.json(&["config", "--partitions", &partitions.to_string(), "--json"], 0);
+        cfg["partition_tags"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| cluster.keyslot(&format!("{{{}}}", t.as_str().unwrap())))
+            .find(|&s| cluster.owner(s) != cluster.owner(home))
+            .expect("a partition on another master than the home's")
+    } else {
+        home
+    };
+    let mut a = executor(&cli, &format!("{queue}-a"));
+    let mut b = executor(&cli, &format!("{queue}-b"));
     let id = cli.ok(&["dispatch", "--shards", "400", "--items", "40000000"]).trim().to_owned();
     wait_until("the first shards", || task_json(&cli, &id)["done"].as_u64().unwrap() >= 10);
     let before = task_json(&cli, &id);
@@ -273,13 +262,14 @@ fn a_partition_whose_master_dies_finishes_exactly_on_the_promoted_replica() {
     let promoted = cluster.wait_for_failover(slot);
     assert_ne!(promoted, dead);
 
-    let cli = Cli::on(&cluster, &cluster.url(), "pfail");
+    let cli = Cli::on(&cluster, &cluster.url(), queue);
     let w = cli.json(&["wait", &id, "--json", "--timeout", "90s"], 0);
     assert_eq!(w["state"], "completed", "{w}; log a:\n{}", a.log());
     assert_eq!((w["done"].as_u64(), w["failed"].as_u64()), (Some(400), Some(0)), "counted once: {w}");
     assert_eq!(w["result"]["primes"], PRIMES_BELOW_4E7, "{w}");
     a.terminate();
     b.terminate();
+    (promoted, assert_one_slot(&cluster, queue))
 }
 
 #[test]

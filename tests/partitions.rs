@@ -18,6 +18,16 @@ use shardctl_common::Keys;
 use shardctl_testkit::{TestCluster, TestRedis};
 use support::Cli;
 
+/// Claims every shard of partition `pk` there is (claim call `seq` of one simulated executor)
+/// and completes them, or fails them for good (`fail`), as an executor would.
+async fn run_share(con: &mut redis::aio::MultiplexedConnection, pk: &Keys, seq: u64, fail: bool) {
+    let req = ClaimRequest { count: 10, lock_ms: 60_000, token_base: "e1", seq, node: "n1", ahead: 0 };
+    let claimed = scripts::claim(con, pk, &req).await.unwrap().shards;
+    let outcome = if fail { FinishedAs::Failed { delay_ms: 0, reason: "boom" } } else { FinishedAs::Completed("") };
+    let all: Vec<Finished<'_>> = claimed.iter().map(|c| Finished { claim: c, outcome: outcome.clone() }).collect();
+    scripts::finish(con, pk, "n1", &all).await.unwrap();
+}
+
 /// The prefixes of the queue's partitions, from `config --json`.
 fn partition_prefixes(cli: &Cli) -> Vec<String> {
     let v = cli.json(&["config", "--json"], 0);
@@ -223,11 +233,7 @@ async fn a_report_lost_between_two_slots_is_repeated_and_counted_once() {
     shardctl_coordinator::partitions::dispatch(&mut con, &layout, &spec).await.unwrap();
     // run every shard of both shares by hand, as an executor would, and "die" before reporting
     for pk in &layout.parts {
-        let req = ClaimRequest { count: 10, lock_ms: 60_000, token_base: "e1", seq: 1, node: "n1", ahead: 0 };
-        let claimed = scripts::claim(&mut con, pk, &req).await.unwrap().shards;
-        let done: Vec<Finished<'_>> =
-            claimed.iter().map(|c| Finished { claim: c, outcome: FinishedAs::Completed("") }).collect();
-        scripts::finish(&mut con, pk, "n1", &done).await.unwrap();
+        run_share(&mut con, pk, 1, false).await;
     }
     let url = redis.url();
     let home_state = || {
@@ -280,11 +286,7 @@ async fn a_count_lost_in_the_home_after_its_acknowledgement_is_reported_again() 
     let layout: Layout = partition::set_count(&mut con, &home, 2, false).await.unwrap();
     shardctl_coordinator::partitions::dispatch(&mut con, &layout, &TaskSpec::new("r", "noop", 4)).await.unwrap();
     let pk = &layout.parts[0];
-    let req = ClaimRequest { count: 10, lock_ms: 60_000, token_base: "e1", seq: 1, node: "n1", ahead: 0 };
-    let claimed = scripts::claim(&mut con, pk, &req).await.unwrap().shards;
-    let done: Vec<Finished<'_>> =
-        claimed.iter().map(|c| Finished { claim: c, outcome: FinishedAs::Completed("") }).collect();
-    scripts::finish(&mut con, pk, "n1", &done).await.unwrap();
+    run_share(&mut con, pk, 1, false).await;
     assert_eq!(shardctl_coordinator::partitions::report_pending(&mut con, &layout).await.unwrap(), 1);
     // the home's master failed over and its replica had not received the count
     let () = redis::cmd("HDEL").arg(home.task("r")).arg("part:1").query_async(&mut con).await.unwrap();
@@ -352,13 +354,7 @@ async fn a_retry_cut_short_is_completed_by_the_reconciliation() {
     shardctl_coordinator::partitions::dispatch(&mut con, &layout, &spec).await.unwrap();
     // every shard fails for good; both shares end and are counted
     for pk in &layout.parts {
-        let req = ClaimRequest { count: 10, lock_ms: 60_000, token_base: "e1", seq: 1, node: "n1", ahead: 0 };
-        let claimed = scripts::claim(&mut con, pk, &req).await.unwrap().shards;
-        let failed: Vec<Finished<'_>> = claimed
-            .iter()
-            .map(|c| Finished { claim: c, outcome: FinishedAs::Failed { delay_ms: 0, reason: "boom" } })
-            .collect();
-        scripts::finish(&mut con, pk, "n1", &failed).await.unwrap();
+        run_share(&mut con, pk, 1, true).await;
     }
     assert_eq!(shardctl_coordinator::partitions::report_pending(&mut con, &layout).await.unwrap(), 2);
     // the aggregation runs and records the failure
@@ -371,16 +367,7 @@ async fn a_retry_cut_short_is_completed_by_the_reconciliation() {
     let state: String = redis::cmd("HGET").arg(home.task("r")).arg("state").query_async(&mut con).await.unwrap();
     assert_eq!(state, "failed");
     // the retry's first step alone (its process died before the shares' retries)
-    let round: i64 = shardctl_common::scripts::scripts()
-        .reopen
-        .keyed(&home, &shardctl_common::scripts::KeyArgs { task: Some("r"), ..Default::default() })
-        .arg(home.prefix())
-        .arg("r")
-        .arg(1)
-        .arg(2)
-        .invoke_async(&mut con)
-        .await
-        .unwrap();
+    let round = scripts::reopen(&mut con, &home, "r", &[1, 2]).await.unwrap();
     assert_eq!(round, 1);
     let (state, done, failed): (String, u64, u64) =
         redis::cmd("HMGET").arg(home.task("r")).arg(&["state", "done", "failed"]).query_async(&mut con).await.unwrap();
@@ -399,11 +386,7 @@ async fn a_retry_cut_short_is_completed_by_the_reconciliation() {
     }
     // the shares now succeed and report in round 1: the task completes with every shard done
     for pk in &layout.parts {
-        let req = ClaimRequest { count: 10, lock_ms: 60_000, token_base: "e1", seq: 3, node: "n1", ahead: 0 };
-        let claimed = scripts::claim(&mut con, pk, &req).await.unwrap().shards;
-        let done: Vec<Finished<'_>> =
-            claimed.iter().map(|c| Finished { claim: c, outcome: FinishedAs::Completed("") }).collect();
-        scripts::finish(&mut con, pk, "n1", &done).await.unwrap();
+        run_share(&mut con, pk, 3, false).await;
     }
     assert_eq!(shardctl_coordinator::partitions::report_pending(&mut con, &layout).await.unwrap(), 2);
     let (state, done, failed): (String, u64, u64) =
@@ -820,25 +803,10 @@ async fn a_share_created_after_a_cancel_is_cancelled_and_a_round_retries_once() 
     spec.attempts = 1;
     shardctl_coordinator::partitions::dispatch(&mut con, &layout, &spec).await.unwrap();
     for pk in &layout.parts {
-        let req = ClaimRequest { count: 10, lock_ms: 60_000, token_base: "e1", seq: 1, node: "n1", ahead: 0 };
-        let claimed = scripts::claim(&mut con, pk, &req).await.unwrap().shards;
-        let failed: Vec<Finished<'_>> = claimed
-            .iter()
-            .map(|c| Finished { claim: c, outcome: FinishedAs::Failed { delay_ms: 0, reason: "boom" } })
-            .collect();
-        scripts::finish(&mut con, pk, "n1", &failed).await.unwrap();
+        run_share(&mut con, pk, 1, true).await;
     }
     shardctl_coordinator::partitions::report_pending(&mut con, &layout).await.unwrap();
-    let round: i64 = scripts::scripts()
-        .reopen
-        .keyed(&home, &scripts::KeyArgs { task: Some("f"), ..Default::default() })
-        .arg(home.prefix())
-        .arg("f")
-        .arg(1)
-        .arg(2)
-        .invoke_async(&mut con)
-        .await
-        .unwrap();
+    let round = scripts::reopen(&mut con, &home, "f", &[1, 2]).await.unwrap();
     assert_eq!(round, 1);
     assert_eq!(partition::resume_retries(&mut con, &layout, "f", 1).await.unwrap(), 4);
     assert_eq!(partition::resume_retries(&mut con, &layout, "f", 1).await.unwrap(), 0, "retried twice in one round");

@@ -272,13 +272,8 @@ impl Sim {
         if !matches!(state.as_deref(), Some("failed" | "completed" | "aggregating")) {
             return Ok(());
         }
-        let mut inv =
-            scripts::scripts().reopen.keyed(&home, &scripts::KeyArgs { task: Some(id), ..Default::default() });
-        inv.arg(home.prefix()).arg(id);
-        for p in 1..=K {
-            inv.arg(p);
-        }
-        let r: redis::RedisResult<i64> = inv.invoke_async(&mut self.con).await;
+        let parts: Vec<u32> = (1..=K).collect();
+        let r = scripts::reopen(&mut self.con, &home, id, &parts).await;
         self.note(format!("retry of {id} cut after reopening its home: {r:?}"));
         r.map(|_| ()).map_err(|e| format!("reopen: {e}"))
     }
