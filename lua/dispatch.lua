@@ -25,7 +25,8 @@
   ARGV[4] delay_ms    claimable this long after the dispatch (0: at once), by Redis's clock
   ARGV[5..] field, value pairs of the task hash
 
-  Returns 1, or -4 (task exists), -8 (invalid spec: over 2^32 shards or |priority| > 10^6).
+  Returns 1, or -4 (task exists), -8 (invalid spec: over 2^32 shards or |priority| > 10^6),
+  -12 (a home record over partitions whose `partition_tags` are no longer the queue's).
   The work is lib.lua create_task (schedules create tasks the same way, see fire.lua).
 ]]
 local fields = {}

@@ -31,7 +31,9 @@
   ARGV[7] priority
   ARGV[8] version   the schedule's `created_ms` as read, compared for equality only: a schedule
                     replaced or re-added since fires nothing
-  ARGV[9..] field, value pairs of the task hash
+  ARGV[9..] field, value pairs of the task hash; on a partitioned queue the script adds
+                    `partitions` and `partition_tags` from `meta` (so the task is a home record
+                    over the queue's current partitions, whose shares the caller then creates)
 
   A fire time later than Redis's clock is not handled yet (-11): a coordinator whose clock runs
   ahead fires nothing early.
@@ -66,6 +68,13 @@ if overlap == 'skip' then
 end
 local fields = {}
 for i = 9, #ARGV do fields[#fields + 1] = ARGV[i] end
+local layout = rcall('HMGET', K.meta, 'partitions', 'partition_tags')
+if tonumber(layout[1] or '1') > 1 then
+  fields[#fields + 1] = 'partitions'
+  fields[#fields + 1] = layout[1]
+  fields[#fields + 1] = 'partition_tags'
+  fields[#fields + 1] = layout[2]
+end
 local code = create_task(prefix, tid, now, tonumber(ARGV[7]), 0, fields)
 if code == 1 then rcall('HSET', K.schedule_state, name .. ':task', tid) end
 return code

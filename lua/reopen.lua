@@ -27,14 +27,16 @@
   ARGV[3..] the partitions whose shares run again
 
   Returns the new round, or -3 (task missing), -9 (task cancelled), -10 (its results were not
-  kept).
+  kept), -12 (its partitions are no longer the queue's: a change of the layout since it ran; no
+  executor would serve its shares, ARCHITECTURE.md "Changing the layout").
 ]]
 local prefix, tid, now = ARGV[1], ARGV[2], now_ms()
 local tkey = K.task
-local t = rcall('HMGET', tkey, 'state', 'keep_results', 'seq')
+local t = rcall('HMGET', tkey, 'state', 'keep_results', 'seq', 'partition_tags')
 local state = t[1]
 if not state then return -3 end
 if state == 'cancelled' then return -9 end
+if t[4] ~= (rcall('HGET', K.meta, 'partition_tags') or '') then return -12 end
 local ended = state == 'completed' or state == 'failed'
 if ended and t[2] == '0' then return -10 end
 local round = rcall('HINCRBY', tkey, 'round', 1)

@@ -3,12 +3,14 @@
 //! the stalled sweep beside it (so that a crashed peer's shards come back with no other process
 //! running), the Prometheus exporter if asked, and the graceful shutdown (running shards drain
 //! for the grace time, the rest are given back, the node leaves and its routed list moves on).
+//! A change of the queue's partitions re-forms the runtimes: the same drain, without leaving
+//! (ARCHITECTURE.md, "Changing the layout").
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use shardctl_common::conn::{self, Conn, Endpoint};
-use shardctl_common::partition::Layout;
+use shardctl_common::partition::{Layout, LAYOUT_CHECK};
 use shardctl_common::{Error, Keys, Result};
 use shardctl_coordinator::membership::{self, Member, MembershipConfig};
 use shardctl_coordinator::sweep::{self, SweepConfig};
@@ -33,14 +35,11 @@ pub struct NodeConfig {
 
 /// An executor node that has joined its queue's membership; [`Node::run`] runs it.
 pub struct Node {
-    executor: Executor,
-    /// On a partitioned queue, one runtime per partition beside the home's `executor`, sharing
-    /// its run slots and counters (ARCHITECTURE.md, "Partitioned queues").
-    partitions: Vec<Executor>,
+    /// The runtimes of the layout it started with.
+    runtimes: Runtimes,
     layout: Layout,
-    /// What the runtimes of a partitioned queue share, with the endpoint and block timeout of
-    /// their common blocking connection.
-    sharing: Option<(Sharing, Endpoint, std::time::Duration)>,
+    /// What a re-formed set of runtimes is built from (a change of the queue's partitions).
+    build: Build,
     con: Conn,
     keys: Keys,
     member: Member,
@@ -48,6 +47,126 @@ pub struct Node {
     sweep: SweepConfig,
     redis: String,
     grace: std::time::Duration,
+}
+
+/// What a node's runtimes are built from, kept for a change of the queue's layout.
+#[derive(Clone)]
+struct Build {
+    endpoint: Endpoint,
+    keys: Keys,
+    config: ExecutorConfig,
+    registry: Registry,
+    /// The node's counters, kept across re-formed runtimes.
+    stats: Arc<Stats>,
+}
+
+/// The executor runtimes of one layout: the home's alone, or on a partitioned queue one per
+/// keyspace (the home for aggregation jobs, each partition) sharing the run slots, the
+/// counters, and on one server one blocking connection (ARCHITECTURE.md, "Partitioned queues").
+struct Runtimes {
+    home: Executor,
+    partitions: Vec<Executor>,
+    /// What the runtimes of a partitioned queue share, with the endpoint and block timeout of
+    /// their common blocking connection.
+    sharing: Option<(Sharing, Endpoint, std::time::Duration)>,
+}
+
+impl Build {
+    async fn runtimes(&self, layout: &Layout) -> Result<Runtimes> {
+        let Build { endpoint, keys, config, registry, stats } = self;
+        if !layout.partitioned() {
+            let home = Executor::connect_counting(
+                endpoint.clone(),
+                keys.clone(),
+                config.clone(),
+                registry.clone(),
+                stats.clone(),
+            )
+            .await?;
+            return Ok(Runtimes { home, partitions: Vec::new(), sharing: None });
+        }
+        let with = Sharing::counting(config.concurrency, endpoint, stats.clone());
+        let home = Executor::connect_partition(endpoint.clone(), keys.clone(), config.clone(), registry.clone(), &with)
+            .await?;
+        let mut partitions = Vec::new();
+        for pk in &layout.parts {
+            partitions.push(
+                Executor::connect_partition(endpoint.clone(), pk.clone(), config.clone(), registry.clone(), &with)
+                    .await?,
+            );
+        }
+        Ok(Runtimes { home, partitions, sharing: Some((with, endpoint.clone(), config.block_timeout)) })
+    }
+}
+
+impl Runtimes {
+    /// Runs every runtime until `shutdown`, then their drains; the node's counters, or the first
+    /// runtime's error. Each runtime's call for a rebalance is passed on to `routing`.
+    async fn run(
+        self,
+        shutdown: CancellationToken,
+        now: CancellationToken,
+        routing: &Arc<tokio::sync::Notify>,
+    ) -> Result<StatsSnapshot> {
+        let Runtimes { home, partitions, sharing } = self;
+        let waiting = CancellationToken::new();
+        let waiter = sharing.map(|(with, endpoint, block)| {
+            let waiting = waiting.clone();
+            tokio::spawn(async move { with.wait_for_all(endpoint, block, waiting).await })
+        });
+        let mut forwards = Vec::new();
+        let mut runs = Vec::new();
+        for e in std::iter::once(home).chain(partitions) {
+            let (from, to) = (e.routing_wanted(), routing.clone());
+            forwards.push(tokio::spawn(async move {
+                loop {
+                    from.notified().await;
+                    to.notify_one();
+                }
+            }));
+            runs.push(tokio::spawn(e.run_until(shutdown.clone(), now.clone())));
+        }
+        // every runtime shares one set of counters: the first's snapshot is the node's
+        let mut ran = None;
+        for r in runs {
+            let r = r.await.unwrap_or_else(|e| Err(Error::Protocol(format!("executor runtime panicked: {e}"))));
+            if ran.as_ref().is_none_or(|x: &Result<StatsSnapshot>| x.is_ok()) {
+                ran = Some(r);
+            }
+        }
+        for f in forwards {
+            f.abort();
+        }
+        waiting.cancel();
+        if let Some(w) = waiter {
+            let _ = w.await;
+        }
+        ran.expect("the home runtime ran")
+    }
+}
+
+/// Cancels `epoch` once the queue's layout is no longer `layout` (read every
+/// [`LAYOUT_CHECK`]), unless `epoch` ends first.
+async fn watch_layout(mut con: Conn, keys: Keys, layout: Layout, epoch: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(LAYOUT_CHECK) => {}
+            _ = epoch.cancelled() => return,
+        }
+        match shardctl_common::partition::layout(&mut con, &keys).await {
+            Ok(now) if now != layout => {
+                tracing::info!(
+                    from = layout.count(),
+                    to = now.count(),
+                    "the queue's partitions changed: stopping to claim, re-forming the runtimes once running shards end"
+                );
+                epoch.cancel();
+                return;
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!("reading the queue's partitions: {e}"),
+        }
+    }
 }
 
 impl Node {
@@ -80,39 +199,18 @@ impl Node {
         let redis = endpoint.redacted().to_owned();
         let grace = config.executor.grace;
         let layout = shardctl_common::partition::layout(&mut con, &keys).await?;
-        let block = config.executor.block_timeout;
-        let (executor, partitions, sharing) = if layout.partitioned() {
-            let with = Sharing::new(config.executor.concurrency, &endpoint);
-            let home = Executor::connect_partition(
-                endpoint.clone(),
-                keys.clone(),
-                config.executor.clone(),
-                registry.clone(),
-                &with,
-            )
-            .await?;
-            let mut parts = Vec::new();
-            for pk in &layout.parts {
-                parts.push(
-                    Executor::connect_partition(
-                        endpoint.clone(),
-                        pk.clone(),
-                        config.executor.clone(),
-                        registry.clone(),
-                        &with,
-                    )
-                    .await?,
-                );
-            }
-            (home, parts, Some((with, endpoint, block)))
-        } else {
-            (Executor::connect(endpoint, keys.clone(), config.executor, registry).await?, Vec::new(), None)
+        let build = Build {
+            endpoint,
+            keys: keys.clone(),
+            config: config.executor,
+            registry,
+            stats: Arc::new(Stats::default()),
         };
+        let runtimes = build.runtimes(&layout).await?;
         Ok(Node {
-            executor,
-            partitions,
+            runtimes,
             layout,
-            sharing,
+            build,
             con,
             keys,
             member,
@@ -130,7 +228,7 @@ impl Node {
 
     /// Live counters of its executor.
     pub fn stats(&self) -> Arc<Stats> {
-        self.executor.stats()
+        self.build.stats.clone()
     }
 
     /// Runs until SIGINT or SIGTERM, then shuts down as [`Node::run`] does; a second signal
@@ -150,31 +248,19 @@ impl Node {
 
     /// [`Node::run`], where cancelling `now` during the drain stops at once.
     pub async fn run_until(self, shutdown: CancellationToken, now: CancellationToken) -> Result<StatsSnapshot> {
-        let Node { executor, partitions, layout, sharing, mut con, keys, member, membership, sweep, redis, .. } = self;
-        let routing_wanted = executor.routing_wanted();
+        let Node { runtimes, layout, build, mut con, keys, member, membership, sweep, redis, .. } = self;
+        let routing_wanted = Arc::new(tokio::sync::Notify::new());
         let stop = CancellationToken::new();
-        // the home's sweep, each partition's, and the reports of ended shares to the home
-        let mut sweepers =
-            vec![tokio::spawn(sweep::run(con.clone(), keys.clone(), sweep.clone(), stop.clone(), |_| {}))];
-        for pk in &layout.parts {
-            sweepers.push(tokio::spawn(sweep::run(con.clone(), pk.clone(), sweep.clone(), stop.clone(), |_| {})));
-        }
-        if layout.partitioned() {
-            sweepers.push(tokio::spawn(shardctl_coordinator::partitions::run(
-                con.clone(),
-                layout.clone(),
-                stop.clone(),
-            )));
-        }
-        // one blocking connection for every runtime, on one server
-        let waiting = CancellationToken::new();
-        let waiter = sharing.map(|(with, endpoint, block)| {
-            let waiting = waiting.clone();
-            tokio::spawn(async move { with.wait_for_all(endpoint, block, waiting).await })
-        });
+        // the home's sweep; each partition's sweep and the reports of ended shares to the home,
+        // following the layout
+        let sweepers = vec![
+            tokio::spawn(sweep::run(con.clone(), keys.clone(), sweep.clone(), stop.clone(), |_| {})),
+            tokio::spawn(shardctl_coordinator::partitions::upkeep(con.clone(), keys.clone(), sweep, stop.clone())),
+        ];
         let members = {
             let (con, keys, member, stop, shutdown) =
                 (con.clone(), keys.clone(), member.clone(), stop.clone(), shutdown.clone());
+            let routing_wanted = routing_wanted.clone();
             tokio::spawn(async move {
                 let r = membership::run(con, keys, member, membership, stop, routing_wanted, |_| {}).await;
                 if r.is_err() {
@@ -185,23 +271,40 @@ impl Node {
             })
         };
         tracing::info!(node = %member.node, queue = %keys.queue(), %redis, partitions = layout.count(), "executor started");
-        let mut runs = vec![tokio::spawn(executor.run_until(shutdown.clone(), now.clone()))];
-        for e in partitions {
-            runs.push(tokio::spawn(e.run_until(shutdown.clone(), now.clone())));
-        }
-        // every runtime shares one set of counters: the first's snapshot is the node's
-        let mut ran = None;
-        for r in runs {
-            let r = r.await.unwrap_or_else(|e| Err(Error::Protocol(format!("executor runtime panicked: {e}"))));
-            if ran.as_ref().is_none_or(|x: &Result<StatsSnapshot>| x.is_ok()) {
-                ran = Some(r);
+        // one epoch per layout: a change of the queue's partitions ends it (the runtimes drain as
+        // at shutdown, but the node stays a member) and the next runs the new layout's runtimes
+        let (mut runtimes, mut layout) = (Some(runtimes), layout);
+        let ran = loop {
+            let Some(current) = runtimes.take() else { break Ok(build.stats.snapshot()) };
+            let epoch = shutdown.child_token();
+            let watcher = tokio::spawn(watch_layout(con.clone(), keys.clone(), layout.clone(), epoch.clone()));
+            let r = current.run(epoch.clone(), now.clone(), &routing_wanted).await;
+            epoch.cancel();
+            let _ = watcher.await;
+            if r.is_err() || shutdown.is_cancelled() {
+                break r;
             }
-        }
-        let ran = ran.expect("the home runtime ran");
-        waiting.cancel();
-        if let Some(w) = waiter {
-            let _ = w.await;
-        }
+            // the layout changed: the next epoch's runtimes, once they can be built
+            while runtimes.is_none() && !shutdown.is_cancelled() {
+                let next = match shardctl_common::partition::layout(&mut con, &keys).await {
+                    Ok(l) => build.runtimes(&l).await.map(|r| (r, l)),
+                    Err(e) => Err(e),
+                };
+                match next {
+                    Ok((r, l)) => {
+                        tracing::info!(partitions = l.count(), "runtimes re-formed for the queue's partitions");
+                        (runtimes, layout) = (Some(r), l);
+                    }
+                    Err(e) => {
+                        tracing::warn!("re-forming the runtimes: {e}");
+                        tokio::select! {
+                            _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                            _ = shutdown.cancelled() => {}
+                        }
+                    }
+                }
+            }
+        };
         stop.cancel();
         for s in sweepers {
             let _ = s.await;

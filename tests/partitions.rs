@@ -204,19 +204,55 @@ fn controls_reach_every_partition() {
     }
 }
 
-/// On a 3-master cluster the partitions land on the three masters, distinct from one another.
+/// On a 3-master cluster the partitions land on the three masters, distinct from one another;
+/// when a slot moves two of them onto one master, a coordinator re-places them over the three
+/// (new tags: the keys of a partition are never moved), and a running executor follows.
 #[test]
-fn on_a_cluster_partitions_land_on_distinct_masters() {
+fn on_a_cluster_partitions_land_on_distinct_masters_and_are_re_placed_when_slots_move() {
     let cluster = TestCluster::start(3);
     let cli = Cli::on((), &cluster.url(), "parts-spread");
+    let owners = |v: &Value| -> Vec<u16> {
+        v["partition_tags"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| cluster.owner(cluster.keyslot(&format!("{{{}}}", t.as_str().unwrap()))))
+            .collect()
+    };
+    let distinct = |o: &[u16]| o.iter().collect::<std::collections::BTreeSet<_>>().len();
     let v = cli.json(&["config", "--partitions", "3", "--json"], 0);
-    let owners: std::collections::BTreeSet<u16> = v["partition_tags"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| cluster.owner(cluster.keyslot(&format!("{{{}}}", t.as_str().unwrap()))))
-        .collect();
-    assert_eq!(owners.len(), 3, "{v}");
+    let first = owners(&v);
+    assert_eq!(distinct(&first), 3, "{v}");
+    let mut exec = cli.executor("pspread", &[]);
+    // partition 2's slot moved onto partition 1's master: one master holds two, one none
+    let tag2 = v["partition_tags"][1].as_str().unwrap().to_owned();
+    cluster.migrate_slot(cluster.keyslot(&format!("{{{tag2}}}")), first[0]);
+    assert_eq!(distinct(&owners(&v)), 2);
+    // a coordinator checks where they lie when it starts (then every 30 s): re-placed
+    let mut coord = cli.background("coord", &["coordinator", "--metrics-addr", "off", "--ui-addr", "off"]);
+    let placed = support::eventually("the partitions re-placed", Duration::from_secs(30), || {
+        let now = cli.json(&["config", "--json"], 0);
+        match distinct(&owners(&now)) == 3 && now["partition_tags"] != v["partition_tags"] {
+            true => Ok(now),
+            false => Err(format!("{now}\n{}", coord.log())),
+        }
+    });
+    assert_eq!(placed["partitions"], json!(3), "{placed}");
+    // the executor started before follows: a task runs over the new partitions
+    cli.ok(&["dispatch", "--kind", "primes", "--shards", "30", "--items", "100000", "--task-id", "moved"]);
+    let t = cli.json(&["wait", "moved", "--timeout", "60s", "--json"], 0);
+    assert_eq!(t["result"], json!({ "primes": 9592 }), "{t}\n{}", exec.log());
+    let record = "{shardctl:parts-spread}:task:moved";
+    let tags: String = redis::cmd("HGET")
+        .arg(record)
+        .arg("partition_tags")
+        .query(&mut cluster.node_con(cluster.owner(cluster.keyslot(record))))
+        .unwrap();
+    let placed_tags: Vec<&str> =
+        placed["partition_tags"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+    assert_eq!(tags, placed_tags.join(" "));
+    assert!(coord.terminate().success(), "{}", coord.log());
+    assert!(exec.terminate().success(), "{}", exec.log());
 }
 
 /// The report is the step a crash can cut between two slots: a share ended in its partition,
@@ -546,6 +582,78 @@ fn an_executor_started_before_the_partitions_aggregates_over_them() {
     old.terminate();
 }
 
+/// Running executors follow every change of the partition count without a restart
+/// (ARCHITECTURE.md, "Changing the layout"): each task dispatched after a change runs over the
+/// new partitions with no executor started since, and a task running in the home across a
+/// change ends exactly (its running shards drain, the rest are claimed again by the re-formed
+/// runtimes). Before, executors served the layout they started with: a task over partitions
+/// nobody served waited forever.
+#[test]
+fn running_executors_follow_each_change_of_the_count() {
+    let cli = Cli::start("parts-follow");
+    let mut a = cli.executor("pfa", &[]);
+    let mut b = cli.executor("pfb", &[]);
+    // 60 shards of 200 ms on 4 run slots: about 3 s, cut by the first change
+    cli.ok(&["dispatch", "--kind", "sleep", "--payload", r#"{"ms":200}"#, "--shards", "60", "--task-id", "across"]);
+    std::thread::sleep(Duration::from_millis(400));
+    for (n, (k, id)) in [("3", "f3"), ("2", "f2"), ("1", "f1"), ("4", "f4")].into_iter().enumerate() {
+        cli.ok(&["config", "--partitions", k]);
+        // each change seen by both (else two quick changes may be followed as one)
+        let line = format!("runtimes re-formed for the queue's partitions partitions={k}");
+        support::eventually("both executors to re-form", Duration::from_secs(30), || {
+            match [&a, &b]
+                .iter()
+                .all(|e| e.log().matches("runtimes re-formed").count() == n + 1 && e.log().contains(&line))
+            {
+                true => Ok(()),
+                false => Err(format!("{}\n{}", a.log(), b.log())),
+            }
+        });
+        cli.ok(&["dispatch", "--kind", "primes", "--shards", "60", "--items", "100000", "--task-id", id]);
+        let t = cli.json(&["wait", id, "--timeout", "60s", "--json"], 0);
+        assert_eq!(t["result"], json!({ "primes": 9592 }), "{t}\n{}\n{}", a.log(), b.log());
+        assert_eq!(t["partitions"].as_u64(), Some(k.parse().unwrap()), "{t}");
+        if id == "f3" {
+            let t = cli.json(&["wait", "across", "--timeout", "60s", "--json"], 0);
+            let counts = (t["state"].as_str(), t["done"].as_u64(), t["failed"].as_u64());
+            assert_eq!(counts, (Some("completed"), Some(60), Some(0)), "{t}");
+        }
+    }
+    // the same two processes all along
+    for e in [&mut a, &mut b] {
+        assert!(e.ended().is_none(), "{}", e.log());
+    }
+    assert!(a.terminate().success());
+    assert!(b.terminate().success());
+}
+
+/// A dispatch that read the layout before a change is refused by the home (`create_task`:
+/// LayoutChanged) and leaves nothing behind; the coordinator's dispatch reads it again and
+/// dispatches over the new partitions. The change itself is refused while a task over
+/// partitions runs, whoever checks.
+#[tokio::test]
+async fn a_task_is_never_created_over_partitions_a_change_retired() {
+    let redis = TestRedis::start();
+    let mut con = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let home = Keys::new("shardctl", "stale").unwrap();
+    let two = partition::set_count(&mut con, &home, 2, false).await.unwrap();
+    partition::set_count(&mut con, &home, 3, false).await.unwrap();
+    let spec = TaskSpec::new("late", "noop", 9);
+    let err = shardctl_coordinator::partitions::dispatch(&mut con, &two, &spec).await.unwrap_err();
+    assert!(matches!(err, shardctl_common::Error::Script(shardctl_common::ScriptCode::LayoutChanged)), "{err:?}");
+    let exists: bool = redis::cmd("EXISTS").arg(home.task("late")).query_async(&mut con).await.unwrap();
+    assert!(!exists, "a refused dispatch left a record");
+    shardctl_coordinator::dispatch::create_task(&mut con, &home, &spec).await.unwrap();
+    let tags: String =
+        redis::cmd("HGET").arg(home.task("late")).arg("partition_tags").query_async(&mut con).await.unwrap();
+    assert_eq!(tags.split_whitespace().count(), 3, "{tags}");
+    // the task runs over partitions: no change of the count now
+    let err = partition::set_count(&mut con, &home, 1, false).await.unwrap_err();
+    assert!(err.to_string().contains("task 'late' runs over 3 partitions"), "{err}");
+    let after = partition::layout(&mut con, &home).await.unwrap();
+    assert_eq!(after.count(), 3);
+}
+
 /// Lost writes the reconciliation repairs: a share whose creation was lost is created again
 /// (past a grace time), and a cancel lost in the home is completed from its cancelled share.
 #[tokio::test]
@@ -663,7 +771,21 @@ fn a_change_of_the_count_keeps_ended_tasks_readable_and_cleans_retired_partition
     ]);
     let t = cli.json(&["wait", "a", "--timeout", "60s", "--json"], 3);
     let failed = t["failed"].as_u64().unwrap();
+    // refused while a task over partitions runs: nothing written, not even the new partitions'
+    // settings (the limit split over 2 would raise what partitions 1 and 2 may start)
+    cli.ok(&["limit", "--max", "90", "--per", "1s"]);
+    cli.ok(&["dispatch", "--kind", "sleep", "--payload", r#"{"ms":100}"#, "--shards", "60", "--task-id", "busy"]);
+    let refused = cli.run(&["config", "--partitions", "2"]);
+    assert_eq!(refused.code(), 2, "{refused:?}");
+    assert!(refused.stderr.contains("task 'busy' runs over 3 partitions"), "{refused:?}");
+    let mut con = cli.con();
+    let limit: u64 = redis::cmd("HGET").arg(format!("{}meta", old[0])).arg("limit_max").query(&mut con).unwrap();
+    assert_eq!(limit, 30);
+    cli.ok(&["limit", "--off"]);
+    cli.json(&["wait", "busy", "--timeout", "60s", "--json"], 0);
     cli.ok(&["config", "--partitions", "2"]);
+    // a retry of a task over partitions no longer served: refused, saying why
+    cli.rejects(&["retry", "a"], 2, "ran over partitions the queue no longer has");
     // still read over its own three partitions
     let reasons = cli.json(&["status", "a", "--failed", "--json"], 0);
     assert_eq!(reasons.as_array().unwrap().len() as u64, failed, "{reasons}");
@@ -671,9 +793,15 @@ fn a_change_of_the_count_keeps_ended_tasks_readable_and_cleans_retired_partition
     cli.ok(&["dispatch", "--kind", "noop", "--shards", "4", "--task-id", "b"]);
     let t = cli.json(&["wait", "b", "--timeout", "60s", "--json"], 0);
     assert_eq!(t["partitions"], json!(2), "{t}");
-    // clean: the third partition, retired, is emptied and its keys go
+    // clean: the third partition, retired, is emptied and its keys go (once the executor's
+    // upkeep left it)
+    support::eventually("the executor's upkeep to follow", Duration::from_secs(30), || {
+        match _a.log().contains("upkeep follows partitions=2") {
+            true => Ok(()),
+            false => Err(_a.log()),
+        }
+    });
     cli.ok(&["clean", "--older-than", "0s"]);
-    let mut con = cli.con();
     let left: Vec<String> =
         redis::cmd("KEYS").arg(format!("{}*", old[2].replace('{', "\\{").replace('}', "\\}"))).query(&mut con).unwrap();
     assert!(left.is_empty(), "{left:?}");

@@ -27,6 +27,14 @@ pub(crate) fn refused(id: &str, code: i64, what: &str) -> Error {
                  completed shards are gone, so its aggregation cannot run again; dispatch it again instead"
             ),
         ),
+        Some(c @ ScriptCode::LayoutChanged) => Error::refused(
+            c,
+            format!(
+                "task '{id}' ran over partitions the queue no longer has (`config --partitions` changed them, or \
+                 they were re-placed over the cluster's masters since): no executor serves them now; dispatch it \
+                 again instead"
+            ),
+        ),
         Some(c) => Error::refused(c, format!("cannot {what} task '{id}': {c}")),
         None => Error::Protocol(format!("unexpected reply {code} to {what}")),
     }
@@ -163,12 +171,30 @@ pub async fn set_limit<C: ConnectionLike + Send + Sync>(
 ) -> Result<()> {
     // a partitioned queue's limit is split evenly over its partitions (each claims in its own
     // slot): ⌈max / K⌉ each, so together they start at most max + K - 1 per window
-    let layout = crate::partition::layout(con, keys).await?;
-    let k = layout.count() as u64;
-    for pk in &layout.parts {
-        set_limit_in(con, pk, limit.map(|l| RateLimit { max: l.max.div_ceil(k), per: l.per })).await?;
+    let mut layout = crate::partition::layout(con, keys).await?;
+    loop {
+        let k = layout.count() as u64;
+        for pk in &layout.parts {
+            set_limit_in(con, pk, limit.map(|l| RateLimit { max: l.max.div_ceil(k), per: l.per })).await?;
+        }
+        set_limit_in(con, keys, limit).await?;
+        // a change of the layout meanwhile copied the home's settings before this: again
+        match again(con, keys, &layout).await? {
+            Some(now) => layout = now,
+            None => return Ok(()),
+        }
     }
-    set_limit_in(con, keys, limit).await
+}
+
+/// The queue's layout if it is no longer `layout`: a setting written over `layout` while a
+/// change of the layout copied the home's settings to its new partitions is written again.
+async fn again<C: ConnectionLike + Send>(
+    con: &mut C,
+    keys: &Keys,
+    layout: &crate::partition::Layout,
+) -> Result<Option<crate::partition::Layout>> {
+    let now = crate::partition::layout(con, keys).await?;
+    Ok((now != *layout).then_some(now))
 }
 
 async fn set_limit_in<C: ConnectionLike + Send + Sync>(
@@ -206,21 +232,32 @@ pub async fn limit<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Result
 /// running shards go on and finish.
 pub async fn pause<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Result<()> {
     // the home last: `status` reads it, and says paused only once every partition is
-    let layout = crate::partition::layout(con, keys).await?;
-    for k in layout.parts.iter().chain([keys]) {
-        let () = redis::cmd("HSET").arg(k.meta()).arg("paused").arg(1).query_async(con).await?;
+    let mut layout = crate::partition::layout(con, keys).await?;
+    loop {
+        for k in layout.parts.iter().chain([keys]) {
+            let () = redis::cmd("HSET").arg(k.meta()).arg("paused").arg(1).query_async(con).await?;
+        }
+        match again(con, keys, &layout).await? {
+            Some(now) => layout = now,
+            None => return Ok(()),
+        }
     }
-    Ok(())
 }
 
 /// Resumes a paused queue and wakes its blocked executors at once (each passes the wake-up on).
 pub async fn resume<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Result<()> {
-    let layout = crate::partition::layout(con, keys).await?;
-    for k in &layout.parts {
-        let () = redis::cmd("HDEL").arg(k.meta()).arg("paused").query_async(con).await?;
-        let () = redis::cmd("ZADD").arg(k.marker()).arg(0).arg("0").query_async(con).await?;
+    let mut layout = crate::partition::layout(con, keys).await?;
+    loop {
+        for k in &layout.parts {
+            let () = redis::cmd("HDEL").arg(k.meta()).arg("paused").query_async(con).await?;
+            let () = redis::cmd("ZADD").arg(k.marker()).arg(0).arg("0").query_async(con).await?;
+        }
+        let () = redis::cmd("HDEL").arg(keys.meta()).arg("paused").query_async(con).await?;
+        match again(con, keys, &layout).await? {
+            Some(now) => layout = now,
+            None => break,
+        }
     }
-    let () = redis::cmd("HDEL").arg(keys.meta()).arg("paused").query_async(con).await?;
     let nodes: Vec<String> = redis::cmd("SMEMBERS").arg(keys.routed_nodes()).query_async(con).await?;
     let mut pipe = redis::pipe();
     pipe.zadd(keys.marker(), "0", 0).ignore();

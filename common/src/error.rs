@@ -130,6 +130,8 @@ pub enum ScriptCode {
     ResultsDiscarded,
     /// -11: a schedule's fire time is later than Redis's clock (not due yet).
     NotDueYet,
+    /// -12: the queue's partitions changed since the caller read them.
+    LayoutChanged,
     /// Any other negative code: a script and this binary disagree.
     Unknown(i64),
 }
@@ -150,6 +152,7 @@ impl ScriptCode {
             -9 => Some(ScriptCode::TaskEnded),
             -10 => Some(ScriptCode::ResultsDiscarded),
             -11 => Some(ScriptCode::NotDueYet),
+            -12 => Some(ScriptCode::LayoutChanged),
             c => Some(ScriptCode::Unknown(c)),
         }
     }
@@ -175,6 +178,7 @@ impl fmt::Display for ScriptCode {
             ScriptCode::TaskEnded => f.write_str("the task already ended"),
             ScriptCode::ResultsDiscarded => f.write_str("the task's per-shard results were not kept"),
             ScriptCode::NotDueYet => f.write_str("the fire time is later than the Redis server's clock"),
+            ScriptCode::LayoutChanged => f.write_str("the queue's partitions changed since they were read"),
             ScriptCode::Unknown(c) => write!(f, "unknown script code {c}"),
         }
     }
@@ -199,7 +203,8 @@ mod tests {
         assert_eq!(ScriptCode::from_code(-9), Some(ScriptCode::TaskEnded));
         assert_eq!(ScriptCode::from_code(-10), Some(ScriptCode::ResultsDiscarded));
         assert_eq!(ScriptCode::from_code(-11), Some(ScriptCode::NotDueYet));
-        assert_eq!(ScriptCode::from_code(-12), Some(ScriptCode::Unknown(-12)));
+        assert_eq!(ScriptCode::from_code(-12), Some(ScriptCode::LayoutChanged));
+        assert_eq!(ScriptCode::from_code(-13), Some(ScriptCode::Unknown(-13)));
         assert!(ScriptCode::LockMissing.is_lock_lost() && ScriptCode::LockMismatch.is_lock_lost());
         assert!(!ScriptCode::TaskMissing.is_lock_lost());
     }

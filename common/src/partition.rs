@@ -65,13 +65,15 @@ pub async fn layout<C: ConnectionLike + Send>(con: &mut C, home: &Keys) -> Resul
 }
 
 /// The partitions task `id` was dispatched over (its home record keeps their tags: a later
-/// change of the queue's count leaves its shares where they are); the queue's when the record
-/// has none.
+/// change of the queue's count leaves its shares where they are); the home alone for a task
+/// dispatched over one partition, the queue's current layout when there is no such task.
 pub async fn task_layout<C: ConnectionLike + Send>(con: &mut C, home: &Keys, id: &str) -> Result<Layout> {
-    let tags: Option<String> = redis::cmd("HGET").arg(home.task(id)).arg("partition_tags").query_async(con).await?;
-    match tags {
-        Some(t) => layout_of(home, t.split_whitespace().count() as u32, &t),
-        None => layout(con, home).await,
+    let (state, tags): (Option<String>, Option<String>) =
+        redis::cmd("HMGET").arg(home.task(id)).arg("state").arg("partition_tags").query_async(con).await?;
+    match (state, tags) {
+        (_, Some(t)) => layout_of(home, t.split_whitespace().count() as u32, &t),
+        (Some(_), None) => Ok(Layout { home: home.clone(), parts: Vec::new() }),
+        (None, None) => layout(con, home).await,
     }
 }
 
@@ -132,35 +134,110 @@ pub async fn slot_owners<C: ConnectionLike + Send>(
 /// Sets the queue's partition count to `k` (1 to [`MAX_PARTITIONS`]) and returns the layout.
 /// The tags are chosen from the slot map of the cluster `con` reaches when `on_cluster` (one
 /// server: salt 0, and no `CLUSTER` command is sent). Refused while a task dispatched over
-/// partitions is unfinished: its shares must be served where they are. Setting the count it
-/// has keeps the stored tags.
+/// partitions is unfinished: its shares must be served where they are (`layout.lua`, the only
+/// writer of the layout; ARCHITECTURE.md, "Changing the layout"). Setting the count it has
+/// keeps the stored tags. Running executors and coordinators follow within [`LAYOUT_CHECK`].
 pub async fn set_count<C: ConnectionLike + Send>(con: &mut C, home: &Keys, k: u32, on_cluster: bool) -> Result<Layout> {
     validate_count(k)?;
     let now = layout(con, home).await?;
     if now.count() == k {
         return Ok(now);
     }
-    let running: Vec<String> = redis::cmd("ZRANGE").arg(home.running()).arg(0).arg(-1).query_async(con).await?;
-    for id in running {
-        let parts: Option<u32> = redis::cmd("HGET").arg(home.task(&id)).arg("partitions").query_async(con).await?;
-        if parts.is_some() {
-            return Err(Error::invalid(format!(
-                "task '{id}' runs over {} partitions: wait for it (or cancel it) before changing the count",
-                now.count()
-            )));
-        }
-    }
     let (prefix, queue) = home_names(home);
     let owners = if on_cluster { slot_owners(con).await? } else { None };
+    let retired = retired_tags(con, home).await?;
     let tags = match owners {
-        None => choose_tags(&prefix, queue, k, &[], |_| None)?,
-        Some((masters, ranges)) => choose_tags(&prefix, queue, k, &masters, |slot| {
-            ranges.iter().find(|(a, b, _)| (*a..=*b).contains(&slot)).map(|(_, _, m)| m.clone())
-        })?,
+        None => choose_tags(&prefix, queue, k, &[], &retired, |_| None)?,
+        Some((masters, ranges)) => choose_tags(&prefix, queue, k, &masters, &retired, |slot| owner_of(&ranges, slot))?,
     };
+    apply(con, home, &now, k, tags).await
+}
+
+/// The tags of the partitions a change retired and `clean` has not yet removed.
+async fn retired_tags<C: ConnectionLike + Send>(con: &mut C, home: &Keys) -> Result<Vec<String>> {
+    let retired: Option<String> = redis::cmd("HGET").arg(home.meta()).arg("retired_tags").query_async(con).await?;
+    Ok(retired.unwrap_or_default().split_whitespace().map(str::to_owned).collect())
+}
+
+/// The master serving `slot` in `ranges` (from [`slot_owners`]).
+fn owner_of(ranges: &[(u16, u16, String)], slot: u16) -> Option<String> {
+    ranges.iter().find(|(a, b, _)| (*a..=*b).contains(&slot)).map(|(_, _, m)| m.clone())
+}
+
+/// The most partitions of tags `tags` that one master holds.
+fn most_on_one<'a>(tags: impl Iterator<Item = &'a str>, owner: impl Fn(u16) -> Option<String>) -> usize {
+    let mut held: BTreeMap<Option<String>, usize> = BTreeMap::new();
+    for t in tags {
+        *held.entry(owner(key_slot(&format!("{{{t}}}")))).or_default() += 1;
+    }
+    held.into_values().max().unwrap_or(0)
+}
+
+/// On a Redis Cluster, re-places the queue's partitions when the slot map changed (masters
+/// added, slots moved) so that a fresh choice of tags spreads them better: when the most
+/// partitions one master holds would drop. The change is the same as a change of the count
+/// (`layout.lua`; running processes follow it); refused while a task over partitions runs, or
+/// when another process changed the layout meanwhile. Returns the new layout, `None` when
+/// nothing changed (one server, one partition, as spread as it can be, or refused: the next
+/// check tries again).
+pub async fn replace_when_better<C: ConnectionLike + Send>(con: &mut C, home: &Keys) -> Result<Option<Layout>> {
+    let now = layout(con, home).await?;
+    if !now.partitioned() {
+        return Ok(None);
+    }
+    let Some((masters, ranges)) = slot_owners(con).await? else { return Ok(None) };
+    let stored = tags_of(&now);
+    // a slot map with holes (a master failing, a migration half-seen) says nothing yet
+    if stored.split_whitespace().any(|t| owner_of(&ranges, key_slot(&format!("{{{t}}}"))).is_none()) {
+        return Ok(None);
+    }
+    let (prefix, queue) = home_names(home);
+    let retired = retired_tags(con, home).await?;
+    let fresh = choose_tags(&prefix, queue, now.count(), &masters, &retired, |slot| owner_of(&ranges, slot))?;
+    let before = most_on_one(stored.split_whitespace(), |slot| owner_of(&ranges, slot));
+    let after = most_on_one(fresh.iter().map(String::as_str), |slot| owner_of(&ranges, slot));
+    if after >= before {
+        return Ok(None);
+    }
+    match apply(con, home, &now, now.count(), fresh).await {
+        Ok(l) => Ok(Some(l)),
+        Err(Error::Invalid(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Makes `tags` the queue's `k` partitions in place of the layout `now` it has (`layout.lua`,
+/// a compare-and-set against `now`'s tags), the queue's settings copied to them first.
+async fn apply<C: ConnectionLike + Send>(
+    con: &mut C,
+    home: &Keys,
+    now: &Layout,
+    k: u32,
+    tags: Vec<String>,
+) -> Result<Layout> {
     let layout = layout_of(home, k, &tags.join(" "))?;
-    // the queue's settings reach the new partitions first: paused, its events, its rate limit
-    // (split evenly, as `shardctl limit` does)
+    // partitions no longer in use keep the shares of ended tasks: `drop_orphans` removes them
+    // with their task, then the partition's own keys
+    let mut retired = retired_tags(con, home).await?;
+    for old in tags_of(now).split_whitespace() {
+        if !tags.iter().any(|t| t == old) && !retired.iter().any(|t| t == old) {
+            retired.push(old.to_owned());
+        }
+    }
+    let (read, new, retired) = (tags_of(now), tags.join(" "), retired.join(" "));
+    let refused = |why| match why {
+        crate::scripts::LayoutRefused::TaskRuns(id) => Error::invalid(format!(
+            "task '{id}' runs over {} partitions: wait for it (or cancel it) before changing the count",
+            now.count()
+        )),
+        crate::scripts::LayoutRefused::Changed => Error::invalid(
+            "the partition count was changed by another process meanwhile: read it (`shardctl config`) and try again",
+        ),
+    };
+    // refused, it writes nothing: checked first
+    crate::scripts::set_layout(con, home, &read, k, &new, &retired, true).await?.map_err(refused)?;
+    // the queue's settings reach the new partitions before any task does: paused, its events,
+    // its rate limit (split evenly, as `shardctl limit` does)
     let names = ["paused", "events_maxlen", "events_completions", "limit_max", "limit_per_ms"];
     let v: Vec<Option<u64>> = redis::cmd("HMGET").arg(home.meta()).arg(&names).query_async(con).await?;
     for pk in &layout.parts {
@@ -179,28 +256,12 @@ pub async fn set_count<C: ConnectionLike + Send>(con: &mut C, home: &Keys, k: u3
             }
         }
     }
-    // partitions no longer in use keep the shares of ended tasks: `drop_orphans` removes them
-    // with their task, then the partition's own keys
-    let retired: Option<String> = redis::cmd("HGET").arg(home.meta()).arg("retired_tags").query_async(con).await?;
-    let mut retired: Vec<String> = retired.unwrap_or_default().split_whitespace().map(str::to_owned).collect();
-    for old in tags_of(&now).split_whitespace() {
-        if !tags.iter().any(|t| t == old) && !retired.iter().any(|t| t == old) {
-            retired.push(old.to_owned());
-        }
-    }
-    retired.retain(|t| !tags.contains(t));
-    let () = redis::cmd("HSET")
-        .arg(home.meta())
-        .arg("partitions")
-        .arg(k)
-        .arg("partition_tags")
-        .arg(tags.join(" "))
-        .arg("retired_tags")
-        .arg(retired.join(" "))
-        .query_async(con)
-        .await?;
+    crate::scripts::set_layout(con, home, &read, k, &new, &retired, false).await?.map_err(refused)?;
     Ok(layout)
 }
+
+/// How often executor nodes and coordinators read the layout, to follow a change.
+pub const LAYOUT_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Runs the failed shards of task `id` over partitions again (`shardctl retry`): the home record
 /// is reopened (`reopen.lua`: a new round, the counts of the shares with failures forgotten),
@@ -310,8 +371,10 @@ pub fn validate_count(k: u32) -> Result<()> {
     }
 }
 
-/// The tags of partitions 1..=`k`. `owner` names the master serving a slot (`None`: one server,
-/// where every salt is 0). On a cluster each partition in turn takes the smallest salt whose
+/// The tags of partitions 1..=`k`, none of them in `retired` (a retired partition's keys may
+/// still be being removed by `clean`: it never comes back into use until they are). `owner`
+/// names the master serving a slot (`None`: one server, where each partition takes the smallest
+/// salt not retired, 0 at first). On a cluster each partition in turn takes the smallest salt whose
 /// slot's master holds the fewest partitions so far, so that partitions land on distinct
 /// masters while there are enough; among those, a master other than the home's first (it
 /// carries the queue-wide keys, a light load beside a partition's), then the one listed first
@@ -321,15 +384,19 @@ pub fn choose_tags(
     queue: &str,
     k: u32,
     masters: &[String],
+    retired: &[String],
     owner: impl Fn(u16) -> Option<String>,
 ) -> Result<Vec<String>> {
     validate_count(k)?;
     if k == 1 {
         return Ok(Vec::new());
     }
+    let free = |t: &String| !retired.contains(t);
     let home = owner(key_slot(&format!("{{{prefix}:{queue}}}")));
     let Some(home) = home else {
-        return Ok((1..=k).map(|p| tag(prefix, queue, p, 0)).collect());
+        return Ok((1..=k)
+            .map(|p| (0..).map(|salt| tag(prefix, queue, p, salt)).find(free).expect("a salt not retired"))
+            .collect());
     };
     let mut held: BTreeMap<&str, u32> = masters.iter().map(|m| (m.as_str(), 0)).collect();
     let mut out = Vec::new();
@@ -341,6 +408,9 @@ pub fn choose_tags(
         // each salt lands on a master with probability about 1/masters: a few tries suffice
         for salt in 0..100_000 {
             let t = tag(prefix, queue, p, salt);
+            if !free(&t) {
+                continue;
+            }
             let slot_owner = owner(key_slot(&format!("{{{t}}}")));
             if target.is_none() || slot_owner == target {
                 chosen = Some((t, slot_owner));
@@ -512,12 +582,7 @@ pub async fn drop_orphans<C: ConnectionLike + Send>(con: &mut C, layout: &Layout
             pipe.del(key).ignore();
         }
         let () = pipe.query_async(con).await?;
-        let tag = &pk.prefix()[1..pk.prefix().len() - 2];
-        let now: Option<String> =
-            redis::cmd("HGET").arg(layout.home.meta()).arg("retired_tags").query_async(con).await?;
-        let rest: Vec<&str> = now.as_deref().unwrap_or("").split_whitespace().filter(|t| *t != tag).collect();
-        let () =
-            redis::cmd("HSET").arg(layout.home.meta()).arg("retired_tags").arg(rest.join(" ")).query_async(con).await?;
+        crate::scripts::unretire(con, &layout.home, &pk.prefix()[1..pk.prefix().len() - 2]).await?;
     }
     Ok(removed)
 }
@@ -551,14 +616,21 @@ mod tests {
 
     #[test]
     fn one_partition_is_the_unpartitioned_queue() {
-        assert!(choose_tags("shardctl", "q", 1, &[], |_| None).unwrap().is_empty());
+        assert!(choose_tags("shardctl", "q", 1, &[], &[], |_| None).unwrap().is_empty());
         assert!(validate_count(0).is_err() && validate_count(65).is_err() && validate_count(64).is_ok());
     }
 
     #[test]
     fn on_one_server_every_salt_is_zero() {
-        let tags = choose_tags("shardctl", "q", 3, &[], |_| None).unwrap();
+        let tags = choose_tags("shardctl", "q", 3, &[], &[], |_| None).unwrap();
         assert_eq!(tags, ["shardctl:q@1.0", "shardctl:q@2.0", "shardctl:q@3.0"]);
+    }
+
+    #[test]
+    fn a_retired_tag_is_never_chosen_again() {
+        let retired = vec!["shardctl:q@3.0".to_owned(), "shardctl:q@1.0".to_owned(), "shardctl:q@1.1".to_owned()];
+        let tags = choose_tags("shardctl", "q", 3, &[], &retired, |_| None).unwrap();
+        assert_eq!(tags, ["shardctl:q@1.2", "shardctl:q@2.0", "shardctl:q@3.1"]);
     }
 
     #[test]
@@ -566,7 +638,7 @@ mod tests {
         let masters: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
         let home = thirds(key_slot("{shardctl:q}")).unwrap();
         for k in [2u32, 3, 6] {
-            let tags = choose_tags("shardctl", "q", k, &masters, thirds).unwrap();
+            let tags = choose_tags("shardctl", "q", k, &masters, &[], thirds).unwrap();
             assert_eq!(tags.len(), k as usize);
             let owners: Vec<String> = tags.iter().map(|t| thirds(key_slot(&format!("{{{t}}}"))).unwrap()).collect();
             let mut count: BTreeMap<&str, u32> = BTreeMap::new();

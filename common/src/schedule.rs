@@ -214,8 +214,6 @@ impl Schedule {
         // on a partitioned queue a task is a home record (created here, once) and its shares
         // (created next; if this process dies first, the reconciliation creates them; routed
         // ones are placed by the next rebalance)
-        let layout = crate::partition::layout(con, keys).await?;
-        let over = layout.partitioned();
         let mut inv = scripts().fire.keyed(keys, &KeyArgs { task: Some(&id), ..Default::default() });
         inv.arg(keys.prefix())
             .arg(&self.name)
@@ -229,13 +227,15 @@ impl Schedule {
             inv.arg(f).arg(v);
         }
         inv.arg("schedule").arg(&self.name).arg("fire_ms").arg(fire_ms);
-        if over {
-            inv.arg("partitions").arg(layout.count()).arg("partition_tags").arg(crate::partition::tags_of(&layout));
-        }
+        // on a partitioned queue the script adds the queue's current layout to the record
         let code: i64 = inv.invoke_async(con).await?;
-        if code == 1 && over {
-            let h: std::collections::HashMap<String, String> =
-                redis::cmd("HGETALL").arg(keys.task(&id)).query_async(con).await?;
+        if code == 1 {
+            let layout = crate::partition::task_layout(con, keys, &id).await?;
+            let h: std::collections::HashMap<String, String> = if layout.partitioned() {
+                redis::cmd("HGETALL").arg(keys.task(&id)).query_async(con).await?
+            } else {
+                Default::default()
+            };
             if let Some(t) = crate::model::TaskInfo::from_hash(&id, &h)? {
                 let spec = crate::partition::spec_of(&t, self.priority);
                 for (i, pk) in layout.parts.iter().enumerate() {

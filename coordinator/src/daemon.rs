@@ -173,22 +173,7 @@ pub async fn run(mut con: Conn, keys: Keys, cfg: DaemonConfig, stop: Cancellatio
     let mut sweepers =
         vec![tokio::spawn(sweep::run(con.clone(), keys.clone(), cfg.sweep.clone(), stop.clone(), |_| {}))];
     // a partitioned queue: each partition's sweep, and the reports of ended shares to the home
-    match shardctl_common::partition::layout(&mut con, &keys).await {
-        Ok(layout) if layout.partitioned() => {
-            for pk in &layout.parts {
-                sweepers.push(tokio::spawn(sweep::run(
-                    con.clone(),
-                    pk.clone(),
-                    cfg.sweep.clone(),
-                    stop.clone(),
-                    |_| {},
-                )));
-            }
-            sweepers.push(tokio::spawn(crate::partitions::run(con.clone(), layout, stop.clone())));
-        }
-        Ok(_) => {}
-        Err(e) => tracing::warn!("reading the queue's partitions: {e}"),
-    }
+    sweepers.push(tokio::spawn(crate::partitions::upkeep(con.clone(), keys.clone(), cfg.sweep.clone(), stop.clone())));
     let firing = tokio::spawn(crate::firing::run(con.clone(), keys.clone(), stop.clone()));
     let mut tick = tokio::time::interval(cfg.refresh);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

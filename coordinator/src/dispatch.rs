@@ -18,14 +18,36 @@ pub fn new_task_id() -> String {
 pub async fn create_task<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, spec: &TaskSpec) -> Result<()> {
     spec.validate()?;
     // a partitioned queue: a home record and one share per partition
-    let layout = shardctl_common::partition::layout(con, keys).await?;
-    if layout.partitioned() {
-        return crate::partitions::dispatch(con, &layout, spec).await;
+    if over_partitions(con, keys, spec).await?.is_some() {
+        return Ok(());
     }
     match scripts::dispatch(con, keys, spec).await {
         Err(Error::Script(c @ ScriptCode::TaskExists)) => Err(taken(c, &spec.id)),
         other => other,
     }
+}
+
+/// On a partitioned queue, creates `spec` over its partitions and returns their layout; `None`
+/// on a queue of one partition (nothing done). A change of the layout between its reading and
+/// the task's creation (refused: `LayoutChanged`, ARCHITECTURE.md "Changing the layout") is
+/// read again, three times at most.
+async fn over_partitions<C: ConnectionLike + Send>(
+    con: &mut C,
+    keys: &Keys,
+    spec: &TaskSpec,
+) -> Result<Option<shardctl_common::partition::Layout>> {
+    for _ in 0..3 {
+        let layout = shardctl_common::partition::layout(con, keys).await?;
+        if !layout.partitioned() {
+            return Ok(None);
+        }
+        match crate::partitions::dispatch(con, &layout, spec).await {
+            Err(Error::Script(ScriptCode::LayoutChanged)) => continue,
+            Err(e) => return Err(e),
+            Ok(()) => return Ok(Some(layout)),
+        }
+    }
+    Err(Error::Script(ScriptCode::LayoutChanged))
 }
 
 fn taken(code: ScriptCode, id: &str) -> Error {
@@ -59,16 +81,15 @@ pub async fn dispatch(
 
     if spec.strategy != Strategy::Pull || shard_keys.is_some() {
         let layout = shardctl_common::partition::layout(con, keys).await?;
-        if layout.partitioned() {
-            // a routed task over partitions: its shares placed in each (a keys file is refused)
-            if shard_keys.is_some() {
-                return Err(Error::invalid(format!(
-                    "queue {} is spread over {} partitions: a keys file needs a queue of one partition",
-                    keys.queue(),
-                    layout.count()
-                )));
-            }
-            crate::partitions::dispatch(con, &layout, spec).await?;
+        if layout.partitioned() && shard_keys.is_some() {
+            return Err(Error::invalid(format!(
+                "queue {} is spread over {} partitions: a keys file needs a queue of one partition",
+                keys.queue(),
+                layout.count()
+            )));
+        }
+        // a routed task over partitions: its shares placed in each
+        if let Some(layout) = over_partitions(con, keys, spec).await? {
             if spec.strategy == Strategy::Pull || spec.delay.is_some() {
                 return Ok(Dispatched { resumed: false, placed: 0, live: 0 });
             }

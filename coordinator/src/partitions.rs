@@ -181,12 +181,14 @@ pub async fn reconcile_page<C: ConnectionLike + Send>(
         redis::cmd("ZRANGE").arg(home.running()).arg(from).arg(from + RECONCILE_BATCH - 1).query_async(con).await?;
     let next = (ids.len() as isize == RECONCILE_BATCH).then_some(from + RECONCILE_BATCH);
     let mut counted = 0;
+    let tags = shardctl_common::partition::tags_of(layout);
     for id in ids {
-        let mut fields = vec!["partitions".to_owned(), "state".to_owned(), "round".to_owned(), "seq".to_owned()];
+        let mut fields = ["partition_tags", "state", "round", "seq"].map(str::to_owned).to_vec();
         fields.extend((1..=layout.count()).map(|p| format!("part:{p}")));
         let row: Vec<Option<String>> = redis::cmd("HMGET").arg(home.task(&id)).arg(&fields).query_async(con).await?;
-        let k: u32 = row[0].as_deref().and_then(|v| v.parse().ok()).unwrap_or(1);
-        if k != layout.count() || k < 2 || row[1].as_deref() != Some("running") {
+        // a task over other partitions than `layout`'s (this process has not yet seen a change
+        // of the layout) is left to those that have
+        if row[0].as_deref() != Some(tags.as_str()) || row[1].as_deref() != Some("running") {
             continue;
         }
         // a retry cut short after its home record was reopened: its shares run again now
@@ -231,6 +233,76 @@ pub const REPORT_EVERY: std::time::Duration = std::time::Duration::from_millis(2
 
 /// [`report_pending`] runs per [`reconcile`].
 pub const RECONCILE_EVERY: u32 = 25;
+
+/// How often [`upkeep`] checks, on a Redis Cluster, that the partitions lie over as many masters
+/// as a fresh choice would put them on
+/// ([`replace_when_better`](shardctl_common::partition::replace_when_better)).
+pub const PLACEMENT_CHECK: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The upkeep of a queue's partitions that every executor node and coordinator runs beside its
+/// home's stalled sweep, following the layout: each partition's sweep and the reports of ended
+/// shares to the home ([`run`]), moved to the new partitions within
+/// [`LAYOUT_CHECK`](shardctl_common::partition::LAYOUT_CHECK) of a change (ARCHITECTURE.md,
+/// "Changing the layout"). Nothing runs while the queue has one partition. On a Redis Cluster it
+/// also re-places the partitions when the slot map changed so that they would spread better,
+/// checked at start and every [`PLACEMENT_CHECK`].
+pub async fn upkeep(
+    mut con: shardctl_common::conn::Conn,
+    home: Keys,
+    sweep: crate::sweep::SweepConfig,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let mut current: Option<Layout> = None;
+    let mut epoch = stop.child_token();
+    let mut running: Vec<tokio::task::JoinHandle<()>> = Vec::new();
+    let on_cluster = matches!(con, shardctl_common::conn::Conn::Cluster(_));
+    let mut placed: Option<std::time::Instant> = None;
+    loop {
+        // the slot map may have changed (masters added, slots moved): re-place when it spreads
+        if on_cluster && placed.is_none_or(|t| t.elapsed() >= PLACEMENT_CHECK) {
+            placed = Some(std::time::Instant::now());
+            match shardctl_common::partition::replace_when_better(&mut con, &home).await {
+                Ok(Some(l)) => tracing::info!(
+                    partitions = l.count(),
+                    tags = %shardctl_common::partition::tags_of(&l),
+                    "partitions re-placed over more of the cluster's masters"
+                ),
+                Ok(None) => {}
+                Err(e) => tracing::warn!("checking where the queue's partitions lie: {e}"),
+            }
+        }
+        match shardctl_common::partition::layout(&mut con, &home).await {
+            Ok(layout) if current.as_ref() != Some(&layout) => {
+                epoch.cancel();
+                for t in running.drain(..) {
+                    let _ = t.await;
+                }
+                epoch = stop.child_token();
+                for pk in &layout.parts {
+                    let (con, pk, sweep, epoch) = (con.clone(), pk.clone(), sweep.clone(), epoch.clone());
+                    running.push(tokio::spawn(crate::sweep::run(con, pk, sweep, epoch, |_| {})));
+                }
+                if layout.partitioned() {
+                    running.push(tokio::spawn(run(con.clone(), layout.clone(), epoch.clone())));
+                }
+                if current.is_some() {
+                    tracing::info!(partitions = layout.count(), "the queue's partitions changed: upkeep follows");
+                }
+                current = Some(layout);
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!("reading the queue's partitions: {e}"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(shardctl_common::partition::LAYOUT_CHECK) => {}
+            _ = stop.cancelled() => break,
+        }
+    }
+    epoch.cancel();
+    for t in running {
+        let _ = t.await;
+    }
+}
 
 /// Repeats [`report_pending`] every [`REPORT_EVERY`] until `stop`, and one page of
 /// [`reconcile_page`] every [`RECONCILE_EVERY`] of them (5 s), the pages in turn.

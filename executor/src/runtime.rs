@@ -111,9 +111,15 @@ impl Sharing {
     /// `concurrency` run slots over every runtime built with it; on one server (not a cluster)
     /// one blocking connection for all of them ([`Sharing::wait_for_all`]).
     pub fn new(concurrency: usize, endpoint: &Endpoint) -> Sharing {
+        Sharing::counting(concurrency, endpoint, Arc::new(Stats::default()))
+    }
+
+    /// [`Sharing::new`], counting in `stats` (a node keeps its counters when it re-forms its
+    /// runtimes).
+    pub fn counting(concurrency: usize, endpoint: &Endpoint, stats: Arc<Stats>) -> Sharing {
         Sharing {
             budget: crate::starts::Budget::new(concurrency),
-            stats: Arc::new(Stats::default()),
+            stats,
             waiter: (!endpoint.is_cluster()).then(Default::default),
         }
     }
@@ -135,7 +141,18 @@ pub struct Executor {
 impl Executor {
     /// Connects to Redis; fails at once when it cannot be reached or the config is invalid.
     pub async fn connect(endpoint: Endpoint, keys: Keys, cfg: ExecutorConfig, registry: Registry) -> Result<Self> {
-        Executor::connect_shared(endpoint, keys, cfg, registry, None).await
+        Executor::connect_shared(endpoint, keys, cfg, registry, None, Arc::new(Stats::default())).await
+    }
+
+    /// [`Executor::connect`], counting in `stats`.
+    pub async fn connect_counting(
+        endpoint: Endpoint,
+        keys: Keys,
+        cfg: ExecutorConfig,
+        registry: Registry,
+        stats: Arc<Stats>,
+    ) -> Result<Self> {
+        Executor::connect_shared(endpoint, keys, cfg, registry, None, stats).await
     }
 
     /// [`Executor::connect`] for one keyspace of a partitioned queue (its home or one partition):
@@ -148,7 +165,7 @@ impl Executor {
         registry: Registry,
         with: &Sharing,
     ) -> Result<Self> {
-        Executor::connect_shared(endpoint, keys, cfg, registry, Some(with)).await
+        Executor::connect_shared(endpoint, keys, cfg, registry, Some(with), with.stats.clone()).await
     }
 
     async fn connect_shared(
@@ -157,6 +174,7 @@ impl Executor {
         cfg: ExecutorConfig,
         registry: Registry,
         with: Option<&Sharing>,
+        stats: Arc<Stats>,
     ) -> Result<Self> {
         let budget = with.map(|w| w.budget.clone());
 
@@ -176,7 +194,7 @@ impl Executor {
             con,
             held: Mutex::new(HashMap::new()),
             tasks: TaskCache::default(),
-            stats: with.map_or_else(|| Arc::new(Stats::default()), |w| w.stats.clone()),
+            stats,
             metrics,
             outbox: Default::default(),
             aborting: AtomicBool::new(false),

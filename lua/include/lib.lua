@@ -19,6 +19,7 @@
     -9  task ended      cancel of a finished task, retry of a cancelled one
     -10 results gone    retry of a finished task dispatched with keep_results off
     -11 not due yet     a schedule's fire time is later than Redis's clock
+    -12 layout changed  the queue's partitions are no longer the ones the caller read
 ]]
 local rcall = redis.call
 
@@ -345,6 +346,13 @@ end
 local function create_task(prefix, tid, now, priority, start, fields)
   local tkey = task_key(prefix, tid, '')
   if rcall('EXISTS', tkey) == 1 then return -4 end
+  -- a home record over partitions: only over the queue's current ones (ARCHITECTURE.md,
+  -- "Changing the layout"), so that no share lies in a partition a change retired
+  for i = 1, #fields - 1, 2 do
+    if fields[i] == 'partition_tags' and fields[i + 1] ~= (rcall('HGET', K.meta, 'partition_tags') or '') then
+      return -12
+    end
+  end
   -- whatever an earlier incarnation of this id left (its keys expire one by one, or an abort
   -- part-way left some): never part of the new task. `:keys` is the dispatcher's, written first.
   rcall('DEL', task_key(prefix, tid, ':terminal'), task_key(prefix, tid, ':results'), task_key(prefix, tid, ':errors'), task_key(prefix, tid, ':shards'))

@@ -56,7 +56,7 @@ pub async fn run(args: &Args, a: &WatchArgs) -> anyhow::Result<ExitCode> {
     let mut con = endpoint.blocking(std::time::Duration::from_secs(5)).await?;
     // a partitioned queue: the per-shard events (`shard_*`) happen in the partitions' logs, at
     // the shares' own indexes; they are merged in, at the task's indexes
-    let layout = shardctl_common::partition::layout(&mut plain, &keys).await?;
+    let mut layout = shardctl_common::partition::layout(&mut plain, &keys).await?;
     let start = match (a.from_start, layout.partitioned()) {
         (true, _) => "0-0".to_owned(),
         (false, false) => "$".to_owned(),
@@ -69,7 +69,25 @@ pub async fn run(args: &Args, a: &WatchArgs) -> anyhow::Result<ExitCode> {
     }
     let mut bases: std::collections::HashMap<(String, String), u64> = std::collections::HashMap::new();
     let mut seen = 0u64;
+    let mut checked = std::time::Instant::now();
+    let mut checked_ms = shardctl_common::time::server_now_ms(&mut plain, &keys).await?;
     loop {
+        // a change of the queue's partitions: the new ones' logs are read from the check before
+        if checked.elapsed() >= shardctl_common::partition::LAYOUT_CHECK {
+            checked = std::time::Instant::now();
+            let since =
+                std::mem::replace(&mut checked_ms, shardctl_common::time::server_now_ms(&mut plain, &keys).await?);
+            let now = shardctl_common::partition::layout(&mut plain, &keys).await?;
+            if now != layout {
+                let from = format!("{since}-0");
+                for pk in &now.parts {
+                    if !streams.iter().any(|(k, _, _)| *k == pk.events()) {
+                        streams.push((pk.events(), Some(pk.clone()), from.clone()));
+                    }
+                }
+                layout = now;
+            }
+        }
         let mut round: Vec<(String, Vec<(String, String)>)> = Vec::new();
         for (key, part, last) in streams.iter_mut() {
             // the home blocks when it is the only stream, the partitions are read as they are

@@ -95,3 +95,54 @@ pub async fn reopen<C: ConnectionLike + Send>(con: &mut C, home: &Keys, id: &str
     }
     Ok(inv.invoke_async(con).await?)
 }
+
+/// Why `layout.lua` refused a new layout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LayoutRefused {
+    /// The stored tags are no longer the ones the caller read.
+    Changed,
+    /// This task runs over partitions.
+    TaskRuns(String),
+}
+
+/// Sets the layout of `home`'s queue to `k` partitions of tags `tags` (space-separated), with
+/// `retired` the partitions no longer in use, if its tags are still `read` (layout.lua); with
+/// `check`, only says whether it would.
+pub async fn set_layout<C: ConnectionLike + Send>(
+    con: &mut C,
+    home: &Keys,
+    read: &str,
+    k: u32,
+    tags: &str,
+    retired: &str,
+    check: bool,
+) -> Result<std::result::Result<(), LayoutRefused>> {
+    let reply: Vec<redis::Value> = scripts()
+        .layout
+        .keyed(home, &KeyArgs::default())
+        .arg(home.prefix())
+        .arg(read)
+        .arg(k)
+        .arg(tags)
+        .arg(retired)
+        .arg(if check { "check" } else { "set" })
+        .invoke_async(con)
+        .await?;
+    let code = match reply.first() {
+        Some(redis::Value::Int(c)) => *c,
+        _ => return Err(crate::Error::Protocol("layout.lua: no code".into())),
+    };
+    Ok(match (code, reply.get(1)) {
+        (1, _) => Ok(()),
+        (-12, _) => Err(LayoutRefused::Changed),
+        (-13, Some(redis::Value::BulkString(id))) => Err(LayoutRefused::TaskRuns(String::from_utf8_lossy(id).into())),
+        (c, _) => return Err(crate::Error::Protocol(format!("layout.lua returned {c}"))),
+    })
+}
+
+/// Takes `tag` out of the retired partitions of `home`'s queue once their keys are removed
+/// (unretire.lua); true when it was listed.
+pub async fn unretire<C: ConnectionLike + Send>(con: &mut C, home: &Keys, tag: &str) -> Result<bool> {
+    let n: i64 = scripts().unretire.keyed(home, &KeyArgs::default()).arg(tag).invoke_async(con).await?;
+    Ok(n == 1)
+}

@@ -260,6 +260,8 @@ registry!(
     ack,
     reopen,
     drop_share,
+    layout,
+    unretire,
 );
 
 /// The registry.
