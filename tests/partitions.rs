@@ -138,8 +138,9 @@ fn failures_and_tiny_tasks_over_partitions() {
     assert_eq!(shares.iter().filter(|e| **e).count(), 2, "{shares:?}");
 }
 
-/// What a partitioned queue refuses, clearly and without writing: a keys file, a bad count, a
-/// change of count while a task runs over partitions.
+/// What a partitioned queue refuses, clearly and without writing: a bad count, a change of
+/// count while a task runs over partitions, shard keys for a pull task. (A keys file over
+/// partitions works: tests/routing.rs.)
 #[test]
 fn a_partitioned_queue_refuses_what_it_cannot_do() {
     let cli = Cli::start("parts-refuse");
@@ -149,9 +150,9 @@ fn a_partitioned_queue_refuses_what_it_cannot_do() {
     let keys = std::env::temp_dir().join(format!("shardctl-parts-keys-{}", std::process::id()));
     std::fs::write(&keys, "a\nb\nc\n").unwrap();
     cli.rejects(
-        &["dispatch", "--kind", "noop", "--keys-file", keys.to_str().unwrap(), "--strategy", "consistent-hash"],
+        &["dispatch", "--kind", "noop", "--keys-file", keys.to_str().unwrap(), "--strategy", "pull"],
         2,
-        "a keys file needs a queue of one partition",
+        "--keys-file needs a routed --strategy",
     );
     // a task running over the partitions pins the count (no executor: it stays running)
     cli.ok(&["dispatch", "--kind", "noop", "--shards", "4", "--task-id", "pinned"]);

@@ -129,6 +129,57 @@ fn a_keys_file_shard_gets_its_key() {
     }
 }
 
+/// On a partitioned queue each share is placed by its shards' task indexes, or with a keys file
+/// by their keys (each share keeps its keys at its own indexes): every shard runs on the node
+/// it would run on in one partition, and its handler gets its key.
+#[test]
+fn over_partitions_shards_run_where_their_task_index_or_key_names() {
+    let _s = serial();
+    let mut env = RoutingEnv::start("parts", "0");
+    for n in ["a", "b", "c"] {
+        env.node(n);
+    }
+    env.wait_members(&["a", "b", "c"]);
+    let nodes = ["a", "b", "c"];
+    let out = env.run(&["config", "--partitions", "3"]);
+    assert_eq!(out.code(), 0, "{out:?}");
+    let keys: Vec<String> = (0..60).map(|i| format!("customer-{}", 1000 + i * 37)).collect();
+    let keys_file = env.dir.join("keys.txt");
+    std::fs::write(&keys_file, keys.join("\n")).unwrap();
+    let keys_file = keys_file.to_str().unwrap().to_owned();
+    let tasks: [(&str, Strategy, bool); 4] = [
+        ("p-ch", Strategy::ConsistentHash, false),
+        ("p-rr", Strategy::RoundRobin, false),
+        ("p-keys-ch", Strategy::ConsistentHash, true),
+        ("p-keys-hm", Strategy::HashMod, true),
+    ];
+    for (id, strategy, with_keys) in tasks {
+        let s = strategy.as_str();
+        if with_keys {
+            env.dispatch(&["--strategy", s, "--keys-file", &keys_file, "--task-id", id]);
+        } else {
+            env.dispatch(&["--strategy", s, "--shards", "60", "--task-id", id]);
+        }
+    }
+    for (id, strategy, with_keys) in tasks {
+        let t = env.wait(id);
+        assert_eq!(
+            (t["state"].as_str(), t["done"].as_u64(), t["partitions"].as_u64()),
+            (Some("completed"), Some(60), Some(3)),
+            "{t}"
+        );
+        let runs = env.runs_of(id);
+        let indexes: std::collections::BTreeSet<u64> = runs.iter().map(|r| r.index).collect();
+        assert_eq!(indexes.len(), 60, "task {id}: {runs:?}");
+        for r in &runs {
+            let key = if with_keys { keys[r.index as usize].clone() } else { r.index.to_string() };
+            assert_eq!(r.key, key, "task {id}: the key of shard {}", r.index);
+            let want = owner(strategy, &nodes, r.index, &key);
+            assert_eq!(r.node, want, "task {id} ({strategy}): shard {} (key {key}) ran on {}", r.index, r.node);
+        }
+    }
+}
+
 /// (2) No live executor at dispatch: the task waits unplaced (running, in `unrouted`), then the
 /// first executor to join places it and runs it to the end.
 #[test]

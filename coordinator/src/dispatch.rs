@@ -18,7 +18,7 @@ pub fn new_task_id() -> String {
 pub async fn create_task<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, spec: &TaskSpec) -> Result<()> {
     spec.validate()?;
     // a partitioned queue: a home record and one share per partition
-    if over_partitions(con, keys, spec).await?.is_some() {
+    if over_partitions(con, keys, spec, None).await?.is_some() {
         return Ok(());
     }
     match scripts::dispatch(con, keys, spec).await {
@@ -35,13 +35,18 @@ async fn over_partitions<C: ConnectionLike + Send>(
     con: &mut C,
     keys: &Keys,
     spec: &TaskSpec,
+    shard_keys: Option<&[String]>,
 ) -> Result<Option<shardctl_common::partition::Layout>> {
     for _ in 0..3 {
         let layout = shardctl_common::partition::layout(con, keys).await?;
         if !layout.partitioned() {
             return Ok(None);
         }
-        match crate::partitions::dispatch(con, &layout, spec).await {
+        let created = match shard_keys {
+            Some(k) => crate::partitions::dispatch_keyed(con, &layout, spec, k).await,
+            None => crate::partitions::dispatch(con, &layout, spec).await,
+        };
+        match created {
             Err(Error::Script(ScriptCode::LayoutChanged)) => continue,
             Err(e) => return Err(e),
             Ok(()) => return Ok(Some(layout)),
@@ -79,18 +84,20 @@ pub async fn dispatch(
     use redis::AsyncCommands;
     use shardctl_common::ring::Strategy;
 
-    if spec.strategy != Strategy::Pull || shard_keys.is_some() {
-        let layout = shardctl_common::partition::layout(con, keys).await?;
-        if layout.partitioned() && shard_keys.is_some() {
-            return Err(Error::invalid(format!(
-                "queue {} is spread over {} partitions: a keys file needs a queue of one partition",
-                keys.queue(),
-                layout.count()
-            )));
+    if spec.strategy == Strategy::Pull && shard_keys.is_some() {
+        return Err(Error::invalid(
+            "shard keys need a routed strategy (consistent-hash, round-robin, hash-mod), not pull",
+        ));
+    }
+    if let Some(k) = shard_keys {
+        if k.len() as u64 != spec.shards || !spec.has_keys {
+            return Err(Error::invalid(format!("{} keys given for {} shards", k.len(), spec.shards)));
         }
-        // a routed task over partitions: its shares placed in each
-        if let Some(layout) = over_partitions(con, keys, spec).await? {
-            if spec.strategy == Strategy::Pull || spec.delay.is_some() {
+    }
+    if spec.strategy != Strategy::Pull {
+        // a routed task over partitions: its shares (and their keys) placed in each
+        if let Some(layout) = over_partitions(con, keys, spec, shard_keys).await? {
+            if spec.delay.is_some() {
                 return Ok(Dispatched { resumed: false, placed: 0, live: 0 });
             }
             let (placed, live) = crate::partitions::route(con, &layout, &spec.id).await?;
@@ -98,18 +105,8 @@ pub async fn dispatch(
         }
     }
     if spec.strategy == Strategy::Pull {
-        if shard_keys.is_some() {
-            return Err(Error::invalid(
-                "shard keys need a routed strategy (consistent-hash, round-robin, hash-mod), not pull",
-            ));
-        }
         create_task(con, keys, spec).await?;
         return Ok(Dispatched { resumed: false, placed: 0, live: 0 });
-    }
-    if let Some(k) = shard_keys {
-        if k.len() as u64 != spec.shards || !spec.has_keys {
-            return Err(Error::invalid(format!("{} keys given for {} shards", k.len(), spec.shards)));
-        }
     }
     spec.validate()?;
     let existing = crate::progress::task(con, keys, &spec.id).await;

@@ -13,14 +13,41 @@ use shardctl_common::{Error, Keys, Result, ScriptCode};
 /// the same dispatch after a crash part-way creates the shares still missing. A routed share
 /// waits unplaced in its partition until it is placed ([`route`], or any rebalance).
 pub async fn dispatch<C: ConnectionLike + Send>(con: &mut C, layout: &Layout, spec: &TaskSpec) -> Result<()> {
-    spec.validate()?;
     if spec.has_keys {
-        return Err(Error::invalid(format!(
-            "queue {} is spread over {} partitions: a keys file needs a queue of one partition",
-            layout.home.queue(),
-            layout.count()
-        )));
+        return Err(Error::invalid("a task with shard keys is dispatched with its keys (`dispatch_keyed`)"));
     }
+    create(con, layout, spec).await
+}
+
+/// [`dispatch`] of a routed task with one routing key per shard (`--keys-file`): each share's
+/// keys are written in its partition first, at the share's own indexes (`task:<id>:keys`, read
+/// by the router that places the share and by the executor that runs a shard), then the task is
+/// created as by [`dispatch`]. Writing them again (a dispatch resumed) writes the same.
+pub async fn dispatch_keyed<C: ConnectionLike + Send>(
+    con: &mut C,
+    layout: &Layout,
+    spec: &TaskSpec,
+    keys: &[String],
+) -> Result<()> {
+    if !spec.has_keys || keys.len() as u64 != spec.shards {
+        return Err(Error::invalid(format!("{} keys given for {} shards", keys.len(), spec.shards)));
+    }
+    spec.validate()?;
+    let k = layout.count();
+    for (i, pk) in layout.parts.iter().enumerate() {
+        let (base, size) = shardctl_common::partition::share_range(i as u32 + 1, k, spec.shards);
+        let share = &keys[base as usize..(base + size) as usize];
+        for (c, chunk) in share.chunks(crate::route::CHUNK).enumerate() {
+            let from = c * crate::route::CHUNK;
+            let pairs: Vec<(usize, &String)> = chunk.iter().enumerate().map(|(j, key)| (from + j, key)).collect();
+            let () = redis::cmd("HSET").arg(pk.shard_keys(&spec.id)).arg(&pairs).query_async(con).await?;
+        }
+    }
+    create(con, layout, spec).await
+}
+
+async fn create<C: ConnectionLike + Send>(con: &mut C, layout: &Layout, spec: &TaskSpec) -> Result<()> {
+    spec.validate()?;
     let k = layout.count();
     let home = &layout.home;
     let mut fields = spec.fields();

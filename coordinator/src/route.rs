@@ -18,6 +18,9 @@ struct TaskRouting {
     strategy: Strategy,
     vnodes: u32,
     has_keys: bool,
+    /// A share's first task index (0 for a task in one keyspace): a shard is placed by its
+    /// task index, so a task's placement is the same over any number of partitions.
+    base: u64,
 }
 
 /// Owners of refs under one membership; caches each task's strategy and each placement.
@@ -66,12 +69,17 @@ impl Router {
         if let Some(t) = self.tasks.get(id) {
             return Ok(t.clone());
         }
-        let (strategy, vnodes, has_keys): (Option<String>, Option<u32>, Option<String>) =
-            redis::cmd("HMGET").arg(keys.task(id)).arg(&["strategy", "vnodes", "has_keys"]).query_async(con).await?;
+        let (strategy, vnodes, has_keys, base): (Option<String>, Option<u32>, Option<String>, Option<u64>) =
+            redis::cmd("HMGET")
+                .arg(keys.task(id))
+                .arg(&["strategy", "vnodes", "has_keys", "base"])
+                .query_async(con)
+                .await?;
         let t = strategy.map(|s| TaskRouting {
             strategy: s.parse().unwrap_or(Strategy::ConsistentHash),
             vnodes: vnodes.unwrap_or(shardctl_common::ring::DEFAULT_VNODES),
             has_keys: has_keys.as_deref() == Some("1"),
+            base: base.unwrap_or(0),
         });
         self.tasks.insert(id.to_owned(), t.clone());
         Ok(t)
@@ -85,12 +93,13 @@ impl Router {
     /// The owner of every shard index in `indexes` of task `id` (`None` if the task is gone).
     async fn owners(&mut self, con: &mut Conn, keys: &Keys, id: &str, indexes: &[u64]) -> Result<Option<Vec<String>>> {
         let Some(t) = self.task(con, keys, id).await? else { return Ok(None) };
+        // a share's keys are at its own indexes; its shards are placed by their task index
         let shard_keys: Vec<String> = if t.has_keys && !indexes.is_empty() {
             let v: Vec<Option<String>> =
                 redis::cmd("HMGET").arg(keys.shard_keys(id)).arg(indexes).query_async(con).await?;
-            v.into_iter().zip(indexes).map(|(k, i)| k.unwrap_or_else(|| i.to_string())).collect()
+            v.into_iter().zip(indexes).map(|(k, i)| k.unwrap_or_else(|| (t.base + i).to_string())).collect()
         } else {
-            indexes.iter().map(u64::to_string).collect()
+            indexes.iter().map(|i| (t.base + i).to_string()).collect()
         };
         let strategy = if t.strategy == Strategy::Pull { Strategy::ConsistentHash } else { t.strategy };
         let p = self.placement(strategy, t.vnodes);
@@ -98,7 +107,7 @@ impl Router {
             indexes
                 .iter()
                 .zip(&shard_keys)
-                .map(|(&i, k)| p.owner(i, k).expect("placement over live members").to_owned())
+                .map(|(&i, k)| p.owner(t.base + i, k).expect("placement over live members").to_owned())
                 .collect(),
         ))
     }

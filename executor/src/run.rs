@@ -163,7 +163,8 @@ async fn run_handler(
         let mut con = shared.con.clone();
         let k: Option<String> = redis::cmd("HGET")
             .arg(shared.keys.shard_keys(&info.task_id))
-            .arg(index)
+            // a share keeps its keys at its own indexes
+            .arg(local)
             .query_async(&mut con)
             .await
             .map_err(|e| ShardError(format!("reading the shard key: {e}")))?;
