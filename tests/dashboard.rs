@@ -386,8 +386,8 @@ fn the_api_bounds_what_clients_can_make_it_do() {
 }
 
 /// A task over partitions (ARCHITECTURE.md "Partitioned queues") through the API: its shard map
-/// has its failed shards in their cells, and its reasons, paged partition after partition, carry
-/// the task's own indexes.
+/// has its failed shards in their cells, and its reasons, paged partition after partition, and
+/// the events, merged from the partitions' logs, carry the task's own indexes.
 #[test]
 fn the_api_shows_a_task_over_partitions_at_its_own_indexes() {
     let cli = Cli::start("dash-parts");
@@ -435,4 +435,28 @@ fn the_api_shows_a_task_over_partitions_at_its_own_indexes() {
     // a cursor of no partition is a clear 400
     let (status, _, body) = http("GET", &format!("{base}/api/tasks/pb/failed?cursor=9.0"), None).unwrap();
     assert_eq!(status, 400, "{body}");
+    // the events merge the partitions' per-shard ones, at the task's indexes, newest first
+    let (status, _, body) = http("GET", &format!("{base}/api/events?count=200"), None).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let events = json(&body);
+    let mut shown: Vec<u64> = events
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["event"] == "shard_failed")
+        .map(|e| e["shard"].as_u64().unwrap_or_else(|| panic!("{e}")))
+        .collect();
+    shown.sort_unstable();
+    assert_eq!(shown, failed, "{events}");
+    let ids: Vec<(u64, u64)> = events
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let (ms, n) = e["id"].as_str().unwrap().split_once('-').unwrap();
+            (ms.parse().unwrap(), n.parse().unwrap())
+        })
+        .collect();
+    assert!(ids.windows(2).all(|w| w[0] >= w[1]), "not newest first: {ids:?}");
+    assert!(events.as_array().unwrap().iter().any(|e| e["event"] == "task_failed"), "{events}");
 }

@@ -500,20 +500,63 @@ async fn hscan_fields<C: ConnectionLike + Send>(
     }
 }
 
-/// The newest `count` events of the queue's log (newest first), each as its id and fields.
+/// The newest `count` events of the queue's log (newest first), each as its id and fields. On a
+/// partitioned queue the partitions' per-shard events (`shard_*`) are merged in, each shard at
+/// its task index (its share's `base` added), as `watch` shows them: K + 1 reads of `count`
+/// events, and one read per task met in a partition.
 pub async fn events_tail<C: ConnectionLike + Send>(
     con: &mut C,
     keys: &Keys,
     count: u64,
 ) -> Result<Vec<(String, Vec<(String, String)>)>> {
-    let reply: redis::streams::StreamRangeReply = redis::cmd("XREVRANGE")
-        .arg(keys.events())
-        .arg("+")
-        .arg("-")
-        .arg("COUNT")
-        .arg(count.clamp(1, MAX_PAGE))
-        .query_async(con)
-        .await?;
+    let count = count.clamp(1, MAX_PAGE);
+    let mut out = newest(con, keys, count).await?;
+    let layout = shardctl_common::partition::layout(con, keys).await?;
+    for pk in &layout.parts {
+        let mut bases: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
+        for (id, mut fields) in newest(con, pk, count).await? {
+            let field = |f: &[(String, String)], name: &str| f.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+            if !field(&fields, "event").is_some_and(|e| e.starts_with("shard_")) {
+                continue; // a share's own dispatch or end: the home logs the task's
+            }
+            let task = field(&fields, "task").unwrap_or_default();
+            let base = match bases.get(&task) {
+                Some(b) => *b,
+                None => {
+                    let b: Option<u64> = redis::cmd("HGET").arg(pk.task(&task)).arg("base").query_async(con).await?;
+                    *bases.entry(task).or_insert(b.unwrap_or(0))
+                }
+            };
+            for (k, v) in fields.iter_mut() {
+                if k == "shard" {
+                    if let Ok(i) = v.parse::<u64>() {
+                        *v = (base + i).to_string();
+                    }
+                }
+            }
+            out.push((id, fields));
+        }
+    }
+    if layout.partitioned() {
+        // newest first across the logs (ids are `<ms>-<seq>`)
+        let order = |id: &str| {
+            let (ms, n) = id.split_once('-').unwrap_or((id, "0"));
+            (ms.parse::<u64>().unwrap_or(0), n.parse::<u64>().unwrap_or(0))
+        };
+        out.sort_by_key(|(id, _)| std::cmp::Reverse(order(id)));
+        out.truncate(count as usize);
+    }
+    Ok(out)
+}
+
+/// The newest `count` entries of `keys`' event log, newest first.
+async fn newest<C: ConnectionLike + Send>(
+    con: &mut C,
+    keys: &Keys,
+    count: u64,
+) -> Result<Vec<(String, Vec<(String, String)>)>> {
+    let reply: redis::streams::StreamRangeReply =
+        redis::cmd("XREVRANGE").arg(keys.events()).arg("+").arg("-").arg("COUNT").arg(count).query_async(con).await?;
     Ok(reply
         .ids
         .into_iter()
