@@ -464,8 +464,9 @@ fn config_schedule_list_and_watch_events_match_their_schemas() {
         .filter_map(Value::as_str)
         .collect();
     let mut seen: BTreeSet<&str> = lines.iter().filter_map(|e| e["event"].as_str()).collect();
-    // a queue spread over partitions logs it (seen below)
+    // a queue spread over partitions logs them (seen below)
     seen.insert("share_counted");
+    seen.insert("share_uncounted");
     let unseen: Vec<&&str> = known.difference(&seen).collect();
     assert!(unseen.is_empty(), "no event of kinds {unseen:?} was logged: {logged:?}");
 
@@ -566,4 +567,38 @@ fn watch_over_partitions_matches_the_schema() {
     assert_eq!(counted, 4, "{out}");
     let retried = lines.iter().find(|e| e["event"] == "task_retried").expect("a task_retried event");
     assert_eq!((retried["shards"].as_u64(), retried["round"].as_u64()), (Some(4), Some(1)), "{retried}");
+
+    // a share that lost writes after its count (a failover of its partition's master): its count
+    // forgotten, then counted anew (the home claims nothing meanwhile, so the loss comes first)
+    let mut con = cli.con();
+    let () = redis::cmd("HSET").arg(cli.key("meta")).arg("paused").arg(1).query(&mut con).unwrap();
+    cli.ok(&["dispatch", "--kind", "noop", "--shards", "4", "--task-id", "pl"]);
+    support::eventually("both shares counted", std::time::Duration::from_secs(30), || {
+        let s: Option<String> = redis::cmd("HGET").arg(cli.key("task:pl")).arg("state").query(&mut con).unwrap();
+        s.filter(|s| s == "aggregating").map(|_| ()).ok_or("not aggregating yet")
+    });
+    let part: String = cli.json(&["config", "--json"], 0)["partition_tags"][0].as_str().unwrap().to_owned();
+    support::lose_a_counted_completion(&mut con, &format!("{{{part}}}:"), "pl", 1);
+    cli.ok(&["resume"]);
+    assert_eq!(cli.run(&["wait", "pl"]).code(), 0);
+    // as many lines as the logs hold for it: the home's, and the partitions' per-shard ones
+    let mut logged = 0;
+    let tags = cli.json(&["config", "--json"], 0)["partition_tags"].clone();
+    let logs = std::iter::once(cli.key("events"))
+        .chain(tags.as_array().unwrap().iter().map(|t| format!("{{{}}}:events", t.as_str().unwrap())));
+    for (i, log) in logs.enumerate() {
+        let entries: Vec<(String, std::collections::HashMap<String, String>)> =
+            redis::cmd("XRANGE").arg(log).arg("-").arg("+").query(&mut con).unwrap();
+        logged +=
+            entries.iter().filter(|(_, f)| f["task"] == "pl" && (i == 0 || f["event"].starts_with("shard_"))).count();
+    }
+    let out = cli.ok(&["watch", "--task", "pl", "--from-start", "--count", &logged.to_string(), "--json"]);
+    let uncounted: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|e| e["event"] == "share_uncounted")
+        .collect();
+    assert_eq!(uncounted.len(), 1, "{out}");
+    event.check("watch --json (share_uncounted)", &uncounted[0]);
+    event.rejects("a partition as text", &with(&uncounted[0], "/partition", json!("1")));
 }

@@ -65,32 +65,43 @@ pub(crate) async fn outcomes(
                     .query_async::<((Option<u64>, Option<u64>, Option<u64>, Option<String>), u64)>(con)
                     .await
                     .map(|((a, b, c, d), e)| (a, b, c, d, e))?;
-            // a share counted in the home whose partition lost its last writes since (a failover
-            // of its master) runs them again: aggregating now would miss their results
+            // a share counted in the home whose partition lost writes since (a failover of its
+            // master): running again (its lost shards run again) or gone (the reconciliation
+            // creates it again). Aggregating now would miss results: its count is forgotten and
+            // the task runs until the share ends and is counted anew (this job is withdrawn)
+            let ours = home_seq == Some(task.seq);
+            if !ours || matches!(state.as_deref(), Some("running" | "delayed")) {
+                let forgotten =
+                    shardctl_common::scripts::uncount(con, keys, &task.task_id, task.seq, p as u32 + 1).await?;
+                let what = if ours { "runs again" } else { "is gone" };
+                tracing::warn!(task = %task.task_id, partition = p + 1, forgotten, "a counted share {what}: lost writes");
+                return Err(shardctl_common::Error::Protocol(format!(
+                    "task {}: share {} {what} after it was counted (its partition's master lost writes){}",
+                    task.task_id,
+                    p + 1,
+                    if forgotten {
+                        ": its count is forgotten; the aggregation runs once it is counted again"
+                    } else {
+                        ""
+                    }
+                )));
+            }
             if state.as_deref() != Some("aggregating") || total != Some(bits) {
                 return Err(shardctl_common::Error::Protocol(format!(
-                    "task {}: share {} is not complete ({bits} of {} shards terminal, {}): a failover of its \
-                     master lost writes; retry the task's aggregation once the share has ended again",
+                    "task {}: share {} is not complete ({bits} of {} shards terminal, {})",
                     task.task_id,
                     p + 1,
                     total.unwrap_or(0),
                     state.unwrap_or_default()
                 )));
             }
-            let (Some(base), Some(home_seq)) = (base, home_seq) else {
+            let Some(base) = base else {
                 return Err(shardctl_common::Error::Protocol(format!(
-                    "task {}: share {} is gone",
+                    "task {}: share {} has no base",
                     task.task_id,
                     p + 1
                 )));
             };
-            if home_seq != task.seq {
-                return Err(shardctl_common::Error::Protocol(format!(
-                    "task {}: share {} belongs to another incarnation",
-                    task.task_id,
-                    p + 1
-                )));
-            }
             results.extend(scan_hash(con, &pk.results(&task.task_id)).await?.into_iter().map(|(i, v)| (base + i, v)));
             errors.extend(scan_hash(con, &pk.errors(&task.task_id)).await?.into_iter().map(|(i, v)| (base + i, v)));
         }

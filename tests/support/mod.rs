@@ -264,3 +264,35 @@ pub fn task_counts(con: &mut redis::Connection, tkey: &str) -> (u64, u64, u64) {
         .query(con)
         .expect("reading a task's counts")
 }
+
+/// What a failover of a partition's master can leave after the share of `task` there was
+/// counted in the home (replication is asynchronous): the replica lacks the completion of shard
+/// `index` (its bit, its result, its count; the share `running` again), whose claim it still
+/// holds under a token whose executor has no lease. `prefix` is the partition's key prefix.
+#[allow(dead_code)] // used by tests/partitions.rs and tests/json_schemas.rs
+pub fn lose_a_counted_completion(con: &mut redis::Connection, prefix: &str, task: &str, index: u64) {
+    let share = format!("{prefix}task:{task}");
+    let seq: u64 = redis::cmd("HGET").arg(&share).arg("seq").query(con).unwrap();
+    let () = redis::pipe()
+        .cmd("SETBIT")
+        .arg(format!("{share}:terminal"))
+        .arg(index)
+        .arg(0)
+        .cmd("HDEL")
+        .arg(format!("{share}:results"))
+        .arg(index)
+        .cmd("HINCRBY")
+        .arg(&share)
+        .arg("done")
+        .arg(-1)
+        .cmd("HSET")
+        .arg(&share)
+        .arg("state")
+        .arg("running")
+        .cmd("HSET")
+        .arg(format!("{prefix}active"))
+        .arg(format!("{task}:{seq}:{index}"))
+        .arg("lost-instance:1")
+        .query(con)
+        .unwrap();
+}

@@ -146,3 +146,20 @@ pub async fn unretire<C: ConnectionLike + Send>(con: &mut C, home: &Keys, tag: &
     let n: i64 = scripts().unretire.keyed(home, &KeyArgs::default()).arg(tag).invoke_async(con).await?;
     Ok(n == 1)
 }
+
+/// Forgets the count of partition `p`'s share of task `id` in its home record, for the
+/// aggregation that found the share running again or gone after it was counted (uncount.lua):
+/// the task runs again until the share is counted anew. `seq` is the home incarnation read; true
+/// when forgotten.
+pub async fn uncount<C: ConnectionLike + Send>(con: &mut C, home: &Keys, id: &str, seq: u64, p: u32) -> Result<bool> {
+    let n: i64 = scripts()
+        .uncount
+        .keyed(home, &KeyArgs { task: Some(id), ..Default::default() })
+        .arg(home.prefix())
+        .arg(id)
+        .arg(seq)
+        .arg(p)
+        .invoke_async(con)
+        .await?;
+    Ok(n == 1)
+}

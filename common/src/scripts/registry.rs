@@ -262,6 +262,7 @@ registry!(
     drop_share,
     layout,
     unretire,
+    uncount,
 );
 
 /// The registry.

@@ -1,0 +1,35 @@
+--[[
+  Forgets the count of a share that lost writes after it was counted in the home (a failover of
+  its partition's master: replication is asynchronous), found by the aggregation: the share is
+  running again (its lost shards are claimed or recovered and run again) or is gone (the
+  reconciliation creates it again). Its `part:<p>` field goes, its counts leave `done` and
+  `failed`, and the task is `running` again, its aggregation job withdrawn (the one calling
+  this is refused when it reports). When the share ends again, report.lua counts it anew, and
+  the aggregation is enqueued once every share is counted again (ARCHITECTURE.md "Partitioned
+  queues", reconciliation).
+
+  KEYS[1] task:<id>        hash    the home record
+  KEYS[2] task:<id>:shards hash    of this task (the aggregation job's state)
+  KEYS[3] active           hash    ref -> token of its holder (the aggregation job)
+  KEYS[4] delayed          zset    ref -> due time (ms)
+  KEYS[5] events           stream  the event log
+  KEYS[6] meta             hash    queue metadata (cancels, events_maxlen)
+  KEYS[7] stalled          set     stall candidates of the last sweep
+  KEYS[8] wait             list    explicit refs ready now
+  ARGV[1] key prefix  `{P:Q}:` (the home's)
+  ARGV[2] task id
+  ARGV[3] the home record's seq the aggregation read
+  ARGV[4] partition p
+
+  Returns 1 forgotten, 0 nothing to forget (another incarnation, not aggregating, not counted).
+]]
+local prefix, tid, inc, p = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local t = rcall('HMGET', K.task, 'seq', 'state', 'part:' .. p)
+if t[1] ~= inc or t[2] ~= 'aggregating' or not t[3] then return 0 end
+local d, f = string.match(t[3], '^(%d+)/(%d+)$')
+rcall('HINCRBY', K.task, 'done', 0 - tonumber(d))
+rcall('HINCRBY', K.task, 'failed', 0 - tonumber(f))
+rcall('HDEL', K.task, 'part:' .. p)
+withdraw_aggregation(prefix, tid, tid .. ':' .. inc .. ':agg')
+emit('event', 'share_uncounted', 'task', tid, 'partition', p, 'done', d, 'failed', f)
+return 1
