@@ -20,12 +20,15 @@
   ARGV[2] task id
   ARGV[3] the home record's seq the aggregation read
   ARGV[4] partition p
+  ARGV[5] the token of the aggregation's claim: only the aggregation that holds the job forgets
 
-  Returns 1 forgotten, 0 nothing to forget (another incarnation, not aggregating, not counted).
+  Returns 1 forgotten, 0 nothing to forget (another incarnation, not aggregating, not counted,
+  or the caller no longer holds the aggregation job).
 ]]
 local prefix, tid, inc, p = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local t = rcall('HMGET', K.task, 'seq', 'state', 'part:' .. p)
 if t[1] ~= inc or t[2] ~= 'aggregating' or not t[3] then return 0 end
+if rcall('HGET', K.active, tid .. ':' .. inc .. ':agg') ~= ARGV[5] then return 0 end
 local d, f = string.match(t[3], '^(%d+)/(%d+)$')
 rcall('HINCRBY', K.task, 'done', 0 - tonumber(d))
 rcall('HINCRBY', K.task, 'failed', 0 - tonumber(f))

@@ -655,6 +655,38 @@ async fn a_task_is_never_created_over_partitions_a_change_retired() {
     assert_eq!(after.count(), 3);
 }
 
+/// A task of shard keys over partitions whose id was used before (the earlier task's removal
+/// cut short, its shares left): the leftover shares go, with their keys, before the new ones and
+/// their keys are written; each share keeps its own keys at its own indexes.
+#[tokio::test]
+async fn keyed_shares_replace_leftovers_with_their_own_keys() {
+    let redis = TestRedis::start();
+    let mut con = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let home = Keys::new("shardctl", "keyed").unwrap();
+    let layout = partition::set_count(&mut con, &home, 2, false).await.unwrap();
+    let mut spec = TaskSpec::new("k", "noop", 5);
+    spec.strategy = shardctl_common::ring::Strategy::ConsistentHash;
+    spec.has_keys = true;
+    let old: Vec<String> = (0..5).map(|i| format!("old-{i}")).collect();
+    shardctl_coordinator::partitions::dispatch_keyed(&mut con, &layout, &spec, &old).await.unwrap();
+    // the home record goes, its shares stay (a removal cut short)
+    let () = redis::cmd("DEL").arg(home.task("k")).query_async(&mut con).await.unwrap();
+    let new: Vec<String> = (0..5).map(|i| format!("new-{i}")).collect();
+    shardctl_coordinator::partitions::dispatch_keyed(&mut con, &layout, &spec, &new).await.unwrap();
+    // shares of 3 and 2 shards: their own keys at their own indexes
+    for (pk, want) in layout.parts.iter().zip([&new[..3], &new[3..]]) {
+        let keys: Vec<String> = redis::cmd("HVALS").arg(pk.shard_keys("k")).query_async(&mut con).await.unwrap();
+        let mut keys = keys;
+        keys.sort();
+        assert_eq!(keys, want, "{}", pk.prefix());
+        let first: String = redis::cmd("HGET").arg(pk.shard_keys("k")).arg(0).query_async(&mut con).await.unwrap();
+        assert_eq!(first, want[0]);
+    }
+    // without its keys, a keyed task is refused
+    let err = shardctl_coordinator::partitions::dispatch(&mut con, &layout, &spec).await.unwrap_err();
+    assert!(err.to_string().contains("dispatched with its keys"), "{err}");
+}
+
 /// Lost writes the reconciliation repairs: a share whose creation was lost is created again
 /// (past a grace time), and a cancel lost in the home is completed from its cancelled share.
 #[tokio::test]

@@ -178,6 +178,26 @@ fn over_partitions_shards_run_where_their_task_index_or_key_names() {
             assert_eq!(r.node, want, "task {id} ({strategy}): shard {} (key {key}) ran on {}", r.index, r.node);
         }
     }
+    // the same id again with other keys: refused, and the task's keys are left as they were
+    let other = env.dir.join("other.txt");
+    std::fs::write(&other, (0..60).map(|i| format!("other-{i}\n")).collect::<String>()).unwrap();
+    let out = env.run(&[
+        "dispatch",
+        "--kind",
+        "mine",
+        "--strategy",
+        "consistent-hash",
+        "--keys-file",
+        other.to_str().unwrap(),
+        "--task-id",
+        "p-keys-ch",
+    ]);
+    assert_eq!(out.code(), 2, "{out:?}");
+    let tags = env.run(&["config", "--json"]);
+    let tags: Value = serde_json::from_str(tags.stdout.trim()).unwrap();
+    let share1 = format!("{{{}}}:task:p-keys-ch:keys", tags["partition_tags"][0].as_str().unwrap());
+    let first: Option<String> = redis::cmd("HGET").arg(&share1).arg(0).query(&mut env.con()).unwrap();
+    assert_eq!(first.as_deref(), Some(keys[0].as_str()));
 }
 
 /// (2) No live executor at dispatch: the task waits unplaced (running, in `unrouted`), then the

@@ -440,6 +440,23 @@ pub async fn create_share<C: ConnectionLike + Send>(
     spec: &TaskSpec,
     home_seq: u64,
 ) -> Result<()> {
+    create_share_keyed(con, home, pk, p, k, spec, home_seq, None).await
+}
+
+/// [`create_share`] of a task with one routing key per shard (`keys`, the task's): the share's
+/// keys are written in its partition, at its own indexes, just before the share is created
+/// (never over a share that exists: a resumed dispatch leaves its keys as they are).
+#[allow(clippy::too_many_arguments)]
+pub async fn create_share_keyed<C: ConnectionLike + Send>(
+    con: &mut C,
+    home: &Keys,
+    pk: &Keys,
+    p: u32,
+    k: u32,
+    spec: &TaskSpec,
+    home_seq: u64,
+    keys: Option<&[String]>,
+) -> Result<()> {
     let (base, size) = share_range(p, k, spec.shards);
     let ours = home_seq.to_string();
     if size == 0 {
@@ -465,18 +482,37 @@ pub async fn create_share<C: ConnectionLike + Send>(
     ]);
     let mut created = false;
     for _ in 0..3 {
+        let theirs: Option<String> = redis::cmd("HGET").arg(pk.task(&spec.id)).arg("home_seq").query_async(con).await?;
+        match theirs {
+            Some(t) if t == ours => return Ok(()), // ours: a dispatch resumed
+            // an earlier task's share under this id (its removal cut short)
+            Some(t) => {
+                crate::scripts::drop_share(con, pk, &spec.id, &t).await?;
+            }
+            None => {}
+        }
+        // the share's keys, at its own indexes: before the share exists, after anything that
+        // removed an earlier share's keys
+        if let Some(keys) = keys {
+            let share = &keys[base as usize..(base + size) as usize];
+            for (c, chunk) in share.chunks(5_000).enumerate() {
+                let pairs: Vec<(usize, &String)> =
+                    chunk.iter().enumerate().map(|(j, key)| (c * 5_000 + j, key)).collect();
+                let () = redis::cmd("HSET").arg(pk.shard_keys(&spec.id)).arg(&pairs).query_async(con).await?;
+            }
+        }
         match crate::scripts::dispatch_fields(con, pk, spec, &fields).await {
             Ok(()) => {
                 created = true;
                 break;
             }
+            // created meanwhile (read again), or a record of this id with no `home_seq`
             Err(Error::Script(ScriptCode::TaskExists)) => {
                 let theirs: Option<String> =
                     redis::cmd("HGET").arg(pk.task(&spec.id)).arg("home_seq").query_async(con).await?;
-                if theirs.as_deref() == Some(ours.as_str()) {
-                    return Ok(()); // ours: a dispatch resumed
+                if theirs.is_none() {
+                    crate::scripts::drop_share(con, pk, &spec.id, "").await?;
                 }
-                crate::scripts::drop_share(con, pk, &spec.id, theirs.as_deref().unwrap_or("")).await?;
             }
             Err(e) => return Err(e),
         }
@@ -508,6 +544,9 @@ pub fn spec_of(t: &crate::model::TaskInfo, priority: i64) -> TaskSpec {
     spec.shard_timeout = (t.shard_timeout_ms > 0).then(|| std::time::Duration::from_millis(t.shard_timeout_ms));
     spec.keep_results = t.keep_results;
     spec.retain = (t.retain_ms > 0).then(|| std::time::Duration::from_millis(t.retain_ms));
+    spec.strategy = t.strategy.parse().unwrap_or_default();
+    spec.vnodes = t.vnodes;
+    spec.has_keys = t.has_keys;
     spec
 }
 

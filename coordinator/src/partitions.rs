@@ -16,13 +16,13 @@ pub async fn dispatch<C: ConnectionLike + Send>(con: &mut C, layout: &Layout, sp
     if spec.has_keys {
         return Err(Error::invalid("a task with shard keys is dispatched with its keys (`dispatch_keyed`)"));
     }
-    create(con, layout, spec).await
+    create(con, layout, spec, None).await
 }
 
 /// [`dispatch`] of a routed task with one routing key per shard (`--keys-file`): each share's
-/// keys are written in its partition first, at the share's own indexes (`task:<id>:keys`, read
-/// by the router that places the share and by the executor that runs a shard), then the task is
-/// created as by [`dispatch`]. Writing them again (a dispatch resumed) writes the same.
+/// keys are written in its partition at the share's own indexes (`task:<id>:keys`, read by the
+/// router that places the share and by the executor that runs a shard) just before the share
+/// is created; a dispatch refused, or resumed over shares that exist, writes none.
 pub async fn dispatch_keyed<C: ConnectionLike + Send>(
     con: &mut C,
     layout: &Layout,
@@ -32,21 +32,15 @@ pub async fn dispatch_keyed<C: ConnectionLike + Send>(
     if !spec.has_keys || keys.len() as u64 != spec.shards {
         return Err(Error::invalid(format!("{} keys given for {} shards", keys.len(), spec.shards)));
     }
-    spec.validate()?;
-    let k = layout.count();
-    for (i, pk) in layout.parts.iter().enumerate() {
-        let (base, size) = shardctl_common::partition::share_range(i as u32 + 1, k, spec.shards);
-        let share = &keys[base as usize..(base + size) as usize];
-        for (c, chunk) in share.chunks(crate::route::CHUNK).enumerate() {
-            let from = c * crate::route::CHUNK;
-            let pairs: Vec<(usize, &String)> = chunk.iter().enumerate().map(|(j, key)| (from + j, key)).collect();
-            let () = redis::cmd("HSET").arg(pk.shard_keys(&spec.id)).arg(&pairs).query_async(con).await?;
-        }
-    }
-    create(con, layout, spec).await
+    create(con, layout, spec, Some(keys)).await
 }
 
-async fn create<C: ConnectionLike + Send>(con: &mut C, layout: &Layout, spec: &TaskSpec) -> Result<()> {
+async fn create<C: ConnectionLike + Send>(
+    con: &mut C,
+    layout: &Layout,
+    spec: &TaskSpec,
+    keys: Option<&[String]>,
+) -> Result<()> {
     spec.validate()?;
     let k = layout.count();
     let home = &layout.home;
@@ -71,7 +65,7 @@ async fn create<C: ConnectionLike + Send>(con: &mut C, layout: &Layout, spec: &T
     }
     let home_seq: u64 = redis::cmd("HGET").arg(home.task(&spec.id)).arg("seq").query_async(con).await?;
     for (i, pk) in layout.parts.iter().enumerate() {
-        shardctl_common::partition::create_share(con, home, pk, i as u32 + 1, k, spec, home_seq).await?;
+        shardctl_common::partition::create_share_keyed(con, home, pk, i as u32 + 1, k, spec, home_seq, keys).await?;
     }
     Ok(())
 }

@@ -36,6 +36,7 @@ pub(crate) async fn outcomes(
     keys: &Keys,
     parts: &[Keys],
     task: &TaskInfo,
+    token: &str,
 ) -> Result<Vec<ShardOutcome>> {
     let (mut results, mut errors) = (HashMap::new(), HashMap::new());
     if task.partitions <= 1 {
@@ -55,25 +56,42 @@ pub(crate) async fn outcomes(
             if shardctl_common::partition::share_range(p as u32 + 1, task.partitions, task.total).1 == 0 {
                 continue;
             }
-            let (base, home_seq, total, state, bits): (Option<u64>, Option<u64>, Option<u64>, Option<String>, u64) =
-                redis::pipe()
-                    .cmd("HMGET")
-                    .arg(pk.task(&task.task_id))
-                    .arg(&["base", "home_seq", "total", "state"])
-                    .cmd("BITCOUNT")
-                    .arg(pk.terminal(&task.task_id))
-                    .query_async::<((Option<u64>, Option<u64>, Option<u64>, Option<String>), u64)>(con)
-                    .await
-                    .map(|((a, b, c, d), e)| (a, b, c, d, e))?;
+            type Share = (Option<u64>, Option<u64>, Option<u64>, Option<String>, Option<u64>, Option<u64>);
+            let (share, bits): (Share, u64) = redis::pipe()
+                .cmd("HMGET")
+                .arg(pk.task(&task.task_id))
+                .arg(&["base", "home_seq", "total", "state", "done", "failed"])
+                .cmd("BITCOUNT")
+                .arg(pk.terminal(&task.task_id))
+                .query_async(con)
+                .await?;
+            // (another slot: a command of its own)
+            let counted_home: Option<String> = redis::cmd("HGET")
+                .arg(keys.task(&task.task_id))
+                .arg(format!("part:{}", p + 1))
+                .query_async(con)
+                .await?;
+            let (base, home_seq, total, state, done, failed) = share;
             // a share counted in the home whose partition lost writes since (a failover of its
-            // master): running again (its lost shards run again) or gone (the reconciliation
-            // creates it again). Aggregating now would miss results: its count is forgotten and
-            // the task runs until the share ends and is counted anew (this job is withdrawn)
+            // master): running again (its lost shards run again), gone (the reconciliation
+            // creates it again), or ended with other counts than the ones counted (it re-ended
+            // meanwhile, or lost a retry: the reconciliation reports or retries it). Aggregating
+            // now would miss results: its count is forgotten and the task runs until the share
+            // is counted anew (this job is withdrawn)
             let ours = home_seq == Some(task.seq);
-            if !ours || matches!(state.as_deref(), Some("running" | "delayed")) {
+            let running = matches!(state.as_deref(), Some("running" | "delayed"));
+            let counted = format!("{}/{}", done.unwrap_or(0), failed.unwrap_or(0));
+            // (a share's round may be older than the home's: a retry reruns only the shares with
+            // failures; the counts tell a retry lost after its count)
+            let stale = state.as_deref() == Some("aggregating") && counted_home.as_deref() != Some(counted.as_str());
+            if !ours || running || stale {
                 let forgotten =
-                    shardctl_common::scripts::uncount(con, keys, &task.task_id, task.seq, p as u32 + 1).await?;
-                let what = if ours { "runs again" } else { "is gone" };
+                    shardctl_common::scripts::uncount(con, keys, &task.task_id, task.seq, p as u32 + 1, token).await?;
+                let what = match (ours, running) {
+                    (false, _) => "is gone",
+                    (true, true) => "runs again",
+                    (true, false) => "ended with other counts than its count",
+                };
                 tracing::warn!(task = %task.task_id, partition = p + 1, forgotten, "a counted share {what}: lost writes");
                 return Err(shardctl_common::Error::Protocol(format!(
                     "task {}: share {} {what} after it was counted (its partition's master lost writes){}",

@@ -168,7 +168,9 @@ async fn run_handler(
             .query_async(&mut con)
             .await
             .map_err(|e| ShardError(format!("reading the shard key: {e}")))?;
-        k.unwrap_or_else(|| index.to_string())
+        // a share recreated after its partition's master lost it (and its keys) has none: the
+        // handler is not handed its index in place of its key
+        k.ok_or_else(|| ShardError(format!("the key of shard {index} is missing (lost with its partition's writes?)")))?
     } else {
         index.to_string()
     };
@@ -214,7 +216,7 @@ async fn run_aggregator(
     } else {
         Vec::new()
     };
-    let results = crate::aggregate::outcomes(&mut con, &shared.keys, &parts, &meta.info)
+    let results = crate::aggregate::outcomes(&mut con, &shared.keys, &parts, &meta.info, &claim.token)
         .await
         .map_err(|e| ShardError(format!("reading shard results: {e}")))?;
     let info = meta.info;

@@ -149,9 +149,16 @@ pub async fn unretire<C: ConnectionLike + Send>(con: &mut C, home: &Keys, tag: &
 
 /// Forgets the count of partition `p`'s share of task `id` in its home record, for the
 /// aggregation that found the share running again or gone after it was counted (uncount.lua):
-/// the task runs again until the share is counted anew. `seq` is the home incarnation read; true
-/// when forgotten.
-pub async fn uncount<C: ConnectionLike + Send>(con: &mut C, home: &Keys, id: &str, seq: u64, p: u32) -> Result<bool> {
+/// the task runs again until the share is counted anew. `seq` is the home incarnation read,
+/// `token` the aggregation's claim (only its holder forgets); true when forgotten.
+pub async fn uncount<C: ConnectionLike + Send>(
+    con: &mut C,
+    home: &Keys,
+    id: &str,
+    seq: u64,
+    p: u32,
+    token: &str,
+) -> Result<bool> {
     let n: i64 = scripts()
         .uncount
         .keyed(home, &KeyArgs { task: Some(id), ..Default::default() })
@@ -159,6 +166,7 @@ pub async fn uncount<C: ConnectionLike + Send>(con: &mut C, home: &Keys, id: &st
         .arg(id)
         .arg(seq)
         .arg(p)
+        .arg(token)
         .invoke_async(con)
         .await?;
     Ok(n == 1)
