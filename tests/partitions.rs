@@ -239,6 +239,9 @@ fn on_a_cluster_partitions_land_on_distinct_masters_and_are_re_placed_when_slots
         }
     });
     assert_eq!(placed["partitions"], json!(3), "{placed}");
+    // `config` says where each partition lies
+    let said: Vec<String> = owners(&placed).iter().map(|port| format!("127.0.0.1:{port}")).collect();
+    assert_eq!(placed["partition_masters"], json!(said), "{placed}");
     // the executor started before follows: a task runs over the new partitions
     cli.ok(&["dispatch", "--kind", "primes", "--shards", "30", "--items", "100000", "--task-id", "moved"]);
     let t = cli.json(&["wait", "moved", "--timeout", "60s", "--json"], 0);

@@ -173,6 +173,18 @@ fn most_on_one<'a>(tags: impl Iterator<Item = &'a str>, owner: impl Fn(u16) -> O
     held.into_values().max().unwrap_or(0)
 }
 
+/// On a Redis Cluster, the master (`host:port`) serving each partition of `layout`, partition 1
+/// first (`?` for a slot the map does not name); `None` on a server without cluster support.
+pub async fn masters_of<C: ConnectionLike + Send>(con: &mut C, layout: &Layout) -> Result<Option<Vec<String>>> {
+    let Some((_, ranges)) = slot_owners(con).await? else { return Ok(None) };
+    Ok(Some(
+        tags_of(layout)
+            .split_whitespace()
+            .map(|t| owner_of(&ranges, key_slot(&format!("{{{t}}}"))).unwrap_or_else(|| "?".to_owned()))
+            .collect(),
+    ))
+}
+
 /// On a Redis Cluster, re-places the queue's partitions when the slot map changed (masters
 /// added, slots moved) so that a fresh choice of tags spreads them better: when the most
 /// partitions one master holds would drop. The change is the same as a change of the count

@@ -17,8 +17,9 @@ pub struct ConfigArgs {
     pub events_completions: Option<bool>,
     /// Spread new tasks over K partitions, each in a hash slot of its own (1 to 64; 1: one slot,
     /// the default). On a Redis Cluster the partitions land on distinct masters while there
-    /// are enough. Refused while a task over partitions is unfinished; restart the executors
-    /// and coordinators after a change (they read the partitions at start).
+    /// are enough. Refused while a task over partitions is unfinished; running executors and
+    /// coordinators follow a change within 2 s (a node drains its running shards for its grace
+    /// time, then serves the new partitions).
     #[arg(long, value_name = "K")]
     pub partitions: Option<u32>,
     /// Print JSON.
@@ -42,6 +43,12 @@ pub async fn run(args: &Args, a: &ConfigArgs) -> anyhow::Result<ExitCode> {
         None => shardctl_common::partition::layout(&mut con, &keys).await?,
     };
     let tags: Vec<String> = layout.parts.iter().map(|p| p.prefix()[1..p.prefix().len() - 2].to_owned()).collect();
+    // on a cluster, where each partition lies now
+    let masters: Option<Vec<String>> = if endpoint.is_cluster() && layout.partitioned() {
+        shardctl_common::partition::masters_of(&mut con, &layout).await?
+    } else {
+        None
+    };
     let s = control::queue_settings(&mut con, &keys, a.events_maxlen, a.events_completions).await?;
     if a.json {
         outln!(
@@ -53,6 +60,7 @@ pub async fn run(args: &Args, a: &ConfigArgs) -> anyhow::Result<ExitCode> {
                 "paused": s.paused,
                 "partitions": layout.count(),
                 "partition_tags": tags,
+                "partition_masters": masters,
             })
         );
     } else {
@@ -65,6 +73,9 @@ pub async fn run(args: &Args, a: &ConfigArgs) -> anyhow::Result<ExitCode> {
             layout.count(),
             if tags.is_empty() { String::new() } else { format!(" ({})", tags.join(" ")) }
         );
+        if let Some(m) = &masters {
+            outln!("partition masters  {}", m.join(" "));
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
