@@ -4,7 +4,10 @@
 //! cross-slot report of an ended share is cut between its two slots (counted in the home, never
 //! acknowledged), repeated, raced with cancel; tasks are retried, some retries cut after their
 //! first step and completed by the reconciliation; leases expire and the partitions' sweeps
-//! recover shards; ended tasks are cleaned and their ids dispatched again. After every step the checks
+//! recover shards; a partition's master loses the last completion of a share already counted
+//! in the home (a failover: the shard held again under its claim, the share running), and the
+//! aggregation, checking every share as the executor's does, forgets that count (`uncount.lua`)
+//! instead of aggregating; ended tasks are cleaned and their ids dispatched again. After every step the checks
 //! below hold; at the end a drain must end every task that was not cancelled with
 //! `done + failed == total` and its aggregation recorded once.
 //!
@@ -15,14 +18,15 @@
 //! - the home's `done` and `failed` are the sum of its `part:<p>` fields (each share counted
 //!   once, with its final counts), and never exceed its total;
 //! - a counted share exists for the same incarnation, has ended, and its counts are the ones
-//!   counted;
+//!   counted (but for a share that lost writes after its count, until the aggregation forgets
+//!   the count);
 //! - each share's `done + failed` is the number of its terminal bits, at most its size;
 //! - a home past `running` has every non-empty share counted and `done + failed == total`;
 //! - at most one aggregation job of the current incarnation is queued, held or delayed; none
 //!   held or delayed once the task ended; and the aggregation was recorded at most once per
 //!   incarnation.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use shardctl_common::conn::{open, Conn};
 use shardctl_common::model::TaskSpec;
@@ -41,6 +45,8 @@ const CI_STEPS: u64 = 1_000;
 type Outcome = Result<(), String>;
 /// A home record's state, total, done, failed and seq.
 type Row = (Option<String>, Option<u64>, Option<u64>, Option<u64>, Option<u64>);
+/// A share's home_seq, state, done, failed and total.
+type ShareRow = (Option<u64>, Option<String>, Option<u64>, Option<u64>, Option<u64>);
 
 macro_rules! ensure {
     ($c:expr, $($m:tt)*) => {
@@ -82,6 +88,8 @@ struct Sim {
     execs: Vec<Exec>,
     /// (`task:round:retries`, incarnation) → aggregations recorded.
     aggregated: HashMap<(String, u64), u32>,
+    /// Shares (task, partition, home incarnation) that lost writes after their count.
+    lost: HashSet<(String, u32, u64)>,
     log: Vec<String>,
 }
 
@@ -102,7 +110,7 @@ impl Sim {
     }
 
     async fn step(&mut self, n: u64) -> Outcome {
-        let weights: [u64; 12] = [6, 25, 25, 8, 10, 4, 3, 3, 4, 3, 1, 2];
+        let weights: [u64; 13] = [6, 25, 25, 8, 10, 4, 3, 3, 4, 3, 1, 2, 4];
         let total: u64 = weights.iter().sum();
         let mut pick = self.rng.next() % total;
         let mut action = 0;
@@ -144,6 +152,10 @@ impl Sim {
                 let r = partitions::reconcile(&mut self.con, &self.layout).await;
                 self.note(format!("#{n} reconcile: {r:?}"));
                 r.map(|_| ()).map_err(|e| format!("reconcile: {e}"))
+            }
+            12 => {
+                let p = 1 + self.rng.below(K as usize) as u32;
+                self.lose(&id, p).await
             }
             _ => {
                 for s in 0..=K as usize {
@@ -191,6 +203,11 @@ impl Sim {
         let lost = self.rng.chance(15);
         let (s, c) = if lost { self.execs[e].held[j].clone() } else { self.execs[e].held.remove(j) };
         let keys = self.space(s).clone();
+        if c.shard_ref.is_aggregate() && !fail && !self.shares_complete(&c).await? {
+            // withdrawn: its completion would be refused
+            self.execs[e].held.retain(|(_, h)| h.token != c.token || h.shard_ref != c.shard_ref);
+            return Ok(());
+        }
         let outcome = if fail {
             FinishedAs::Failed { delay_ms: 0, reason: "simulated" }
         } else if c.shard_ref.is_aggregate() {
@@ -299,6 +316,145 @@ impl Sim {
         Ok(())
     }
 
+    /// What the executor's aggregation checks before it reads any result
+    /// (`executor::aggregate::outcomes`): every share of this incarnation, ended, every bit
+    /// terminal, its counts the ones counted. A share running again, gone, or with other counts
+    /// has its count forgotten (`uncount.lua`, by the job's holder) and the job is withdrawn:
+    /// false then.
+    async fn shares_complete(&mut self, c: &Claimed) -> Result<bool, String> {
+        let home = self.layout.home.clone();
+        let id = c.shard_ref.task.clone();
+        let total: Option<u64> = redis::cmd("HGET")
+            .arg(home.task(&id))
+            .arg("total")
+            .query_async(&mut self.con)
+            .await
+            .map_err(|e| e.to_string())?;
+        let Some(total) = total else { return Ok(true) };
+        for p in 1..=K {
+            if share_range(p, K, total).1 == 0 {
+                continue;
+            }
+            let pk = self.layout.parts[p as usize - 1].clone();
+            let (home_seq, state, done, failed, size): ShareRow = redis::cmd("HMGET")
+                .arg(pk.task(&id))
+                .arg(&["home_seq", "state", "done", "failed", "total"])
+                .query_async(&mut self.con)
+                .await
+                .map_err(|e| e.to_string())?;
+            let bits: u64 = redis::cmd("BITCOUNT")
+                .arg(pk.terminal(&id))
+                .query_async(&mut self.con)
+                .await
+                .map_err(|e| e.to_string())?;
+            let counted: Option<String> = redis::cmd("HGET")
+                .arg(home.task(&id))
+                .arg(format!("part:{p}"))
+                .query_async(&mut self.con)
+                .await
+                .map_err(|e| e.to_string())?;
+            let ours = home_seq == Some(c.shard_ref.inc);
+            let running = matches!(state.as_deref(), Some("running" | "delayed"));
+            let same = counted.as_deref() == Some(format!("{}/{}", done.unwrap_or(0), failed.unwrap_or(0)).as_str());
+            if !ours || running || (state.as_deref() == Some("aggregating") && !same) {
+                let r = scripts::uncount(&mut self.con, &home, &id, c.shard_ref.inc, p, &c.token)
+                    .await
+                    .map_err(|e| format!("uncount: {e}"))?;
+                self.note(format!(
+                    "aggregation of {} finds share {p} {state:?} (ours {ours}): uncount {r}",
+                    c.shard_ref
+                ));
+                return Ok(false);
+            }
+            ensure!(
+                state.as_deref() != Some("aggregating") || size == Some(bits),
+                "aggregation of {}: share {p} ended with {bits} of {size:?} bits",
+                c.shard_ref
+            );
+        }
+        Ok(true)
+    }
+
+    /// A failover of partition `p`'s master loses the last completion of task `id`'s share
+    /// there after the share was counted in the home: a terminal shard's bit, result or reason
+    /// and count go, the share is `running` again (and out of `unreported`: the end went with
+    /// it), and the shard is held again under its claim, whose executor's lease has expired.
+    async fn lose(&mut self, id: &str, p: u32) -> Outcome {
+        let home = self.layout.home.clone();
+        let pk = self.layout.parts[p as usize - 1].clone();
+        let (counted, seq, home_state): (Option<String>, Option<u64>, Option<String>) = redis::cmd("HMGET")
+            .arg(home.task(id))
+            .arg(format!("part:{p}"))
+            .arg("seq")
+            .arg("state")
+            .query_async(&mut self.con)
+            .await
+            .map_err(|e| e.to_string())?;
+        // (once the task ended, what its shares lose changes nothing)
+        if !matches!(home_state.as_deref(), Some("running" | "aggregating")) {
+            return Ok(());
+        }
+        let (state, share_inc, home_seq, size): (Option<String>, Option<u64>, Option<u64>, Option<u64>) =
+            redis::cmd("HMGET")
+                .arg(pk.task(id))
+                .arg(&["state", "seq", "home_seq", "total"])
+                .query_async(&mut self.con)
+                .await
+                .map_err(|e| e.to_string())?;
+        let (Some(_), Some(seq), Some("aggregating"), Some(inc), Some(size)) =
+            (counted, seq, state.as_deref(), share_inc, size)
+        else {
+            return Ok(());
+        };
+        if home_seq != Some(seq) || size == 0 {
+            return Ok(());
+        }
+        let i = self.rng.below(size as usize) as u64;
+        let failed: bool = redis::cmd("HEXISTS")
+            .arg(pk.errors(id))
+            .arg(i)
+            .query_async(&mut self.con)
+            .await
+            .map_err(|e| e.to_string())?;
+        let dead = format!("lost{}", self.rng.next() % 1_000_000);
+        let () = redis::pipe()
+            .cmd("SETBIT")
+            .arg(pk.terminal(id))
+            .arg(i)
+            .arg(0)
+            .cmd("HDEL")
+            .arg(pk.results(id))
+            .arg(i)
+            .cmd("HDEL")
+            .arg(pk.errors(id))
+            .arg(i)
+            .cmd("HINCRBY")
+            .arg(pk.task(id))
+            .arg(if failed { "failed" } else { "done" })
+            .arg(-1)
+            .cmd("HSET")
+            .arg(pk.task(id))
+            .arg("state")
+            .arg("running")
+            .cmd("ZREM")
+            .arg(pk.unreported())
+            .arg(id)
+            .cmd("ZADD")
+            .arg(pk.leases())
+            .arg(1)
+            .arg(&dead)
+            .cmd("HSET")
+            .arg(pk.active())
+            .arg(format!("{id}:{inc}:{i}"))
+            .arg(format!("{dead}:1"))
+            .query_async(&mut self.con)
+            .await
+            .map_err(|e| e.to_string())?;
+        self.lost.insert((id.to_owned(), p, seq));
+        self.note(format!("partition {p}'s master loses the completion of {id} shard {i} after its count"));
+        Ok(())
+    }
+
     async fn check(&mut self) -> Outcome {
         let home = self.layout.home.clone();
         for i in 0..IDS {
@@ -349,8 +505,9 @@ impl Sim {
                     let (d, f): (u64, u64) = (d.parse().unwrap(), f.parse().unwrap());
                     sum_d += d;
                     sum_f += f;
-                    // a share counted is ended with those counts (unless cleaned away since)
-                    if mine {
+                    // a share counted is ended with those counts (unless cleaned away since, or it
+                    // lost writes after its count: the aggregation forgets the count)
+                    if mine && !self.lost.contains(&(id.clone(), p, seq)) {
                         let st = s.get("state").map(String::as_str).unwrap_or("");
                         ensure!(
                             st == "aggregating" || st == "cancelled",
@@ -419,6 +576,8 @@ impl Sim {
             for s in 0..=K as usize {
                 let k = self.space(s).clone();
                 scripts::promote(&mut self.con, &k).await.map_err(|e| e.to_string())?;
+                // shards held under expired leases (a failover's lost completions) come back
+                scripts::sweep(&mut self.con, &k, 1, 1000).await.map_err(|e| format!("sweep: {e}"))?;
                 self.claim(0, s).await?;
                 while !self.execs[0].held.is_empty() {
                     self.finish(0, false).await?;
@@ -486,6 +645,7 @@ async fn run_seed(con: Conn, seed: u64, steps: u64) -> Outcome {
         rng: Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1),
         execs: (0..EXECUTORS).map(|i| Exec { instance: format!("e{i}"), seq: 0, held: Vec::new() }).collect(),
         aggregated: HashMap::new(),
+        lost: HashSet::new(),
         log: Vec::new(),
     };
     let fail =
