@@ -2,7 +2,7 @@
 //! exactly the minimal ACL of docs/operations.md "Production Redis", and the same over TLS with a throwaway CA
 //! (`shardctl_testkit::SecureRedis`). Real `shardctl` processes: executor, coordinator (firing a
 //! schedule), dispatch (pull, routed, delayed, failing), status, wait, watch, pause/resume, config,
-//! limit, cancel, retry, schedule, clean. The password never shows in the process list, logs,
+//! limit, cancel, retry, schedule, clean, a task over partitions, the dashboard's map and events. The password never shows in the process list, logs,
 //! errors, metrics or `status`; bad credentials and unreadable URL files are clear errors.
 
 #[allow(dead_code)] // shared with tests/cli.rs, which uses all of it
@@ -21,8 +21,8 @@ use support::{shardctl, Cli};
 /// them (the test below checks the document holds this line): the queue's keys under the default prefix, no
 /// channels, and only the commands shardctl sends or its scripts call.
 const MINIMAL_ACL: &str =
-    "resetkeys ~{shardctl:* resetchannels -@all +evalsha +script|load +multi +exec +bzpopmin +xread \
-+xadd +bitfield +del +exists +get +getbit +hdel +hexists +hget +hgetall +hincrby +hlen +hmget +hmset +hscan +hset \
+    "resetkeys ~{shardctl:* resetchannels -@all +evalsha +script|load +multi +exec +bzpopmin +xread +xrevrange \
++xadd +bitcount +bitfield +del +exists +get +getbit +getrange +hdel +hexists +hget +hgetall +hincrby +hlen +hmget +hmset +hscan +hset \
 +hsetnx +hkeys +incr +llen +lpop +lpush +lrange +lrem +ltrim +pexpire +persist +rpush +sadd +scard +set +setbit \
 +smembers +srem +time +zadd +zcard +zrange +zrangebyscore +zrem +zremrangebyscore +zrevrange +zscore";
 
@@ -63,6 +63,25 @@ fn scrape(addr: &str) -> String {
     }
 }
 
+/// `GET path` of the dashboard on `addr`: the whole response, once it answers (a guard, not a
+/// timing).
+fn get(addr: &str, path: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(mut s) = TcpStream::connect(addr) {
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes())
+                .unwrap();
+            let mut buf = String::new();
+            if s.read_to_string(&mut buf).is_ok() && !buf.is_empty() {
+                return buf;
+            }
+        }
+        assert!(Instant::now() < deadline, "no dashboard on {addr}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Everything an operator runs, as the minimal ACL user, through `--redis-url-file`; asserts the
 /// password shows nowhere. `env` goes to every command (the CA for TLS).
 fn run_everything(server: SecureRedis, env: Option<(&str, String)>) {
@@ -78,8 +97,11 @@ fn run_everything(server: SecureRedis, env: Option<(&str, String)>) {
     let mut a = cli.executor("acl-a", &["--metrics-addr", &metrics, "--member-heartbeat", "200ms"]);
     let mut b = cli.executor("acl-b", &["--member-heartbeat", "200ms"]);
     let coordinator_metrics = free_addr();
-    let mut coordinator =
-        cli.background("coord", &["coordinator", "--metrics-addr", &coordinator_metrics, "--refresh", "200ms"]);
+    let ui = free_addr();
+    let mut coordinator = cli.background(
+        "coord",
+        &["coordinator", "--metrics-addr", &coordinator_metrics, "--ui-addr", &ui, "--refresh", "200ms"],
+    );
 
     // the process list holds the file name, never the URL
     let cmdline = std::fs::read(format!("/proc/{}/cmdline", a.pid())).expect("read cmdline");
@@ -133,6 +155,19 @@ fn run_everything(server: SecureRedis, env: Option<(&str, String)>) {
         scrape(&coordinator_metrics),
     ];
     assert!(shown[0].contains("executors:") && shown[1].contains("acl-a"), "{}", shown[1]);
+    // a queue spread over partitions (the schedule is removed: none of its tasks fires over them):
+    // the executors follow the change, the aggregation reads every share (BITCOUNT), the
+    // dashboard reads the map (GETRANGE) and the merged events (XREVRANGE)
+    cli.ok(&["config", "--partitions", "2"]);
+    let p = cli.json(&["dispatch", "--shards", "20", "--items", "100000", "--wait", "--json"], 0);
+    assert_eq!((p["result"]["primes"].as_u64(), p["partitions"].as_u64()), (Some(9592), Some(2)), "{p}");
+    let pid = p["task_id"].as_str().unwrap();
+    let map = get(&ui, &format!("/api/tasks/{pid}/map"));
+    let events = get(&ui, "/api/events?count=50");
+    assert!(map.starts_with("HTTP/1.1 200") && events.starts_with("HTTP/1.1 200"), "{map}\n{events}");
+    cli.ok(&["config", "--partitions", "1"]);
+    shown.extend([map, events]);
+
     a.terminate();
     b.terminate();
     coordinator.terminate();
