@@ -360,6 +360,12 @@ fn the_api_bounds_what_clients_can_make_it_do() {
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("unknown query parameter 'cachebuster'"), "{body}");
     assert_eq!(http("GET", &format!("{base}/api/tasks?limit=0"), None).unwrap().0, 400);
+    // counts past the documented bounds are refused too, not cut down in silence
+    for path in ["tasks?limit=201", "events?count=201", "tasks/none/map?cells=20001", "tasks/none/failed?count=201"] {
+        let (status, _, body) = http("GET", &format!("{base}/api/{path}"), None).unwrap();
+        assert_eq!(status, 400, "{path}: {body}");
+        assert!(body.contains("must be a number from 1 to"), "{path}: {body}");
+    }
 
     // a huge task: its map costs its cells, not its 2^32 shards
     cli.ok(&["dispatch", "--kind", "noop", "--shards", "4294967296", "--task-id", "huge"]);
@@ -448,6 +454,12 @@ fn the_api_shows_a_task_over_partitions_at_its_own_indexes() {
         .collect();
     shown.sort_unstable();
     assert_eq!(shown, failed, "{events}");
+    // a per-shard event names its partition's log (an id is unique within one log only)
+    let shard_events = events.as_array().unwrap().iter().filter(|e| e["event"] == "shard_failed");
+    assert!(shard_events.clone().all(|e| e["partition"].as_u64().is_some()), "{events}");
+    let pairs: std::collections::BTreeSet<(u64, &str)> =
+        shard_events.clone().map(|e| (e["partition"].as_u64().unwrap(), e["id"].as_str().unwrap())).collect();
+    assert_eq!(pairs.len(), shard_events.count(), "{events}");
     let ids: Vec<(u64, u64)> = events
         .as_array()
         .unwrap()

@@ -563,6 +563,13 @@ fn watch_over_partitions_matches_the_schema() {
     let shards: BTreeSet<u64> =
         lines.iter().filter(|e| e["event"] == "shard_failed").filter_map(|e| e["shard"].as_u64()).collect();
     assert_eq!(shards, (0..4).collect(), "{out}");
+    // each per-shard event names its partition's log: (partition, id) pairs are unique
+    let shard_events: Vec<&Value> =
+        lines.iter().filter(|e| e["event"].as_str().is_some_and(|k| k.starts_with("shard_"))).collect();
+    assert!(shard_events.iter().all(|e| e["partition"].as_u64().is_some_and(|p| (1..=2).contains(&p))), "{out}");
+    let pairs: BTreeSet<(u64, &str)> =
+        shard_events.iter().map(|e| (e["partition"].as_u64().unwrap(), e["id"].as_str().unwrap())).collect();
+    assert_eq!(pairs.len(), shard_events.len(), "{out}");
     let counted = lines.iter().filter(|e| e["event"] == "share_counted").count();
     assert_eq!(counted, 4, "{out}");
     let retried = lines.iter().find(|e| e["event"] == "task_retried").expect("a task_retried event");

@@ -381,6 +381,79 @@ fn retry_over_partitions_runs_the_failed_shards_again_until_done() {
     assert_eq!(round, rounds, "one round per retry");
 }
 
+/// `retry` of a task over partitions that still runs: the failed shards of shares already
+/// counted in the home and of shares still running run again at once, and the task ends with
+/// none failed (before, a running task's retry only completed a retry cut short, and said
+/// "no failed shards").
+#[test]
+fn retry_of_a_running_task_over_partitions_runs_its_failed_shards_again() {
+    let cli = Cli::start("parts-retry-running");
+    cli.ok(&["config", "--partitions", "3"]);
+    let dir = std::env::temp_dir().join(format!("shardctl-retry-running-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let go = dir.join("go");
+    let _ = std::fs::remove_file(&go);
+    let handler = dir.join("handler.sh");
+    // every tenth shard fails its first attempt; shards past 20 (the third share) wait for `go`
+    std::fs::write(
+        &handler,
+        format!(
+            "#!/bin/sh\ncat >/dev/null\ni=$SHARDCTL_SHARD_INDEX\n\
+             if [ $((i % 10)) = 0 ] && [ \"$SHARDCTL_ATTEMPT\" = 1 ]; then exit 3; fi\n\
+             if [ $i -gt 20 ]; then while [ ! -e {} ]; do sleep 0.05; done; fi\necho 1\n",
+            go.display()
+        ),
+    )
+    .unwrap();
+    let mut perms = std::fs::metadata(&handler).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&handler, perms).unwrap();
+    let _a = cli.executor("prr", &["--exec", handler.to_str().unwrap(), "--concurrency", "16"]);
+    cli.ok(&["dispatch", "--kind", "mine", "--shards", "30", "--attempts", "1", "--task-id", "rr"]);
+    // shares 1 and 2 end (counted, one failure each), share 3 runs with one failure
+    support::eventually("three failed, two shares counted", Duration::from_secs(30), || {
+        let t = cli.json(&["status", "rr", "--json"], 0);
+        (t["failed"] == json!(3) && t["done"] == json!(18)).then_some(()).ok_or(t)
+    });
+    let said = cli.ok(&["retry", "rr"]);
+    assert!(said.contains("3 failed shards queued again"), "{said}");
+    support::eventually("the failed shards run again", Duration::from_secs(30), || {
+        let t = cli.json(&["status", "rr", "--json"], 0);
+        (t["failed"] == json!(0) && t["done"] == json!(21) && t["state"] == json!("running")).then_some(()).ok_or(t)
+    });
+    std::fs::write(&go, "").unwrap();
+    let t = cli.json(&["wait", "rr", "--timeout", "60s", "--json"], 0);
+    assert_eq!(
+        (t["state"].as_str(), t["done"].as_u64(), t["failed"].as_u64()),
+        (Some("completed"), Some(30), Some(0)),
+        "{t}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `status` counts a node's shards in every partition: those it runs (`active`) and the routed
+/// ones waiting for it.
+#[test]
+fn status_counts_a_nodes_shards_in_every_partition() {
+    let cli = Cli::start("parts-nodes");
+    cli.ok(&["config", "--partitions", "3"]);
+    let _a = cli.executor("pn", &["--concurrency", "4"]);
+    cli.ok(&["dispatch", "--kind", "sleep", "--shards", "12", "--payload", r#"{"ms":3000}"#, "--task-id", "busy"]);
+    support::eventually("the node's active shards", Duration::from_secs(20), || {
+        let s = cli.json(&["status", "--json"], 0);
+        (s["nodes"][0]["active"] == json!(4) && s["active"] == json!(4)).then_some(()).ok_or(s)
+    });
+    cli.ok(&["wait", "busy", "--timeout", "60s"]);
+    cli.ok(&["pause"]);
+    cli.ok(&["dispatch", "--kind", "noop", "--shards", "30", "--strategy", "consistent-hash", "--task-id", "routed"]);
+    support::eventually("the node's routed waiting shards", Duration::from_secs(20), || {
+        let s = cli.json(&["status", "--json"], 0);
+        (s["nodes"][0]["waiting"] == json!(30) && s["waiting"] == json!(30)).then_some(()).ok_or(s)
+    });
+    cli.ok(&["resume"]);
+    cli.ok(&["wait", "routed", "--timeout", "60s"]);
+}
+
 /// A retry cut short after the home record was reopened (the shares not yet retried) is
 /// completed by the reconciliation: the shares ended in an older round run again.
 #[tokio::test]
@@ -560,7 +633,10 @@ fn a_delayed_task_over_partitions_waits_then_runs() {
     let cli = Cli::start("parts-delay");
     cli.ok(&["config", "--partitions", "3"]);
     let _a = cli.executor("pdel", &[]);
-    cli.ok(&["dispatch", "--kind", "noop", "--shards", "6", "--delay", "2s", "--task-id", "d"]);
+    cli.ok(&["dispatch", "--kind", "noop", "--shards", "6", "--delay", "3s", "--task-id", "d"]);
+    // its shards are counted once as delayed (by its shares, not by its home record as well)
+    let q = cli.json(&["status", "--json"], 0);
+    assert_eq!(q["delayed"], json!(6), "{q}");
     let t = cli.json(&["status", "d", "--json"], 0);
     assert_eq!(t["state"], json!("delayed"), "{t}");
     let t = cli.json(&["wait", "d", "--timeout", "60s", "--json"], 0);

@@ -298,7 +298,11 @@ pub async fn retry<C: ConnectionLike + Send>(con: &mut C, home: &Keys, id: &str)
     match state.as_deref() {
         Some("running") => {
             let round = row[1].as_deref().and_then(|r| r.parse().ok()).unwrap_or(0);
-            return resume_retries(con, &layout, id, round).await;
+            let counted: Vec<bool> = (1..=layout.count()).map(|p| row[1 + p as usize].is_some()).collect();
+            if failed_parts.is_empty() && !uncounted_failures(con, &layout, id, &counted).await? {
+                return resume_retries(con, &layout, id, round).await;
+            }
+            return retry_running(con, &layout, id, &failed_parts).await;
         }
         Some("completed" | "failed" | "aggregating") if !failed_parts.is_empty() => {}
         // only the aggregation failed (or nothing did), a cancelled or missing task: as for any task
@@ -311,6 +315,53 @@ pub async fn retry<C: ConnectionLike + Send>(con: &mut C, home: &Keys, id: &str)
     let mut again = 0;
     for p in failed_parts {
         again += retry_share(con, layout.part(p)?, id, round as u64).await?;
+    }
+    Ok(again)
+}
+
+/// Whether a share of task `id` not counted in the home yet (`counted[p - 1]` false) has shards
+/// failed for good in its partition.
+async fn uncounted_failures<C: ConnectionLike + Send>(
+    con: &mut C,
+    layout: &Layout,
+    id: &str,
+    counted: &[bool],
+) -> Result<bool> {
+    let seq: Option<u64> = redis::cmd("HGET").arg(layout.home.task(id)).arg("seq").query_async(con).await?;
+    for (pk, counted) in layout.parts.iter().zip(counted) {
+        if *counted {
+            continue;
+        }
+        let (failed, home_seq): (Option<u64>, Option<u64>) =
+            redis::cmd("HMGET").arg(pk.task(id)).arg("failed").arg("home_seq").query_async(con).await?;
+        if home_seq == seq && failed.is_some_and(|f| f > 0) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Retries the failed shards of task `id` while it runs: the home is reopened in a new round
+/// with the counts of the shares in `counted_failed` (counted, with failures) forgotten, then
+/// every share not counted in the home takes the new round, running its failed shards again
+/// (one with none only takes the round: its count, when it ends, is reported in it).
+async fn retry_running<C: ConnectionLike + Send>(
+    con: &mut C,
+    layout: &Layout,
+    id: &str,
+    counted_failed: &[u32],
+) -> Result<u64> {
+    let round = crate::scripts::reopen(con, &layout.home, id, counted_failed).await?;
+    if round < 0 {
+        return Err(crate::control::refused(id, round, "retry"));
+    }
+    let mut again = 0;
+    for (i, pk) in layout.parts.iter().enumerate() {
+        let counted: bool =
+            redis::cmd("HEXISTS").arg(layout.home.task(id)).arg(format!("part:{}", i + 1)).query_async(con).await?;
+        if !counted {
+            again += retry_share(con, pk, id, round as u64).await?;
+        }
     }
     Ok(again)
 }

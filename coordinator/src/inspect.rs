@@ -512,14 +512,10 @@ pub async fn events_tail<C: ConnectionLike + Send>(
     let count = count.clamp(1, MAX_PAGE);
     let mut out = newest(con, keys, count).await?;
     let layout = shardctl_common::partition::layout(con, keys).await?;
-    for pk in &layout.parts {
+    for (p, pk) in layout.parts.iter().enumerate() {
         let mut bases: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
         for (id, mut fields) in newest(con, pk, count).await? {
-            let field = |f: &[(String, String)], name: &str| f.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
-            if !field(&fields, "event").is_some_and(|e| e.starts_with("shard_")) {
-                continue; // a share's own dispatch or end: the home logs the task's
-            }
-            let task = field(&fields, "task").unwrap_or_default();
+            let Some(task) = share_event_task(&fields) else { continue };
             let base = match bases.get(&task) {
                 Some(b) => *b,
                 None => {
@@ -527,13 +523,7 @@ pub async fn events_tail<C: ConnectionLike + Send>(
                     *bases.entry(task).or_insert(b.unwrap_or(0))
                 }
             };
-            for (k, v) in fields.iter_mut() {
-                if k == "shard" {
-                    if let Ok(i) = v.parse::<u64>() {
-                        *v = (base + i).to_string();
-                    }
-                }
-            }
+            as_task_event(&mut fields, p as u32 + 1, base);
             out.push((id, fields));
         }
     }
@@ -547,6 +537,30 @@ pub async fn events_tail<C: ConnectionLike + Send>(
         out.truncate(count as usize);
     }
     Ok(out)
+}
+
+/// The task of a partition's event that the queue's log shows as its own: a per-shard event
+/// (`shard_*`). `None` for the others (a share's own dispatch or end: the home logs the
+/// task's).
+pub fn share_event_task(fields: &[(String, String)]) -> Option<String> {
+    let field = |name: &str| fields.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+    field("event").filter(|e| e.starts_with("shard_"))?;
+    Some(field("task").unwrap_or_default())
+}
+
+/// Makes a per-shard event of partition `part`'s log (1-based) one of the queue's: its shard
+/// at the task's index (`base`, the share's first, plus the share's index) and a field
+/// `partition` naming the log, since an id is unique within one log only (`partition` and `id`
+/// together are unique).
+pub fn as_task_event(fields: &mut Vec<(String, String)>, part: u32, base: u64) {
+    for (k, v) in fields.iter_mut() {
+        if k == "shard" {
+            if let Ok(i) = v.parse::<u64>() {
+                *v = (base + i).to_string();
+            }
+        }
+    }
+    fields.push(("partition".to_owned(), part.to_string()));
 }
 
 /// The newest `count` entries of `keys`' event log, newest first.

@@ -186,10 +186,11 @@ async fn space_counts<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Res
     if !scheduled.is_empty() {
         let mut pipe = redis::pipe();
         for id in &scheduled {
-            pipe.hget(keys.task(id), "total");
+            pipe.cmd("HMGET").arg(keys.task(id)).arg("total").arg("partitions");
         }
-        let totals: Vec<Option<u64>> = pipe.query_async(con).await?;
-        delayed += totals.iter().flatten().sum::<u64>();
+        let totals: Vec<(Option<u64>, Option<u32>)> = pipe.query_async(con).await?;
+        // a task over partitions is counted by its shares (delayed in their partitions too)
+        delayed += totals.iter().filter(|(_, k)| k.is_none_or(|k| k <= 1)).filter_map(|(t, _)| *t).sum::<u64>();
     }
     Ok(ShardCounts { paused: paused.as_deref() == Some("1"), waiting, active, delayed })
 }
@@ -295,11 +296,21 @@ pub async fn nodes<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Result
             active: 0,
         });
     }
-    // a token starts with its executor's instance: that names the node of an active shard
-    let active: HashMap<String, String> = redis::cmd("HGETALL").arg(keys.active()).query_async(con).await?;
-    for t in active.values() {
-        if let Some(&i) = t.split(':').next().and_then(|inst| by_instance.get(inst)) {
-            out[i].active += 1;
+    // a token starts with its executor's instance: that names the node of an active shard; a
+    // node's runtimes in the partitions hold shards and take routed refs there too
+    let layout = shardctl_common::partition::layout(con, keys).await?;
+    for (n, space) in std::iter::once(keys).chain(&layout.parts).enumerate() {
+        if n > 0 {
+            for s in out.iter_mut() {
+                let waiting: u64 = redis::cmd("LLEN").arg(space.node_wait(&s.node)).query_async(con).await?;
+                s.waiting += waiting;
+            }
+        }
+        let active: HashMap<String, String> = redis::cmd("HGETALL").arg(space.active()).query_async(con).await?;
+        for t in active.values() {
+            if let Some(&i) = t.split(':').next().and_then(|inst| by_instance.get(inst)) {
+                out[i].active += 1;
+            }
         }
     }
     Ok(out)

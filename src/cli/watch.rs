@@ -63,9 +63,11 @@ pub async fn run(args: &Args, a: &WatchArgs) -> anyhow::Result<ExitCode> {
         // "$" needs a blocking read per stream: the server's time now stands for it
         (false, true) => format!("{}-0", shardctl_common::time::server_now_ms(&mut plain, &keys).await?),
     };
-    let mut streams: Vec<(String, Option<shardctl_common::Keys>, String)> = vec![(keys.events(), None, start.clone())];
-    for pk in &layout.parts {
-        streams.push((pk.events(), Some(pk.clone()), start.clone()));
+    // each log with its partition's number (1-based) and keys, and the last id read
+    type Stream = (String, Option<(u32, shardctl_common::Keys)>, String);
+    let mut streams: Vec<Stream> = vec![(keys.events(), None, start.clone())];
+    for (p, pk) in layout.parts.iter().enumerate() {
+        streams.push((pk.events(), Some((p as u32 + 1, pk.clone())), start.clone()));
     }
     let mut bases: std::collections::HashMap<(String, String), u64> = std::collections::HashMap::new();
     let mut seen = 0u64;
@@ -80,9 +82,9 @@ pub async fn run(args: &Args, a: &WatchArgs) -> anyhow::Result<ExitCode> {
             let now = shardctl_common::partition::layout(&mut plain, &keys).await?;
             if now != layout {
                 let from = format!("{since}-0");
-                for pk in &now.parts {
+                for (p, pk) in now.parts.iter().enumerate() {
                     if !streams.iter().any(|(k, _, _)| *k == pk.events()) {
-                        streams.push((pk.events(), Some(pk.clone()), from.clone()));
+                        streams.push((pk.events(), Some((p as u32 + 1, pk.clone())), from.clone()));
                     }
                 }
                 layout = now;
@@ -106,13 +108,8 @@ pub async fn run(args: &Args, a: &WatchArgs) -> anyhow::Result<ExitCode> {
                         .iter()
                         .map(|(k, v)| (k.clone(), redis::from_redis_value_ref::<String>(v).unwrap_or_default()))
                         .collect();
-                    if let Some(pk) = part {
-                        let event =
-                            fields.iter().find(|(k, _)| k == "event").map(|(_, v)| v.clone()).unwrap_or_default();
-                        if !event.starts_with("shard_") {
-                            continue; // the share's own dispatch or cancel: the home logs the task's
-                        }
-                        let task = fields.iter().find(|(k, _)| k == "task").map(|(_, v)| v.clone()).unwrap_or_default();
+                    if let Some((p, pk)) = part {
+                        let Some(task) = shardctl_coordinator::inspect::share_event_task(&fields) else { continue };
                         let base = match bases.get(&(key.clone(), task.clone())) {
                             Some(b) => *b,
                             None => {
@@ -123,13 +120,7 @@ pub async fn run(args: &Args, a: &WatchArgs) -> anyhow::Result<ExitCode> {
                                 b
                             }
                         };
-                        for (k, v) in fields.iter_mut() {
-                            if k == "shard" {
-                                if let Ok(i) = v.parse::<u64>() {
-                                    *v = (base + i).to_string();
-                                }
-                            }
-                        }
+                        shardctl_coordinator::inspect::as_task_event(&mut fields, *p, base);
                     }
                     round.push((entry.id.clone(), fields));
                 }

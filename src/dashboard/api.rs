@@ -7,6 +7,7 @@ use shardctl_common::{control, schedule, Error};
 use shardctl_coordinator::inspect::{self, TaskFilter};
 use shardctl_coordinator::{presence, progress, stuck};
 use std::collections::HashMap;
+use std::ops::RangeInclusive;
 
 use super::http::Reply;
 use super::Dashboard;
@@ -82,14 +83,14 @@ fn checked(id: &str) -> Result<&str, Reply> {
 }
 
 /// A query parameter as a number of at least `min`, `default` when absent.
-fn number(query: &HashMap<String, String>, name: &str, default: u64, min: u64) -> Result<u64, Reply> {
+fn number(query: &HashMap<String, String>, name: &str, default: u64, range: RangeInclusive<u64>) -> Result<u64, Reply> {
     match query.get(name) {
         None => Ok(default),
-        Some(v) => v
-            .parse()
-            .ok()
-            .filter(|&n| n >= min)
-            .ok_or_else(|| Reply::error(400, format!("{name} must be a number of at least {min}, got '{v}'"))),
+        Some(v) => v.parse().ok().filter(|n| range.contains(n)).ok_or_else(|| {
+            let (lo, hi) = (range.start(), range.end());
+            let bound = if *hi == u64::MAX { format!("at least {lo}") } else { format!("from {lo} to {hi}") };
+            Reply::error(400, format!("{name} must be a number {bound}, got '{v}'"))
+        }),
     }
 }
 
@@ -140,8 +141,8 @@ async fn queue(d: &Dashboard) -> Result<Value, Reply> {
 async fn tasks(d: &Dashboard, query: &HashMap<String, String>) -> Result<Value, Reply> {
     let filter: TaskFilter =
         query.get("state").map_or("", String::as_str).parse().map_err(|e: String| Reply::error(400, e))?;
-    let offset = number(query, "offset", 0, 0)?;
-    let limit = number(query, "limit", 50, 1)?;
+    let offset = number(query, "offset", 0, 0..=u64::MAX)?;
+    let limit = number(query, "limit", 50, 1..=inspect::MAX_PAGE)?;
     let mut con = d.con.clone();
     let page = inspect::task_page(&mut con, &d.keys, filter, offset, limit).await.map_err(failure)?;
     serde_json::to_value(page).map_err(|e| Reply::error(500, e))
@@ -166,7 +167,7 @@ async fn task(d: &Dashboard, id: &str) -> Result<Value, Reply> {
 async fn failed(d: &Dashboard, id: &str, query: &HashMap<String, String>) -> Result<Value, Reply> {
     let id = checked(id)?;
     let cursor = query.get("cursor").map_or("0", String::as_str);
-    let count = number(query, "count", 50, 1)?;
+    let count = number(query, "count", 50, 1..=inspect::MAX_PAGE)?;
     let t = light_task(d, id).await?;
     let mut con = d.con.clone();
     let page = inspect::reason_page(&mut con, &d.keys, &t, cursor, count).await.map_err(failure)?;
@@ -175,7 +176,7 @@ async fn failed(d: &Dashboard, id: &str, query: &HashMap<String, String>) -> Res
 
 async fn map(d: &Dashboard, id: &str, query: &HashMap<String, String>) -> Result<Value, Reply> {
     let id = checked(id)?;
-    let cells = number(query, "cells", inspect::MAX_CELLS, 1)?;
+    let cells = number(query, "cells", inspect::MAX_CELLS, 1..=inspect::MAX_CELLS)?;
     let t = light_task(d, id).await?;
     let mut con = d.con.clone();
     let m = inspect::shard_map(&mut con, &d.keys, &t, cells).await.map_err(failure)?;
@@ -190,7 +191,7 @@ async fn schedules(d: &Dashboard) -> Result<Value, Reply> {
 }
 
 async fn events(d: &Dashboard, query: &HashMap<String, String>) -> Result<Value, Reply> {
-    let count = number(query, "count", 50, 1)?;
+    let count = number(query, "count", 50, 1..=inspect::MAX_PAGE)?;
     let mut con = d.con.clone();
     let tail = inspect::events_tail(&mut con, &d.keys, count).await.map_err(failure)?;
     Ok(Value::Array(tail.iter().map(|(id, f)| crate::json::event(id, f)).collect()))

@@ -171,14 +171,13 @@ impl<R> Cli<R> {
             .unwrap_or_else(|e| panic!("stdout of {args:?} is not JSON ({e}): {out:?}"))
     }
 
-    /// Starts `shardctl executor --node-id <node>` with short timings for tests, plus `extra`.
+    /// Starts `shardctl executor --node-id <node>` with short timings for tests (and a
+    /// concurrency of 2 unless `extra` names one), plus `extra`.
     pub fn executor(&self, node: &str, extra: &[&str]) -> Process {
-        let mut args = vec![
-            "executor",
-            "--node-id",
-            node,
-            "--concurrency",
-            "2",
+        let concurrency: &[&str] = if extra.contains(&"--concurrency") { &[] } else { &["--concurrency", "2"] };
+        let mut args = vec!["executor", "--node-id", node];
+        args.extend_from_slice(concurrency);
+        args.extend_from_slice(&[
             "--lock-duration",
             "2s",
             "--stalled-interval",
@@ -187,7 +186,7 @@ impl<R> Cli<R> {
             "200ms",
             "--grace",
             "2s",
-        ];
+        ]);
         args.extend_from_slice(extra);
         self.background(node, &args)
     }
