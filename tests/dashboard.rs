@@ -316,9 +316,9 @@ fn many_viewers_share_one_read() {
 }
 
 /// An address given with --ui-addr must be free (exit 2, named); a second coordinator on the
-/// host, left to the default, runs without a dashboard and says so.
+/// host, left to the defaults, runs without a dashboard and without metrics and says so.
 #[test]
-fn a_taken_dashboard_address() {
+fn a_taken_dashboard_or_metrics_address() {
     let cli = Cli::start("dash-taken");
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap().to_string();
@@ -331,16 +331,17 @@ fn a_taken_dashboard_address() {
     assert_eq!(out.code(), 2, "{out:?}");
     assert!(out.stderr.contains("cannot read the token file /nonexistent/token"), "{out:?}");
 
-    // the default address: the first coordinator of the host has it (unless something else
-    // does), a second one runs without
-    let first = cli.background("first", &["--log", "info", "coordinator", "--metrics-addr", "off"]);
-    let mut second = cli.background("second", &["--log", "info", "coordinator", "--metrics-addr", "off"]);
+    // the default addresses (dashboard and metrics): the first coordinator of the host has
+    // them (unless something else does), a second one runs without
+    let first = cli.background("first", &["--log", "info", "coordinator"]);
+    let mut second = cli.background("second", &["--log", "info", "coordinator"]);
     eventually("both coordinators to run", PATIENCE, || {
         let n: u64 = redis::cmd("ZCARD").arg(cli.key("coordinators")).query(&mut cli.con()).unwrap();
         (n == 2).then_some(()).ok_or(format!("{n}\n{}\n{}", first.log(), second.log()))
     });
     let logs = first.log() + &second.log();
     assert!(logs.contains("no dashboard: the dashboard cannot listen on 127.0.0.1:8080"), "{logs}");
+    assert!(logs.contains("no metrics: cannot serve metrics on 127.0.0.1:9465"), "{logs}");
     assert!(second.ended().is_none(), "{}", second.log());
 }
 

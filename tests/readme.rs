@@ -48,10 +48,15 @@ fn the_readme_example_runs_as_written_with_executor_and_coordinator() {
     let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
     let script = block_after(&readme, "## In one example");
     assert!(script.contains("shardctl coordinator &") && script.contains("shardctl executor"), "{script}");
+    // and the example's handler takes a task without a payload (its stdin is `null`)
+    let extra = "shardctl dispatch --kind report --shards 4 --items 100 --wait\n";
+    let at = script.find("shardctl status").unwrap_or_else(|| panic!("no status line: {script}"));
+    let script = format!("{}{extra}{}", &script[..at], &script[at..]);
     let redis = TestRedis::start();
     let (out, err) = run(&script, &redis);
     let said = format!("--- stdout\n{out}\n--- stderr\n{err}");
     assert!(out.contains("completed: 200 of 200 shards done, 0 failed"), "{said}");
+    assert!(out.contains("completed: 4 of 4 shards done, 0 failed"), "{said}");
     // the rows [0, 1_000_000) whose number is a multiple of 7, summed by the example's handlers
     let picked: Vec<u64> = (0..1_000_000u64).filter(|n| n % 7 == 0).collect();
     let line = out.lines().find_map(|l| l.strip_prefix("result: ")).unwrap_or_else(|| panic!("no result: {said}"));

@@ -10,7 +10,8 @@ import json
 import os
 import sys
 
-payload = json.load(sys.stdin) if not sys.stdin.isatty() else {}
+# a task dispatched without --payload gets `null`
+payload = (json.load(sys.stdin) if not sys.stdin.isatty() else None) or {}
 every = int(payload.get("every", 7))
 start = int(os.environ["SHARDCTL_RANGE_START"])
 end = int(os.environ["SHARDCTL_RANGE_END"])

@@ -14,10 +14,12 @@ use super::{connect, duration, Args};
 
 #[derive(Debug, Parser)]
 pub struct CoordinatorArgs {
-    /// Serve Prometheus metrics on this address (GET /metrics); `off` for none. Loopback by
-    /// default: give 0.0.0.0:PORT to serve other hosts.
-    #[arg(long, default_value = shardctl::metrics::DEFAULT_COORDINATOR_ADDR, value_parser = addr_or_off)]
-    pub metrics_addr: MetricsAddr,
+    /// Serve Prometheus metrics on this address (GET /metrics); `off` for none. Default
+    /// 127.0.0.1:9465 (loopback: give 0.0.0.0:PORT to serve other hosts). When the default is
+    /// taken (a second coordinator on the host), it runs without them and says so; an address
+    /// given here must be free.
+    #[arg(long, value_parser = addr_or_off)]
+    pub metrics_addr: Option<MetricsAddr>,
     /// Serve the web dashboard on this address; `off` for none. Default 127.0.0.1:8080
     /// (loopback: give 0.0.0.0:PORT to serve other hosts, then with --ui-token-file and behind a
     /// proxy with TLS). When the default is taken (a second coordinator on the host), it runs
@@ -70,8 +72,17 @@ pub async fn run(args: &Args, a: &CoordinatorArgs) -> anyhow::Result<ExitCode> {
     cfg.validate().map_err(shardctl_common::Error::Invalid)?;
     let token = a.ui_token_file.as_deref().map(shardctl::dashboard::read_token).transpose()?;
     let (_, con) = connect(args).await?;
-    if let MetricsAddr(Some(addr)) = a.metrics_addr {
-        shardctl::metrics::install(addr, Some(cfg.gauge_idle_timeout()))?;
+    let metrics = a
+        .metrics_addr
+        .unwrap_or(MetricsAddr(Some(shardctl::metrics::DEFAULT_COORDINATOR_ADDR.parse().expect("an address"))));
+    if let MetricsAddr(Some(addr)) = metrics {
+        match shardctl::metrics::install(addr, Some(cfg.gauge_idle_timeout())) {
+            Ok(()) => {}
+            Err(e) if a.metrics_addr.is_none() => {
+                tracing::warn!("no metrics: {e} (another coordinator on this host? --metrics-addr picks an address)")
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
     let (stop, now) = (CancellationToken::new(), CancellationToken::new());
     let ui = a.ui_addr.unwrap_or(MetricsAddr(Some(DEFAULT_UI_ADDR.parse().expect("an address"))));
@@ -83,7 +94,9 @@ pub async fn run(args: &Args, a: &CoordinatorArgs) -> anyhow::Result<ExitCode> {
                 let how = if read_only { "read-only: no --ui-token-file" } else { "actions need the token" };
                 tracing::info!("dashboard on http://{at}/ ({how})");
             }
-            Err(e) if a.ui_addr.is_none() => tracing::warn!("no dashboard: {e}"),
+            Err(e) if a.ui_addr.is_none() => {
+                tracing::warn!("no dashboard: {e} (another coordinator on this host? --ui-addr picks an address)")
+            }
             Err(e) => return Err(e.into()),
         }
     }
