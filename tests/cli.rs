@@ -678,6 +678,19 @@ fn debug_logs_follow_each_shard_and_keep_a_handlers_stderr() {
         ok.then_some(()).ok_or(log)
     });
     assert!(e.terminate().success(), "{}", e.log());
+
+    // over partitions a ref's index is the share's own: the lines name the task's index too
+    cli.ok(&["config", "--partitions", "3"]);
+    let mut e = cli.background("dbgp", &["--log", "debug", "executor", "--node-id", "dbgp", "--exec", exec]);
+    cli.ok(&["dispatch", "--kind", "talk", "--shards", "6", "--task-id", "spread", "--wait", "--timeout", "30s"]);
+    eventually("each shard's own line in the debug log", Duration::from_secs(30), || {
+        let log = e.log();
+        let ended = |i: u32| {
+            log.lines().any(|l| l.contains("shard ended: completed") && l.contains(&format!("shard {i} of the task")))
+        };
+        (0..6).all(ended).then_some(()).ok_or(log)
+    });
+    assert!(e.terminate().success(), "{}", e.log());
 }
 
 // `--log-format json`: every log line is one JSON object with its fields under their names and

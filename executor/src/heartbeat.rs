@@ -69,19 +69,19 @@ pub(crate) async fn beat(shared: &Shared) -> bool {
             let mut map = shared.held.lock().unwrap();
             let stopped = lost.into_iter().map(|i| (i, false)).chain(cancelled.into_iter().map(|i| (i, true)));
             for (i, by_cancel) in stopped {
-                let (r, token) = &held[i];
+                let (_, token) = &held[i];
                 // a reported shard's lock may just have been deleted by its own completion
                 if let Some(h) = map.get_mut(&keys[i]).filter(|h| &h.claim.token == token && !h.reporting) {
                     h.lost = true;
                     h.cancel.cancel();
                     if by_cancel {
+                        tracing::info!(shard = %shared.shown(&h.claim.shard_ref), "task cancelled: stopping its handler");
                         // its spec goes too: a later task under the same id is another task
                         shared.tasks.forget(&h.claim.shard_ref.task);
-                        tracing::info!(shard = %r, "task cancelled: stopping its handler");
                         Stats::add(&shared.stats.cancelled, 1);
                         shared.metrics.cancelled.increment(1);
                     } else {
-                        tracing::warn!(shard = %r, "lock lost: cancelling its handler");
+                        tracing::warn!(shard = %shared.shown(&h.claim.shard_ref), "lock lost: cancelling its handler");
                         Stats::add(&shared.stats.locks_lost, 1);
                         shared.metrics.locks_lost.increment(1);
                     }

@@ -222,10 +222,10 @@ pub(crate) fn count(shared: &Shared, finished: &[Finished<'_>], codes: &scripts:
             (FinishedAs::Failed { reason, delay_ms }, Ok(2)) => {
                 Stats::add(&s.retried, 1);
                 m.retried.increment(1);
-                tracing::info!(shard = %f.claim.shard_ref, attempt = f.claim.attempt, retry_in_ms = delay_ms, "shard failed: {reason}");
+                tracing::info!(shard = %shared.shown(&f.claim.shard_ref), attempt = f.claim.attempt, retry_in_ms = delay_ms, "shard failed: {reason}");
             }
             (FinishedAs::Failed { reason, .. }, Ok(1)) => {
-                tracing::warn!(shard = %f.claim.shard_ref, attempt = f.claim.attempt, "failed for good: {reason}");
+                tracing::warn!(shard = %shared.shown(&f.claim.shard_ref), attempt = f.claim.attempt, "failed for good: {reason}");
                 Stats::add(&s.failed, 1);
                 if agg {
                     m.aggregations_failed.increment(1);
@@ -241,7 +241,7 @@ pub(crate) fn count(shared: &Shared, finished: &[Finished<'_>], codes: &scripts:
                 if code.is_lock_lost() {
                     m.locks_lost.increment(1);
                 }
-                tracing::warn!(shard = %f.claim.shard_ref, "outcome refused: {code}");
+                tracing::warn!(shard = %shared.shown(&f.claim.shard_ref), "outcome refused: {code}");
             }
         }
     }

@@ -23,7 +23,7 @@ pub(crate) async fn shard(shared: Arc<Shared>, claim: Claimed, cancel: Cancellat
     let started = debug.then(std::time::Instant::now);
     if debug {
         let c = unreported.claim.as_ref().expect("set above");
-        tracing::debug!(shard = %c.shard_ref, attempt = c.attempt, "shard started");
+        tracing::debug!(shard = %shared.shown(&c.shard_ref), attempt = c.attempt, "shard started");
     }
     let outcome = run(&shared, unreported.claim.as_ref().expect("set above"), &cancel).await;
     let claim = unreported.claim.take().expect("set above");
@@ -33,7 +33,7 @@ pub(crate) async fn shard(shared: Arc<Shared>, claim: Claimed, cancel: Cancellat
             Outcome::Failed(e) => format!("failed: {}", e.0),
             other => format!("{other:?}"),
         };
-        tracing::debug!(shard = %claim.shard_ref, ms = t.elapsed().as_millis() as u64, "shard ended: {how}");
+        tracing::debug!(shard = %shared.shown(&claim.shard_ref), ms = t.elapsed().as_millis() as u64, "shard ended: {how}");
     }
     report(&shared, claim, outcome, &cancel);
     drop(slot);
@@ -98,7 +98,7 @@ async fn run(shared: &Shared, claim: &Claimed, cancel: &CancellationToken) -> Ou
         match shared.tasks.get(&mut con, &shared.keys, &r.task, r.inc).await {
             Ok(m) => break m,
             Err(e) => {
-                tracing::warn!(shard = %r, "reading the task: {e}");
+                tracing::warn!(shard = %shared.shown(r), "reading the task: {e}");
                 tokio::select! {
                     _ = tokio::time::sleep(std::time::Duration::from_millis(500)) => {}
                     _ = cancel.cancelled() => return Outcome::Failed(ShardError::new("cancelled")),

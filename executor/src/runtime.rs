@@ -69,6 +69,24 @@ pub(crate) struct Shared {
     pub(crate) held_now: std::sync::atomic::AtomicUsize,
 }
 
+impl Shared {
+    /// A shard as the logs name it: its ref (`<task>:<seq>:<index>`, the keys' own names) and,
+    /// for a share of a task over partitions whose record is cached, its partition and the
+    /// task's index (the ref's index is the share's own: shard 0 of every share logs as `:0`).
+    pub(crate) fn shown(&self, r: &ShardRef) -> String {
+        let share = match r.part {
+            shardctl_common::model::Part::Shard(i) => {
+                self.tasks.cached(&r.task, r.inc).and_then(|m| m.info.share).map(|s| (s.part, s.base + i))
+            }
+            shardctl_common::model::Part::Aggregate => None,
+        };
+        match share {
+            Some((part, index)) => format!("{r} (partition {part}, shard {index} of the task)"),
+            None => r.to_string(),
+        }
+    }
+}
+
 /// The claim loop's state that the heartbeat and the reporter read.
 #[derive(Default)]
 pub(crate) struct ClaimState {
