@@ -77,7 +77,9 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
         } else {
             let finished = crate::report::completions(&done);
             match scripts::complete_and_claim(&mut con, &shared.keys, &finished, &req).await {
-                Ok((codes, o)) => {
+                Ok((mut codes, o)) => {
+                    let sent: Vec<bool> = done.iter().map(|r| r.sent).collect();
+                    crate::report::lost_replies(&shared, &finished, &mut codes, &sent).await;
                     crate::report::count(&shared, &finished, &codes);
                     Stats::add(&shared.stats.with_claim, finished.len() as u64);
                     drop(finished);
@@ -87,6 +89,10 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
                 Err(e) => {
                     // the reporter records them (again: a completion recorded twice is refused)
                     drop(finished);
+                    // the call may have reached Redis: a refusal of their next recording may be
+                    // this call's own doing
+                    let mut done = done;
+                    done.iter_mut().for_each(|r| r.sent = true);
                     shared.outbox.put_back(done);
                     Err(e)
                 }

@@ -39,6 +39,9 @@ pub(crate) enum Outcome {
 pub(crate) struct Report {
     pub(crate) claim: Claimed,
     pub(crate) outcome: Outcome,
+    /// A call carrying it may have reached Redis, its reply lost (a connection error): a
+    /// completion then refused as lock-less may be that call's own (see [`lost_replies`]).
+    pub(crate) sent: bool,
 }
 
 /// Most reports recorded by one call.
@@ -154,7 +157,13 @@ async fn record(shared: &Shared, batch: &[Report], closing: &CancellationToken) 
         }
         .await;
         match done {
-            Ok((f, r)) => {
+            Ok((mut f, r)) => {
+                let sent: Vec<bool> = batch
+                    .iter()
+                    .filter(|r| matches!(r.outcome, Outcome::Completed(_) | Outcome::Failed(_)))
+                    .map(|r| r.sent || failures > 0)
+                    .collect();
+                lost_replies(shared, &finished, &mut f, &sent).await;
                 count(shared, &finished, &f);
                 for c in r {
                     match c {
@@ -199,6 +208,39 @@ async fn record(shared: &Shared, batch: &[Report], closing: &CancellationToken) 
                     }
                 }
                 tokio::time::sleep(d).await;
+            }
+        }
+    }
+}
+
+/// A completion sent again after a connection error finds its lock gone when the first call
+/// did record it (the reply was lost): where `sent[i]` and the code is "lock missing", a shard
+/// found terminal in the same incarnation of its task is counted as completed here (its count
+/// in Redis was made once, by that call or, should this executor's lock have expired meanwhile,
+/// by the executor that ran it again), not reported as refused.
+pub(crate) async fn lost_replies(
+    shared: &Shared,
+    finished: &[Finished<'_>],
+    codes: &mut scripts::ItemCodes,
+    sent: &[bool],
+) {
+    let mut con = shared.con.clone();
+    for ((f, c), sent) in finished.iter().zip(codes.iter_mut()).zip(sent) {
+        let r = &f.claim.shard_ref;
+        let (FinishedAs::Completed(_), Err(ScriptCode::LockMissing), true, shardctl_common::model::Part::Shard(i)) =
+            (&f.outcome, &c, sent, r.part)
+        else {
+            continue;
+        };
+        let read: redis::RedisResult<(Option<u64>, u8)> = redis::pipe()
+            .hget(shared.keys.task(&r.task), "seq")
+            .getbit(shared.keys.terminal(&r.task), i as usize)
+            .query_async(&mut con)
+            .await;
+        if let Ok((Some(seq), 1)) = read {
+            if seq == r.inc {
+                tracing::debug!(shard = %shared.shown(r), "completion recorded by a call whose reply was lost");
+                *c = Ok(1);
             }
         }
     }

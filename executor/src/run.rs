@@ -87,7 +87,7 @@ fn report(shared: &Shared, claim: Claimed, outcome: Outcome, cancel: &Cancellati
     } else {
         outcome
     };
-    shared.outbox.push(Report { claim, outcome });
+    shared.outbox.push(Report { claim, outcome, sent: false });
 }
 
 async fn run(shared: &Shared, claim: &Claimed, cancel: &CancellationToken) -> Outcome {
