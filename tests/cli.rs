@@ -408,6 +408,20 @@ fn exec_and_aggregate_exec_through_the_binary() {
     }
 }
 
+// A handler that leaves a process running in the background (holding its stdout and stderr
+// open) ends its shard when it exits: its output is what it wrote by then (read 1 s more).
+#[test]
+fn a_handler_that_leaves_a_background_process_ends_its_shard_when_it_exits() {
+    let cli = Cli::start("exec-bg");
+    let _e = cli.executor("exec-bg", &["--exec", "sh -c 'sleep 25 & echo $SHARDCTL_SHARD_INDEX'"]);
+    let args = ["dispatch", "--kind", "bg", "--shards", "2", "--task-id", "bg", "--wait", "--timeout", "15s", "--json"];
+    let t = cli.json(&args, 0);
+    assert_eq!((t["state"].as_str(), t["done"].as_u64()), (Some("completed"), Some(2)), "{t}");
+    let results: HashMap<u64, String> =
+        redis::cmd("HGETALL").arg(cli.key("task:bg:results")).query(&mut cli.con()).unwrap();
+    assert_eq!(results, HashMap::from([(0, "0".to_owned()), (1, "1".to_owned())]));
+}
+
 #[test]
 fn a_kind_without_a_handler_fails_with_its_reason() {
     let cli = Cli::start("no-handler");

@@ -18,6 +18,9 @@ use crate::handler::{AggregateContext, Aggregator, BoxFuture, Handler, ShardCont
 pub const DEFAULT_MAX_OUTPUT: usize = 1 << 20;
 /// How much of a failing child's stderr becomes the failure reason.
 const STDERR_TAIL: usize = 2048;
+/// How long a handler's output is read after it exited: what it started in the background may
+/// hold its stdout and stderr open, and the shard ends with the handler, not with those.
+const OUTPUT_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Splits a command line into program and arguments, honouring single quotes, double quotes
 /// and backslash escapes. No shell is involved: no globbing, no variables, no pipes.
@@ -136,11 +139,31 @@ impl ExecCommand {
             // a child that does not read its stdin closes the pipe: not an error
             let _ = input.write_all(&stdin).await;
         });
-        let out = read_limited(child.stdout.take().expect("piped stdout"), self.max_output);
-        let err = read_tail(child.stderr.take().expect("piped stderr"));
+        // the pipes are read to their end, or for OUTPUT_GRACE after the handler exited
+        let (stop, read_all) = (CancellationToken::new(), CancellationToken::new());
+        let out = read_limited(child.stdout.take().expect("piped stdout"), self.max_output, &stop);
+        let err = read_tail(child.stderr.take().expect("piped stderr"), &stop);
+        let reads = async {
+            let r = tokio::join!(out, err);
+            read_all.cancel();
+            r
+        };
+        let program = &self.program;
+        let exit = async {
+            let st = child.wait().await;
+            tokio::select! {
+                () = read_all.cancelled() => {}
+                () = tokio::time::sleep(OUTPUT_GRACE) => {
+                    tracing::debug!(%program, "the handler exited, something it started holds its output open: \
+                        its output is what it wrote until then");
+                    stop.cancel();
+                }
+            }
+            st
+        };
         let status = async {
-            let (out, err) = tokio::join!(out, err);
-            (child.wait().await, out, err)
+            let ((out, err), st) = tokio::join!(reads, exit);
+            (st, out, err)
         };
         let (status, out, err) = tokio::select! {
             r = status => r,
@@ -183,13 +206,27 @@ impl ExecCommand {
     }
 }
 
-/// Reads all of `r`, or `None` once it passes `limit` bytes (the rest is drained).
-async fn read_limited(mut r: impl AsyncRead + Unpin, limit: usize) -> std::io::Result<Option<Vec<u8>>> {
+/// Reads all of `r` (or what came until `stop`), or `None` once it passes `limit` bytes (the
+/// rest is drained).
+async fn read_limited(
+    mut r: impl AsyncRead + Unpin,
+    limit: usize,
+    stop: &CancellationToken,
+) -> std::io::Result<Option<Vec<u8>>> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 16 * 1024];
     let mut over = false;
     loop {
-        let n = r.read(&mut chunk).await?;
+        // read first while data comes, but not past `stop` (a background writer never ends)
+        let n = if stop.is_cancelled() {
+            0
+        } else {
+            tokio::select! {
+                biased;
+                n = r.read(&mut chunk) => n?,
+                () = stop.cancelled() => 0,
+            }
+        };
         if n == 0 {
             return Ok((!over).then_some(buf));
         }
@@ -203,11 +240,19 @@ async fn read_limited(mut r: impl AsyncRead + Unpin, limit: usize) -> std::io::R
     }
 }
 
-/// Keeps the last [`STDERR_TAIL`] bytes of `r`.
-async fn read_tail(mut r: impl AsyncRead + Unpin) -> Vec<u8> {
+/// Keeps the last [`STDERR_TAIL`] bytes of `r` (read to its end, or until `stop`).
+async fn read_tail(mut r: impl AsyncRead + Unpin, stop: &CancellationToken) -> Vec<u8> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 8 * 1024];
-    while let Ok(n) = r.read(&mut chunk).await {
+    while !stop.is_cancelled() {
+        let n = tokio::select! {
+            biased;
+            n = r.read(&mut chunk) => match n {
+                Ok(n) => n,
+                Err(_) => break,
+            },
+            () = stop.cancelled() => break,
+        };
         if n == 0 {
             break;
         }
