@@ -5,12 +5,21 @@
   stays for the rebalancer to move (it finds departed nodes through `routed-nodes`).
 
   KEYS[1] nodes zset    node id -> alive until (ms)
+  KEYS[2] meta  hash    queue metadata: `last_left_ms`, when the last departed one was alive
   ARGV[1] key prefix  `{P:Q}:` (the `node:<n>` hashes are derived from it: one per node)
 
   Returns { departed node ids..., '', live node ids... } (both sorted by score).
 ]]
 local prefix, now = ARGV[1], now_ms()
-local out = rcall('ZRANGEBYSCORE', K.nodes, '-inf', now)
+local out = rcall('ZRANGEBYSCORE', K.nodes, '-inf', now, 'WITHSCORES')
+local departed = {}
+for i = 1, #out, 2 do
+  departed[#departed + 1] = out[i]
+  -- the newest "alive until" of the departed: when the last of them was last known alive
+  local until = tonumber(out[i + 1])
+  if until > tonumber(rcall('HGET', K.meta, 'last_left_ms') or '0') then rcall('HSET', K.meta, 'last_left_ms', until) end
+end
+out = departed
 for _, n in ipairs(out) do
   rcall('ZREM', K.nodes, n)
   rcall('DEL', prefix .. 'node:' .. n)

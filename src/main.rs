@@ -34,7 +34,10 @@ fn main() -> ExitCode {
             return ExitCode::from(cli::usage_exit_code(&e));
         }
     };
-    cli::init_logging(&args);
+    if let Err(e) = cli::init_logging(&args) {
+        eprintln!("error: {e}");
+        return ExitCode::from(cli::exit::USAGE);
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

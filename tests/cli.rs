@@ -104,7 +104,7 @@ fn dispatch_payload_over_1_mib() {
     let file = dir.join("big.json");
     std::fs::write(&file, &payload).unwrap();
     let f = file.to_str().unwrap();
-    cli.rejects(&["dispatch", "--shards", "1", "--payload-file", f], 2, "the limit is 1048576 (1 MiB)");
+    cli.rejects(&["dispatch", "--shards", "1", "--payload-file", f], 2, "is over the limit of 1048576 bytes (1 MiB)");
     assert_eq!(cli.dbsize(), 0);
     let exact = format!("\"{}\"", "z".repeat((1 << 20) - 2));
     std::fs::write(&file, &exact).unwrap();
@@ -655,6 +655,7 @@ fn a_wait_that_cannot_progress_says_why() {
     assert_eq!(out.code(), 1, "{out:?}");
     assert!(out.stderr.contains("task lonely is not moving: no executor is running for this queue"), "{out:?}");
     assert!(out.stderr.contains("timed out after 3s: no executor is running"), "the timeout says why: {out:?}");
+    assert!(out.stderr.contains("(none has joined it)"), "{out:?}");
 
     // an executor, but the queue paused
     cli.ok(&["pause"]);
@@ -671,7 +672,14 @@ fn a_wait_that_cannot_progress_says_why() {
     let out = cli.run(&["wait", "later", "--timeout", "3s", "--json"]);
     assert_eq!(out.code(), 1, "{out:?}");
     assert!(out.stderr.contains("the task is delayed: it starts in"), "{out:?}");
-    e.terminate();
+    // status says when, not an unknown ETA
+    let line = cli.ok(&["status"]);
+    let line = line.lines().find(|l| l.trim_start().starts_with("later ")).unwrap_or_else(|| panic!("{line}"));
+    assert!(line.contains("delayed") && line.contains("starts in") && !line.contains("eta ?"), "{line}");
+    // the executor leaves gracefully: a wait still says when one was last seen
+    assert!(e.terminate().success(), "{}", e.log());
+    let out = cli.run(&["wait", "later", "--timeout", "3s"]);
+    assert!(out.stderr.contains("no executor is running for this queue (the last one was seen"), "{out:?}");
 }
 
 // `--log debug` shows each shard (claimed, started, ended with its time and outcome) and what a
@@ -779,6 +787,8 @@ fn help_and_usage_keep_global_options_and_the_environment_apart() {
     );
     assert!(!r.stderr.contains("'-- --task-id'"), "{r:?}");
     cli.rejects(&["schedule", "add", "s1", "--cron", "@hourly", "--shards", "2", "--wait"], 2, "`shardctl wait s1-");
+    // a log filter that does not parse is refused, not replaced by the default in silence
+    cli.rejects(&["--log", "bogus===", "status"], 2, "--log (or SHARDCTL_LOG) 'bogus===' is not a log filter");
 }
 
 // Every command says so when it has nothing to show, rather than printing nothing.

@@ -79,7 +79,11 @@ pub async fn reasons<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, t: &Tas
     let newest: Vec<(String, u64)> =
         redis::cmd("ZRANGE").arg(keys.nodes()).arg(-1).arg(-1).arg("WITHSCORES").query_async(con).await?;
     match newest.first() {
-        None => out.push(Stuck::NoExecutor { last_seen_ms_ago: None }),
+        None => {
+            // every one left (or was reaped): `meta` keeps when the last did
+            let left: Option<u64> = redis::cmd("HGET").arg(keys.meta()).arg("last_left_ms").query_async(con).await?;
+            out.push(Stuck::NoExecutor { last_seen_ms_ago: left.map(|l| now.saturating_sub(l)) })
+        }
         Some((_, until)) if *until <= now => out.push(Stuck::NoExecutor { last_seen_ms_ago: Some(now - until) }),
         Some(_) => {}
     }

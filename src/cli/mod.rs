@@ -194,7 +194,7 @@ pub enum Command {
     Schedule(schedule::ScheduleArgs),
     /// Tail the queue's event log live.
     Watch(watch::WatchArgs),
-    /// Show or change the queue's settings (event log).
+    /// Show or change the queue's settings: the event log, the partitions tasks are spread over.
     Config(config::ConfigArgs),
     /// Measure throughput, Redis CPU, commands and memory per shard on a private redis-server,
     /// against the performance targets and, where Node.js is installed, BullMQ.
@@ -216,20 +216,23 @@ pub fn duration(s: &str) -> Result<Duration, String> {
     shardctl_common::time::parse_duration(s)
 }
 
-pub fn init_logging(args: &Args) {
+/// Installs the log subscriber; a filter that does not parse is refused (bad usage).
+pub fn init_logging(args: &Args) -> Result<(), String> {
     let default = match args.command {
         Command::Executor(_) | Command::Coordinator(_) => "info",
         _ => "warn",
     };
     let filter = args.log.clone().unwrap_or_else(|| default.to_owned());
-    let filter =
-        tracing_subscriber::EnvFilter::try_new(&filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let filter = tracing_subscriber::EnvFilter::try_new(&filter).map_err(|e| {
+        format!("--log (or SHARDCTL_LOG) '{filter}' is not a log filter ({e}): give error, warn, info, debug or trace")
+    })?;
     use std::io::IsTerminal;
     let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false);
     match args.log_format {
         LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
         LogFormat::Json => logs.json().with_ansi(false).init(),
     }
+    Ok(())
 }
 
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {

@@ -98,6 +98,14 @@ impl TaskArgs {
             std::fs::File::open(path).and_then(|f| f.take(limit).read_to_end(&mut buf))
         };
         read.map_err(|e| Error::invalid(format!("cannot read payload file {}: {e}", path.display())))?;
+        if buf.len() as u64 == limit {
+            return Err(Error::invalid(format!(
+                "payload file {} is over the limit of {} bytes (1 MiB)",
+                path.display(),
+                limit - 1
+            ))
+            .into());
+        }
         String::from_utf8(buf).map_err(|_| Error::invalid("payload file is not UTF-8").into())
     }
 }
