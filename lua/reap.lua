@@ -16,8 +16,10 @@ local departed = {}
 for i = 1, #out, 2 do
   departed[#departed + 1] = out[i]
   -- the newest "alive until" of the departed: when the last of them was last known alive
-  local until = tonumber(out[i + 1])
-  if until > tonumber(rcall('HGET', K.meta, 'last_left_ms') or '0') then rcall('HSET', K.meta, 'last_left_ms', until) end
+  local alive_until = tonumber(out[i + 1])
+  if alive_until > tonumber(rcall('HGET', K.meta, 'last_left_ms') or '0') then
+    rcall('HSET', K.meta, 'last_left_ms', alive_until)
+  end
 end
 out = departed
 for _, n in ipairs(out) do

@@ -577,6 +577,19 @@ async fn unstarted_shards_are_given_back_with_their_claim_undone() {
     assert_eq!(left, 0, "no per-shard state is left");
 }
 
+/// Every script, and every composed one, compiles on a real server (a syntax error, e.g. a Lua
+/// keyword as a variable name, would otherwise show only when that script is first called).
+#[tokio::test]
+async fn every_script_compiles() {
+    let mut env = ScriptEnv::start("compiles").await;
+    let all = scripts().all().into_iter().chain(scripts().composed());
+    for s in all {
+        let r: redis::RedisResult<String> =
+            redis::cmd("SCRIPT").arg("LOAD").arg(s.text()).query_async(&mut env.con).await;
+        assert_eq!(r.as_deref().map_err(|e| e.to_string()), Ok(s.get_hash()), "{}", s.file());
+    }
+}
+
 #[tokio::test]
 async fn every_wrapper_survives_script_flush() {
     let mut env = ScriptEnv::start("script_flush").await;

@@ -17,6 +17,7 @@ pub struct Lua {
     script: Script,
     file: &'static str,
     declared: Vec<String>,
+    text: String,
 }
 
 impl std::ops::Deref for Lua {
@@ -30,7 +31,7 @@ impl Lua {
     fn new(file: &'static str, body: &'static str) -> Self {
         let declared = declared_keys(body).unwrap_or_else(|e| panic!("lua/{file}: {e}"));
         let text = format!("{}\n{LIB}\n{body}", preamble(&declared));
-        Lua { script: Script::new(&text), file, declared }
+        Lua { script: Script::new(&text), file, declared, text }
     }
 
     /// One script made of several: each file's body runs as a function of its own, in order,
@@ -62,7 +63,12 @@ impl Lua {
             preamble(&declared),
             calls.join(", ")
         );
-        Lua { script: Script::new(&text), file: name, declared }
+        Lua { script: Script::new(&text), file: name, declared, text }
+    }
+
+    /// The whole text sent to Redis (the preamble, the library and the body).
+    pub fn text(&self) -> &str {
+        &self.text
     }
 
     /// The file name, e.g. `claim.lua` (for a composed script, its parts' names joined by `+`).
