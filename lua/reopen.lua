@@ -1,9 +1,9 @@
 --[[
   Reopens the home record of a task over partitions for `retry` (ARCHITECTURE.md "Partitioned
-  queues"): raises its `round`, forgets the counts of the shares given (their `part:<p>` fields
-  go and their counts leave `done` and `failed`), and makes it `running` again. The caller then
-  retries each of those shares in its partition, after setting its `round` to the one returned;
-  a report of the round before is refused from now on. A retry cut short after this script is
+  queues"): raises its `round`, forgets the counts of the shares given or chosen (their
+  `part:<p>` fields go and their counts leave `done` and `failed`), and makes it `running` again.
+  The caller then retries every share not counted in the home in its partition, after setting
+  its `round` to the one returned; a report of the round before is refused from now on. A retry cut short after this script is
   completed by the next `retry` or by the reconciliation (a share ended in an older round than
   its home's, its count missing, is retried then).
 
@@ -24,11 +24,18 @@
   KEYS[15] wait               list    explicit refs ready now
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] task id
-  ARGV[3..] the partitions whose shares run again
+  ARGV[3..] the partitions whose shares run again; none: every share counted with failed
+          shards, chosen here, atomically with the counts (a share counted between the
+          caller's read and this call is not missed)
 
-  Returns the new round, or -3 (task missing), -9 (task cancelled), -10 (its results were not
-  kept), -12 (its partitions are no longer the queue's: a change of the layout since it ran; no
-  executor would serve its shares, ARCHITECTURE.md "Changing the layout").
+  With no count to forget, a running task only takes a new round (its shares still running
+  retry their failed shards in it); a task in any other state is left as it is (returns 0):
+  reopened, it would have nothing to run and nothing to end it.
+
+  Returns the new round, 0 (nothing to forget), or -3 (task missing), -9 (task cancelled), -10
+  (its results were not kept), -12 (its partitions are no longer the queue's: a change of the
+  layout since it ran; no executor would serve its shares, ARCHITECTURE.md "Changing the
+  layout").
 ]]
 local prefix, tid, now = ARGV[1], ARGV[2], now_ms()
 local tkey = K.task
@@ -39,17 +46,27 @@ if state == 'cancelled' then return -9 end
 if t[4] ~= (rcall('HGET', K.meta, 'partition_tags') or '') then return -12 end
 local ended = state == 'completed' or state == 'failed'
 if ended and t[2] == '0' then return -10 end
+local forget = {}
+if #ARGV >= 3 then
+  for i = 3, #ARGV do
+    local v = rcall('HGET', tkey, 'part:' .. ARGV[i])
+    if v then forget[#forget + 1] = { ARGV[i], v } end
+  end
+else
+  for p = 1, tonumber(rcall('HGET', tkey, 'partitions') or '0') do
+    local v = rcall('HGET', tkey, 'part:' .. p)
+    if v and tonumber(string.match(v, '/(%d+)$')) > 0 then forget[#forget + 1] = { p, v } end
+  end
+end
+if #forget == 0 and state ~= 'running' then return 0 end
 local round = rcall('HINCRBY', tkey, 'round', 1)
 local again = 0
-for i = 3, #ARGV do
-  local v = rcall('HGET', tkey, 'part:' .. ARGV[i])
-  if v then
-    local d, f = string.match(v, '^(%d+)/(%d+)$')
-    rcall('HINCRBY', tkey, 'done', 0 - tonumber(d))
-    rcall('HINCRBY', tkey, 'failed', 0 - tonumber(f))
-    again = again + tonumber(f)
-    rcall('HDEL', tkey, 'part:' .. ARGV[i])
-  end
+for _, pv in ipairs(forget) do
+  local d, f = string.match(pv[2], '^(%d+)/(%d+)$')
+  rcall('HINCRBY', tkey, 'done', 0 - tonumber(d))
+  rcall('HINCRBY', tkey, 'failed', 0 - tonumber(f))
+  again = again + tonumber(f)
+  rcall('HDEL', tkey, 'part:' .. pv[1])
 end
 rcall('HSET', tkey, 'retried_ms', now)
 if ended then

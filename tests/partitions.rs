@@ -454,6 +454,51 @@ fn status_counts_a_nodes_shards_in_every_partition() {
     cli.ok(&["wait", "routed", "--timeout", "60s"]);
 }
 
+/// `retry` read a running task with a share's failures not yet counted; the share is counted
+/// before the retry reopens the home, and the task is aggregating. The reopen chooses the shares
+/// to forget itself, atomically with the counts: the late-counted share's failures run again
+/// (before, the reopen forgot nothing, withdrew the aggregation and left the task running with
+/// every share counted: nothing would ever end it). With no counted failure left (another retry
+/// came first), the reopen leaves the task as it is.
+#[tokio::test]
+async fn a_share_counted_while_a_retry_reads_is_retried_not_stranded() {
+    let redis = TestRedis::start();
+    let mut con = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let home = Keys::new("shardctl", "retry-race").unwrap();
+    let layout: Layout = partition::set_count(&mut con, &home, 2, false).await.unwrap();
+    let mut spec = TaskSpec::new("x", "fail", 4);
+    spec.attempts = 1;
+    shardctl_coordinator::partitions::dispatch(&mut con, &layout, &spec).await.unwrap();
+    run_share(&mut con, &layout.parts[0], 1, false).await;
+    run_share(&mut con, &layout.parts[1], 1, true).await;
+    // both counted (what the retry read had the second uncounted): the aggregation is enqueued
+    assert_eq!(shardctl_coordinator::partitions::report_pending(&mut con, &layout).await.unwrap(), 2);
+    let state: String = redis::cmd("HGET").arg(home.task("x")).arg("state").query_async(&mut con).await.unwrap();
+    assert_eq!(state, "aggregating");
+    // the retry's reopen, chosen by the script: the failed share's count goes, the task runs
+    let round = scripts::reopen(&mut con, &home, "x", &[]).await.unwrap();
+    assert_eq!(round, 1);
+    let (state, done, failed, p1, p2): (String, u64, u64, Option<String>, Option<String>) = redis::cmd("HMGET")
+        .arg(home.task("x"))
+        .arg(&["state", "done", "failed", "part:1", "part:2"])
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!((state.as_str(), done, failed, p1.as_deref(), p2), ("running", 2, 0, Some("2/0"), None));
+    // the whole retry then ends the task with every shard done
+    assert_eq!(partition::retry(&mut con, &home, "x").await.unwrap(), 2, "the failed share's shards run again");
+    run_share(&mut con, &layout.parts[1], 3, false).await;
+    assert_eq!(shardctl_coordinator::partitions::report_pending(&mut con, &layout).await.unwrap(), 1);
+    let (state, done): (String, u64) =
+        redis::cmd("HMGET").arg(home.task("x")).arg(&["state", "done"]).query_async(&mut con).await.unwrap();
+    assert_eq!((state.as_str(), done), ("aggregating", 4));
+    // nothing failed is counted now: a reopen leaves the aggregating task as it is
+    assert_eq!(scripts::reopen(&mut con, &home, "x", &[]).await.unwrap(), 0);
+    let (state, round): (String, u64) =
+        redis::cmd("HMGET").arg(home.task("x")).arg(&["state", "round"]).query_async(&mut con).await.unwrap();
+    assert_eq!((state.as_str(), round), ("aggregating", 2), "rounds: the reopen above, the retry's");
+}
+
 /// A retry cut short after the home record was reopened (the shares not yet retried) is
 /// completed by the reconciliation: the shares ended in an older round run again.
 #[tokio::test]

@@ -245,13 +245,19 @@ impl Sim {
                 .await
                 .map_err(|e| e.to_string())?;
             for (task, _) in pending {
-                let f: (Option<u64>, Option<u64>, Option<u64>, Option<u64>) = redis::cmd("HMGET")
+                // read as the executors' reporter reads it (report_share): one HMGET, and only an
+                // ended share is reported (one running again after a retry has nothing to count)
+                let f: (Option<u64>, Option<u64>, Option<u64>, Option<u64>, Option<String>) = redis::cmd("HMGET")
                     .arg(pk.task(&task))
-                    .arg(&["home_seq", "round", "done", "failed"])
+                    .arg(&["home_seq", "round", "done", "failed", "state"])
                     .query_async(&mut self.con)
                     .await
                     .map_err(|e| e.to_string())?;
-                let (Some(home_seq), Some(round), Some(done), Some(failed)) = f else { continue };
+                let (Some(home_seq), Some(round), Some(done), Some(failed), Some("aggregating")) =
+                    (f.0, f.1, f.2, f.3, f.4.as_deref())
+                else {
+                    continue;
+                };
                 let r = ShareReport { task: task.clone(), home_seq, part: p as u32, round, done, failed };
                 let got = scripts::report(&mut self.con, &self.layout.home, &r).await.map_err(|e| e.to_string())?;
                 self.note(format!("report of {task} in partition {p}, cut before its ack: {got:?}"));

@@ -275,12 +275,13 @@ async fn apply<C: ConnectionLike + Send>(
 /// How often executor nodes and coordinators read the layout, to follow a change.
 pub const LAYOUT_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Runs the failed shards of task `id` over partitions again (`shardctl retry`): the home record
-/// is reopened (`reopen.lua`: a new round, the counts of the shares with failures forgotten),
-/// then each of those shares is retried in its partition (`retry.lua`) in the new round. A task
-/// whose shards all succeeded but whose aggregation failed retries its aggregation alone, in the
-/// home. On a running task it completes a retry cut short (see [`resume_retries`]). Returns how
-/// many shards (or 1: the aggregation) run again.
+/// Runs the failed shards of task `id` over partitions again (`shardctl retry`), ended or still
+/// running: the home record is reopened (`reopen.lua`: a new round, the counts of the shares
+/// with failures forgotten), then every share not counted is retried in its partition
+/// (`retry.lua`) in the new round. A task whose shards all succeeded but whose aggregation
+/// failed retries its aggregation alone, in the home. On a running task without failures it
+/// completes a retry cut short (see [`resume_retries`]). Returns how many shards (or 1: the
+/// aggregation) run again.
 pub async fn retry<C: ConnectionLike + Send>(con: &mut C, home: &Keys, id: &str) -> Result<u64> {
     let layout = task_layout(con, home, id).await?;
     let mut fields: Vec<String> = ["state", "round"].map(str::to_owned).to_vec();
@@ -302,21 +303,14 @@ pub async fn retry<C: ConnectionLike + Send>(con: &mut C, home: &Keys, id: &str)
             if failed_parts.is_empty() && !uncounted_failures(con, &layout, id, &counted).await? {
                 return resume_retries(con, &layout, id, round).await;
             }
-            return retry_running(con, &layout, id, &failed_parts).await;
+            reopen_and_retry(con, &layout, id).await
         }
-        Some("completed" | "failed" | "aggregating") if !failed_parts.is_empty() => {}
+        Some("completed" | "failed" | "aggregating") if !failed_parts.is_empty() => {
+            reopen_and_retry(con, &layout, id).await
+        }
         // only the aggregation failed (or nothing did), a cancelled or missing task: as for any task
-        _ => return crate::control::retry_here(con, home, id).await,
+        _ => crate::control::retry_here(con, home, id).await,
     }
-    let round = crate::scripts::reopen(con, home, id, &failed_parts).await?;
-    if round < 0 {
-        return Err(crate::control::refused(id, round, "retry"));
-    }
-    let mut again = 0;
-    for p in failed_parts {
-        again += retry_share(con, layout.part(p)?, id, round as u64).await?;
-    }
-    Ok(again)
 }
 
 /// Whether a share of task `id` not counted in the home yet (`counted[p - 1]` false) has shards
@@ -341,19 +335,19 @@ async fn uncounted_failures<C: ConnectionLike + Send>(
     Ok(false)
 }
 
-/// Retries the failed shards of task `id` while it runs: the home is reopened in a new round
-/// with the counts of the shares in `counted_failed` (counted, with failures) forgotten, then
-/// every share not counted in the home takes the new round, running its failed shards again
-/// (one with none only takes the round: its count, when it ends, is reported in it).
-async fn retry_running<C: ConnectionLike + Send>(
-    con: &mut C,
-    layout: &Layout,
-    id: &str,
-    counted_failed: &[u32],
-) -> Result<u64> {
-    let round = crate::scripts::reopen(con, &layout.home, id, counted_failed).await?;
+/// Retries the failed shards of task `id`: the home is reopened in a new round, the counts of
+/// the shares counted with failures forgotten (`reopen.lua` chooses them, atomically with the
+/// counts), then every share not counted in the home takes the new round, running its failed
+/// shards again (one with none only takes the round: its count, when it ends, is reported in
+/// it). Nothing happens when the task is no longer running and no counted share has failures
+/// (another retry came first).
+async fn reopen_and_retry<C: ConnectionLike + Send>(con: &mut C, layout: &Layout, id: &str) -> Result<u64> {
+    let round = crate::scripts::reopen(con, &layout.home, id, &[]).await?;
     if round < 0 {
         return Err(crate::control::refused(id, round, "retry"));
+    }
+    if round == 0 {
+        return Ok(0);
     }
     let mut again = 0;
     for (i, pk) in layout.parts.iter().enumerate() {

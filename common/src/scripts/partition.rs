@@ -84,9 +84,10 @@ pub async fn drop_share<C: ConnectionLike + Send>(
     Ok(n == 1)
 }
 
-/// Reopens the home record of task `id` for a retry of the shares of partitions `parts`
-/// (reopen.lua); the new round, or the refusal's code (-3 task missing, -9 cancelled, -10
-/// results not kept).
+/// Reopens the home record of task `id` for a retry of the shares of partitions `parts` (none:
+/// those counted with failures, chosen by the script) (reopen.lua); the new round, 0 when there
+/// was nothing to forget in a task no longer running (left as it is), or the refusal's code (-3
+/// task missing, -9 cancelled, -10 results not kept, -12 layout changed).
 pub async fn reopen<C: ConnectionLike + Send>(con: &mut C, home: &Keys, id: &str, parts: &[u32]) -> Result<i64> {
     let mut inv = scripts().reopen.keyed(home, &KeyArgs { task: Some(id), ..Default::default() });
     inv.arg(home.prefix()).arg(id);
