@@ -247,7 +247,8 @@ impl Sim {
             for (task, _) in pending {
                 // read as the executors' reporter reads it (report_share): one HMGET, and only an
                 // ended share is reported (one running again after a retry has nothing to count)
-                let f: (Option<u64>, Option<u64>, Option<u64>, Option<u64>, Option<String>) = redis::cmd("HMGET")
+                type Fields = (Option<u64>, Option<u64>, Option<u64>, Option<u64>, Option<String>);
+                let f: Fields = redis::cmd("HMGET")
                     .arg(pk.task(&task))
                     .arg(&["home_seq", "round", "done", "failed", "state"])
                     .query_async(&mut self.con)
