@@ -300,10 +300,14 @@ pub async fn nodes<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Result
     // node's runtimes in the partitions hold shards and take routed refs there too
     let layout = shardctl_common::partition::layout(con, keys).await?;
     for (n, space) in std::iter::once(keys).chain(&layout.parts).enumerate() {
-        if n > 0 {
-            for s in out.iter_mut() {
-                let waiting: u64 = redis::cmd("LLEN").arg(space.node_wait(&s.node)).query_async(con).await?;
-                s.waiting += waiting;
+        if n > 0 && !out.is_empty() {
+            let mut pipe = redis::pipe();
+            for s in &out {
+                pipe.llen(space.node_wait(&s.node));
+            }
+            let lens: Vec<u64> = pipe.query_async(con).await?;
+            for (s, len) in out.iter_mut().zip(lens) {
+                s.waiting += len;
             }
         }
         let active: HashMap<String, String> = redis::cmd("HGETALL").arg(space.active()).query_async(con).await?;
