@@ -422,6 +422,29 @@ fn a_handler_that_leaves_a_background_process_ends_its_shard_when_it_exits() {
     assert_eq!(results, HashMap::from([(0, "0".to_owned()), (1, "1".to_owned())]));
 }
 
+// A cancel stops the running handlers within about a second: an executor holding shards reads
+// the queue's cancel count every second, not only at its heartbeat (half the lock duration: 30 s
+// here, past this test's patience).
+#[test]
+fn a_cancel_stops_running_handlers_before_the_next_heartbeat() {
+    let cli = Cli::start("cancel-fast");
+    let args = ["executor", "--node-id", "cf", "--concurrency", "2", "--lock-duration", "60s", "--exec", "sleep 50"];
+    let mut e = cli.background("cf", &args);
+    cli.ok(&["dispatch", "--kind", "slow", "--shards", "2", "--task-id", "slow"]);
+    eventually("both shards running", Duration::from_secs(20), || {
+        let q = cli.json(&["status", "--json"], 0);
+        (q["active"] == json!(2)).then_some(()).ok_or(q)
+    });
+    // past the executor's first beat, which a poll may bring forward
+    std::thread::sleep(Duration::from_millis(1500));
+    cli.ok(&["cancel", "slow"]);
+    eventually("the handlers stopped", Duration::from_secs(10), || {
+        let log = e.log();
+        (log.matches("task cancelled: stopping its handler").count() == 2).then_some(()).ok_or(log)
+    });
+    assert!(e.terminate().success(), "{}", e.log());
+}
+
 #[test]
 fn a_kind_without_a_handler_fails_with_its_reason() {
     let cli = Cli::start("no-handler");

@@ -1,5 +1,7 @@
 //! The heartbeat: every lock_renew, one script call extends every lock this executor holds.
 //! A lock found lost cancels its shard's handler (its child process is killed) and is counted.
+//! Between two beats, an executor holding shards reads the queue's `cancels` count every second
+//! and beats at once when it moved, so a cancelled task's handlers stop within about a second.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -15,12 +17,20 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     let mut tick = tokio::time::interval(shared.cfg.lock_renew);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
+    let mut poll = tokio::time::interval(CANCEL_POLL.min(shared.cfg.lock_renew));
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut beats = 0u64;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             // a claim took our lapsed lease again: check our tokens now
             _ = shared.beat.check_now.notified() => {}
+            // a task cancelled while we run its shards: their handlers stop now, not at the tick
+            _ = poll.tick() => {
+                if !cancelled_since(&shared).await {
+                    continue;
+                }
+            }
             _ = stop.cancelled() => return,
         }
         // a failed beat is retried soon: the locks live only until lock_duration
@@ -39,6 +49,22 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
             }
         }
     }
+}
+
+/// How often an executor holding shards reads the queue's `cancels` count between two beats.
+const CANCEL_POLL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Whether a task was cancelled since the last beat (the queue's `cancels` count moved) while
+/// this executor holds shards: one HGET, none when it holds nothing.
+async fn cancelled_since(shared: &Shared) -> bool {
+    if shared.held.lock().unwrap().is_empty() {
+        return false;
+    }
+    let mut con = shared.con.clone();
+    let now: redis::RedisResult<Option<String>> =
+        redis::cmd("HGET").arg(shared.keys.meta()).arg("cancels").query_async(&mut con).await;
+    let known = shared.beat.cancels.lock().unwrap().clone();
+    now.is_ok_and(|c| known.differs(c.as_deref().unwrap_or("0")))
 }
 
 /// Extends every held lock once; false when Redis could not be reached.
@@ -132,6 +158,11 @@ impl Cancels {
         } else {
             format!("{}?", self.count)
         }
+    }
+
+    /// Whether `now`, the count Redis holds, is not the one the last beat read.
+    pub(crate) fn differs(&self, now: &str) -> bool {
+        self.count != now
     }
 
     /// After a beat that sent [`Cancels::sent`] and read `seen`.
