@@ -718,6 +718,15 @@ fn running_executors_follow_each_change_of_the_count() {
     let cli = Cli::start("parts-follow");
     let mut a = cli.executor("pfa", &[]);
     let mut b = cli.executor("pfb", &[]);
+    // both started over the first layout (a slow start could read the changed one instead)
+    support::eventually("both executors to start", Duration::from_secs(30), || {
+        let started = |e: &support::Process| e.log().contains("executor started") && e.log().contains("partitions=1");
+        if started(&a) && started(&b) {
+            Ok(())
+        } else {
+            Err(format!("{}\n{}", a.log(), b.log()))
+        }
+    });
     // 60 shards of 200 ms on 4 run slots: about 3 s, cut by the first change
     cli.ok(&["dispatch", "--kind", "sleep", "--payload", r#"{"ms":200}"#, "--shards", "60", "--task-id", "across"]);
     std::thread::sleep(Duration::from_millis(400));
