@@ -5,7 +5,7 @@
   stays for the rebalancer to move (it finds departed nodes through `routed-nodes`).
 
   KEYS[1] nodes zset    node id -> alive until (ms)
-  KEYS[2] meta  hash    queue metadata: `last_left_ms`, when the last departed one was alive
+  KEYS[2] meta  hash    queue metadata: `last_left_ms`, when the last departed one was last heard of
   ARGV[1] key prefix  `{P:Q}:` (the `node:<n>` hashes are derived from it: one per node)
 
   Returns { departed node ids..., '', live node ids... } (both sorted by score).
@@ -15,10 +15,10 @@ local out = rcall('ZRANGEBYSCORE', K.nodes, '-inf', now, 'WITHSCORES')
 local departed = {}
 for i = 1, #out, 2 do
   departed[#departed + 1] = out[i]
-  -- the newest "alive until" of the departed: when the last of them was last known alive
-  local alive_until = tonumber(out[i + 1])
-  if alive_until > tonumber(rcall('HGET', K.meta, 'last_left_ms') or '0') then
-    rcall('HSET', K.meta, 'last_left_ms', alive_until)
+  -- when the last of them was last heard of: its "alive until" less its own timeout
+  local seen = tonumber(out[i + 1]) - tonumber(rcall('HGET', prefix .. 'node:' .. out[i], 'timeout_ms') or '0')
+  if seen > tonumber(rcall('HGET', K.meta, 'last_left_ms') or '0') then
+    rcall('HSET', K.meta, 'last_left_ms', seen)
   end
 end
 out = departed

@@ -847,11 +847,11 @@ fn every_command_says_when_it_has_nothing() {
 }
 
 // A Redis stall longer than the response timeout (10 s) but shorter than the locks: the
-// reporter's call in flight times out, Redis then runs it (the completions are recorded) and the
-// reply is lost; the call sent again finds the locks gone. Those completions are the executor's
-// own, found recorded: counted as completed, no "outcome refused" warning.
+// reporter's call in flight times out, Redis then runs it (the outcomes are recorded) and the
+// reply is lost; the call sent again finds the locks gone. Those outcomes are the executor's
+// own, found recorded: counted as completed, retried or failed, no "outcome refused" warning.
 #[test]
-fn completions_whose_reply_was_lost_in_a_redis_stall_count_as_completed() {
+fn outcomes_whose_reply_was_lost_in_a_redis_stall_count_as_recorded() {
     let cli = Cli::start("lost-reply");
     let info: String = redis::cmd("INFO").arg("server").query(&mut cli.con()).unwrap();
     let pid: u32 = info
@@ -859,11 +859,13 @@ fn completions_whose_reply_was_lost_in_a_redis_stall_count_as_completed() {
         .find_map(|l| l.strip_prefix("process_id:"))
         .and_then(|p| p.trim().parse().ok())
         .unwrap_or_else(|| panic!("no process_id in {info}"));
-    let args =
-        ["executor", "--node-id", "lr", "--concurrency", "4", "--lock-duration", "60s", "--block-timeout", "200ms"];
+    // odd shards fail their first attempt: completions and failures both in flight
+    let exec = r#"sh -c 'cat >/dev/null; sleep 0.25; [ $((SHARDCTL_SHARD_INDEX % 2)) = 1 ] && [ "$SHARDCTL_ATTEMPT" = 1 ] && exit 1; echo 1'"#;
+    let args = ["executor", "--node-id", "lr", "--concurrency", "4", "--lock-duration", "60s", "--exec", exec];
     let mut e = cli.background("lr", &args);
-    cli.ok(&["dispatch", "--kind", "sleep", "--shards", "60", "--payload", r#"{"ms":250}"#, "--task-id", "stall"]);
-    eventually("shards completing", Duration::from_secs(30), || {
+    let dispatch = ["dispatch", "--kind", "flaky", "--shards", "80", "--attempts", "2", "--backoff", "fixed:100ms"];
+    cli.ok(&[&dispatch[..], &["--task-id", "stall"]].concat());
+    eventually("shards ending", Duration::from_secs(30), || {
         let t = cli.json(&["status", "stall", "--json"], 0);
         (t["done"].as_u64().unwrap_or(0) >= 4).then_some(()).ok_or(t)
     });
@@ -871,11 +873,11 @@ fn completions_whose_reply_was_lost_in_a_redis_stall_count_as_completed() {
     std::thread::sleep(Duration::from_millis(11_500));
     shardctl_testkit::signal(pid, "CONT");
     let t = cli.json(&["wait", "stall", "--timeout", "60s", "--json"], 0);
-    assert_eq!((t["done"].as_u64(), t["failed"].as_u64()), (Some(60), Some(0)), "{t}");
+    assert_eq!((t["done"].as_u64(), t["failed"].as_u64()), (Some(80), Some(0)), "{t}");
     assert!(e.terminate().success(), "{}", e.log());
     let log = e.log();
     assert!(log.contains("recording") && log.contains("outcomes failed"), "no call timed out in the stall: {log}");
     assert!(!log.contains("outcome refused"), "{log}");
     let stop = log.lines().find(|l| l.contains("executor stopped")).unwrap_or_else(|| panic!("{log}"));
-    assert!(stop.contains("completed=60") && stop.contains("refused=0"), "{stop}");
+    assert!(stop.contains("completed=80") && stop.contains("retried=40") && stop.contains("refused=0"), "{stop}");
 }

@@ -213,11 +213,13 @@ async fn record(shared: &Shared, batch: &[Report], closing: &CancellationToken) 
     }
 }
 
-/// A completion sent again after a connection error finds its lock gone when the first call
-/// did record it (the reply was lost): where `sent[i]` and the code is "lock missing", a shard
-/// found terminal in the same incarnation of its task is counted as completed here (its count
-/// in Redis was made once, by that call or, should this executor's lock have expired meanwhile,
-/// by the executor that ran it again), not reported as refused.
+/// An outcome sent again after a connection error finds its lock gone when the first call did
+/// record it (the reply was lost). Where `sent[i]` and the code is "lock missing", a shard whose
+/// state shows the outcome recorded, in the same incarnation of its task, is counted as the
+/// first call's: a completion when the shard is terminal; a failure when it is terminal or its
+/// failure count passed the claim's (failed for good if this was its last attempt, else
+/// retried). Its count in Redis was made once, by that call or, should this executor's lock
+/// have expired meanwhile, by the executor that ran it again; it is not reported as refused.
 pub(crate) async fn lost_replies(
     shared: &Shared,
     finished: &[Finished<'_>],
@@ -227,22 +229,35 @@ pub(crate) async fn lost_replies(
     let mut con = shared.con.clone();
     for ((f, c), sent) in finished.iter().zip(codes.iter_mut()).zip(sent) {
         let r = &f.claim.shard_ref;
-        let (FinishedAs::Completed(_), Err(ScriptCode::LockMissing), true, shardctl_common::model::Part::Shard(i)) =
-            (&f.outcome, &c, sent, r.part)
-        else {
+        let (Err(ScriptCode::LockMissing), true, shardctl_common::model::Part::Shard(i)) = (&c, sent, r.part) else {
             continue;
         };
-        let read: redis::RedisResult<(Option<u64>, u8)> = redis::pipe()
+        type Read = (Option<u64>, u8, Option<u32>, Option<u32>);
+        let read: redis::RedisResult<Read> = redis::pipe()
             .hget(shared.keys.task(&r.task), "seq")
             .getbit(shared.keys.terminal(&r.task), i as usize)
+            .hget(shared.keys.shards(&r.task), format!("{i}:fails"))
+            .hget(shared.keys.task(&r.task), "attempts")
             .query_async(&mut con)
             .await;
-        if let Ok((Some(seq), 1)) = read {
-            if seq == r.inc {
-                tracing::debug!(shard = %shared.shown(r), "completion recorded by a call whose reply was lost");
-                *c = Ok(1);
-            }
+        let Ok((Some(seq), terminal, fails, attempts)) = read else { continue };
+        if seq != r.inc {
+            continue;
         }
+        let code = match &f.outcome {
+            FinishedAs::Completed(_) if terminal == 1 => 1,
+            FinishedAs::Failed { .. } if terminal == 1 || fails.is_some_and(|n| n > f.claim.fails) => {
+                // the last attempt fails for good; any other is retried
+                if f.claim.fails + 1 >= attempts.unwrap_or(1) {
+                    1
+                } else {
+                    2
+                }
+            }
+            _ => continue,
+        };
+        tracing::debug!(shard = %shared.shown(r), "outcome recorded by a call whose reply was lost");
+        *c = Ok(code);
     }
 }
 
