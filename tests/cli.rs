@@ -705,6 +705,32 @@ fn a_wait_that_cannot_progress_says_why() {
     assert!(out.stderr.contains("no executor is running for this queue (the last one was seen"), "{out:?}");
 }
 
+// A crashed executor, reaped: the queue records when it was last heard of (its last heartbeat,
+// before the kill), not when its membership ran out (a member timeout later), so `wait` says
+// how long ago the last executor was seen.
+#[test]
+fn a_reaped_executor_is_recorded_as_last_heard_at_its_last_heartbeat() {
+    let cli = Cli::start("reaped");
+    let args = ["executor", "--node-id", "gone", "--member-heartbeat", "300ms", "--member-timeout", "3s"];
+    let mut e = cli.background("gone", &args);
+    eventually("the executor to join", Duration::from_secs(20), || {
+        let q = cli.json(&["status", "--json"], 0);
+        (q["nodes"].as_array().is_some_and(|n| n.len() == 1)).then_some(()).ok_or(q)
+    });
+    e.kill();
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut cli.con()).unwrap();
+    let killed_ms = secs * 1000 + micros / 1000;
+    let _c = cli.background("co", &["coordinator", "--metrics-addr", "off", "--ui-addr", "off", "--refresh", "500ms"]);
+    let seen: u64 = eventually("the executor reaped", Duration::from_secs(30), || {
+        let v: Option<u64> = redis::cmd("HGET").arg(cli.key("meta")).arg("last_left_ms").query(&mut cli.con()).unwrap();
+        v.ok_or("not reaped yet")
+    });
+    assert!(seen <= killed_ms, "last heard at {seen}, after the kill at {killed_ms}");
+    cli.ok(&["dispatch", "--kind", "noop", "--shards", "1", "--task-id", "orphan"]);
+    let out = cli.run(&["wait", "orphan", "--timeout", "3s"]);
+    assert!(out.stderr.contains("no executor is running for this queue (the last one was seen"), "{out:?}");
+}
+
 // `--log debug` shows each shard (claimed, started, ended with its time and outcome) and what a
 // handler wrote on stderr although it succeeded.
 #[test]
