@@ -350,14 +350,19 @@ async fn reopen_and_retry<C: ConnectionLike + Send>(con: &mut C, layout: &Layout
         return Ok(0);
     }
     let mut again = 0;
-    for (i, pk) in layout.parts.iter().enumerate() {
-        let counted: bool =
-            redis::cmd("HEXISTS").arg(layout.home.task(id)).arg(format!("part:{}", i + 1)).query_async(con).await?;
+    for (pk, counted) in layout.parts.iter().zip(counted(con, layout, id).await?) {
         if !counted {
             again += retry_share(con, pk, id, round as u64).await?;
         }
     }
     Ok(again)
+}
+
+/// Per partition of task `id`'s layout, whether its share is counted in the home (one read).
+async fn counted<C: ConnectionLike + Send>(con: &mut C, layout: &Layout, id: &str) -> Result<Vec<bool>> {
+    let fields: Vec<String> = (1..=layout.count()).map(|p| format!("part:{p}")).collect();
+    let v: Vec<Option<String>> = redis::cmd("HMGET").arg(layout.home.task(id)).arg(&fields).query_async(con).await?;
+    Ok(v.iter().map(Option::is_some).collect())
 }
 
 /// Retries the share of task `id` in partition `part` in home round `round`.
@@ -381,9 +386,7 @@ pub async fn resume_retries<C: ConnectionLike + Send>(
 ) -> Result<u64> {
     let seq: Option<u64> = redis::cmd("HGET").arg(layout.home.task(id)).arg("seq").query_async(con).await?;
     let mut again = 0;
-    for (i, pk) in layout.parts.iter().enumerate() {
-        let counted: bool =
-            redis::cmd("HEXISTS").arg(layout.home.task(id)).arg(format!("part:{}", i + 1)).query_async(con).await?;
+    for (pk, counted) in layout.parts.iter().zip(counted(con, layout, id).await?) {
         if counted {
             continue;
         }

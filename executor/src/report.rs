@@ -122,6 +122,8 @@ async fn record(shared: &Shared, batch: &[Report], closing: &CancellationToken) 
         })
         .collect();
     let mut finished = Vec::new();
+    // per outcome in `finished`: whether a call carrying it may have reached Redis already
+    let mut sent = Vec::new();
     let (mut releases, mut unstarted, mut given_back): (Vec<&Claimed>, Vec<&Claimed>, Vec<&Claimed>) =
         (Vec::new(), Vec::new(), Vec::new());
     let mut delays = Vec::with_capacity(batch.len());
@@ -133,10 +135,12 @@ async fn record(shared: &Shared, batch: &[Report], closing: &CancellationToken) 
         delays.push(delay_ms);
         match &r.outcome {
             Outcome::Completed(result) => {
-                finished.push(Finished { claim: &r.claim, outcome: FinishedAs::Completed(result) })
+                finished.push(Finished { claim: &r.claim, outcome: FinishedAs::Completed(result) });
+                sent.push(r.sent);
             }
             Outcome::Failed(_) => {
-                finished.push(Finished { claim: &r.claim, outcome: FinishedAs::Failed { delay_ms, reason } })
+                finished.push(Finished { claim: &r.claim, outcome: FinishedAs::Failed { delay_ms, reason } });
+                sent.push(r.sent);
             }
             Outcome::Release => releases.push(&r.claim),
             Outcome::Unstarted => unstarted.push(&r.claim),
@@ -158,11 +162,7 @@ async fn record(shared: &Shared, batch: &[Report], closing: &CancellationToken) 
         .await;
         match done {
             Ok((mut f, r)) => {
-                let sent: Vec<bool> = batch
-                    .iter()
-                    .filter(|r| matches!(r.outcome, Outcome::Completed(_) | Outcome::Failed(_)))
-                    .map(|r| r.sent || failures > 0)
-                    .collect();
+                let sent: Vec<bool> = sent.iter().map(|s| *s || failures > 0).collect();
                 lost_replies(shared, &finished, &mut f, &sent).await;
                 count(shared, &finished, &f);
                 for c in r {

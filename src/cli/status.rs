@@ -130,10 +130,11 @@ fn line(t: &TaskInfo, id_w: usize, kind_w: usize) -> String {
     let secs = end.saturating_sub(t.retried_ms.unwrap_or(t.created_ms)) as f64 / 1000.0;
     let rate = if secs > 0.0 && t.retried_ms.is_none() { finished as f64 / secs } else { 0.0 };
     let now = shardctl_common::time::now_ms();
+    // a delayed task: when it starts
+    let starts_in = t.start_ms.filter(|&s| s > now && !t.state.is_finished()).map(|s| s - now);
     let eta = match (t.state.is_finished(), t.retried_ms) {
-        // a delayed task: when it starts
-        (false, None) if t.start_ms.is_some_and(|s| s > now) => {
-            format!("starts in {}", human_secs(t.start_ms.unwrap_or(now).saturating_sub(now) as f64 / 1000.0))
+        (false, None) if starts_in.is_some() => {
+            format!("starts in {}", human_secs(starts_in.unwrap_or(0) as f64 / 1000.0))
         }
         (true, None) => format!("took {}", human_secs(secs)),
         (true, Some(_)) => format!("took {} since the retry", human_secs(secs)),
@@ -141,8 +142,7 @@ fn line(t: &TaskInfo, id_w: usize, kind_w: usize) -> String {
         (false, None) if rate > 0.0 => format!("eta {}", human_secs((t.total - finished) as f64 / rate)),
         (false, None) => "eta ?".to_owned(),
     };
-    let delayed = !t.state.is_finished() && t.start_ms.is_some_and(|s| s > now);
-    let rate = if t.retried_ms.is_none() && !delayed { format!(" {rate:.0}/s") } else { String::new() };
+    let rate = if t.retried_ms.is_none() && starts_in.is_none() { format!(" {rate:.0}/s") } else { String::new() };
     format!(
         "{:<id_w$}  {:<kind_w$}  {:<11} [{bar}] {:>5.1}% {}/{} ({} failed){rate} {eta}",
         t.task_id,
