@@ -1,8 +1,9 @@
 --[[
   Removes the share of task `id` in a partition whose home record is gone or is another
   incarnation (ARCHITECTURE.md "Partitioned queues"), only if the share is still the one that
-  was judged an orphan (its `home_seq` unchanged): a share of the same id dispatched again
-  meanwhile stays.
+  was judged an orphan (its `home_inc` unchanged): a share of the same id dispatched again
+  meanwhile stays. Keys a dispatcher wrote for a share it never created (it died before) are
+  removed the same way, guarded by the `inc` field the dispatcher wrote in them.
 
   KEYS[1]  task:<id>          hash    the share
   KEYS[2]  task:<id>:terminal bitmap  of this share
@@ -18,12 +19,15 @@
   KEYS[12] expiring           zset    ended tasks with a retention
   ARGV[1] key prefix  `{P:Q@p.s}:`
   ARGV[2] task id
-  ARGV[3] the share's `home_seq` as read (empty: it had none)
+  ARGV[3] the share's `home_inc` as read (empty: no share)
+  ARGV[4] with no share, the `inc` field of its keys as read (empty: none)
 
   Returns 1 removed, 0 left (it changed since).
 ]]
 local prefix, tid = ARGV[1], ARGV[2]
-if (rcall('HGET', K.task, 'home_seq') or '') ~= ARGV[3] then return 0 end
+local t = rcall('HMGET', K.task, 'home_inc', 'home_seq')
+if (t[1] or t[2] or '') ~= ARGV[3] then return 0 end
+if ARGV[3] == '' and (rcall('HGET', task_key(prefix, tid, ':keys'), 'inc') or '') ~= (ARGV[4] or '') then return 0 end
 rcall('DEL', unpack(task_keys(prefix, tid)))
 for _, z in ipairs({ K.index, K.tasks, K.unreported, K.finished, K.running, K.expiring }) do rcall('ZREM', z, tid) end
 return 1

@@ -24,7 +24,10 @@
   KEYS[15] wait               list    explicit refs ready now
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] task id
-  ARGV[3..] the partitions whose shares run again; none: every share counted with failed
+  ARGV[3] the round to reopen to, 0 for the next one. A round given is a repair: a share
+          reported from a round ahead of its home's (the home's master lost this reopen, its
+          shares kept their retry); a home already at that round or past it is left as it is
+  ARGV[4..] the partitions whose shares run again; none: every share counted with failed
           shards, chosen here, atomically with the counts (a share counted between the
           caller's read and this call is not missed)
 
@@ -37,18 +40,19 @@
   layout since it ran; no executor would serve its shares, ARCHITECTURE.md "Changing the
   layout").
 ]]
-local prefix, tid, now = ARGV[1], ARGV[2], now_ms()
+local prefix, tid, now, to = ARGV[1], ARGV[2], now_ms(), tonumber(ARGV[3])
 local tkey = K.task
-local t = rcall('HMGET', tkey, 'state', 'keep_results', 'seq', 'partition_tags')
+local t = rcall('HMGET', tkey, 'state', 'keep_results', 'seq', 'partition_tags', 'round')
 local state = t[1]
 if not state then return -3 end
 if state == 'cancelled' then return -9 end
+if to > 0 and to <= tonumber(t[5] or '0') then return 0 end
 if t[4] ~= (rcall('HGET', K.meta, 'partition_tags') or '') then return -12 end
 local ended = state == 'completed' or state == 'failed'
 if ended and t[2] == '0' then return -10 end
 local forget = {}
-if #ARGV >= 3 then
-  for i = 3, #ARGV do
+if #ARGV >= 4 then
+  for i = 4, #ARGV do
     local v = rcall('HGET', tkey, 'part:' .. ARGV[i])
     if v then forget[#forget + 1] = { ARGV[i], v } end
   end
@@ -59,14 +63,15 @@ else
   end
 end
 if #forget == 0 and state ~= 'running' then return 0 end
-local round = rcall('HINCRBY', tkey, 'round', 1)
+local round = to
+if to > 0 then rcall('HSET', tkey, 'round', to) else round = rcall('HINCRBY', tkey, 'round', 1) end
 local again = 0
 for _, pv in ipairs(forget) do
   local d, f = string.match(pv[2], '^(%d+)/(%d+)$')
   rcall('HINCRBY', tkey, 'done', 0 - tonumber(d))
   rcall('HINCRBY', tkey, 'failed', 0 - tonumber(f))
   again = again + tonumber(f)
-  rcall('HDEL', tkey, 'part:' .. pv[1])
+  rcall('HDEL', tkey, 'part:' .. pv[1], 'round:' .. pv[1])
 end
 rcall('HSET', tkey, 'retried_ms', now)
 if ended then

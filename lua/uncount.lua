@@ -18,7 +18,7 @@
   KEYS[8] wait             list    explicit refs ready now
   ARGV[1] key prefix  `{P:Q}:` (the home's)
   ARGV[2] task id
-  ARGV[3] the home record's seq the aggregation read
+  ARGV[3] the home record's incarnation id (`inc`) the aggregation read
   ARGV[4] partition p
   ARGV[5] the token of the aggregation's claim: only the aggregation that holds the job forgets
 
@@ -26,13 +26,14 @@
   or the caller no longer holds the aggregation job).
 ]]
 local prefix, tid, inc, p = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local t = rcall('HMGET', K.task, 'seq', 'state', 'part:' .. p)
-if t[1] ~= inc or t[2] ~= 'aggregating' or not t[3] then return 0 end
-if rcall('HGET', K.active, tid .. ':' .. inc .. ':agg') ~= ARGV[5] then return 0 end
+local t = rcall('HMGET', K.task, 'inc', 'state', 'part:' .. p, 'seq')
+if (t[1] or t[4]) ~= inc or t[2] ~= 'aggregating' or not t[3] then return 0 end
+local aref = tid .. ':' .. t[4] .. ':agg'
+if rcall('HGET', K.active, aref) ~= ARGV[5] then return 0 end
 local d, f = string.match(t[3], '^(%d+)/(%d+)$')
 rcall('HINCRBY', K.task, 'done', 0 - tonumber(d))
 rcall('HINCRBY', K.task, 'failed', 0 - tonumber(f))
-rcall('HDEL', K.task, 'part:' .. p)
-withdraw_aggregation(prefix, tid, tid .. ':' .. inc .. ':agg')
+rcall('HDEL', K.task, 'part:' .. p, 'round:' .. p)
+withdraw_aggregation(prefix, tid, aref)
 emit('event', 'share_uncounted', 'task', tid, 'partition', p, 'done', d, 'failed', f)
 return 1

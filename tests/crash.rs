@@ -329,7 +329,9 @@ fn crash_round(round: u32, setup: Setup) {
                     .query(&mut pcon)
                     .unwrap();
             let held = held.keys().filter(|r| *r != ACTIVE_PIN).count();
-            if held + wait as usize + delayed as usize + unreported as usize > 0 || state != "aggregating" {
+            if held + wait as usize + delayed as usize + unreported as usize > 0
+                || !matches!(state.as_str(), "aggregating" | "completed")
+            {
                 share_left.push(format!(
                     "{pprefix}: {held} held, {wait} waiting, {delayed} delayed, {unreported} unreported, share {state}"
                 ));

@@ -64,7 +64,8 @@ fn a_task_over_three_partitions_sums_exactly_and_is_counted_once() {
             .query(&mut con)
             .unwrap();
         assert_eq!(share.1, share.2, "share {} not all done: {share:?}", p + 1);
-        assert_eq!(share.3, "aggregating", "an ended share waits for its home");
+        // ended: waiting for its home, or (soon after the home) ended as it (end_share.lua)
+        assert!(matches!(share.3.as_str(), "aggregating" | "completed"), "share {}: {share:?}", p + 1);
         bases.push((share.0, share.1));
         let bits: u64 = redis::cmd("BITCOUNT").arg(format!("{prefix}task:s:terminal")).query(&mut con).unwrap();
         assert_eq!(bits, share.1);
@@ -294,14 +295,20 @@ async fn a_report_lost_between_two_slots_is_repeated_and_counted_once() {
         assert_eq!(n, 1);
     }
     // a report counted but never acknowledged (the crash came between the two slots' writes)
-    let r = ShareReport { task: "r".into(), home_seq: 1, part: 1, round: 0, done: 3, failed: 0 };
+    let inc = shardctl_common::share::home_inc_of(&mut con, &home, "r").await.unwrap().unwrap();
+    let r = ShareReport { task: "r".into(), home_inc: inc.clone(), part: 1, round: 0, done: 3, failed: 0 };
     assert_eq!(scripts::report(&mut con, &home, &r).await.unwrap(), Reported::Counted);
     assert_eq!(scripts::report(&mut con, &home, &r).await.unwrap(), Reported::Already, "counted twice");
-    // a report of another round or incarnation counts nothing
-    let stale = ShareReport { round: 7, part: 2, ..r.clone() };
-    assert_eq!(scripts::report(&mut con, &home, &stale).await.unwrap(), Reported::Already);
-    let other = ShareReport { home_seq: 99, part: 2, ..r.clone() };
-    assert_eq!(scripts::report(&mut con, &home, &other).await.unwrap(), Reported::Already);
+    // a report of another incarnation counts nothing, not even one of the same seq (a home
+    // whose master lost its dispatch hands the seq out again); one of a round ahead says the
+    // home lost a reopen
+    let ahead = ShareReport { round: 7, part: 2, ..r.clone() };
+    assert_eq!(scripts::report(&mut con, &home, &ahead).await.unwrap(), Reported::HomeBehind);
+    let seq = inc.split('.').next().unwrap().to_owned();
+    for other in [format!("{seq}.0000000000000000"), seq, "99".to_owned()] {
+        let other = ShareReport { home_inc: other, part: 2, ..r.clone() };
+        assert_eq!(scripts::report(&mut con, &home, &other).await.unwrap(), Reported::Already);
+    }
     assert_eq!(home_state().await, ("running".into(), 3, vec![]));
     // the repeat: share 1 counts nothing more (and is acknowledged), share 2 counts now
     assert_eq!(shardctl_coordinator::partitions::report_pending(&mut con, &layout).await.unwrap(), 1);
@@ -476,7 +483,7 @@ async fn a_share_counted_while_a_retry_reads_is_retried_not_stranded() {
     let state: String = redis::cmd("HGET").arg(home.task("x")).arg("state").query_async(&mut con).await.unwrap();
     assert_eq!(state, "aggregating");
     // the retry's reopen, chosen by the script: the failed share's count goes, the task runs
-    let round = scripts::reopen(&mut con, &home, "x", &[]).await.unwrap();
+    let round = scripts::reopen(&mut con, &home, "x", None, &[]).await.unwrap();
     assert_eq!(round, 1);
     let (state, done, failed, p1, p2): (String, u64, u64, Option<String>, Option<String>) = redis::cmd("HMGET")
         .arg(home.task("x"))
@@ -493,7 +500,7 @@ async fn a_share_counted_while_a_retry_reads_is_retried_not_stranded() {
         redis::cmd("HMGET").arg(home.task("x")).arg(&["state", "done"]).query_async(&mut con).await.unwrap();
     assert_eq!((state.as_str(), done), ("aggregating", 4));
     // nothing failed is counted now: a reopen leaves the aggregating task as it is
-    assert_eq!(scripts::reopen(&mut con, &home, "x", &[]).await.unwrap(), 0);
+    assert_eq!(scripts::reopen(&mut con, &home, "x", None, &[]).await.unwrap(), 0);
     let (state, round): (String, u64) =
         redis::cmd("HMGET").arg(home.task("x")).arg(&["state", "round"]).query_async(&mut con).await.unwrap();
     assert_eq!((state.as_str(), round), ("aggregating", 2), "rounds: the reopen above, the retry's");
@@ -525,13 +532,14 @@ async fn a_retry_cut_short_is_completed_by_the_reconciliation() {
     let state: String = redis::cmd("HGET").arg(home.task("r")).arg("state").query_async(&mut con).await.unwrap();
     assert_eq!(state, "failed");
     // the retry's first step alone (its process died before the shares' retries)
-    let round = scripts::reopen(&mut con, &home, "r", &[1, 2]).await.unwrap();
+    let round = scripts::reopen(&mut con, &home, "r", None, &[1, 2]).await.unwrap();
     assert_eq!(round, 1);
     let (state, done, failed): (String, u64, u64) =
         redis::cmd("HMGET").arg(home.task("r")).arg(&["state", "done", "failed"]).query_async(&mut con).await.unwrap();
     assert_eq!((state.as_str(), done, failed), ("running", 0, 0), "the shares' counts forgotten");
     // a late report of the old round counts nothing
-    let old = ShareReport { task: "r".into(), home_seq: 1, part: 1, round: 0, done: 0, failed: 2 };
+    let inc = shardctl_common::share::home_inc_of(&mut con, &home, "r").await.unwrap().unwrap();
+    let old = ShareReport { task: "r".into(), home_inc: inc, part: 1, round: 0, done: 0, failed: 2 };
     assert_eq!(scripts::report(&mut con, &home, &old).await.unwrap(), Reported::Already);
     // the reconciliation retries both shares in round 1: their shards are claimable again
     shardctl_coordinator::partitions::reconcile(&mut con, &layout).await.unwrap();
@@ -808,8 +816,12 @@ async fn keyed_shares_replace_leftovers_with_their_own_keys() {
     shardctl_coordinator::partitions::dispatch_keyed(&mut con, &layout, &spec, &new).await.unwrap();
     // shares of 3 and 2 shards: their own keys at their own indexes
     for (pk, want) in layout.parts.iter().zip([&new[..3], &new[3..]]) {
-        let keys: Vec<String> = redis::cmd("HVALS").arg(pk.shard_keys("k")).query_async(&mut con).await.unwrap();
-        let mut keys = keys;
+        let keys: std::collections::HashMap<String, String> =
+            redis::cmd("HGETALL").arg(pk.shard_keys("k")).query_async(&mut con).await.unwrap();
+        // (and the incarnation they belong to, what `drop_orphans` judges them by)
+        let inc = shardctl_common::share::home_inc_of(&mut con, &home, "k").await.unwrap();
+        assert_eq!(keys.get("inc"), inc.as_ref());
+        let mut keys: Vec<String> = keys.into_iter().filter(|(f, _)| f != "inc").map(|(_, v)| v).collect();
         keys.sort();
         assert_eq!(keys, want, "{}", pk.prefix());
         let first: String = redis::cmd("HGET").arg(pk.shard_keys("k")).arg(0).query_async(&mut con).await.unwrap();
@@ -821,7 +833,8 @@ async fn keyed_shares_replace_leftovers_with_their_own_keys() {
 }
 
 /// Lost writes the reconciliation repairs: a share whose creation was lost is created again
-/// (past a grace time), and a cancel lost in the home is completed from its cancelled share.
+/// (once its dispatch is over: never under a live dispatch lease), and a cancel lost in the
+/// home is completed from its cancelled share.
 #[tokio::test]
 async fn the_reconciliation_recreates_lost_shares_and_completes_lost_cancels() {
     let redis = TestRedis::start();
@@ -835,16 +848,26 @@ async fn the_reconciliation_recreates_lost_shares_and_completes_lost_cancels() {
     }
     let () = redis::cmd("ZREM").arg(pk.index()).arg("m").query_async(&mut con).await.unwrap();
     let () = redis::cmd("ZREM").arg(pk.tasks()).arg("m").query_async(&mut con).await.unwrap();
-    // within the grace time it may still be on its way: left alone
+    // while its dispatcher holds the lease it may still be on its way, however long: left alone
+    let () = redis::cmd("HDEL").arg(home.task("m")).arg("dispatched").query_async(&mut con).await.unwrap();
+    let () = redis::cmd("HSET")
+        .arg(home.task("m"))
+        .arg("dispatch_until")
+        .arg(u64::MAX / 4)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let () = redis::cmd("HSET").arg(home.task("m")).arg("created_ms").arg(1).query_async(&mut con).await.unwrap();
     shardctl_coordinator::partitions::reconcile(&mut con, &layout).await.unwrap();
     let n: u64 = redis::cmd("EXISTS").arg(pk.task("m")).query_async(&mut con).await.unwrap();
     assert_eq!(n, 0);
-    // past it, created again, for the same incarnation, runnable
-    let () = redis::cmd("HSET").arg(home.task("m")).arg("created_ms").arg(1).query_async(&mut con).await.unwrap();
+    // its lease lapsed (its dispatcher died): created again, for the same incarnation, runnable
+    let () = redis::cmd("HSET").arg(home.task("m")).arg("dispatch_until").arg(1).query_async(&mut con).await.unwrap();
     shardctl_coordinator::partitions::reconcile(&mut con, &layout).await.unwrap();
-    let (total, base, home_seq): (u64, u64, u64) =
-        redis::cmd("HMGET").arg(pk.task("m")).arg(&["total", "base", "home_seq"]).query_async(&mut con).await.unwrap();
-    assert_eq!((total, base, home_seq), (2, 2, 1));
+    let (total, base, home_inc): (u64, u64, String) =
+        redis::cmd("HMGET").arg(pk.task("m")).arg(&["total", "base", "home_inc"]).query_async(&mut con).await.unwrap();
+    let inc = shardctl_common::share::home_inc_of(&mut con, &home, "m").await.unwrap().unwrap();
+    assert_eq!((total, base, home_inc), (2, 2, inc));
     let runnable: Option<f64> = redis::cmd("ZSCORE").arg(pk.tasks()).arg("m").query_async(&mut con).await.unwrap();
     assert!(runnable.is_some());
     // a cancel whose home write was lost: the share is cancelled, the home still running
@@ -1085,7 +1108,8 @@ async fn a_share_created_after_a_cancel_is_cancelled_and_a_round_retries_once() 
     fields.push(("partition_tags", partition::tags_of(&layout)));
     scripts::dispatch_fields(&mut con, &home, &spec, &fields).await.unwrap();
     shardctl_common::control::cancel(&mut con, &home, "z").await.unwrap();
-    partition::create_share(&mut con, &home, &layout.parts[0], 1, 2, &spec, 1).await.unwrap();
+    let inc = shardctl_common::share::home_inc_of(&mut con, &home, "z").await.unwrap().unwrap();
+    partition::create_share(&mut con, &home, &layout.parts[0], 1, 2, &spec, &inc).await.unwrap();
     let state: String =
         redis::cmd("HGET").arg(layout.parts[0].task("z")).arg("state").query_async(&mut con).await.unwrap();
     assert_eq!(state, "cancelled");
@@ -1099,7 +1123,7 @@ async fn a_share_created_after_a_cancel_is_cancelled_and_a_round_retries_once() 
         run_share(&mut con, pk, 1, true).await;
     }
     shardctl_coordinator::partitions::report_pending(&mut con, &layout).await.unwrap();
-    let round = scripts::reopen(&mut con, &home, "f", &[1, 2]).await.unwrap();
+    let round = scripts::reopen(&mut con, &home, "f", None, &[1, 2]).await.unwrap();
     assert_eq!(round, 1);
     assert_eq!(partition::resume_retries(&mut con, &layout, "f", 1).await.unwrap(), 4);
     assert_eq!(partition::resume_retries(&mut con, &layout, "f", 1).await.unwrap(), 0, "retried twice in one round");

@@ -45,8 +45,8 @@ const CI_STEPS: u64 = 1_000;
 type Outcome = Result<(), String>;
 /// A home record's state, total, done, failed and seq.
 type Row = (Option<String>, Option<u64>, Option<u64>, Option<u64>, Option<u64>);
-/// A share's home_seq, state, done, failed and total.
-type ShareRow = (Option<u64>, Option<String>, Option<u64>, Option<u64>, Option<u64>);
+/// A share's home_inc, state, done, failed and total.
+type ShareRow = (Option<String>, Option<String>, Option<u64>, Option<u64>, Option<u64>);
 
 macro_rules! ensure {
     ($c:expr, $($m:tt)*) => {
@@ -89,7 +89,7 @@ struct Sim {
     /// (`task:round:retries`, incarnation) → aggregations recorded.
     aggregated: HashMap<(String, u64), u32>,
     /// Shares (task, partition, home incarnation) that lost writes after their count.
-    lost: HashSet<(String, u32, u64)>,
+    lost: HashSet<(String, u32, String)>,
     log: Vec<String>,
 }
 
@@ -247,19 +247,19 @@ impl Sim {
             for (task, _) in pending {
                 // read as the executors' reporter reads it (report_share): one HMGET, and only an
                 // ended share is reported (one running again after a retry has nothing to count)
-                type Fields = (Option<u64>, Option<u64>, Option<u64>, Option<u64>, Option<String>);
+                type Fields = (Option<String>, Option<u64>, Option<u64>, Option<u64>, Option<String>);
                 let f: Fields = redis::cmd("HMGET")
                     .arg(pk.task(&task))
-                    .arg(&["home_seq", "round", "done", "failed", "state"])
+                    .arg(&["home_inc", "round", "done", "failed", "state"])
                     .query_async(&mut self.con)
                     .await
                     .map_err(|e| e.to_string())?;
-                let (Some(home_seq), Some(round), Some(done), Some(failed), Some("aggregating")) =
+                let (Some(home_inc), Some(round), Some(done), Some(failed), Some("aggregating")) =
                     (f.0, f.1, f.2, f.3, f.4.as_deref())
                 else {
                     continue;
                 };
-                let r = ShareReport { task: task.clone(), home_seq, part: p as u32, round, done, failed };
+                let r = ShareReport { task: task.clone(), home_inc, part: p as u32, round, done, failed };
                 let got = scripts::report(&mut self.con, &self.layout.home, &r).await.map_err(|e| e.to_string())?;
                 self.note(format!("report of {task} in partition {p}, cut before its ack: {got:?}"));
             }
@@ -297,7 +297,7 @@ impl Sim {
             return Ok(());
         }
         let parts: Vec<u32> = (1..=K).collect();
-        let r = scripts::reopen(&mut self.con, &home, id, &parts).await;
+        let r = scripts::reopen(&mut self.con, &home, id, None, &parts).await;
         self.note(format!("retry of {id} cut after reopening its home: {r:?}"));
         r.map(|_| ()).map_err(|e| format!("reopen: {e}"))
     }
@@ -343,9 +343,9 @@ impl Sim {
                 continue;
             }
             let pk = self.layout.parts[p as usize - 1].clone();
-            let (home_seq, state, done, failed, size): ShareRow = redis::cmd("HMGET")
+            let (home_inc, state, done, failed, size): ShareRow = redis::cmd("HMGET")
                 .arg(pk.task(&id))
-                .arg(&["home_seq", "state", "done", "failed", "total"])
+                .arg(&["home_inc", "state", "done", "failed", "total"])
                 .query_async(&mut self.con)
                 .await
                 .map_err(|e| e.to_string())?;
@@ -360,11 +360,17 @@ impl Sim {
                 .query_async(&mut self.con)
                 .await
                 .map_err(|e| e.to_string())?;
-            let ours = home_seq == Some(c.shard_ref.inc);
+            let inc: Option<String> = redis::cmd("HGET")
+                .arg(home.task(&id))
+                .arg("inc")
+                .query_async(&mut self.con)
+                .await
+                .map_err(|e| e.to_string())?;
+            let ours = inc.is_some() && home_inc == inc;
             let running = matches!(state.as_deref(), Some("running" | "delayed"));
             let same = counted.as_deref() == Some(format!("{}/{}", done.unwrap_or(0), failed.unwrap_or(0)).as_str());
             if !ours || running || (state.as_deref() == Some("aggregating") && !same) {
-                let r = scripts::uncount(&mut self.con, &home, &id, c.shard_ref.inc, p, &c.token)
+                let r = scripts::uncount(&mut self.con, &home, &id, inc.as_deref().unwrap_or(""), p, &c.token)
                     .await
                     .map_err(|e| format!("uncount: {e}"))?;
                 self.note(format!(
@@ -389,10 +395,10 @@ impl Sim {
     async fn lose(&mut self, id: &str, p: u32) -> Outcome {
         let home = self.layout.home.clone();
         let pk = self.layout.parts[p as usize - 1].clone();
-        let (counted, seq, home_state): (Option<String>, Option<u64>, Option<String>) = redis::cmd("HMGET")
+        let (counted, seq, home_state): (Option<String>, Option<String>, Option<String>) = redis::cmd("HMGET")
             .arg(home.task(id))
             .arg(format!("part:{p}"))
-            .arg("seq")
+            .arg("inc")
             .arg("state")
             .query_async(&mut self.con)
             .await
@@ -401,10 +407,10 @@ impl Sim {
         if !matches!(home_state.as_deref(), Some("running" | "aggregating")) {
             return Ok(());
         }
-        let (state, share_inc, home_seq, size): (Option<String>, Option<u64>, Option<u64>, Option<u64>) =
+        let (state, share_inc, home_inc, size): (Option<String>, Option<u64>, Option<String>, Option<u64>) =
             redis::cmd("HMGET")
                 .arg(pk.task(id))
-                .arg(&["state", "seq", "home_seq", "total"])
+                .arg(&["state", "seq", "home_inc", "total"])
                 .query_async(&mut self.con)
                 .await
                 .map_err(|e| e.to_string())?;
@@ -413,7 +419,7 @@ impl Sim {
         else {
             return Ok(());
         };
-        if home_seq != Some(seq) || size == 0 {
+        if home_inc.as_ref() != Some(&seq) || size == 0 {
             return Ok(());
         }
         let i = self.rng.below(size as usize) as u64;
@@ -488,7 +494,7 @@ impl Sim {
                     .await
                     .map_err(|e| e.to_string())?;
                 let snum = |f: &str| s.get(f).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-                let mine = !s.is_empty() && snum("home_seq") == seq;
+                let mine = !s.is_empty() && s.get("home_inc") == h.get("inc");
                 if mine {
                     let bits: u64 = redis::cmd("BITCOUNT")
                         .arg(pk.terminal(&id))
@@ -514,10 +520,11 @@ impl Sim {
                     sum_f += f;
                     // a share counted is ended with those counts (unless cleaned away since, or it
                     // lost writes after its count: the aggregation forgets the count)
-                    if mine && !self.lost.contains(&(id.clone(), p, seq)) {
+                    if mine && !self.lost.contains(&(id.clone(), p, h.get("inc").cloned().unwrap_or_default())) {
                         let st = s.get("state").map(String::as_str).unwrap_or("");
                         ensure!(
-                            st == "aggregating" || st == "cancelled",
+                            // ended: waiting for its home, or ended as its home (end_share.lua)
+                            matches!(st, "aggregating" | "completed" | "failed" | "cancelled"),
                             "{id} share {p} counted in the home while {st}"
                         );
                         ensure!(

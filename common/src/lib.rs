@@ -16,6 +16,7 @@
 //! - [`lock`]: distributed locks, single Redis and Redlock, with fencing tokens, and the one
 //!   renewal loop (`watchdog`).
 //! - [`limiter`]: fixed-window, sliding-log and token-bucket rate limiters.
+//! - [`incarnation`]: the incarnation id no failover reissues, the dispatch lease.
 //! - [`model`]: task ids, shard refs, the task spec and its state.
 //! - [`names`]: the rules for every user-given name in a key (queues, prefix, task and node ids,
 //!   instances, schedules, locks): one rule per kind, and why no two names make one key.
@@ -23,6 +24,7 @@
 //! - [`ring`]: consistent hashing with virtual nodes, the static strategies, `ring simulate`.
 //! - [`split`]: balanced item ranges of shards.
 //! - [`partition`]: the tags of a partitioned queue's partitions, chosen from the slot map.
+//! - [`share`]: the share-reading rule (a share is its task's only under its home's `inc`).
 //! - [`slot`]: Redis Cluster hash slots of keys.
 //! - [`backoff`]: retry delays (fixed or exponential, with jitter): the one retry policy and the
 //!   one source of jitter.
@@ -47,6 +49,7 @@ pub mod conn;
 pub mod control;
 pub mod cron;
 pub mod error;
+pub mod incarnation;
 pub mod keys;
 pub mod limiter;
 pub mod lock;
@@ -57,6 +60,7 @@ pub mod redis_url;
 pub mod ring;
 pub mod schedule;
 pub mod scripts;
+pub mod share;
 pub mod slot;
 pub mod split;
 pub mod time;

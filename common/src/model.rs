@@ -16,6 +16,8 @@ pub const MAX_PAYLOAD_BYTES: usize = 1 << 20;
 pub const MAX_SHARDS: u64 = 1 << 32;
 /// Priorities range over ±this (the runnable-task score keeps submission order exactly).
 pub const MAX_PRIORITY: i64 = 1_000_000;
+/// Most attempts per shard (a retry numbers its attempts on past n × attempts).
+pub const MAX_ATTEMPTS: u32 = 10_000;
 /// How long an ended task's keys are kept by default: 7 days.
 pub const DEFAULT_RETAIN: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
 /// Default number of attempts per shard.
@@ -219,6 +221,14 @@ impl TaskSpec {
         if !(-MAX_PRIORITY..=MAX_PRIORITY).contains(&self.priority) {
             return Err(Error::invalid(format!("priority must be within -{MAX_PRIORITY}..={MAX_PRIORITY}")));
         }
+        for (what, d) in [("shard timeout", self.shard_timeout), ("retention", self.retain), ("delay", self.delay)] {
+            if d.is_some_and(|d| d > crate::time::MAX_DURATION) {
+                return Err(Error::invalid(format!("{what} must be at most 100 years")));
+            }
+        }
+        if self.attempts > MAX_ATTEMPTS {
+            return Err(Error::invalid(format!("attempts must be at most {MAX_ATTEMPTS}, got {}", self.attempts)));
+        }
         if self.shard_timeout.is_some_and(|d| d < std::time::Duration::from_millis(1)) {
             return Err(Error::invalid("shard timeout must be at least 1ms"));
         }
@@ -255,6 +265,8 @@ impl TaskSpec {
             ("priority", self.priority.to_string()),
             ("keep_results", u8::from(self.keep_results).to_string()),
             ("retain_ms", self.retain.map_or(0, |d| d.as_millis() as u64).to_string()),
+            // each record its own incarnation id (ARCHITECTURE.md, "One task, one identity")
+            ("nonce", crate::incarnation::nonce()),
         ]
     }
 }
@@ -267,6 +279,9 @@ pub struct TaskInfo {
     /// Its incarnation: the queue's submission number when this task under this id was
     /// dispatched (refs carry it, see [`ShardRef`]).
     pub seq: u64,
+    /// Its incarnation id across slots, `<seq>.<nonce>` (never reissued after a failover, see
+    /// [`crate::incarnation`]); what a share names its home by.
+    pub inc: String,
     /// Handler kind.
     pub kind: String,
     /// Lifecycle state.
@@ -325,7 +340,7 @@ pub struct TaskInfo {
 
 /// What makes a task record one partition's share of a partitioned task (ARCHITECTURE.md,
 /// "Partitioned queues"): its shards are the task's `base .. base + total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Share {
     /// The partition, 1..=K.
     pub part: u32,
@@ -333,8 +348,8 @@ pub struct Share {
     pub base: u64,
     /// The task's total (the share's own `total` is its size).
     pub of: u64,
-    /// The home record's incarnation.
-    pub home_seq: u64,
+    /// The home record's incarnation id (its `inc`).
+    pub home_inc: String,
     /// The home's retry round it runs in.
     pub round: u64,
 }
@@ -342,12 +357,12 @@ pub struct Share {
 impl TaskInfo {
     /// The task's index of this record's shard `index` (the same unless it is a share).
     pub fn global_index(&self, index: u64) -> u64 {
-        self.share.map_or(index, |s| s.base + index)
+        self.share.as_ref().map_or(index, |s| s.base + index)
     }
 
     /// The task's shard count (a share's own `total` is its size).
     pub fn task_total(&self) -> u64 {
-        self.share.map_or(self.total, |s| s.of)
+        self.share.as_ref().map_or(self.total, |s| s.of)
     }
 
     /// Builds the info from a task hash (`HGETALL`); `None` when the hash is empty.
@@ -366,6 +381,7 @@ impl TaskInfo {
         Ok(Some(TaskInfo {
             task_id: task_id.to_owned(),
             seq: num("seq")?,
+            inc: crate::incarnation::of_fields(h.get("inc").map(String::as_str), Some(num("seq")?)).unwrap_or_default(),
             kind: h.get("kind").cloned().unwrap_or_default(),
             state: h.get("state").map(|s| s.parse()).transpose()?.unwrap_or(TaskState::Running),
             total: num("total")?,
@@ -393,7 +409,11 @@ impl TaskInfo {
                     part: num("part")? as u32,
                     base: num("base")?,
                     of: num("of")?,
-                    home_seq: num("home_seq")?,
+                    home_inc: crate::incarnation::of_fields(
+                        h.get("home_inc").map(String::as_str),
+                        h.get("home_seq").and_then(|v| v.parse().ok()),
+                    )
+                    .unwrap_or_default(),
                     round: num("round")?,
                 }),
             },

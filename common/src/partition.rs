@@ -10,6 +10,7 @@ use redis::aio::ConnectionLike;
 use crate::error::{Error, Result, ScriptCode};
 use crate::keys::Keys;
 use crate::model::TaskSpec;
+use crate::share::{home_inc_of, share_inc};
 use crate::slot::key_slot;
 
 /// A queue's keyspaces: its home and, when it is partitioned, partitions 1..=K.
@@ -321,14 +322,13 @@ async fn uncounted_failures<C: ConnectionLike + Send>(
     id: &str,
     counted: &[bool],
 ) -> Result<bool> {
-    let seq: Option<u64> = redis::cmd("HGET").arg(layout.home.task(id)).arg("seq").query_async(con).await?;
+    let inc = home_inc_of(con, &layout.home, id).await?;
     for (pk, counted) in layout.parts.iter().zip(counted) {
         if *counted {
             continue;
         }
-        let (failed, home_seq): (Option<u64>, Option<u64>) =
-            redis::cmd("HMGET").arg(pk.task(id)).arg("failed").arg("home_seq").query_async(con).await?;
-        if home_seq == seq && failed.is_some_and(|f| f > 0) {
+        let failed: Option<u64> = redis::cmd("HGET").arg(pk.task(id)).arg("failed").query_async(con).await?;
+        if inc.is_some() && share_inc(con, pk, id).await? == inc && failed.is_some_and(|f| f > 0) {
             return Ok(true);
         }
     }
@@ -342,7 +342,7 @@ async fn uncounted_failures<C: ConnectionLike + Send>(
 /// it). Nothing happens when the task is no longer running and no counted share has failures
 /// (another retry came first).
 async fn reopen_and_retry<C: ConnectionLike + Send>(con: &mut C, layout: &Layout, id: &str) -> Result<u64> {
-    let round = crate::scripts::reopen(con, &layout.home, id, &[]).await?;
+    let round = crate::scripts::reopen(con, &layout.home, id, None, &[]).await?;
     if round < 0 {
         return Err(crate::control::refused(id, round, "retry"));
     }
@@ -384,15 +384,19 @@ pub async fn resume_retries<C: ConnectionLike + Send>(
     id: &str,
     round: u64,
 ) -> Result<u64> {
-    let seq: Option<u64> = redis::cmd("HGET").arg(layout.home.task(id)).arg("seq").query_async(con).await?;
+    let inc = home_inc_of(con, &layout.home, id).await?;
     let mut again = 0;
     for (pk, counted) in layout.parts.iter().zip(counted(con, layout, id).await?) {
         if counted {
             continue;
         }
-        let (state, share_round, home_seq): (Option<String>, Option<u64>, Option<u64>) =
-            redis::cmd("HMGET").arg(pk.task(id)).arg("state").arg("round").arg("home_seq").query_async(con).await?;
-        if state.as_deref() == Some("aggregating") && share_round.is_some_and(|r| r < round) && home_seq == seq {
+        let (state, share_round): (Option<String>, Option<u64>) =
+            redis::cmd("HMGET").arg(pk.task(id)).arg("state").arg("round").query_async(con).await?;
+        if crate::share::ended(state.as_deref())
+            && share_round.is_some_and(|r| r < round)
+            && inc.is_some()
+            && share_inc(con, pk, id).await? == inc
+        {
             again += retry_share(con, pk, id, round).await?;
         }
     }
@@ -486,11 +490,32 @@ pub fn choose_tags(
     Ok(out)
 }
 
-/// Creates share `p` of `k` of task `spec` in partition `pk`, for the incarnation `home_seq` of
+/// Creates the shares of home incarnation `inc` under its dispatch lease, renewed after each,
+/// then marks the dispatch complete (ARCHITECTURE.md, "One task, one identity across slots").
+pub async fn create_shares<C: ConnectionLike + Send>(
+    con: &mut C,
+    layout: &Layout,
+    spec: &TaskSpec,
+    inc: &str,
+    keys: Option<&[String]>,
+) -> Result<()> {
+    let (home, k) = (&layout.home, layout.count());
+    let lease = crate::incarnation::DISPATCH_LEASE;
+    for (i, pk) in layout.parts.iter().enumerate() {
+        if !crate::scripts::dispatch_lease(con, home, &spec.id, inc, false, lease).await? {
+            return Err(Error::invalid(format!("task '{}' was removed or dispatched again meanwhile", spec.id)));
+        }
+        create_share_keyed(con, home, pk, i as u32 + 1, k, spec, inc, keys).await?;
+    }
+    crate::scripts::dispatch_lease(con, home, &spec.id, inc, true, lease).await?;
+    Ok(())
+}
+
+/// Creates share `p` of `k` of task `spec` in partition `pk`, for the incarnation `home_inc` of
 /// its home record in `home`: nothing for an empty share, nothing when it exists already for
-/// that incarnation; a share of an earlier task under this id whose home record is gone (its
-/// removal was cut short) is an orphan: removed, then this one is created. A share created after
-/// its task was cancelled is cancelled at once.
+/// that incarnation; a share of another incarnation under this id (an earlier task's whose
+/// removal was cut short, or one a failover of the home made a stranger) is removed, then this
+/// one is created. A share created after its task was cancelled is cancelled at once.
 pub async fn create_share<C: ConnectionLike + Send>(
     con: &mut C,
     home: &Keys,
@@ -498,14 +523,20 @@ pub async fn create_share<C: ConnectionLike + Send>(
     p: u32,
     k: u32,
     spec: &TaskSpec,
-    home_seq: u64,
+    home_inc: &str,
 ) -> Result<()> {
-    create_share_keyed(con, home, pk, p, k, spec, home_seq, None).await
+    create_share_keyed(con, home, pk, p, k, spec, home_inc, None).await
 }
+
+/// Keys written per round trip when a share's keys are written.
+const KEYS_CHUNK: usize = 5_000;
 
 /// [`create_share`] of a task with one routing key per shard (`keys`, the task's): the share's
 /// keys are written in its partition, at its own indexes, just before the share is created
-/// (never over a share that exists: a resumed dispatch leaves its keys as they are).
+/// (never over a share that exists: a resumed dispatch leaves its keys as they are). The id is
+/// listed in the partition's `index` and the keys carry `home_inc` (field `inc`) before the
+/// first key, so that a crash part-way leaves nothing `drop_orphans` cannot find; the home's
+/// dispatch lease is renewed after every chunk.
 #[allow(clippy::too_many_arguments)]
 pub async fn create_share_keyed<C: ConnectionLike + Send>(
     con: &mut C,
@@ -514,16 +545,14 @@ pub async fn create_share_keyed<C: ConnectionLike + Send>(
     p: u32,
     k: u32,
     spec: &TaskSpec,
-    home_seq: u64,
+    home_inc: &str,
     keys: Option<&[String]>,
 ) -> Result<()> {
     let (base, size) = share_range(p, k, spec.shards);
-    let ours = home_seq.to_string();
     if size == 0 {
-        // none here; an earlier task's share under this id (its removal cut short) goes
-        let theirs: Option<String> = redis::cmd("HGET").arg(pk.task(&spec.id)).arg("home_seq").query_async(con).await?;
-        if let Some(t) = theirs.filter(|t| *t != ours) {
-            crate::scripts::drop_share(con, pk, &spec.id, &t).await?;
+        // none here; another incarnation's share under this id goes
+        if let Some(t) = share_inc(con, pk, &spec.id).await?.filter(|t| t != home_inc) {
+            crate::scripts::drop_share(con, pk, &spec.id, &t, "").await?;
         }
         return Ok(());
     }
@@ -537,41 +566,43 @@ pub async fn create_share_keyed<C: ConnectionLike + Send>(
         ("part", p.to_string()),
         ("base", base.to_string()),
         ("of", spec.shards.to_string()),
-        ("home_seq", ours.clone()),
+        ("home_inc", home_inc.to_owned()),
         ("round", "0".to_owned()),
     ]);
     let mut created = false;
     for _ in 0..3 {
-        let theirs: Option<String> = redis::cmd("HGET").arg(pk.task(&spec.id)).arg("home_seq").query_async(con).await?;
-        match theirs {
-            Some(t) if t == ours => return Ok(()), // ours: a dispatch resumed
-            // an earlier task's share under this id (its removal cut short)
+        match share_inc(con, pk, &spec.id).await? {
+            Some(t) if t == home_inc => return Ok(()), // ours: a dispatch resumed
             Some(t) => {
-                crate::scripts::drop_share(con, pk, &spec.id, &t).await?;
+                crate::scripts::drop_share(con, pk, &spec.id, &t, "").await?;
             }
             None => {}
         }
-        // the share's keys, at its own indexes: before the share exists, after anything that
-        // removed an earlier share's keys
-        if let Some(keys) = keys {
-            let share = &keys[base as usize..(base + size) as usize];
-            for (c, chunk) in share.chunks(5_000).enumerate() {
-                let pairs: Vec<(usize, &String)> =
-                    chunk.iter().enumerate().map(|(j, key)| (c * 5_000 + j, key)).collect();
-                let () = redis::cmd("HSET").arg(pk.shard_keys(&spec.id)).arg(&pairs).query_async(con).await?;
+        match keys {
+            Some(keys) => {
+                write_share_keys(con, home, pk, &spec.id, home_inc, &keys[base as usize..(base + size) as usize])
+                    .await?
             }
+            // created again without its keys (the reconciliation): it keeps those its
+            // incarnation left, never another's
+            None if spec.has_keys => {
+                let kk = pk.shard_keys(&spec.id);
+                let theirs: Option<String> = redis::cmd("HGET").arg(&kk).arg("inc").query_async(con).await?;
+                if theirs.as_deref() != Some(home_inc) {
+                    let () = redis::cmd("DEL").arg(&kk).query_async(con).await?;
+                }
+            }
+            None => {}
         }
         match crate::scripts::dispatch_fields(con, pk, spec, &fields).await {
             Ok(()) => {
                 created = true;
                 break;
             }
-            // created meanwhile (read again), or a record of this id with no `home_seq`
+            // created meanwhile (read again), or a record of this id with no `home_inc`
             Err(Error::Script(ScriptCode::TaskExists)) => {
-                let theirs: Option<String> =
-                    redis::cmd("HGET").arg(pk.task(&spec.id)).arg("home_seq").query_async(con).await?;
-                if theirs.is_none() {
-                    crate::scripts::drop_share(con, pk, &spec.id, "").await?;
+                if share_inc(con, pk, &spec.id).await?.is_none() {
+                    crate::scripts::drop_share(con, pk, &spec.id, "", "").await?;
                 }
             }
             Err(e) => return Err(e),
@@ -582,15 +613,65 @@ pub async fn create_share_keyed<C: ConnectionLike + Send>(
     }
     // a cancel of the task that came between its home record and this share misses the share:
     // it is cancelled here
-    let (state, seq): (Option<String>, Option<u64>) =
-        redis::cmd("HMGET").arg(home.task(&spec.id)).arg("state").arg("seq").query_async(con).await?;
-    if seq != Some(home_seq) || matches!(state.as_deref(), Some("cancelled") | None) {
+    let state: Option<String> = redis::cmd("HGET").arg(home.task(&spec.id)).arg("state").query_async(con).await?;
+    if home_inc_of(con, home, &spec.id).await?.as_deref() != Some(home_inc)
+        || matches!(state.as_deref(), Some("cancelled") | None)
+    {
         match crate::control::cancel(con, pk, &spec.id).await {
             Ok(_) | Err(Error::Refused { .. } | Error::NoTask(_)) => {}
             Err(e) => return Err(e),
         }
     }
     Ok(())
+}
+
+/// Writes `share`, the keys of one share of task `id` at its own indexes, for home incarnation
+/// `home_inc`: the id listed in the partition's `index` and the keys' `inc` first (what
+/// `drop_orphans` finds them by), the keys of an earlier incarnation dropped, then the keys in
+/// chunks, renewing the home's dispatch lease after each (an error when the home is gone or
+/// another incarnation: the dispatch was cancelled and cleaned, or lost, meanwhile).
+async fn write_share_keys<C: ConnectionLike + Send>(
+    con: &mut C,
+    home: &Keys,
+    pk: &Keys,
+    id: &str,
+    home_inc: &str,
+    share: &[String],
+) -> Result<()> {
+    let kk = pk.shard_keys(id);
+    let theirs: Option<String> = redis::cmd("HGET").arg(&kk).arg("inc").query_async(con).await?;
+    let mut pipe = redis::pipe();
+    pipe.atomic().cmd("ZADD").arg(pk.index()).arg("NX").arg(0).arg(id).ignore();
+    if theirs.as_deref() != Some(home_inc) {
+        pipe.del(&kk).ignore();
+    }
+    pipe.hset(&kk, "inc", home_inc).ignore();
+    let () = pipe.query_async(con).await?;
+    for (c, chunk) in share.chunks(KEYS_CHUNK).enumerate() {
+        let pairs: Vec<(usize, &String)> = chunk.iter().enumerate().map(|(j, key)| (c * KEYS_CHUNK + j, key)).collect();
+        let () = redis::cmd("HSET").arg(&kk).arg(&pairs).query_async(con).await?;
+        if !crate::scripts::dispatch_lease(con, home, id, home_inc, false, crate::incarnation::DISPATCH_LEASE).await? {
+            return Err(Error::invalid(format!(
+                "task '{id}' was removed or dispatched again while its keys were written"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Whether the keys of share `id` in `pk` are complete for home incarnation `home_inc`: its
+/// `size` keys and its `inc` (a share lost with its keys kept, created again by the
+/// reconciliation, keeps them).
+pub async fn share_keys_complete<C: ConnectionLike + Send>(
+    con: &mut C,
+    pk: &Keys,
+    id: &str,
+    home_inc: &str,
+    size: u64,
+) -> Result<bool> {
+    let kk = pk.shard_keys(id);
+    let (inc, n): (Option<String>, u64) = redis::pipe().hget(&kk, "inc").hlen(&kk).query_async(con).await?;
+    Ok(inc.as_deref() == Some(home_inc) && n == size + 1)
 }
 
 /// The spec a home record was dispatched with (what its shares are made of).
@@ -635,17 +716,28 @@ pub async fn drop_orphans<C: ConnectionLike + Send>(con: &mut C, layout: &Layout
             let mut theirs = redis::pipe();
             let mut homes = redis::pipe();
             for id in &ids {
-                theirs.hget(pk.task(id), "home_seq");
-                homes.hget(layout.home.task(id), "seq");
+                theirs.hget(pk.task(id), "home_inc").hget(pk.task(id), "home_seq").hget(pk.shard_keys(id), "inc");
+                homes.hget(layout.home.task(id), "inc").hget(layout.home.task(id), "seq");
             }
             let theirs: Vec<Option<String>> = theirs.query_async(con).await?;
             let homes: Vec<Option<String>> = homes.query_async(con).await?;
             let mut here = 0;
-            for ((id, share), home) in ids.iter().zip(theirs).zip(homes) {
-                if share.is_some() && share == home {
+            for (i, id) in ids.iter().enumerate() {
+                let or = |a: &Option<String>, b: &Option<String>| a.clone().or_else(|| b.clone());
+                let share = or(&theirs[3 * i], &theirs[3 * i + 1]);
+                let home = or(&homes[2 * i], &homes[2 * i + 1]);
+                // a share (or, with no share, its keys: a dispatch that died before it) of the
+                // home's own incarnation stays; any other is an orphan
+                let keys = theirs[3 * i + 2].clone();
+                let of_home = match &share {
+                    Some(_) => share == home,
+                    None => keys.is_some() && keys == home,
+                };
+                if home.is_some() && of_home {
                     continue;
                 }
-                if crate::scripts::drop_share(con, pk, id, share.as_deref().unwrap_or("")).await? {
+                let (s, k) = (share.as_deref().unwrap_or(""), keys.as_deref().unwrap_or(""));
+                if crate::scripts::drop_share(con, pk, id, s, if s.is_empty() { k } else { "" }).await? {
                     here += 1;
                 }
             }

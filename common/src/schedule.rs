@@ -223,9 +223,11 @@ impl Schedule {
             .arg(&id)
             .arg(self.priority)
             .arg(self.created_ms);
-        for (f, v) in &self.fields {
+        // each fire a task of its own incarnation: a fresh nonce, never the stored one
+        for (f, v) in self.fields.iter().filter(|(f, _)| f != "nonce") {
             inv.arg(f).arg(v);
         }
+        inv.arg("nonce").arg(crate::incarnation::nonce());
         inv.arg("schedule").arg(&self.name).arg("fire_ms").arg(fire_ms);
         // on a partitioned queue the script adds the queue's current layout to the record
         let code: i64 = inv.invoke_async(con).await?;
@@ -238,9 +240,7 @@ impl Schedule {
             };
             if let Some(t) = crate::model::TaskInfo::from_hash(&id, &h)? {
                 let spec = crate::partition::spec_of(&t, self.priority);
-                for (i, pk) in layout.parts.iter().enumerate() {
-                    crate::partition::create_share(con, keys, pk, i as u32 + 1, layout.count(), &spec, t.seq).await?;
-                }
+                crate::partition::create_shares(con, &layout, &spec, &t.inc, None).await?;
             }
         }
         Ok(match code {

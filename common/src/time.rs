@@ -24,13 +24,29 @@ pub async fn server_now_ms<C: ConnectionLike + Send>(con: &mut C, keys: &crate::
     Ok(s * 1000 + us / 1000)
 }
 
-/// Parses a duration such as `500ms`, `5s`, `2m` or `1h 30m`; a bare number is seconds.
+/// The longest duration a user may give (100 years): every time the scripts compute from one
+/// (`TIME` + a delay, a retention, a lease) stays an exact integer of milliseconds in Lua's
+/// doubles and within what `PEXPIRE` takes, so no script fails part-way on a number.
+pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// Parses a duration such as `500ms`, `5s`, `2m` or `1h 30m`; a bare number is seconds. Longer
+/// than [`MAX_DURATION`] is refused.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
-    if let Ok(secs) = s.parse::<u64>() {
-        return Ok(Duration::from_secs(secs));
+    let d = match s.parse::<u64>() {
+        Ok(secs) => Duration::from_secs(secs),
+        Err(_) => humantime::parse_duration(s)
+            .map_err(|e| format!("invalid duration '{s}': {e} (examples: 500ms, 5s, 2m)"))?,
+    };
+    check_duration(s, d)
+}
+
+/// Refuses a duration longer than [`MAX_DURATION`], naming it as the user wrote it (`what`).
+pub fn check_duration(what: &str, d: Duration) -> Result<Duration, String> {
+    if d > MAX_DURATION {
+        return Err(format!("duration '{what}' is too long: at most 100 years (36500d)"));
     }
-    humantime::parse_duration(s).map_err(|e| format!("invalid duration '{s}': {e} (examples: 500ms, 5s, 2m)"))
+    Ok(d)
 }
 
 #[cfg(test)]
@@ -43,5 +59,8 @@ mod tests {
         assert_eq!(parse_duration("5s").unwrap(), Duration::from_secs(5));
         assert_eq!(parse_duration("7").unwrap(), Duration::from_secs(7));
         assert!(parse_duration("soon").unwrap_err().contains("soon"));
+        assert!(parse_duration("36500d").is_ok());
+        assert!(parse_duration("300000000y").unwrap_err().contains("too long"), "the range is checked");
+        assert!(parse_duration("99999999999999999").unwrap_err().contains("too long"));
     }
 }

@@ -134,17 +134,18 @@ pub async fn snapshot(con: &mut Conn, keys: &Keys, now_ms: u64, retention: Durat
                 "done",
                 "failed",
                 "partitions",
-                "seq",
+                "inc",
             ]);
         }
-        type Fields = (Option<String>, Option<String>, Option<u64>, Option<u64>, Option<u64>, Option<u32>, Option<u64>);
+        type Fields =
+            (Option<String>, Option<String>, Option<u64>, Option<u64>, Option<u64>, Option<u32>, Option<String>);
         let rows: Vec<Fields> = pipe.query_async(con).await?;
         for (id, (kind, state, total, mut done, mut failed, parts, seq)) in ids.into_iter().zip(rows) {
             // removed meanwhile
             let (Some(kind), Some(state)) = (kind, state) else { continue };
             if parts.is_some_and(|k| k > 1) && matches!(state.as_str(), "running" | "delayed" | "cancelled") {
                 // over partitions: its shares' live counts
-                let (d, f, _) = progress::shares_sum(con, keys, id, seq.unwrap_or(0)).await?;
+                let (d, f, _) = progress::shares_sum(con, keys, id, seq.as_deref().unwrap_or("")).await?;
                 (done, failed) = (Some(done.unwrap_or(0).max(d)), Some(failed.unwrap_or(0).max(f)));
             }
             if state == "failed" {

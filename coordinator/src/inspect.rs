@@ -324,7 +324,8 @@ async fn partitioned_map<C: ConnectionLike + Send>(
         let cells = (max_cells * size).div_ceil(t.total.max(1)).max(1);
         let h: std::collections::HashMap<String, String> =
             redis::cmd("HGETALL").arg(pk.task(&t.task_id)).query_async(con).await?;
-        let share = TaskInfo::from_hash(&t.task_id, &h)?.filter(|s| s.share.is_some_and(|x| x.home_seq == t.seq));
+        let share =
+            TaskInfo::from_hash(&t.task_id, &h)?.filter(|s| s.share.as_ref().is_some_and(|x| x.home_inc == t.inc));
         let Some(mut share) = share else {
             // not there (cleaned) or another incarnation's: drawn as the home says
             let c = if t.state.is_finished() { 'd' } else { 'p' };

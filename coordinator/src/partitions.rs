@@ -63,16 +63,11 @@ async fn create<C: ConnectionLike + Send>(
         }
         Err(e) => return Err(e),
     }
-    let home_seq: u64 = redis::cmd("HGET").arg(home.task(&spec.id)).arg("seq").query_async(con).await?;
-    for (i, pk) in layout.parts.iter().enumerate() {
-        shardctl_common::partition::create_share_keyed(con, home, pk, i as u32 + 1, k, spec, home_seq, keys).await?;
-    }
-    Ok(())
+    let inc = shardctl_common::share::home_inc_of(con, home, &spec.id)
+        .await?
+        .ok_or_else(|| Error::NoTask(spec.id.clone()))?;
+    shardctl_common::partition::create_shares(con, layout, spec, &inc, keys).await
 }
-
-/// How long after its creation a running task's missing share is taken as lost (not one its
-/// dispatch is still creating) and created again.
-pub const SHARE_GRACE_MS: u64 = 10_000;
 
 /// Places the unplaced shards of routed task `id` in every partition of `layout` over the live
 /// executors (the home's membership); returns how many this call placed and how many executors
@@ -96,6 +91,7 @@ const REPORT_BATCH: usize = 100;
 /// acknowledges it there. Idempotent: whoever repeats it counts nothing twice. Returns how many
 /// shares were counted now.
 pub async fn report_pending<C: ConnectionLike + Send>(con: &mut C, layout: &Layout) -> Result<u64> {
+    end_pending(con, layout).await?;
     let mut counted = 0;
     for pk in &layout.parts {
         let pending: Vec<(String, u64)> = redis::cmd("ZRANGE")
@@ -114,6 +110,34 @@ pub async fn report_pending<C: ConnectionLike + Send>(con: &mut C, layout: &Layo
     Ok(counted)
 }
 
+/// Ends the shares of every task found in the home's `unreported` (tasks over partitions whose
+/// aggregation was recorded: `finish_task` lists them) as their home ended, dropping their
+/// results unless the task keeps them (`end_share.lua`), then takes the entry out if it is
+/// still the one read (`ack.lua`). A home gone, retried or of another layout only loses its
+/// entry. Idempotent: whoever repeats it ends nothing twice.
+async fn end_pending<C: ConnectionLike + Send>(con: &mut C, layout: &Layout) -> Result<()> {
+    let home = &layout.home;
+    let pending: Vec<(String, u64)> = redis::cmd("ZRANGE")
+        .arg(home.unreported())
+        .arg(0)
+        .arg(REPORT_BATCH as i64 - 1)
+        .arg("WITHSCORES")
+        .query_async(con)
+        .await?;
+    for (task, ended) in pending {
+        let tl = shardctl_common::partition::task_layout(con, home, &task).await?;
+        let state: Option<String> = redis::cmd("HGET").arg(home.task(&task)).arg("state").query_async(con).await?;
+        let inc = shardctl_common::share::home_inc_of(con, home, &task).await?;
+        if let (Some(state @ ("completed" | "failed")), Some(inc)) = (state.as_deref(), inc) {
+            for pk in &tl.parts {
+                scripts::end_share(con, pk, &task, &inc, state).await?;
+            }
+        }
+        scripts::ack(con, home, &task, ended).await?;
+    }
+    Ok(())
+}
+
 /// Reports one ended share; true when it was counted now.
 async fn report_share<C: ConnectionLike + Send>(
     con: &mut C,
@@ -122,16 +146,33 @@ async fn report_share<C: ConnectionLike + Send>(
     task: &str,
     ended: u64,
 ) -> Result<bool> {
-    type Fields = (Option<u32>, Option<u64>, Option<u64>, Option<u64>, Option<u64>, Option<String>);
-    let (p, home_seq, round, done, failed, state): Fields = redis::cmd("HMGET")
+    type Fields = (Option<u32>, Option<u64>, Option<u64>, Option<u64>, Option<String>);
+    let (p, round, done, failed, state): Fields = redis::cmd("HMGET")
         .arg(part.task(task))
-        .arg(&["part", "home_seq", "round", "done", "failed", "state"])
+        .arg(&["part", "round", "done", "failed", "state"])
         .query_async(con)
         .await?;
-    let counted = match (p, home_seq, round, done, failed, state.as_deref()) {
-        (Some(part_no), Some(home_seq), Some(round), Some(done), Some(failed), Some("aggregating")) => {
-            let r = ShareReport { task: task.to_owned(), home_seq, part: part_no, round, done, failed };
-            scripts::report(con, home, &r).await? == Reported::Counted
+    let home_inc = shardctl_common::share::share_inc(con, part, task).await?;
+    let counted = match (p, home_inc, round, done, failed, shardctl_common::share::ended(state.as_deref())) {
+        (Some(part_no), Some(home_inc), Some(round), Some(done), Some(failed), true) => {
+            let r = ShareReport { task: task.to_owned(), home_inc, part: part_no, round, done, failed };
+            match scripts::report(con, home, &r).await? {
+                Reported::Counted => true,
+                // the home's master lost a retry its shares kept: the home is reopened to the
+                // share's round for this partition, then counts it
+                Reported::HomeBehind => {
+                    let code = scripts::reopen(con, home, task, Some(round), &[part_no]).await?;
+                    tracing::warn!(
+                        task,
+                        partition = part_no,
+                        round,
+                        code,
+                        "the home had lost a retry: reopened to its share's round"
+                    );
+                    scripts::report(con, home, &r).await? == Reported::Counted
+                }
+                _ => false,
+            }
         }
         // the share is gone (cleaned, expired) or runs again: nothing to count for this entry
         _ => false,
@@ -143,18 +184,23 @@ async fn report_share<C: ConnectionLike + Send>(
     Ok(counted)
 }
 
-/// Creates share `p` of running task `id` again if it is missing past [`SHARE_GRACE_MS`] (its
-/// creation was lost with a partition's master, or its dispatcher died before it).
+/// Creates share `p` of running task `id` again if it is missing and its dispatch is over
+/// (`dispatched`, or its dispatch lease lapsed: its creation was lost with a partition's master,
+/// or its dispatcher died before it). A keyed share keeps the keys its incarnation left.
 async fn recreate_share<C: ConnectionLike + Send>(con: &mut C, layout: &Layout, id: &str, p: u32) -> Result<()> {
     let t = crate::progress::task(con, &layout.home, id).await?;
-    if shardctl_common::partition::share_range(p, t.partitions, t.total).1 == 0 {
+    if shardctl_common::partition::share_range(p, t.partitions, t.total).1 == 0 || t.partitions != layout.count() {
         return Ok(());
     }
+    let (dispatched, until, priority): (Option<String>, Option<u64>, Option<i64>) = redis::cmd("HMGET")
+        .arg(layout.home.task(id))
+        .arg(&["dispatched", "dispatch_until", "priority"])
+        .query_async(con)
+        .await?;
     let now = shardctl_common::time::server_now_ms(con, &layout.home).await?;
-    if now.saturating_sub(t.created_ms) < SHARE_GRACE_MS || t.partitions != layout.count() {
-        return Ok(());
+    if dispatched.is_none() && until.is_some_and(|u| now < u) {
+        return Ok(()); // its dispatcher is still creating it
     }
-    let priority: Option<i64> = redis::cmd("HGET").arg(layout.home.task(id)).arg("priority").query_async(con).await?;
     tracing::warn!(task = %id, partition = p, "a share of a running task is missing: creating it again");
     shardctl_common::partition::create_share(
         con,
@@ -163,7 +209,7 @@ async fn recreate_share<C: ConnectionLike + Send>(con: &mut C, layout: &Layout, 
         p,
         t.partitions,
         &shardctl_common::partition::spec_of(&t, priority.unwrap_or(0)),
-        t.seq,
+        &t.inc,
     )
     .await
 }
@@ -204,7 +250,7 @@ pub async fn reconcile_page<C: ConnectionLike + Send>(
     let mut counted = 0;
     let tags = shardctl_common::partition::tags_of(layout);
     for id in ids {
-        let mut fields = ["partition_tags", "state", "round", "seq"].map(str::to_owned).to_vec();
+        let mut fields = ["partition_tags", "state", "round", "inc"].map(str::to_owned).to_vec();
         fields.extend((1..=layout.count()).map(|p| format!("part:{p}")));
         let row: Vec<Option<String>> = redis::cmd("HMGET").arg(home.task(&id)).arg(&fields).query_async(con).await?;
         // a task over other partitions than `layout`'s (this process has not yet seen a change
@@ -218,18 +264,18 @@ pub async fn reconcile_page<C: ConnectionLike + Send>(
         if again > 0 {
             tracing::info!(task = %id, shards = again, "a retry cut short was completed");
         }
-        let seq: Option<u64> = row[3].as_deref().and_then(|s| s.parse().ok());
+        let inc = shardctl_common::share::home_inc_of(con, home, &id).await?;
         for (i, pk) in layout.parts.iter().enumerate() {
             if row[4 + i].is_some() {
                 continue;
             }
-            let (state, home_seq): (Option<String>, Option<u64>) =
-                redis::cmd("HMGET").arg(pk.task(&id)).arg("state").arg("home_seq").query_async(con).await?;
-            // a share of an earlier task under this id (its removal cut short) is not this
-            // task's: it is replaced like a missing one
-            let state = if home_seq == seq { state } else { None };
+            let state: Option<String> = redis::cmd("HGET").arg(pk.task(&id)).arg("state").query_async(con).await?;
+            // a share of another incarnation under this id (an earlier task's, or one a
+            // failover of the home made a stranger) is not this task's: replaced like a missing one
+            let ours = inc.is_some() && shardctl_common::share::share_inc(con, pk, &id).await? == inc;
+            let state = if ours { state } else { None };
             match state.as_deref() {
-                Some("aggregating") => {
+                Some("aggregating" | "completed" | "failed") => {
                     if report_share(con, home, pk, &id, 0).await? {
                         tracing::info!(task = %id, partition = i + 1, "a share's count missing in the home was reported again");
                         counted += 1;

@@ -28,7 +28,7 @@ pub async fn live_counts<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, t: 
     if t.partitions <= 1 || !(live || t.strategy != "pull") {
         return Ok(());
     }
-    let Sums { done, failed, cursor, routed } = shares(con, keys, &t.task_id, t.seq).await?;
+    let Sums { done, failed, cursor, routed } = shares(con, keys, &t.task_id, &t.inc).await?;
     if t.strategy != "pull" {
         t.routed = Some(routed);
     }
@@ -74,15 +74,15 @@ pub struct ShardCounts {
     pub delayed: u64,
 }
 
-/// The sums of `done`, `failed` and `cursor` over the shares of incarnation `seq` of task `id`
-/// (one read per partition).
+/// The sums of `done`, `failed` and `cursor` over the shares of home incarnation `inc` of task
+/// `id` (one read per partition).
 pub async fn shares_sum<C: ConnectionLike + Send>(
     con: &mut C,
     keys: &Keys,
     id: &str,
-    seq: u64,
+    inc: &str,
 ) -> Result<(u64, u64, u64)> {
-    let s = shares(con, keys, id, seq).await?;
+    let s = shares(con, keys, id, inc).await?;
     Ok((s.done, s.failed, s.cursor))
 }
 
@@ -95,21 +95,16 @@ struct Sums {
     routed: u64,
 }
 
-async fn shares<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str, seq: u64) -> Result<Sums> {
+async fn shares<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str, inc: &str) -> Result<Sums> {
+    use shardctl_common::share::{num, read};
     let layout = shardctl_common::partition::task_layout(con, keys, id).await?;
     let mut sum = Sums::default();
     for pk in &layout.parts {
-        type Row = (Option<u64>, Option<u64>, Option<u64>, Option<u64>, Option<u64>);
-        let (d, f, c, r, home_seq): Row = redis::cmd("HMGET")
-            .arg(pk.task(id))
-            .arg(&["done", "failed", "cursor", "routed", "home_seq"])
-            .query_async(con)
-            .await?;
-        if home_seq == Some(seq) {
-            sum.done += d.unwrap_or(0);
-            sum.failed += f.unwrap_or(0);
-            sum.cursor += c.unwrap_or(0);
-            sum.routed += r.unwrap_or(0);
+        if let Some(v) = read(con, pk, id, inc, &["done", "failed", "cursor", "routed"]).await? {
+            sum.done += num(&v[0]);
+            sum.failed += num(&v[1]);
+            sum.cursor += num(&v[2]);
+            sum.routed += num(&v[3]);
         }
     }
     Ok(sum)
@@ -231,14 +226,13 @@ pub async fn failed_shards<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, i
     let h: HashMap<String, String> = redis::cmd("HGETALL").arg(keys.errors(id)).query_async(con).await?;
     let mut v: Vec<(u64, String)> = h.into_iter().filter_map(|(k, r)| k.parse().ok().map(|i| (i, r))).collect();
     // a task over partitions: its shares' reasons, at the task's indexes
-    let (parts, seq): (Option<u32>, Option<u64>) =
-        redis::cmd("HMGET").arg(keys.task(id)).arg("partitions").arg("seq").query_async(con).await?;
-    if parts.is_some_and(|k| k > 1) {
+    let parts: Option<u32> = redis::cmd("HGET").arg(keys.task(id)).arg("partitions").query_async(con).await?;
+    let inc = shardctl_common::share::home_inc_of(con, keys, id).await?;
+    if let (true, Some(inc)) = (parts.is_some_and(|k| k > 1), inc) {
         let layout = shardctl_common::partition::task_layout(con, keys, id).await?;
         for pk in &layout.parts {
-            let (base, home_seq): (Option<u64>, Option<u64>) =
-                redis::cmd("HMGET").arg(pk.task(id)).arg("base").arg("home_seq").query_async(con).await?;
-            let (Some(base), true) = (base, home_seq == seq) else { continue };
+            let Some(row) = shardctl_common::share::read(con, pk, id, &inc, &["base"]).await? else { continue };
+            let base = shardctl_common::share::num(&row[0]);
             let h: HashMap<String, String> = redis::cmd("HGETALL").arg(pk.errors(id)).query_async(con).await?;
             v.extend(h.into_iter().filter_map(|(k, r)| k.parse::<u64>().ok().map(|i| (base + i, r))));
         }

@@ -56,37 +56,41 @@ pub(crate) async fn outcomes(
             if shardctl_common::partition::share_range(p as u32 + 1, task.partitions, task.total).1 == 0 {
                 continue;
             }
-            type Share = (Option<u64>, Option<u64>, Option<u64>, Option<String>, Option<u64>, Option<u64>);
-            let (share, bits): (Share, u64) = redis::pipe()
-                .cmd("HMGET")
-                .arg(pk.task(&task.task_id))
-                .arg(&["base", "home_seq", "total", "state", "done", "failed"])
-                .cmd("BITCOUNT")
-                .arg(pk.terminal(&task.task_id))
-                .query_async(con)
-                .await?;
+            use shardctl_common::share::num;
+            let share = shardctl_common::share::read(
+                con,
+                pk,
+                &task.task_id,
+                &task.inc,
+                &["base", "total", "state", "done", "failed"],
+            )
+            .await?;
+            let bits: u64 = redis::cmd("BITCOUNT").arg(pk.terminal(&task.task_id)).query_async(con).await?;
             // (another slot: a command of its own)
             let counted_home: Option<String> = redis::cmd("HGET")
                 .arg(keys.task(&task.task_id))
                 .arg(format!("part:{}", p + 1))
                 .query_async(con)
                 .await?;
-            let (base, home_seq, total, state, done, failed) = share;
+            let ours = share.is_some();
+            let v = share.unwrap_or_else(|| vec![None; 5]);
+            let (base, total, state) = (num(&v[0]), v[1].as_deref().and_then(|t| t.parse::<u64>().ok()), v[2].clone());
+            let (done, failed) = (num(&v[3]), num(&v[4]));
             // a share counted in the home whose partition lost writes since (a failover of its
             // master): running again (its lost shards run again), gone (the reconciliation
             // creates it again), or ended with other counts than the ones counted (it re-ended
             // meanwhile, or lost a retry: the reconciliation reports or retries it). Aggregating
             // now would miss results: its count is forgotten and the task runs until the share
             // is counted anew (this job is withdrawn)
-            let ours = home_seq == Some(task.seq);
             let running = matches!(state.as_deref(), Some("running" | "delayed"));
-            let counted = format!("{}/{}", done.unwrap_or(0), failed.unwrap_or(0));
+            let counted = format!("{done}/{failed}");
             // (a share's round may be older than the home's: a retry reruns only the shares with
             // failures; the counts tell a retry lost after its count)
-            let stale = state.as_deref() == Some("aggregating") && counted_home.as_deref() != Some(counted.as_str());
+            let ended = shardctl_common::share::ended(state.as_deref());
+            let stale = ended && counted_home.as_deref() != Some(counted.as_str());
             if !ours || running || stale {
                 let forgotten =
-                    shardctl_common::scripts::uncount(con, keys, &task.task_id, task.seq, p as u32 + 1, token).await?;
+                    shardctl_common::scripts::uncount(con, keys, &task.task_id, &task.inc, p as u32 + 1, token).await?;
                 let what = match (ours, running) {
                     (false, _) => "is gone",
                     (true, true) => "runs again",
@@ -104,7 +108,7 @@ pub(crate) async fn outcomes(
                     }
                 )));
             }
-            if state.as_deref() != Some("aggregating") || total != Some(bits) {
+            if !ended || total != Some(bits) {
                 return Err(shardctl_common::Error::Protocol(format!(
                     "task {}: share {} is not complete ({bits} of {} shards terminal, {})",
                     task.task_id,
@@ -113,13 +117,6 @@ pub(crate) async fn outcomes(
                     state.unwrap_or_default()
                 )));
             }
-            let Some(base) = base else {
-                return Err(shardctl_common::Error::Protocol(format!(
-                    "task {}: share {} has no base",
-                    task.task_id,
-                    p + 1
-                )));
-            };
             results.extend(scan_hash(con, &pk.results(&task.task_id)).await?.into_iter().map(|(i, v)| (base + i, v)));
             errors.extend(scan_hash(con, &pk.errors(&task.task_id)).await?.into_iter().map(|(i, v)| (base + i, v)));
         }

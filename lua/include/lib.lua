@@ -131,13 +131,16 @@ local function start_due_tasks(prefix, now)
   if #due == 0 then return 0 end
   -- read first: an abort at a key of a slot being migrated leaves the tasks scheduled
   local ts = {}
-  for i, tid in ipairs(due) do ts[i] = rcall('HMGET', task_key(prefix, tid, ''), 'state', 'strategy', 'priority', 'seq') end
+  for i, tid in ipairs(due) do ts[i] = rcall('HMGET', task_key(prefix, tid, ''), 'state', 'strategy', 'priority', 'seq', 'partitions') end
   call_chunked('ZREM', K.scheduled, due)
   for i, tid in ipairs(due) do
     local t = ts[i]
     if t[1] == 'delayed' then
       rcall('HSET', task_key(prefix, tid, ''), 'state', 'running')
-      if t[2] == 'pull' then
+      if t[5] then
+        -- the home record of a task over partitions holds no shard: its shares start in their
+        -- partitions (each its own delay); nothing to claim or route here
+      elseif t[2] == 'pull' then
         rcall('ZADD', K.tasks, runnable_score(t[3], t[4]), tid)
         wake()
       else
@@ -306,7 +309,8 @@ local function reopen_ended(prefix, tid)
   rcall('HDEL', tkey, 'finished_ms', 'result', 'agg_error')
   rcall('ZREM', K.finished, tid)
   rcall('ZREM', K.expiring, tid)
-  rcall('ZADD', K.running, rcall('HGET', tkey, 'created_ms'), tid)
+  -- a share (ended as its home, end_share.lua) runs while its home does, not in `running`
+  if rcall('HEXISTS', tkey, 'part') == 0 then rcall('ZADD', K.running, rcall('HGET', tkey, 'created_ms'), tid) end
   for _, k in ipairs(task_keys(prefix, tid)) do rcall('PERSIST', k) end
 end
 
@@ -338,8 +342,18 @@ local function finish_task(prefix, tid, ok, value, now)
     rcall('HSET', tkey, 'agg_error', value)
   end
   end_task(prefix, tid, state, now)
+  -- over partitions: its shares are ended as their home by the partition upkeep, which finds
+  -- the task in the home's `unreported` (ARCHITECTURE.md, "Multi-slot operations", End)
+  if rcall('HEXISTS', tkey, 'partitions') == 1 then rcall('ZADD', K.unreported, now, tid) end
   return 1
 end
+
+-- How long a dispatch over partitions holds its home record before a missing share may be taken
+-- as lost (common::incarnation::DISPATCH_LEASE).
+local DISPATCH_LEASE_MS = 30000
+
+-- The longest duration a task may carry (common::time::MAX_DURATION: 100 years).
+local MAX_DURATION_MS = 3153600000000
 
 -- Creates task `tid` from its hash fields (a flat field, value list): see dispatch.lua. Returns
 -- 1, -4 (task exists) or -8 (invalid spec).
@@ -353,17 +367,32 @@ local function create_task(prefix, tid, now, priority, start, fields)
       return -12
     end
   end
+  -- checked before any write (no script fails after its first): the terminal bitmap addresses
+  -- 2^32 bits; |priority| <= 10^6 keeps the score below 2^53; a duration is at most 100 years
+  -- (common::time::MAX_DURATION), so `now` plus it is an exact integer PEXPIRE takes
+  if math.abs(priority) > 1000000 or start - now > MAX_DURATION_MS then return -8 end
+  for i = 1, #fields - 1, 2 do
+    local f, v = fields[i], tonumber(fields[i + 1])
+    if f == 'total' and (not v or v > 4294967296) then return -8 end
+    if (f == 'retain_ms' or f == 'shard_timeout_ms') and (not v or v < 0 or v > MAX_DURATION_MS) then return -8 end
+  end
   -- whatever an earlier incarnation of this id left (its keys expire one by one, or an abort
   -- part-way left some): never part of the new task. `:keys` is the dispatcher's, written first.
   rcall('DEL', task_key(prefix, tid, ':terminal'), task_key(prefix, tid, ':results'), task_key(prefix, tid, ':errors'), task_key(prefix, tid, ':shards'))
-  -- the terminal bitmap addresses 2^32 bits; |priority| <= 10^6 keeps the score below 2^53
-  if math.abs(priority) > 1000000 then return -8 end
+  local nonce
   for i = 1, #fields - 1, 2 do
-    if fields[i] == 'total' and tonumber(fields[i + 1]) > 4294967296 then return -8 end
+    if fields[i] == 'nonce' then nonce = fields[i + 1] end
+  end
+  if not nonce then
+    local t = rcall('TIME')
+    nonce = t[1] .. t[2]
   end
   rcall('HSET', tkey, 'state', 'running', 'cursor', 0, 'done', 0, 'failed', 0, 'created_ms', now, unpack(fields))
   local seq = rcall('HINCRBY', K.meta, 'seq', 1)
-  rcall('HSET', tkey, 'seq', seq)
+  -- `inc`: the incarnation no rollback of this slot reissues (ARCHITECTURE.md, "One task, one
+  -- identity across slots"); `seq` orders and names refs within the slot
+  rcall('HSET', tkey, 'seq', seq, 'inc', seq .. '.' .. nonce)
+  rcall('HDEL', tkey, 'nonce')
   -- an earlier task under this id whose keys expired may still be listed as ended
   rcall('ZREM', K.expiring, tid)
   rcall('ZREM', K.finished, tid)
@@ -373,8 +402,9 @@ local function create_task(prefix, tid, now, priority, start, fields)
   if not shape[2] then rcall('ZADD', K.running, now, tid) end
   local home = shape[3] ~= false
   if home then
-    -- the home record of a partitioned task: its shards are claimed from its shares
-    rcall('HSET', tkey, 'cursor', rcall('HGET', tkey, 'total'), 'round', 0)
+    -- the home record of a partitioned task: its shards are claimed from its shares, which
+    -- its dispatcher creates under this lease (renewed by dispatch_lease.lua)
+    rcall('HSET', tkey, 'cursor', rcall('HGET', tkey, 'total'), 'round', 0, 'dispatch_until', now + DISPATCH_LEASE_MS)
   end
   local pull = shape[1] == 'pull'
   if not pull then

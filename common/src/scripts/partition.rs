@@ -14,8 +14,8 @@ use super::*;
 pub struct ShareReport {
     /// The task.
     pub task: String,
-    /// The home record's incarnation the share was dispatched for.
-    pub home_seq: u64,
+    /// The home record's incarnation id (`inc`) the share was dispatched for.
+    pub home_inc: String,
     /// The partition, 1..=K.
     pub part: u32,
     /// The home's retry round the share ran in.
@@ -35,6 +35,9 @@ pub enum Reported {
     Already,
     /// The home record is gone (cleaned): nothing to count.
     HomeGone,
+    /// The share ran in a round ahead of the home's: the home lost a reopen its shares kept;
+    /// reopen it to that round for this partition (`reopen` with `to_round`), then report again.
+    HomeBehind,
 }
 
 /// Counts `r` in the home record of `home` (report.lua).
@@ -44,7 +47,7 @@ pub async fn report<C: ConnectionLike + Send>(con: &mut C, home: &Keys, r: &Shar
         .keyed(home, &KeyArgs { task: Some(&r.task), ..Default::default() })
         .arg(home.prefix())
         .arg(&r.task)
-        .arg(r.home_seq)
+        .arg(&r.home_inc)
         .arg(r.part)
         .arg(r.round)
         .arg(r.done)
@@ -53,6 +56,7 @@ pub async fn report<C: ConnectionLike + Send>(con: &mut C, home: &Keys, r: &Shar
         .await?;
     Ok(match code {
         1 => Reported::Counted,
+        2 => Reported::HomeBehind,
         -3 => Reported::HomeGone,
         _ => Reported::Already,
     })
@@ -65,20 +69,66 @@ pub async fn ack<C: ConnectionLike + Send>(con: &mut C, partition: &Keys, task: 
     Ok(r == 1)
 }
 
-/// Removes the share of `task` in `partition` if its `home_seq` is still `home_seq` (empty: it
-/// had none) (drop_share.lua); true when removed.
+/// Removes the share of `task` in `partition` if its `home_inc` is still `home_inc` (empty: there
+/// is no share, and then only keys whose `inc` field is still `keys_inc`) (drop_share.lua); true
+/// when removed.
 pub async fn drop_share<C: ConnectionLike + Send>(
     con: &mut C,
     partition: &Keys,
     task: &str,
-    home_seq: &str,
+    home_inc: &str,
+    keys_inc: &str,
 ) -> Result<bool> {
     let n: i64 = scripts()
         .drop_share
         .keyed(partition, &KeyArgs { task: Some(task), ..Default::default() })
         .arg(partition.prefix())
         .arg(task)
-        .arg(home_seq)
+        .arg(home_inc)
+        .arg(keys_inc)
+        .invoke_async(con)
+        .await?;
+    Ok(n == 1)
+}
+
+/// Renews the dispatch lease of the home record of `task` for incarnation `inc` by `lease`, or,
+/// with `done`, marks its dispatch complete (dispatch_lease.lua); false when the home is gone
+/// or another incarnation.
+pub async fn dispatch_lease<C: ConnectionLike + Send>(
+    con: &mut C,
+    home: &Keys,
+    task: &str,
+    inc: &str,
+    done: bool,
+    lease: std::time::Duration,
+) -> Result<bool> {
+    let n: i64 = scripts()
+        .dispatch_lease
+        .keyed(home, &KeyArgs { task: Some(task), ..Default::default() })
+        .arg(inc)
+        .arg(if done { "done" } else { "renew" })
+        .arg(lease.as_millis() as u64)
+        .invoke_async(con)
+        .await?;
+    Ok(n == 1)
+}
+
+/// Ends the share of `task` in `partition` as its home (incarnation `home_inc`) ended, in
+/// `state` (end_share.lua); false when it is not that incarnation's or not aggregating.
+pub async fn end_share<C: ConnectionLike + Send>(
+    con: &mut C,
+    partition: &Keys,
+    task: &str,
+    home_inc: &str,
+    state: &str,
+) -> Result<bool> {
+    let n: i64 = scripts()
+        .end_share
+        .keyed(partition, &KeyArgs { task: Some(task), ..Default::default() })
+        .arg(partition.prefix())
+        .arg(task)
+        .arg(home_inc)
+        .arg(state)
         .invoke_async(con)
         .await?;
     Ok(n == 1)
@@ -88,9 +138,19 @@ pub async fn drop_share<C: ConnectionLike + Send>(
 /// those counted with failures, chosen by the script) (reopen.lua); the new round, 0 when there
 /// was nothing to forget in a task no longer running (left as it is), or the refusal's code (-3
 /// task missing, -9 cancelled, -10 results not kept, -12 layout changed).
-pub async fn reopen<C: ConnectionLike + Send>(con: &mut C, home: &Keys, id: &str, parts: &[u32]) -> Result<i64> {
+///
+/// With `to_round`, a repair: a share was reported from that round, ahead of its home's (the
+/// home's master lost the reopen); the home takes that round, forgetting `parts`' counts, and
+/// a home already at that round or past it is left as it is (0).
+pub async fn reopen<C: ConnectionLike + Send>(
+    con: &mut C,
+    home: &Keys,
+    id: &str,
+    to_round: Option<u64>,
+    parts: &[u32],
+) -> Result<i64> {
     let mut inv = scripts().reopen.keyed(home, &KeyArgs { task: Some(id), ..Default::default() });
-    inv.arg(home.prefix()).arg(id);
+    inv.arg(home.prefix()).arg(id).arg(to_round.unwrap_or(0));
     for p in parts {
         inv.arg(*p);
     }
@@ -150,13 +210,13 @@ pub async fn unretire<C: ConnectionLike + Send>(con: &mut C, home: &Keys, tag: &
 
 /// Forgets the count of partition `p`'s share of task `id` in its home record, for the
 /// aggregation that found the share running again or gone after it was counted (uncount.lua):
-/// the task runs again until the share is counted anew. `seq` is the home incarnation read,
+/// the task runs again until the share is counted anew. `inc` is the home incarnation id read,
 /// `token` the aggregation's claim (only its holder forgets); true when forgotten.
 pub async fn uncount<C: ConnectionLike + Send>(
     con: &mut C,
     home: &Keys,
     id: &str,
-    seq: u64,
+    inc: &str,
     p: u32,
     token: &str,
 ) -> Result<bool> {
@@ -165,7 +225,7 @@ pub async fn uncount<C: ConnectionLike + Send>(
         .keyed(home, &KeyArgs { task: Some(id), ..Default::default() })
         .arg(home.prefix())
         .arg(id)
-        .arg(seq)
+        .arg(inc)
         .arg(p)
         .arg(token)
         .invoke_async(con)

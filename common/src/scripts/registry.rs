@@ -266,6 +266,8 @@ registry!(
     ack,
     reopen,
     drop_share,
+    dispatch_lease,
+    end_share,
     layout,
     unretire,
     uncount,
