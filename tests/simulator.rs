@@ -20,6 +20,9 @@ use shardctl_common::conn::open;
 use shardctl_common::Keys;
 use shardctl_testkit::TestRedis;
 
+/// The rollback fault (`sim/failover.rs`) in the step mix.
+pub const ROLLBACKS: bool = true;
+
 const CI_SEEDS: u64 = 20;
 const CI_STEPS: u64 = 2_000;
 const LONG_STEPS: u64 = 1_000_000;
