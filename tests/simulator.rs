@@ -10,6 +10,16 @@
 //! - `SHARDCTL_SIM_SURVEY=1` runs every seed even after a failure and prints the step each
 //!   failed at (to measure how soon a defect is found).
 //! - `SHARDCTL_SIM_TALLY=1` prints how many steps of each kind (and outcome) were taken.
+//!
+//! The rollback fault (`ROLLBACKS`, `sim/failover.rs`, `sim/rollback.rs`): about one step in
+//! a hundred, the queue's one slot goes back 1 to 6 steps, as a failover to a lagging replica
+//! does (every key of `{P:Q}` restored from a server-side snapshot taken after that step). The
+//! model goes back with it (it is a prediction of Redis: each snapshot carries the model of the
+//! same instant), while what lives outside Redis stays: the executors keep what they hold and
+//! their tokens, the dispatch nonces keep growing. Each executor sees the failover as a failed
+//! claim call (it drops its task cache and compares every token at its next heartbeat), and
+//! its reports of shards the restored slot no longer gives it are predicted refusals. So every
+//! check below holds exactly after a rollback, and the drain must still end every task.
 
 mod sim;
 
@@ -19,6 +29,9 @@ use std::time::Instant;
 use shardctl_common::conn::open;
 use shardctl_common::Keys;
 use shardctl_testkit::TestRedis;
+
+/// The rollback fault (`sim/failover.rs`) in the step mix.
+pub const ROLLBACKS: bool = true;
 
 const CI_SEEDS: u64 = 20;
 const CI_STEPS: u64 = 2_000;

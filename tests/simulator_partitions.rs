@@ -24,17 +24,39 @@
 //! - a home past `running` has every non-empty share counted and `done + failed == total`;
 //! - at most one aggregation job of the current incarnation is queued, held or delayed; none
 //!   held or delayed once the task ended; and the aggregation was recorded at most once per
-//!   incarnation.
+//!   incarnation;
+//! - a share taken as this incarnation's (its `home_seq` the home's `seq`) is of the home's
+//!   dispatch (the same payload, whose nonce no dispatch reuses), and each of its results was
+//!   made by an executor running that dispatch's spec.
+//!
+//! The rollback fault (`ROLLBACKS`; `psim/faults.rs`, `sim/rollback.rs`): two steps in a
+//! hundred, ONE slot (the home or one partition) goes back 1 to 6 steps, as an
+//! asynchronous-replication failover does, while the other slots keep their state. The
+//! single-slot checks above hold exactly after it; the cross-slot "counted share ended with
+//! those counts" is waived for the shares of every task whose home record or share slot rolled
+//! back (by that record's dispatch; a new dispatch of the id is checked in full), as for a lost
+//! completion; a home rollback also restores the record of the aggregations. Executors keep
+//! what they hold, and the scripts must refuse what a rolled-back slot no longer gives them.
+//! The drain first lets time pass (every lease in every slot runs out, every missing share's
+//! grace), so that the sweeps, the reports and the reconciliation can repair everything.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use shardctl_common::conn::{open, Conn};
-use shardctl_common::model::TaskSpec;
+use shardctl_common::model::{Part, TaskSpec};
 use shardctl_common::partition::{self, share_range, Layout};
 use shardctl_common::scripts::{self, ClaimRequest, Claimed, Finished, FinishedAs, ShareReport};
 use shardctl_common::{control, Keys};
 use shardctl_coordinator::partitions;
 use shardctl_testkit::TestRedis;
+
+#[path = "psim/faults.rs"]
+mod faults;
+#[path = "sim/rollback.rs"]
+mod rollback;
+
+/// The rollback fault (`psim/faults.rs`) in the step mix.
+const ROLLBACKS: bool = true;
 
 const K: u32 = 3;
 const IDS: usize = 4;
@@ -78,7 +100,8 @@ impl Rng {
 struct Exec {
     instance: String,
     seq: u64,
-    held: Vec<(usize, Claimed)>,
+    /// Each with the result it completes with (made from the spec it read at its claim).
+    held: Vec<(usize, Claimed, String)>,
 }
 
 struct Sim {
@@ -88,9 +111,14 @@ struct Sim {
     execs: Vec<Exec>,
     /// (`task:round:retries`, incarnation) → aggregations recorded.
     aggregated: HashMap<(String, u64), u32>,
-    /// Shares (task, partition, home incarnation) that lost writes after their count.
-    lost: HashSet<(String, u32, String)>,
+    /// Shares (task, partition, home record's dispatch nonce) that lost writes after their
+    /// count, or whose slot or home rolled back: their count may be stale.
+    lost: HashSet<(String, u32, u64)>,
     log: Vec<String>,
+    /// The last dispatch nonce (a task's payload `{"n":<nonce>}`).
+    nonce: u64,
+    /// The slots' snapshots (rollbacks on).
+    rb: Option<rollback::Rollbacks<faults::Recorded>>,
 }
 
 impl Sim {
@@ -103,14 +131,14 @@ impl Sim {
     }
 
     fn note(&mut self, s: String) {
-        if self.log.len() >= 30 {
+        if self.log.len() >= 80 {
             self.log.remove(0);
         }
         self.log.push(s);
     }
 
     async fn step(&mut self, n: u64) -> Outcome {
-        let weights: [u64; 13] = [6, 25, 25, 8, 10, 4, 3, 3, 4, 3, 1, 2, 4];
+        let weights: [u64; 14] = [6, 25, 25, 8, 10, 4, 3, 3, 4, 3, 1, 2, 4, 2 * u64::from(ROLLBACKS)];
         let total: u64 = weights.iter().sum();
         let mut pick = self.rng.next() % total;
         let mut action = 0;
@@ -157,6 +185,7 @@ impl Sim {
                 let p = 1 + self.rng.below(K as usize) as u32;
                 self.lose(&id, p).await
             }
+            13 => self.rollback(n).await,
             _ => {
                 for s in 0..=K as usize {
                     let k = self.space(s).clone();
@@ -171,6 +200,8 @@ impl Sim {
         let shards = 1 + self.rng.below(10) as u64;
         let mut spec = TaskSpec::new(id, "noop", shards);
         spec.attempts = 1 + self.rng.below(3) as u32;
+        self.nonce += 1;
+        spec.payload = format!("{{\"n\":{}}}", self.nonce);
         let r = partitions::dispatch(&mut self.con, &self.layout, &spec).await;
         self.note(format!("dispatch {id} ({shards} shards, {} attempts): {r:?}", spec.attempts));
         Ok(())
@@ -190,7 +221,22 @@ impl Sim {
         };
         let out = scripts::claim(&mut self.con, &keys, &req).await.map_err(|e| format!("claim: {e}"))?;
         let refs: Vec<String> = out.shards.iter().map(|c| c.shard_ref.to_string()).collect();
-        self.execs[e].held.extend(out.shards.into_iter().map(|c| (s, c)));
+        for c in out.shards {
+            // the executor runs a shard with the spec it reads now (its cache dropped)
+            let result = match c.shard_ref.part {
+                Part::Shard(i) if s > 0 => {
+                    let p: Option<String> = redis::cmd("HGET")
+                        .arg(keys.task(&c.shard_ref.task))
+                        .arg("payload")
+                        .query_async(&mut self.con)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    shard_result(faults::nonce_of(p.as_ref()), i)
+                }
+                _ => "{}".to_owned(),
+            };
+            self.execs[e].held.push((s, c, result));
+        }
         self.note(format!("e{e} claims in space {s}: {refs:?}"));
         Ok(())
     }
@@ -201,20 +247,15 @@ impl Sim {
         }
         let j = self.rng.below(self.execs[e].held.len());
         let lost = self.rng.chance(15);
-        let (s, c) = if lost { self.execs[e].held[j].clone() } else { self.execs[e].held.remove(j) };
+        let (s, c, result) = if lost { self.execs[e].held[j].clone() } else { self.execs[e].held.remove(j) };
         let keys = self.space(s).clone();
         if c.shard_ref.is_aggregate() && !fail && !self.shares_complete(&c).await? {
             // withdrawn: its completion would be refused
-            self.execs[e].held.retain(|(_, h)| h.token != c.token || h.shard_ref != c.shard_ref);
+            self.execs[e].held.retain(|(_, h, _)| h.token != c.token || h.shard_ref != c.shard_ref);
             return Ok(());
         }
-        let outcome = if fail {
-            FinishedAs::Failed { delay_ms: 0, reason: "simulated" }
-        } else if c.shard_ref.is_aggregate() {
-            FinishedAs::Completed("{}")
-        } else {
-            FinishedAs::Completed("")
-        };
+        let outcome =
+            if fail { FinishedAs::Failed { delay_ms: 0, reason: "simulated" } } else { FinishedAs::Completed(&result) };
         let codes = scripts::finish(&mut self.con, &keys, "n", &[Finished { claim: &c, outcome }])
             .await
             .map_err(|e| format!("finish: {e}"))?;
@@ -463,7 +504,8 @@ impl Sim {
             .query_async(&mut self.con)
             .await
             .map_err(|e| e.to_string())?;
-        self.lost.insert((id.to_owned(), p, seq));
+        let nonce = self.home_nonce(id).await?;
+        self.lost.insert((id.to_owned(), p, nonce));
         self.note(format!("partition {p}'s master loses the completion of {id} shard {i} after its count"));
         Ok(())
     }
@@ -483,6 +525,7 @@ impl Sim {
             let num = |f: &str| h.get(f).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
             let (total, done, failed, seq) = (num("total"), num("done"), num("failed"), num("seq"));
             let state = h.get("state").cloned().unwrap_or_default();
+            let nonce = faults::nonce_of(h.get("payload"));
             ensure!(done + failed <= total, "{id}: home counts {done}+{failed} past its total {total}");
             let (mut sum_d, mut sum_f) = (0, 0);
             for p in 1..=K {
@@ -512,6 +555,24 @@ impl Sim {
                         "{id} share {p}: {bits} bits, total {} for a share of {size}",
                         snum("total")
                     );
+                    ensure!(
+                        s.get("payload") == h.get("payload"),
+                        "{id} share {p} is taken as incarnation {seq}'s (home_seq) but is of another dispatch: {:?}, its home's {:?}",
+                        s.get("payload"),
+                        h.get("payload")
+                    );
+                    let results: HashMap<String, String> = redis::cmd("HGETALL")
+                        .arg(pk.results(&id))
+                        .query_async(&mut self.con)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    for (i, v) in &results {
+                        let want = shard_result(nonce, i.parse().map_err(|_| format!("{id}: result field {i}"))?);
+                        ensure!(
+                            *v == want,
+                            "{id} share {p}: shard {i}'s result {v} was not made by this dispatch ({want})"
+                        );
+                    }
                 }
                 if let Some(v) = h.get(&format!("part:{p}")) {
                     let (d, f) = v.split_once('/').ok_or(format!("{id}: part:{p} = {v}"))?;
@@ -520,7 +581,7 @@ impl Sim {
                     sum_f += f;
                     // a share counted is ended with those counts (unless cleaned away since, or it
                     // lost writes after its count: the aggregation forgets the count)
-                    if mine && !self.lost.contains(&(id.clone(), p, h.get("inc").cloned().unwrap_or_default())) {
+                    if mine && !self.lost.contains(&(id.clone(), p, nonce)) {
                         let st = s.get("state").map(String::as_str).unwrap_or("");
                         ensure!(
                             // ended: waiting for its home, or ended as its home (end_share.lua)
@@ -583,6 +644,7 @@ impl Sim {
     /// Runs everything to its end: one executor claims and completes all there is, the reports
     /// are repeated, until every task that was not cancelled has ended.
     async fn drain(&mut self) -> Outcome {
+        self.time_passes().await?;
         for e in 0..self.execs.len() {
             self.expire(e).await?;
         }
@@ -661,7 +723,13 @@ async fn run_seed(con: Conn, seed: u64, steps: u64) -> Outcome {
         aggregated: HashMap::new(),
         lost: HashSet::new(),
         log: Vec::new(),
+        nonce: 0,
+        rb: None,
     };
+    if ROLLBACKS {
+        sim.rb = Some(faults::rollbacks(&sim));
+        sim.save().await?;
+    }
     let fail =
         |sim: &Sim, n: u64, e: String| format!("seed {seed}, step {n}: {e}\nlast steps:\n  {}", sim.log.join("\n  "));
     for n in 1..=steps {
@@ -671,8 +739,16 @@ async fn run_seed(con: Conn, seed: u64, steps: u64) -> Outcome {
         if let Err(e) = sim.check().await {
             return Err(fail(&sim, n, e));
         }
+        if ROLLBACKS {
+            sim.save().await.map_err(|e| fail(&sim, n, e))?;
+        }
     }
     sim.drain().await.map_err(|e| fail(&sim, steps + 1, e))
+}
+
+/// The result a shard at index `i` of a share of dispatch `nonce` is completed with.
+fn shard_result(nonce: u64, i: u64) -> String {
+    format!("\"{nonce}:{i}\"")
 }
 
 fn env_u64(name: &str) -> Option<u64> {

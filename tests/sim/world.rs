@@ -8,8 +8,10 @@ use shardctl_common::conn::Conn;
 use shardctl_common::Keys;
 
 use super::executor::Executor;
+use super::failover::{rollbacks, Saved};
 use super::model::Model;
 use super::rng::Rng;
+use super::rollback::Rollbacks;
 use super::snapshot::Snapshot;
 use super::Outcome;
 
@@ -42,12 +44,15 @@ pub struct World {
     log_len: usize,
     /// How many steps of each kind (and outcome) were taken: the coverage of a run.
     pub tally: BTreeMap<String, u64>,
+    /// The slot's snapshots for the rollback fault (`failover.rs`).
+    pub rb: Rollbacks<Saved>,
 }
 
 impl World {
     /// A world on an empty queue.
     pub async fn new(con: Conn, keys: Keys, seed: u64) -> Self {
         let execs: Vec<Executor> = (0..EXECUTORS).map(Executor::new).collect();
+        let keys_prefix = keys.prefix().to_owned();
         let mut w = World {
             con,
             keys,
@@ -63,8 +68,12 @@ impl World {
             at: 0,
             log_len: log_len(),
             tally: Default::default(),
+            rb: rollbacks(keys_prefix.as_str()),
         };
         w.refresh().await;
+        if crate::ROLLBACKS {
+            w.save().await.expect("the first snapshot");
+        }
         w
     }
 
@@ -111,8 +120,9 @@ impl World {
     pub async fn step(&mut self) -> Outcome {
         let resume = if self.model.paused { 10 } else { 1 };
         //          disp claim compl fail rel beat lostc disown lostr lease sweep cancel retry clean pause expire redo
-        //          join leave depart rebal resume lateroute laterehome flag
-        let weights = [8, 18, 22, 8, 3, 6, 2, 3, 3, 2, 4, 3, 3, 3, resume, 1, 3, 4, 1, 2, 5, 1, 1, 2, 1];
+        //          join leave depart rebal resume lateroute laterehome flag rollback
+        let rollback = u64::from(crate::ROLLBACKS);
+        let weights = [8, 18, 22, 8, 3, 6, 2, 3, 3, 2, 4, 3, 3, 3, resume, 1, 3, 4, 1, 2, 5, 1, 1, 2, 1, rollback];
         let action = self.rng.weighted(&weights);
         let e = self.rng.below(self.execs.len());
         let count = self.rng.range(1, 4) as usize;
@@ -162,9 +172,14 @@ impl World {
             21 => self.resume().await?,
             22 => self.stale_route().await?,
             23 => self.stale_rehome().await?,
-            _ => self.flag_rebalancing().await?,
+            24 => self.flag_rebalancing().await?,
+            _ => self.rollback().await?,
         }
-        self.settle().await
+        self.settle().await?;
+        if crate::ROLLBACKS {
+            self.save().await?;
+        }
+        Ok(())
     }
 }
 
