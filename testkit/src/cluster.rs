@@ -142,18 +142,24 @@ impl TestCluster {
     pub fn wait_for_failover(&self, slot: u16) -> u16 {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let live: Vec<u16> = self.nodes.iter().filter(|n| n.alive).map(|n| n.port).collect();
-            let owner = self.owner(slot);
-            let ok = live.iter().all(|&p| {
-                let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut self.node_con(p)).unwrap_or_default();
-                info.contains("cluster_state:ok")
-            });
-            if live.contains(&owner) && ok {
+            if let Some(owner) = self.failed_over(slot) {
                 return owner;
             }
             assert!(Instant::now() < deadline, "no failover of slot {slot}; logs:\n{}", self.logs());
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// [`TestCluster::wait_for_failover`] without the wait: the new owner of `slot` once a live
+    /// node owns it and the cluster is ok on every live node, else `None`.
+    pub fn failed_over(&self, slot: u16) -> Option<u16> {
+        let live: Vec<u16> = self.nodes.iter().filter(|n| n.alive).map(|n| n.port).collect();
+        let owner = self.owner(slot);
+        let ok = live.iter().all(|&p| {
+            let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut self.node_con(p)).unwrap_or_default();
+            info.contains("cluster_state:ok")
+        });
+        (live.contains(&owner) && ok).then_some(owner)
     }
 
     /// A blocking connection to the node on `port` (no redirections followed).
