@@ -13,8 +13,9 @@
 //!
 //! Other rounds run on a 3-master Redis Cluster, over partitions (ARCHITECTURE.md "Partitioned
 //! queues"), and one over partitions with a replica per master runs two tasks: each loses a
-//! master mid-run (a partition's, then the home's), its replica promoted without waiting for it
-//! to catch up, and the partition count is changed between them (`tests/chaos/failover.rs`).
+//! master mid-run (a partition's, then the home's), its replica promoted after it was cut off
+//! for 500 ms (the master's last writes lost), and the partition count is changed between them
+//! (`tests/chaos/failover.rs`).
 //!
 //! The schedule comes from a xorshift seeded from the clock. The seed is printed;
 //! `SHARDCTL_CRASH_SEED=<seed> cargo test --test crash <test name> -- --nocapture` replays the
@@ -148,8 +149,9 @@ fn crash_round_over_partitions_on_a_cluster() {
 /// "Partitioned queues", reconciliation): the first task, over 3 partitions, loses the master of
 /// a partition other than the home's mid-run; the count is then changed to 4 (refused while the
 /// first task ran), and the second task loses the home's master (on 4 partitions over 3
-/// masters, a partition's too). Nothing waits for the replicas: the writes a master had not
-/// replicated are lost, and repaired (shards run again, never counted twice).
+/// masters, a partition's too). The dying master's replica is cut off from it 500 ms before:
+/// the writes it had not replicated are lost, and repaired (shards run again, never counted
+/// twice).
 #[test]
 fn crash_round_over_partitions_with_failovers() {
     crash_round(

@@ -3,8 +3,9 @@
 //! home's master left (the writes it had not replicated are gone, their events with them).
 //!
 //! Nothing waits for the replicas before the kill: losing the last writes is the fault to
-//! survive. So the checks are what the protocol promises then: the lost work runs again, and
-//! the surviving history counts every share once and records one result.
+//! survive, and to make sure it happens the replica is cut off from its master for 500 ms before
+//! (frozen, its link closed). So the checks are what the protocol promises then: the lost work
+//! runs again, and the surviving history counts every share once and records one result.
 
 use std::time::{Duration, Instant};
 
@@ -35,11 +36,17 @@ pub(crate) struct Kill {
     what: String,
     /// The port killed, and when.
     dead: Option<(u16, Instant)>,
+    /// Shards done where the kill was timed, as the dying master had them.
+    done_at_kill: u64,
     promoted: Option<u16>,
 }
 
 /// The kill is struck once this share of the work (percent) is done where it times it.
 const KILL_AT_PERCENT: u64 = 15;
+/// For this long before the kill, the dying master's replicas are cut off from it (frozen, their
+/// links closed): the writes of that while are lost for sure, not only those of the last few
+/// milliseconds a replica on this host lags by.
+const REPLICAS_CUT: Duration = Duration::from_millis(500);
 
 impl Kill {
     pub(crate) fn choose(c: &mut Fleet, master: Master, parts: &[Share], rng: &mut XorShift) -> Kill {
@@ -53,13 +60,13 @@ impl Kill {
                 assert!(!others.is_empty(), "no partition on another master than the home's");
                 let i = others[rng.below(others.len() as u64) as usize];
                 let what = format!("partition {} (slot {})", parts[i].prefix, parts[i].slot);
-                Kill { master, slot: parts[i].slot, share: Some(i), what, dead: None, promoted: None }
+                Kill { master, slot: parts[i].slot, share: Some(i), what, dead: None, done_at_kill: 0, promoted: None }
             }
             Master::Home => {
                 let with: Vec<&str> =
                     parts.iter().filter(|s| cl.owner(s.slot) == home_owner).map(|s| s.prefix.as_str()).collect();
                 let what = format!("the home {home} (slot {home_slot}; partitions there: {with:?})");
-                Kill { master, slot: home_slot, share: None, what, dead: None, promoted: None }
+                Kill { master, slot: home_slot, share: None, what, dead: None, done_at_kill: 0, promoted: None }
             }
         }
     }
@@ -90,8 +97,22 @@ impl Kill {
         if t == 0 || d * 100 < KILL_AT_PERCENT * t || d >= t {
             return;
         }
+        let owner = c.redis.cluster().owner(self.slot);
+        let replicas = c.redis.cluster().cut_off_replicas(owner);
+        eprintln!("  +{:.1}s replicas {replicas:?} of :{owner} cut off ({d}/{t} shards done)", secs(start));
+        c.pause(REPLICAS_CUT);
+        // what the replicas lack: done since they were cut off
+        let (d, t) = match self.share {
+            Some(i) => share_progress(&mut parts[i], task),
+            None => progress(con, tkey, parts),
+        }
+        .unwrap_or((d, t));
         let port = c.redis.cluster().kill_owner(self.slot);
+        for r in replicas {
+            c.redis.cluster().thaw(r);
+        }
         self.dead = Some((port, Instant::now()));
+        self.done_at_kill = d;
         eprintln!("  +{:.1}s SIGKILL master :{port} of {} ({d}/{t} shards done there)", secs(start), self.what);
     }
 
@@ -114,6 +135,15 @@ impl Kill {
         );
         *con = c.redis.con(&c.queue);
         *parts = shares(c, con, tkey);
+        let task = tkey.rsplit_once(":task:").map(|(_, t)| t).expect("a task key");
+        let done = match self.share {
+            Some(i) => share_progress(&mut parts[i], task),
+            None => progress(con, tkey, parts),
+        };
+        if let Some((d, _)) = done {
+            // (the live partitions went on meanwhile: only a partition's own count tells a loss)
+            eprintln!("    done there now {d}, {} at the kill", self.done_at_kill);
+        }
     }
 
     /// Strikes the kill if the schedule ended first (the task must still run), then waits for
