@@ -11,11 +11,18 @@
 //! 200 ms and count as gone after 1 s, so that failover keeps pace with the schedule; it also
 //! checks that nothing is left on the node lists, in `reroute` or unplaced.
 //!
+//! Other rounds run on a 3-master Redis Cluster, over partitions (ARCHITECTURE.md "Partitioned
+//! queues"), and one over partitions with a replica per master runs two tasks: each loses a
+//! master mid-run (a partition's, then the home's), its replica promoted after it was cut off
+//! for 500 ms (the master's last writes lost), and the partition count is changed between them
+//! (`tests/chaos/failover.rs`).
+//!
 //! The schedule comes from a xorshift seeded from the clock. The seed is printed;
 //! `SHARDCTL_CRASH_SEED=<seed> cargo test --test crash <test name> -- --nocapture` replays the
 //! schedule (not the processes' own timing). A MONITOR connection watches the commands the
 //! scripts run, so that "counted once" and "aggregated once" are checked on the writes
-//! themselves, not only on the final counters.
+//! themselves, not only on the final counters (and where the home's master died, whose writes
+//! MONITOR saw may be lost, on the event log its replica kept).
 
 // the harness shared by the CLI test files: this one uses a part of it
 #[allow(dead_code)]
@@ -29,8 +36,6 @@ use std::time::{Duration, Instant};
 
 use chaos::*;
 use serde_json::{json, Value};
-use shardctl_common::keys::ACTIVE_PIN;
-use support::task_counts;
 
 const SHARDS: u64 = 2000;
 /// 200,000 items a shard: a shard takes a few tens of milliseconds in a debug build, so that
@@ -54,7 +59,7 @@ static SERIAL: Mutex<()> = Mutex::new(());
 /// π(4·10⁸), the known count (computing it in a debug build costs seconds of the two cores).
 const EXPECTED: u64 = 21_336_326;
 
-/// How a round dispatches its task and what its executors are told besides [`CHAOS_EXECUTOR_ARGS`].
+/// How a round dispatches its tasks and what its executors are told besides [`CHAOS_EXECUTOR_ARGS`].
 struct Setup {
     /// The test function, for the replay hint.
     test: &'static str,
@@ -65,11 +70,37 @@ struct Setup {
     on_cluster: bool,
     /// Partitions of the queue (`config --partitions`; 1: not partitioned).
     partitions: u32,
+    /// Replicas per master of the cluster (a master is killed only with one).
+    replicas: usize,
+    /// The master SIGKILLed mid-run in each task of the round, in order (none past the list).
+    kill_master: &'static [Master],
+    /// A second task, over this many partitions: the count is changed (`config --partitions`)
+    /// once the first task ended, after a change was refused while it ran.
+    change_partitions: Option<u32>,
 }
 
-/// The pull rounds: the default strategy and the executor arguments alone.
+/// The pull rounds: the default strategy and the executor arguments alone, one task.
 fn pull(test: &'static str) -> Setup {
-    Setup { test, strategy: None, extra_executor_args: &[], on_cluster: false, partitions: 1 }
+    Setup {
+        test,
+        strategy: None,
+        extra_executor_args: &[],
+        on_cluster: false,
+        partitions: 1,
+        replicas: 0,
+        kill_master: &[],
+        change_partitions: None,
+    }
+}
+
+/// The consistent-hash rounds: members beat every 200 ms and count as gone after 1 s, so that
+/// failover keeps pace with the schedule.
+fn consistent_hash(test: &'static str) -> Setup {
+    Setup {
+        strategy: Some("consistent-hash"),
+        extra_executor_args: &["--member-heartbeat", "200ms", "--member-timeout", "1s"],
+        ..pull(test)
+    }
 }
 
 #[test]
@@ -84,16 +115,7 @@ fn crash_round_two() {
 
 #[test]
 fn crash_round_consistent_hash() {
-    crash_round(
-        4,
-        Setup {
-            test: "crash_round_consistent_hash",
-            strategy: Some("consistent-hash"),
-            extra_executor_args: &["--member-heartbeat", "200ms", "--member-timeout", "1s"],
-            on_cluster: false,
-            partitions: 1,
-        },
-    );
+    crash_round(4, consistent_hash("crash_round_consistent_hash"));
 }
 
 /// The same round, unchanged, on a Redis Cluster: the monitor and the final checks read the
@@ -114,16 +136,7 @@ fn crash_round_over_partitions() {
 /// placed over the home's membership, fail over and rebalance like the queue's.
 #[test]
 fn crash_round_consistent_hash_over_partitions() {
-    crash_round(
-        8,
-        Setup {
-            test: "crash_round_consistent_hash_over_partitions",
-            strategy: Some("consistent-hash"),
-            extra_executor_args: &["--member-heartbeat", "200ms", "--member-timeout", "1s"],
-            on_cluster: false,
-            partitions: 3,
-        },
-    );
+    crash_round(8, Setup { partitions: 3, ..consistent_hash("crash_round_consistent_hash_over_partitions") });
 }
 
 /// The same over 3 partitions on a 3-master cluster: one partition per master.
@@ -132,24 +145,26 @@ fn crash_round_over_partitions_on_a_cluster() {
     crash_round(7, Setup { partitions: 3, on_cluster: true, ..pull("crash_round_over_partitions_on_a_cluster") });
 }
 
-/// What every partition of a partitioned round holds at the end: a connection to its master
-/// and its prefix.
-fn partition_spaces(c: &Fleet) -> Vec<(redis::Connection, String)> {
-    let out = c.cli(&["config", "--json"]);
-    let v: Value = serde_json::from_slice(&out.stdout).expect("config --json prints JSON");
-    v["partition_tags"]
-        .as_array()
-        .expect("partition_tags")
-        .iter()
-        .map(|t| {
-            let tag = t.as_str().unwrap().to_owned();
-            let con = match &c.redis {
-                Server::Single(r) => r.con(),
-                Server::Cluster(cl) => cl.node_con(cl.owner(cl.keyslot(&format!("{{{tag}}}")))),
-            };
-            (con, format!("{{{tag}}}:"))
-        })
-        .collect()
+/// Over partitions on a 3-master cluster with a replica per master (ARCHITECTURE.md
+/// "Partitioned queues", reconciliation): the first task, over 3 partitions, loses the master of
+/// a partition other than the home's mid-run; the count is then changed to 4 (refused while the
+/// first task ran), and the second task loses the home's master (on 4 partitions over 3
+/// masters, a partition's too). The dying master's replica is cut off from it 500 ms before:
+/// the writes it had not replicated are lost, and repaired (shards run again, never counted
+/// twice).
+#[test]
+fn crash_round_over_partitions_with_failovers() {
+    crash_round(
+        9,
+        Setup {
+            partitions: 3,
+            on_cluster: true,
+            replicas: 1,
+            kill_master: &[Master::Partition, Master::Home],
+            change_partitions: Some(4),
+            ..pull("crash_round_over_partitions_with_failovers")
+        },
+    );
 }
 
 fn crash_round(round: u32, setup: Setup) {
@@ -160,16 +175,9 @@ fn crash_round(round: u32, setup: Setup) {
         setup.test
     );
     let mut rng = XorShift::new(seed);
-    let expected = EXPECTED;
 
-    let mut c = Fleet::new(round, setup.on_cluster);
+    let mut c = Fleet::new(round, setup.on_cluster, setup.replicas);
     c.extra_executor_args = setup.extra_executor_args;
-    let mut con = c.redis.con(&c.queue);
-    let task = format!("primes-{round}");
-    let prefix = format!("{{shardctl:{}}}:", c.queue);
-    let tkey = format!("{prefix}task:{task}");
-    let watch = monitor(c.redis.port(&c.queue), &prefix, &task);
-
     if setup.partitions > 1 {
         let out = c.cli(&["config", "--partitions", &setup.partitions.to_string()]);
         assert!(out.status.success(), "config: {}", String::from_utf8_lossy(&out.stderr));
@@ -178,174 +186,33 @@ fn crash_round(round: u32, setup: Setup) {
         c.spawn();
     }
     let start = Instant::now();
-    let (shards, items) = (SHARDS.to_string(), ITEMS.to_string());
-    let mut dispatch = vec![
-        "dispatch",
-        "--shards",
-        &shards,
-        "--items",
-        &items,
-        "--kind",
-        "primes",
-        "--task-id",
-        &task,
-        "--attempts",
-        "100",
-        "--backoff",
-        "fixed:100ms",
-        "--json",
-    ];
-    if let Some(s) = setup.strategy {
-        dispatch.extend(["--strategy", s]);
-    }
-    let out = c.cli(&dispatch);
-    assert!(out.status.success(), "dispatch failed: {}", String::from_utf8_lossy(&out.stderr));
-    let v: Value = serde_json::from_slice(&out.stdout).expect("dispatch --json prints JSON");
-    assert_eq!(v["task_id"], json!(task));
-
-    // the first three disruptions are one of each kind, in a random order; then any kind
-    let mut kinds = [Disruption::Kill, Disruption::Stop, Disruption::Term];
-    for i in (1..kinds.len()).rev() {
-        kinds.swap(i, rng.below(i as u64 + 1) as usize);
-    }
-    let mut done_by: BTreeMap<&str, usize> = BTreeMap::new();
-    let name = |k| match k {
-        Disruption::Kill => "SIGKILL",
-        Disruption::Stop => "SIGSTOP",
-        Disruption::Term => "SIGTERM",
-    };
+    let counts: Vec<u32> = [setup.partitions].into_iter().chain(setup.change_partitions).collect();
     let mut landed = 0;
-    for n in 0..DISRUPTIONS {
-        let gap = rng.ms(GAP_MS);
-        c.pause(gap);
-        let (state, done): (Option<String>, Option<u64>) =
-            redis::cmd("HMGET").arg(&tkey).arg("state").arg("done").query(&mut con).unwrap();
-        if state.as_deref() != Some("running") {
-            eprintln!("  task {} after {:.1}s: no more disruptions", state.unwrap_or_default(), secs(start));
-            break;
+    let mut done_by: BTreeMap<&str, usize> = BTreeMap::new();
+    for (i, &partitions) in counts.iter().enumerate() {
+        if i > 0 {
+            // allowed now: the task before ended
+            let out = c.cli(&["config", "--partitions", &partitions.to_string(), "--json"]);
+            assert!(out.status.success(), "config: {}", String::from_utf8_lossy(&out.stderr));
+            let v: Value = serde_json::from_slice(&out.stdout).expect("config --json prints JSON");
+            assert_eq!(v["partitions"], json!(partitions), "{v}");
+            eprintln!("  +{:.1}s config --partitions {partitions}: {}", secs(start), v["partition_tags"]);
         }
-        let kind = kinds.get(n).copied().unwrap_or_else(|| match rng.below(10) {
-            0..=3 => Disruption::Kill,
-            4..=6 => Disruption::Stop,
-            _ => Disruption::Term,
-        });
-        let (kind, what) = c.disrupt(kind, &mut rng);
-        *done_by.entry(name(kind)).or_default() += 1;
-        landed += 1;
-        eprintln!("  +{:.1}s #{} {what}; {}/{SHARDS} shards done", secs(start), n + 1, done.unwrap_or(0));
+        let plan = Plan {
+            id: if i == 0 { format!("primes-{round}") } else { format!("primes-{round}-{}", i + 1) },
+            strategy: setup.strategy,
+            partitions,
+            kill_master: setup.kill_master.get(i).copied(),
+            refuse_partitions: counts.get(i + 1).copied(),
+            last: i + 1 == counts.len(),
+        };
+        let run = run_task(&mut c, &plan, &mut rng, start);
+        landed += run.landed;
+        for (k, n) in run.done_by {
+            *done_by.entry(k).or_default() += n;
+        }
     }
-    // continue every stopped executor: its late work must be refused, its handlers cancelled
-    while c.execs.iter().any(|e| e.stopped_until.is_some()) {
-        c.pause(Duration::from_millis(20));
-    }
-
-    let out = c.cli(&["wait", &task, "--timeout", "120s", "--json"]);
-    let took = secs(start);
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    eprintln!("  task ended after {took:.1}s: {}", stdout.trim());
-    assert_eq!(out.status.code(), Some(0), "wait: {stdout} {}", String::from_utf8_lossy(&out.stderr));
-    let t: Value = serde_json::from_str(&stdout).expect("wait --json prints JSON");
-
-    // nothing may remain: idle executors drop stale refs within a block timeout, and no shard is
-    // held in `active` (only its pin may be: whatever lease outlives its executor holds nothing)
-    let deadline = Instant::now() + Duration::from_secs(3);
-    let leftovers = loop {
-        // per-shard state left: the fields of the task's `:shards` hash
-        let shards: Vec<String> =
-            redis::cmd("HKEYS").arg(format!("{prefix}task:{task}:shards")).query(&mut con).unwrap();
-        let (held, wait, delayed): (BTreeMap<String, String>, Vec<String>, u64) = redis::pipe()
-            .cmd("HGETALL")
-            .arg(format!("{prefix}active"))
-            .cmd("LRANGE")
-            .arg(format!("{prefix}wait"))
-            .arg(0)
-            .arg(-1)
-            .cmd("ZCARD")
-            .arg(format!("{prefix}delayed"))
-            .query(&mut con)
-            .unwrap();
-        let held: Vec<String> =
-            held.into_iter().filter(|(r, _)| r != ACTIVE_PIN).map(|(r, t)| format!("{r} held by {t}")).collect();
-        let active = held.len() as u64;
-        let left = (held, shards, active, wait, delayed);
-        if (left.0.is_empty() && left.1.is_empty() && left.2 == 0 && left.3.is_empty() && left.4 == 0)
-            || Instant::now() > deadline
-        {
-            break left;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    // a routed task also leaves nothing on the node lists, in `reroute` or unplaced
-    // (on one server: a partitioned queue's partitions are on it too)
-    let spaces: Vec<String> = if setup.partitions > 1 && !setup.on_cluster {
-        partition_spaces(&c).into_iter().map(|(_, p)| p).chain([prefix.clone()]).collect()
-    } else {
-        vec![prefix.clone()]
-    };
-    let routed_left = setup.strategy.map(|_| {
-        let deadline = Instant::now() + Duration::from_secs(3);
-        loop {
-            let mut refs: Vec<String> = Vec::new();
-            let mut unrouted: Vec<String> = Vec::new();
-            for space in &spaces {
-                for list in
-                    scan(&mut con, &format!("{space}node:*:wait")).into_iter().chain([format!("{space}reroute")])
-                {
-                    let l: Vec<String> = redis::cmd("LRANGE").arg(&list).arg(0).arg(-1).query(&mut con).unwrap();
-                    refs.extend(l.into_iter().map(|r| format!("{list}: {r}")));
-                }
-                let u: Vec<String> =
-                    redis::cmd("ZRANGE").arg(format!("{space}unrouted")).arg(0).arg(-1).query(&mut con).unwrap();
-                unrouted.extend(u);
-            }
-            if (refs.is_empty() && unrouted.is_empty()) || Instant::now() > deadline {
-                break (refs, unrouted);
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    });
-    // a partitioned task's shards are counted in its shares, and nothing is left in them either
-    let mut share_left = Vec::new();
-    let (bits, results, errors) = if setup.partitions > 1 {
-        let mut sum = (0, 0, 0);
-        let spaces = partition_spaces(&c);
-        assert_eq!(spaces.len() as u32, setup.partitions);
-        for (mut pcon, pprefix) in spaces {
-            let (b, r, e) = task_counts(&mut pcon, &format!("{pprefix}task:{task}"));
-            sum = (sum.0 + b, sum.1 + r, sum.2 + e);
-            let (held, wait, delayed, unreported, state): (BTreeMap<String, String>, u64, u64, u64, String) =
-                redis::pipe()
-                    .cmd("HGETALL")
-                    .arg(format!("{pprefix}active"))
-                    .cmd("LLEN")
-                    .arg(format!("{pprefix}wait"))
-                    .cmd("ZCARD")
-                    .arg(format!("{pprefix}delayed"))
-                    .cmd("ZCARD")
-                    .arg(format!("{pprefix}unreported"))
-                    .cmd("HGET")
-                    .arg(format!("{pprefix}task:{task}"))
-                    .arg("state")
-                    .query(&mut pcon)
-                    .unwrap();
-            let held = held.keys().filter(|r| *r != ACTIVE_PIN).count();
-            if held + wait as usize + delayed as usize + unreported as usize > 0
-                || !matches!(state.as_str(), "aggregating" | "completed")
-            {
-                share_left.push(format!(
-                    "{pprefix}: {held} held, {wait} waiting, {delayed} delayed, {unreported} unreported, share {state}"
-                ));
-            }
-        }
-        sum
-    } else {
-        task_counts(&mut con, &tkey)
-    };
-    let state: String = redis::cmd("HGET").arg(&tkey).arg("state").query(&mut con).unwrap();
-
-    c.stop_all();
-    let _: String = redis::cmd("ECHO").arg(MONITOR_END).query(&mut con).unwrap();
-    let seen = watch.join().expect("monitor thread");
+    let tasks = counts.len() as u64;
 
     // figures
     let mut all_logs = String::new();
@@ -391,57 +258,18 @@ fn crash_round(round: u32, setup: Setup) {
     let refused = count(&all_logs, "outcome refused");
     let aggregated = sum_field(&all_logs, "executor stopped", "aggregated");
     eprintln!(
-        "  round {round}: {landed} disruptions {done_by:?}, {} executor processes, task {took:.1}s, round {:.1}s",
+        "  round {round}: {tasks} tasks, {landed} disruptions {done_by:?}, {} executor processes, round {:.1}s",
         c.execs.len(),
         secs(start)
     );
     eprintln!(
-        "  sweep recovered {recovered} shards ({} stall recoveries seen), {lost} locks reported lost ({spurious} of \
-         them for shards the executor finished itself: see the regression test below), {refused} outcomes refused, {late} \
-         claims abandoned by SIGSTOPped executors, {} releases, {} failed attempts",
-        seen.stall_recoveries, seen.releases, seen.failed_attempts
+        "  sweep recovered {recovered} shards, {lost} locks reported lost ({spurious} of them for shards the \
+         executor finished itself: see the regression test below), {refused} outcomes refused, {late} claims \
+         abandoned by SIGSTOPped executors; aggregated by gracefully stopped executors: {aggregated}"
     );
-    eprintln!("  monitor: {seen:?}; aggregated by gracefully stopped executors: {aggregated}");
 
-    // the right answer, every shard done, none failed
-    assert_eq!(t["state"], json!("completed"), "{t}");
-    assert_eq!(t["result"], json!({ "primes": expected }), "{t}");
-    assert_eq!(t["total"], json!(SHARDS), "{t}");
-    assert_eq!(t["done"], json!(SHARDS), "{t}");
-    assert_eq!(t["failed"], json!(0), "{t}");
-    assert!(t["finished_ms"].is_u64(), "{t}");
-    // counted once: the bitmap, the counters and the writes agree
-    assert_eq!(bits, SHARDS, "terminal bitmap");
-    assert_eq!(results, SHARDS, "one stored result per shard");
-    assert_eq!(errors, 0, "no failure reason left");
-    assert_eq!(state, "completed");
-    // on a partitioned queue the home's `done` is raised once per share, by the shares' counts
-    assert_eq!(seen.done_incr, SHARDS, "`done` raised once per shard: {seen:?}");
-    if setup.partitions == 1 {
-        assert_eq!(seen.setbit, SHARDS, "each shard finished once: {seen:?}");
-    }
-    assert!(share_left.is_empty(), "left in the partitions: {share_left:?}");
-    assert_eq!(seen.failed_incr, 0, "{seen:?}");
-    // aggregated once
-    assert_eq!(seen.trigger, 1, "aggregation triggered once: {seen:?}");
-    assert_eq!(seen.result_set, 1, "result recorded once: {seen:?}");
-    assert_eq!((seen.completed, seen.failed_state), (1, 0), "task finished once: {seen:?}");
-    assert!(seen.agg_lpush >= 1 && seen.agg_claims >= 1, "{seen:?}");
-    assert!(aggregated <= 1, "{aggregated} executors report an aggregation");
-    // nothing left behind
-    let (held, shards, active, wait, delayed) = leftovers;
-    assert!(held.is_empty(), "shards left held: {held:?}");
-    assert!(shards.is_empty(), "shard state left: {shards:?}");
-    assert_eq!(active, 0, "shards left active");
-    assert!(wait.is_empty(), "refs left waiting: {wait:?}");
-    assert_eq!(delayed, 0, "shards left delayed");
-    if let Some(s) = setup.strategy {
-        assert_eq!(t["strategy"], json!(s), "{t}");
-        assert_eq!(t["routed"], json!(SHARDS), "{t}");
-        let (refs, unrouted) = routed_left.expect("checked for routed rounds");
-        assert!(refs.is_empty(), "refs left on node lists or in reroute: {refs:?}");
-        assert!(unrouted.is_empty(), "task left unplaced: {unrouted:?}");
-    }
+    // aggregated once per task
+    assert!(aggregated <= tasks, "{aggregated} aggregations reported for {tasks} tasks");
     // the processes behaved
     assert!(c.unexpected_exits.is_empty(), "{:?}", c.unexpected_exits);
     for e in &c.execs {
@@ -457,7 +285,6 @@ fn crash_round(round: u32, setup: Setup) {
     if late_known && setup.strategy.is_none() {
         assert!(late > 0, "no SIGSTOPped executor had late work refused or its handlers cancelled");
     }
-    assert!(landed >= MIN_DISRUPTIONS, "only {landed} disruptions landed before the task ended: raise ITEMS");
 }
 
 /// Regression test for a bug the crash test showed: one executor, nothing disrupted, and yet
@@ -466,7 +293,7 @@ fn crash_round(round: u32, setup: Setup) {
 #[test]
 fn completed_shards_are_not_reported_as_lost_locks() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut c = Fleet::new(3, false);
+    let mut c = Fleet::new(3, false, 0);
     let node = "quiet-0".to_owned();
     let mut cmd = c.command();
     cmd.args(["executor", "--node-id", &node, "--concurrency", "8", "--lock-duration", "1s"])
@@ -490,8 +317,4 @@ fn completed_shards_are_not_reported_as_lost_locks() {
         (0, 0),
         "an undisturbed executor that finished every shard it claimed reported locks lost: {st:?}"
     );
-}
-
-fn secs(since: Instant) -> f64 {
-    since.elapsed().as_secs_f64()
 }

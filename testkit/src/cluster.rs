@@ -137,23 +137,65 @@ impl TestCluster {
         port
     }
 
+    /// The ports of the replicas of the master on `port`, as it lists them.
+    pub fn replicas_of(&self, port: u16) -> Vec<u16> {
+        let info: String = redis::cmd("INFO").arg("replication").query(&mut self.node_con(port)).expect("INFO");
+        // `slave0:ip=127.0.0.1,port=40001,state=online,offset=…`
+        info.lines()
+            .filter(|l| l.starts_with("slave") && l.contains(":ip="))
+            .filter_map(|l| l.split(',').find_map(|f| f.strip_prefix("port=")).and_then(|p| p.trim().parse().ok()))
+            .collect()
+    }
+
+    /// Freezes the replicas of the master on `port` (SIGSTOP) and closes their links on the
+    /// master's side (`CLIENT KILL TYPE replica`), so that they cannot catch up: what the master
+    /// writes from now on is lost if it dies before [`TestCluster::thaw`] (on one host a replica
+    /// is otherwise a few milliseconds behind at most, and a kill seldom loses anything).
+    /// Returns the replicas' ports.
+    pub fn cut_off_replicas(&self, port: u16) -> Vec<u16> {
+        let replicas = self.replicas_of(port);
+        for &r in &replicas {
+            self.signal_node(r, "STOP");
+        }
+        let _: u64 =
+            redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("replica").query(&mut self.node_con(port)).expect("KILL");
+        replicas
+    }
+
+    /// SIGCONTs the node on `port` (frozen by [`TestCluster::cut_off_replicas`]).
+    pub fn thaw(&self, port: u16) {
+        self.signal_node(port, "CONT");
+    }
+
+    fn signal_node(&self, port: u16, signal: &str) {
+        let node = self.nodes.iter().find(|n| n.port == port && n.alive).expect("a live node");
+        let st = Command::new("kill").arg(format!("-{signal}")).arg(node.child.id().to_string()).status();
+        assert!(st.is_ok_and(|s| s.success()), "kill -{signal} of the node on {port}");
+    }
+
     /// Waits until a live node owns `slot` again (a replica was promoted) and the cluster is ok
     /// on every live node; returns the new owner.
     pub fn wait_for_failover(&self, slot: u16) -> u16 {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let live: Vec<u16> = self.nodes.iter().filter(|n| n.alive).map(|n| n.port).collect();
-            let owner = self.owner(slot);
-            let ok = live.iter().all(|&p| {
-                let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut self.node_con(p)).unwrap_or_default();
-                info.contains("cluster_state:ok")
-            });
-            if live.contains(&owner) && ok {
+            if let Some(owner) = self.failed_over(slot) {
                 return owner;
             }
             assert!(Instant::now() < deadline, "no failover of slot {slot}; logs:\n{}", self.logs());
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// [`TestCluster::wait_for_failover`] without the wait: the new owner of `slot` once a live
+    /// node owns it and the cluster is ok on every live node, else `None`.
+    pub fn failed_over(&self, slot: u16) -> Option<u16> {
+        let live: Vec<u16> = self.nodes.iter().filter(|n| n.alive).map(|n| n.port).collect();
+        let owner = self.owner(slot);
+        let ok = live.iter().all(|&p| {
+            let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut self.node_con(p)).unwrap_or_default();
+            info.contains("cluster_state:ok")
+        });
+        (live.contains(&owner) && ok).then_some(owner)
     }
 
     /// A blocking connection to the node on `port` (no redirections followed).

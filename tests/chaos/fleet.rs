@@ -46,6 +46,13 @@ impl Server {
             Server::Cluster(c) => c.logs(),
         }
     }
+    /// The cluster of a cluster round.
+    pub(crate) fn cluster(&mut self) -> &mut TestCluster {
+        match self {
+            Server::Cluster(c) => c,
+            Server::Single(_) => panic!("a master is killed only on a cluster"),
+        }
+    }
 }
 
 pub(crate) struct XorShift(u64);
@@ -95,6 +102,9 @@ pub(crate) struct Exec {
     pub(crate) node: String,
     pub(crate) proc: Process,
     pub(crate) started: Instant,
+    /// Logged "executor started": its SIGTERM handler is in place (a start that waits for a
+    /// master being failed over takes seconds, and a SIGTERM before it ends the process).
+    pub(crate) ready: bool,
     /// SIGSTOPped; SIGCONT is due then.
     pub(crate) stopped_until: Option<Instant>,
     pub(crate) was_stopped: bool,
@@ -117,7 +127,8 @@ pub(crate) struct Fleet {
 }
 
 impl Fleet {
-    pub(crate) fn new(round: u32, on_cluster: bool) -> Self {
+    /// On a 3-master cluster with `replicas` replicas per master, or on one server.
+    pub(crate) fn new(round: u32, on_cluster: bool, replicas: usize) -> Self {
         let dir = std::env::temp_dir().join(format!("shardctl-crash-{}-{round}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("log dir");
@@ -128,7 +139,11 @@ impl Fleet {
             execs: Vec::new(),
             unexpected_exits: Vec::new(),
             extra_executor_args: &[],
-            redis: if on_cluster { Server::Cluster(TestCluster::start(3)) } else { Server::Single(TestRedis::start()) },
+            redis: if on_cluster {
+                Server::Cluster(TestCluster::start_with_replicas(3, replicas))
+            } else {
+                Server::Single(TestRedis::start())
+            },
         }
     }
 
@@ -158,6 +173,7 @@ impl Fleet {
             node,
             proc,
             started: Instant::now(),
+            ready: false,
             stopped_until: None,
             was_stopped: false,
             signalled: None,
@@ -210,9 +226,17 @@ impl Fleet {
     /// Disrupts one executor; returns what was done (the kind may change, see below).
     pub(crate) fn disrupt(&mut self, kind: Disruption, rng: &mut XorShift) -> (Disruption, String) {
         let running = self.running();
-        // a process needs a moment to install its SIGTERM handler: SIGTERM only older ones
-        let settled: Vec<usize> =
-            running.iter().copied().filter(|&i| self.execs[i].started.elapsed() > Duration::from_millis(300)).collect();
+        // a process needs a moment to install its SIGTERM handler: SIGTERM only those that said
+        // they started, a moment ago
+        for &i in &running {
+            let e = &mut self.execs[i];
+            e.ready = e.ready || strip_ansi(&e.proc.log()).contains("executor started");
+        }
+        let settled: Vec<usize> = running
+            .iter()
+            .copied()
+            .filter(|&i| self.execs[i].ready && self.execs[i].started.elapsed() > Duration::from_millis(300))
+            .collect();
         let (kind, pool) = match kind {
             // keep at least one executor running (invariant 2 assumes one alive)
             Disruption::Stop if running.len() < 2 => (Disruption::Kill, running),

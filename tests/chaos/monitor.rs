@@ -8,8 +8,11 @@ use std::thread::JoinHandle;
 /// What MONITOR saw the scripts write for one task.
 #[derive(Debug, Default)]
 pub(crate) struct Observed {
-    /// `HINCRBY task done n`: shards counted as done (the sum of the n).
-    pub(crate) done_incr: u64,
+    /// `HINCRBY task done n`: shards counted as done (the sum of the n; a share's count
+    /// forgotten by `uncount.lua`, n < 0, subtracts).
+    pub(crate) done_incr: i64,
+    /// `HINCRBY task done n` with n < 0: shares' counts forgotten.
+    pub(crate) uncounts: u64,
     /// `HINCRBY task failed 1`: shards counted as failed.
     pub(crate) failed_incr: u64,
     /// `SETBIT terminal` and each `SET u1` of `BITFIELD terminal`: shards marked terminal (once
@@ -72,8 +75,10 @@ pub(crate) fn monitor(port: u16, prefix: &str, task: &str) -> JoinHandle<Observe
             if cmd.starts_with("\"HINCRBY\" ") {
                 if let Some(n) = cmd.split_once(&format!("{tkey} \"done\" \"")).map(|(_, n)| n) {
                     // a batch of completions counts its shards at once
-                    let n: String = n.chars().take_while(char::is_ascii_digit).collect();
-                    o.done_incr += n.parse::<u64>().unwrap_or_else(|_| panic!("HINCRBY done of no count: {cmd}"));
+                    let n: String = n.chars().take_while(|c| c.is_ascii_digit() || *c == '-').collect();
+                    let n = n.parse::<i64>().unwrap_or_else(|_| panic!("HINCRBY done of no count: {cmd}"));
+                    o.done_incr += n;
+                    o.uncounts += u64::from(n < 0);
                 } else if has(&format!("{tkey} \"failed\" \"1\"")) {
                     o.failed_incr += 1;
                 } else if has(&shards) && has(":stalled\" \"1\"") {
