@@ -235,8 +235,9 @@ pub async fn reconcile<C: ConnectionLike + Send>(con: &mut C, layout: &Layout) -
 /// Repairs the running tasks over partitions at `from` in the home's `running`: an ended share
 /// whose count the home lacks is reported again (a failover of the home's master can lose a
 /// count its partition already acknowledged: replication is asynchronous); a retry cut short is
-/// completed; a share missing past [`SHARE_GRACE_MS`] is created again; a cancelled share's
-/// home is cancelled. Idempotent like [`report_pending`]. Returns how many shares were counted
+/// completed; a share missing once its dispatch is over (`dispatched`, or its dispatch lease
+/// lapsed) is created again; an ended share a round ahead of its home reopens the home (in
+/// its report); a cancelled share's home is cancelled. Idempotent like [`report_pending`]. Returns how many shares were counted
 /// now, and where the next page starts (`None`: this was the last).
 pub async fn reconcile_page<C: ConnectionLike + Send>(
     con: &mut C,
