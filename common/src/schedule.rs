@@ -176,7 +176,8 @@ impl Schedule {
             misfire,
             misfire_grace_ms: misfire_grace.as_millis() as u64,
             priority: spec.priority,
-            fields: spec.fields().into_iter().map(|(f, v)| (f.to_owned(), v)).collect(),
+            // each fire draws its own nonce (an incarnation of its own): none is stored
+            fields: spec.fields().into_iter().filter(|(f, _)| *f != "nonce").map(|(f, v)| (f.to_owned(), v)).collect(),
             created_ms: now_ms,
         })
     }

@@ -23,6 +23,7 @@ pub const MAX_PAGE: u64 = 200;
 /// (up to 1 MiB each) and which a list does not show.
 const LIST_FIELDS: &[&str] = &[
     "seq",
+    "inc",
     "kind",
     "state",
     "total",
