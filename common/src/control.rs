@@ -90,11 +90,7 @@ async fn cancel_in<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str)
 /// 0 when nothing had failed.
 pub async fn retry<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str) -> Result<u64> {
     crate::names::validate_task_id(id)?;
-    let parts: Option<u32> = redis::cmd("HGET").arg(keys.task(id)).arg("partitions").query_async(con).await?;
-    if parts.is_some_and(|k| k > 1) {
-        return crate::partition::retry(con, keys, id).await;
-    }
-    retry_here(con, keys, id).await
+    crate::partition::retry(con, keys, id).await
 }
 
 /// `retry.lua` on task `id` of one keyspace.

@@ -285,6 +285,10 @@ pub const LAYOUT_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
 /// aggregation) run again.
 pub async fn retry<C: ConnectionLike + Send>(con: &mut C, home: &Keys, id: &str) -> Result<u64> {
     let layout = task_layout(con, home, id).await?;
+    if !layout.partitioned() {
+        // the home record is its one share: `retry.lua` on it
+        return crate::control::retry_here(con, home, id).await;
+    }
     let mut fields: Vec<String> = ["state", "round"].map(str::to_owned).to_vec();
     fields.extend((1..=layout.count()).map(|p| format!("part:{p}")));
     let row: Vec<Option<String>> = redis::cmd("HMGET").arg(home.task(id)).arg(&fields).query_async(con).await?;
@@ -500,6 +504,9 @@ pub async fn create_shares<C: ConnectionLike + Send>(
     keys: Option<&[String]>,
 ) -> Result<()> {
     let (home, k) = (&layout.home, layout.count());
+    if !layout.partitioned() {
+        return Ok(()); // the home record is its one share
+    }
     let lease = crate::incarnation::DISPATCH_LEASE;
     for (i, pk) in layout.parts.iter().enumerate() {
         if !crate::scripts::dispatch_lease(con, home, &spec.id, inc, false, lease).await? {

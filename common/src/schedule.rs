@@ -234,11 +234,9 @@ impl Schedule {
         let code: i64 = inv.invoke_async(con).await?;
         if code == 1 {
             let layout = crate::partition::task_layout(con, keys, &id).await?;
-            let h: std::collections::HashMap<String, String> = if layout.partitioned() {
-                redis::cmd("HGETALL").arg(keys.task(&id)).query_async(con).await?
-            } else {
-                Default::default()
-            };
+            // its shares (none to create for a task of one partition: its home record is its share)
+            let h: std::collections::HashMap<String, String> =
+                redis::cmd("HGETALL").arg(keys.task(&id)).query_async(con).await?;
             if let Some(t) = crate::model::TaskInfo::from_hash(&id, &h)? {
                 let spec = crate::partition::spec_of(&t, self.priority);
                 crate::partition::create_shares(con, &layout, &spec, &t.inc, None).await?;

@@ -1,13 +1,125 @@
-//! The share-reading rule, once (ARCHITECTURE.md, "One task, one identity across slots"): a
-//! record in a partition is task `id`'s share only if it names its home's incarnation id
-//! (`home_inc` equal to the home's `inc`); anything else under the id (an earlier task's share,
-//! or one a failover of the home made a stranger) is not read as the task's by any reader
-//! (progress, reasons, the shard map, the aggregation, the reconciliation, retry).
+//! A task's shares, the one layer that knows them (ARCHITECTURE.md, "One task, one identity
+//! across slots"). Every task is a home record and its shares: over one partition the home
+//! record is its one share (base 0, the whole task), over K ≥ 2 each partition holds one.
+//! Readers and controls ask this layer for a task's shares ([`of`]) and read each the same way;
+//! none of them branches on the partition count.
+//!
+//! The share-reading rule, once: a record in a partition is task `id`'s share only if it names
+//! its home's incarnation id (`home_inc` equal to the home's `inc`); anything else under the id
+//! (an earlier task's share, or one a failover of the home made a stranger) is not read as the
+//! task's by any reader (progress, reasons, the shard map, the aggregation, the reconciliation,
+//! retry).
 
 use redis::aio::ConnectionLike;
 
 use crate::error::Result;
 use crate::keys::Keys;
+use crate::model::TaskInfo;
+
+/// One share of a task: where its shards run, and which of the task's shards it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShareAt {
+    /// The keyspace its record and shards are in (the home itself for a task of one partition).
+    pub keys: Keys,
+    /// Its partition, 1..=K; 0 for the home record holding the whole task itself.
+    pub part: u32,
+    /// The task's index of its shard 0.
+    pub base: u64,
+    /// How many shards it holds.
+    pub size: u64,
+}
+
+impl ShareAt {
+    /// Whether this share is the home record itself (a task of one partition).
+    pub fn is_home(&self) -> bool {
+        self.part == 0
+    }
+}
+
+/// The shares of task `t` (its home record in `home`), in the task's index order: the home
+/// record alone over one partition (no read), else each non-empty share in the partitions the
+/// task was dispatched over (one read of its home record).
+pub async fn of<C: ConnectionLike + Send>(con: &mut C, home: &Keys, t: &TaskInfo) -> Result<Vec<ShareAt>> {
+    if t.partitions <= 1 {
+        return Ok(vec![ShareAt { keys: home.clone(), part: 0, base: 0, size: t.total }]);
+    }
+    let layout = crate::partition::task_layout(con, home, &t.task_id).await?;
+    let k = layout.count();
+    Ok(layout
+        .parts
+        .into_iter()
+        .enumerate()
+        .map(|(i, keys)| {
+            let part = i as u32 + 1;
+            let (base, size) = crate::partition::share_range(part, k, t.total);
+            ShareAt { keys, part, base, size }
+        })
+        .filter(|s| s.size > 0)
+        .collect())
+}
+
+/// The record of share `s` of task `t` as a task (its state, counts and cursor in its own
+/// keyspace), `None` when it is missing or another incarnation's. The home record is its own
+/// share: `t` itself, no read.
+pub async fn record<C: ConnectionLike + Send>(con: &mut C, s: &ShareAt, t: &TaskInfo) -> Result<Option<TaskInfo>> {
+    if s.is_home() {
+        return Ok(Some(t.clone()));
+    }
+    let h: std::collections::HashMap<String, String> =
+        redis::cmd("HGETALL").arg(s.keys.task(&t.task_id)).query_async(con).await?;
+    Ok(TaskInfo::from_hash(&t.task_id, &h)?.filter(|r| r.share.as_ref().is_some_and(|x| x.home_inc == t.inc)))
+}
+
+/// The sums over the shares of task `t` of what they count as they run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sums {
+    /// Shards completed.
+    pub done: u64,
+    /// Shards failed for good.
+    pub failed: u64,
+    /// Shards handed out from the cursors.
+    pub cursor: u64,
+    /// Shards placed on nodes (routed tasks).
+    pub routed: u64,
+}
+
+/// The sums of [`Sums`] over the shares of task `t`: one read per partition; the home record's
+/// own counts, no read, over one partition.
+pub async fn sums<C: ConnectionLike + Send>(con: &mut C, home: &Keys, t: &TaskInfo) -> Result<Sums> {
+    let mut sum = Sums::default();
+    for s in of(con, home, t).await? {
+        if s.is_home() {
+            let routed = t.routed.unwrap_or(0);
+            sum = Sums { done: t.done, failed: t.failed, cursor: t.cursor, routed };
+            continue;
+        }
+        if let Some(v) = read(con, &s.keys, &t.task_id, &t.inc, &["done", "failed", "cursor", "routed"]).await? {
+            sum.done += num(&v[0]);
+            sum.failed += num(&v[1]);
+            sum.cursor += num(&v[2]);
+            sum.routed += num(&v[3]);
+        }
+    }
+    Ok(sum)
+}
+
+/// Every failure reason of task `t`, at the task's shard indexes, in index order (each share's
+/// reasons at its base).
+pub async fn reasons<C: ConnectionLike + Send>(con: &mut C, home: &Keys, t: &TaskInfo) -> Result<Vec<(u64, String)>> {
+    let mut v: Vec<(u64, String)> = Vec::new();
+    for s in of(con, home, t).await? {
+        if !s.is_home() && read(con, &s.keys, &t.task_id, &t.inc, &[]).await?.is_none() {
+            continue;
+        }
+        let h: std::collections::HashMap<String, String> =
+            redis::cmd("HGETALL").arg(s.keys.errors(&t.task_id)).query_async(con).await?;
+        v.extend(
+            h.into_iter().filter_map(|(k, r)| k.parse::<u64>().ok().filter(|&i| i < s.size).map(|i| (s.base + i, r))),
+        );
+    }
+    v.sort();
+    Ok(v)
+}
 
 /// The `inc` of a home record (its `seq` for one written before incarnations had a nonce),
 /// `None` when it is gone.
@@ -52,4 +164,56 @@ pub fn num(v: &Option<String>) -> u64 {
 /// (`aggregating`), or ended as its home did (`completed`, `failed`: `end_share.lua`).
 pub fn ended(state: Option<&str>) -> bool {
     matches!(state, Some("aggregating" | "completed" | "failed"))
+}
+
+/// What the aggregation finds of a share it is about to read ([`check_counted`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Counted {
+    /// Ended with the counts its home counted: its results are the task's.
+    Sound,
+    /// Counted in the home, but its partition lost writes since (a failover of its master): it
+    /// is gone, runs again, or ended with other counts. Its count must be forgotten
+    /// (`uncount.lua`) and the task run until it is counted anew.
+    Lost(&'static str),
+    /// Ended with every count, but not every shard terminal: a state no failover produces (a
+    /// partition's writes replicate in order); the aggregation fails with the reason.
+    Incomplete(String),
+}
+
+/// Checks share `s` of task `t` (home `home`) before the aggregation reads its results: this
+/// incarnation's, ended, every bit of it terminal, its counts the ones counted. The home record
+/// holding the whole task is sound by construction (its counts are its bits, in one slot).
+pub async fn check_counted<C: ConnectionLike + Send>(
+    con: &mut C,
+    home: &Keys,
+    t: &TaskInfo,
+    s: &ShareAt,
+) -> Result<Counted> {
+    if s.is_home() {
+        return Ok(Counted::Sound);
+    }
+    let row = read(con, &s.keys, &t.task_id, &t.inc, &["total", "state", "done", "failed"]).await?;
+    let bits: u64 = redis::cmd("BITCOUNT").arg(s.keys.terminal(&t.task_id)).query_async(con).await?;
+    // (another slot: a command of its own)
+    let counted_home: Option<String> =
+        redis::cmd("HGET").arg(home.task(&t.task_id)).arg(format!("part:{}", s.part)).query_async(con).await?;
+    let Some(v) = row else { return Ok(Counted::Lost("is gone")) };
+    let (total, state) = (v[0].as_deref().and_then(|t| t.parse::<u64>().ok()), v[1].as_deref());
+    if matches!(state, Some("running" | "delayed")) {
+        return Ok(Counted::Lost("runs again"));
+    }
+    // (a share's round may be older than the home's: a retry reruns only the shares with
+    // failures; the counts tell a retry lost after its count)
+    let ended = ended(state);
+    if ended && counted_home.as_deref() != Some(format!("{}/{}", num(&v[2]), num(&v[3])).as_str()) {
+        return Ok(Counted::Lost("ended with other counts than its count"));
+    }
+    if !ended || total != Some(bits) {
+        return Ok(Counted::Incomplete(format!(
+            "{bits} of {} shards terminal, {}",
+            total.unwrap_or(0),
+            state.unwrap_or_default()
+        )));
+    }
+    Ok(Counted::Sound)
 }

@@ -12,7 +12,7 @@
 //! its gauges after their idle timeout ([`DaemonConfig::gauge_idle_timeout`]), so the label sets
 //! stay bounded by the running tasks plus the tasks of one retention.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use shardctl_common::conn::Conn;
@@ -125,29 +125,26 @@ pub async fn snapshot(con: &mut Conn, keys: &Keys, now_ms: u64, retention: Durat
     let ids: Vec<&String> = running.iter().chain(&finished).filter(|id| seen.insert(id.as_str())).collect();
     let mut out = Snapshot { running_tasks: running.len() as u64, ..Default::default() };
     if !ids.is_empty() {
+        // what the live counts need of each task (no payload)
+        const FIELDS: [&str; 11] =
+            ["kind", "state", "total", "done", "failed", "partitions", "inc", "seq", "strategy", "cursor", "routed"];
         let mut pipe = redis::pipe();
         for id in &ids {
-            pipe.cmd("HMGET").arg(keys.task(id)).arg(&[
-                "kind",
-                "state",
-                "total",
-                "done",
-                "failed",
-                "partitions",
-                "inc",
-            ]);
+            pipe.cmd("HMGET").arg(keys.task(id)).arg(&FIELDS);
         }
-        type Fields =
-            (Option<String>, Option<String>, Option<u64>, Option<u64>, Option<u64>, Option<u32>, Option<String>);
-        let rows: Vec<Fields> = pipe.query_async(con).await?;
-        for (id, (kind, state, total, mut done, mut failed, parts, seq)) in ids.into_iter().zip(rows) {
+        let rows: Vec<Vec<Option<String>>> = pipe.query_async(con).await?;
+        for (id, row) in ids.into_iter().zip(rows) {
+            let h: HashMap<String, String> =
+                FIELDS.iter().zip(row).filter_map(|(f, v)| v.map(|v| (f.to_string(), v))).collect();
             // removed meanwhile
-            let (Some(kind), Some(state)) = (kind, state) else { continue };
-            if parts.is_some_and(|k| k > 1) && matches!(state.as_str(), "running" | "delayed" | "cancelled") {
-                // over partitions: its shares' live counts
-                let (d, f, _) = progress::shares_sum(con, keys, id, seq.as_deref().unwrap_or("")).await?;
-                (done, failed) = (Some(done.unwrap_or(0).max(d)), Some(failed.unwrap_or(0).max(f)));
+            if !h.contains_key("kind") || !h.contains_key("state") {
+                continue;
             }
+            let Some(mut t) = shardctl_common::model::TaskInfo::from_hash(id, &h)? else { continue };
+            // its shares' live counts (none to read for a task of one partition)
+            progress::live_counts(con, keys, &mut t).await?;
+            let (kind, state) = (h["kind"].clone(), h["state"].clone());
+            let (total, done, failed) = (Some(t.total), Some(t.done), Some(t.failed));
             if state == "failed" {
                 out.failed_tasks += 1;
             }

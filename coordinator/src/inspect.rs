@@ -197,26 +197,32 @@ pub async fn reason_page<C: ConnectionLike + Send>(
     count: u64,
 ) -> Result<ReasonPage> {
     let bad = || shardctl_common::Error::invalid(format!("cursor '{cursor}' is not a cursor of this list"));
-    // a task over partitions: its shares' reasons one partition after the other, the cursor
-    // `<partition>.<cursor>` (a plain number for partition 1 or an unpartitioned task)
-    let (part, cursor) = match cursor.split_once('.') {
-        Some((p, c)) if t.partitions > 1 => (p.parse::<u32>().map_err(|_| bad())?, c),
-        _ => (1, cursor),
+    // the reasons of its shares one after the other, the cursor `<partition>.<cursor>` (a plain
+    // number for the first share)
+    let shares = shardctl_common::share::of(con, keys, t).await?;
+    let (at, cursor) = match cursor.split_once('.') {
+        Some((p, c)) => {
+            let p: u32 = p.parse().map_err(|_| bad())?;
+            (shares.iter().position(|s| s.part == p).ok_or_else(bad)?, c)
+        }
+        None => (0, cursor),
     };
     let cursor: u64 = cursor.parse().map_err(|_| bad())?;
-    if t.partitions > 1 {
-        let layout = shardctl_common::partition::task_layout(con, keys, &t.task_id).await?;
-        let pk = layout.part(part).map_err(|_| bad())?;
-        let (base, _) = shardctl_common::partition::share_range(part, t.partitions, t.total);
-        let mut page = space_reasons(con, pk, t, cursor, count, base).await?;
-        if page.next_cursor.is_none() && part < t.partitions {
-            page.next_cursor = Some(format!("{}.0", part + 1));
-        } else if let Some(c) = page.next_cursor.take() {
-            page.next_cursor = Some(format!("{part}.{c}"));
-        }
-        return Ok(page);
-    }
-    space_reasons(con, keys, t, cursor, count, 0).await
+    let Some(s) = shares.get(at) else { return Ok(ReasonPage { shards: Vec::new(), next_cursor: None }) };
+    // a share of another incarnation under the id (a leftover) shows nothing
+    let ours = s.is_home() || shardctl_common::share::read(con, &s.keys, &t.task_id, &t.inc, &[]).await?.is_some();
+    let mut page = if ours {
+        space_reasons(con, &s.keys, t, cursor, count, s.base).await?
+    } else {
+        ReasonPage { shards: Vec::new(), next_cursor: None }
+    };
+    page.next_cursor = match (page.next_cursor.take(), shares.get(at + 1)) {
+        (Some(c), _) if at == 0 => Some(c),
+        (Some(c), _) => Some(format!("{}.{c}", s.part)),
+        (None, Some(next)) => Some(format!("{}.0", next.part)),
+        (None, None) => None,
+    };
+    Ok(page)
 }
 
 /// One page of the reasons stored in `keys`' keyspace, the shards shown at `base` + index.
@@ -293,22 +299,27 @@ pub async fn shard_map<C: ConnectionLike + Send>(
     t: &TaskInfo,
     max_cells: u64,
 ) -> Result<ShardMap> {
-    if t.partitions > 1 {
-        return partitioned_map(con, keys, t, max_cells).await;
-    }
-    space_map(con, keys, t, max_cells).await
+    shares_map(con, keys, t, max_cells).await
 }
 
-/// The map of a task over partitions: each share's map, with cells in proportion to its size,
-/// one after the other (the shares are contiguous ranges of the task).
-async fn partitioned_map<C: ConnectionLike + Send>(
+/// The map of a task: each share's map, with cells in proportion to its size, one after the
+/// other (the shares are contiguous ranges of the task; one share, the home record itself, for
+/// a task of one partition).
+async fn shares_map<C: ConnectionLike + Send>(
     con: &mut C,
     keys: &Keys,
     t: &TaskInfo,
     max_cells: u64,
 ) -> Result<ShardMap> {
     let max_cells = max_cells.clamp(1, MAX_CELLS);
-    let layout = shardctl_common::partition::task_layout(con, keys, &t.task_id).await?;
+    let shares = shardctl_common::share::of(con, keys, t).await?;
+    if let [one] = &shares[..] {
+        // the whole task in one share: its own map, at its own cell size
+        if let Some(mut r) = shardctl_common::share::record(con, one, t).await? {
+            r.state = if t.state == shardctl_common::model::TaskState::Cancelled { t.state } else { r.state };
+            return space_map(con, &one.keys, &r, max_cells).await;
+        }
+    }
     let mut out = ShardMap {
         total: t.total,
         per_cell: t.total.div_ceil(max_cells).max(1),
@@ -317,25 +328,17 @@ async fn partitioned_map<C: ConnectionLike + Send>(
         retrying: 0,
         reasons_complete: true,
     };
-    for (i, pk) in layout.parts.iter().enumerate() {
-        let (_, size) = shardctl_common::partition::share_range(i as u32 + 1, t.partitions, t.total);
-        if size == 0 {
-            continue;
-        }
-        let cells = (max_cells * size).div_ceil(t.total.max(1)).max(1);
-        let h: std::collections::HashMap<String, String> =
-            redis::cmd("HGETALL").arg(pk.task(&t.task_id)).query_async(con).await?;
-        let share =
-            TaskInfo::from_hash(&t.task_id, &h)?.filter(|s| s.share.as_ref().is_some_and(|x| x.home_inc == t.inc));
-        let Some(mut share) = share else {
+    for s in &shares {
+        let cells = (max_cells * s.size).div_ceil(t.total.max(1)).max(1);
+        let Some(mut share) = shardctl_common::share::record(con, s, t).await? else {
             // not there (cleaned) or another incarnation's: drawn as the home says
             let c = if t.state.is_finished() { 'd' } else { 'p' };
-            out.cells.extend(std::iter::repeat_n(c, size.div_ceil(size.div_ceil(cells)) as usize));
+            out.cells.extend(std::iter::repeat_n(c, s.size.div_ceil(s.size.div_ceil(cells)) as usize));
             continue;
         };
         // a share of a cancelled task is cancelled too; one still running shows as it is
         share.state = if t.state == shardctl_common::model::TaskState::Cancelled { t.state } else { share.state };
-        let m = space_map(con, pk, &share, cells).await?;
+        let m = space_map(con, &s.keys, &share, cells).await?;
         out.cells.push_str(&m.cells);
         out.running += m.running;
         out.retrying += m.retrying;
@@ -529,15 +532,13 @@ pub async fn events_tail<C: ConnectionLike + Send>(
             out.push((id, fields));
         }
     }
-    if layout.partitioned() {
-        // newest first across the logs (ids are `<ms>-<seq>`)
-        let order = |id: &str| {
-            let (ms, n) = id.split_once('-').unwrap_or((id, "0"));
-            (ms.parse::<u64>().unwrap_or(0), n.parse::<u64>().unwrap_or(0))
-        };
-        out.sort_by_key(|(id, _)| std::cmp::Reverse(order(id)));
-        out.truncate(count as usize);
-    }
+    // newest first across the logs (ids are `<ms>-<seq>`; the home's alone are so already)
+    let order = |id: &str| {
+        let (ms, n) = id.split_once('-').unwrap_or((id, "0"));
+        (ms.parse::<u64>().unwrap_or(0), n.parse::<u64>().unwrap_or(0))
+    };
+    out.sort_by_key(|(id, _)| std::cmp::Reverse(order(id)));
+    out.truncate(count as usize);
     Ok(out)
 }
 

@@ -17,28 +17,28 @@ pub async fn task<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str) 
     Ok(t)
 }
 
-/// A task over partitions counts its shards in its home as each share ends: while it runs (or
-/// waits for its start, or once it was cancelled) its counts are its shares' (one read per
-/// partition). Any other task is left as it is.
+/// A task counts its shards in its home as each share ends: while it runs (or waits for its
+/// start, or once it was cancelled) its counts are its shares' (`shardctl_common::share::sums`:
+/// one read per partition, none for a task of one partition, whose home record is its share),
+/// never behind what the home has counted; a routed task's placement is its shares' in any
+/// state.
 pub async fn live_counts<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, t: &mut TaskInfo) -> Result<()> {
     use shardctl_common::model::TaskState;
-    // running, delayed, or cancelled (its shares' work is not reported once it is); a routed
-    // task's placement is its shares' in any state
+    // running, delayed, or cancelled (its shares' work is not reported once it is)
     let live = matches!(t.state, TaskState::Running | TaskState::Delayed | TaskState::Cancelled);
-    if t.partitions <= 1 || !(live || t.strategy != "pull") {
+    if !(live || t.strategy != "pull") {
         return Ok(());
     }
-    let Sums { done, failed, cursor, routed } = shares(con, keys, &t.task_id, &t.inc).await?;
+    let sums = shardctl_common::share::sums(con, keys, t).await?;
     if t.strategy != "pull" {
-        t.routed = Some(routed);
+        t.routed = Some(sums.routed);
     }
-    if !live {
-        return Ok(());
+    if live {
+        // never behind what the home has counted (a share removed after its report)
+        t.done = t.done.max(sums.done);
+        t.failed = t.failed.max(sums.failed);
+        t.cursor = sums.cursor;
     }
-    // never behind what the home has counted (a share removed after its report)
-    t.done = t.done.max(done);
-    t.failed = t.failed.max(failed);
-    t.cursor = cursor;
     Ok(())
 }
 
@@ -72,42 +72,6 @@ pub struct ShardCounts {
     pub active: u64,
     /// Shards waiting for a retry or for their task's start (`--delay`).
     pub delayed: u64,
-}
-
-/// The sums of `done`, `failed` and `cursor` over the shares of home incarnation `inc` of task
-/// `id` (one read per partition).
-pub async fn shares_sum<C: ConnectionLike + Send>(
-    con: &mut C,
-    keys: &Keys,
-    id: &str,
-    inc: &str,
-) -> Result<(u64, u64, u64)> {
-    let s = shares(con, keys, id, inc).await?;
-    Ok((s.done, s.failed, s.cursor))
-}
-
-/// The sums over the shares of a task.
-#[derive(Debug, Clone, Copy, Default)]
-struct Sums {
-    done: u64,
-    failed: u64,
-    cursor: u64,
-    routed: u64,
-}
-
-async fn shares<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str, inc: &str) -> Result<Sums> {
-    use shardctl_common::share::{num, read};
-    let layout = shardctl_common::partition::task_layout(con, keys, id).await?;
-    let mut sum = Sums::default();
-    for pk in &layout.parts {
-        if let Some(v) = read(con, pk, id, inc, &["done", "failed", "cursor", "routed"]).await? {
-            sum.done += num(&v[0]);
-            sum.failed += num(&v[1]);
-            sum.cursor += num(&v[2]);
-            sum.routed += num(&v[3]);
-        }
-    }
-    Ok(sum)
 }
 
 /// The shard counts of a queue: a few round trips whatever its size (one per kind of list), per
@@ -220,25 +184,15 @@ pub async fn queue<C: ConnectionLike + Send>(
     Ok(out)
 }
 
-/// Failed shards of a task with their reasons, by index.
+/// Failed shards of a task with their reasons, by the task's index (every share's); none for a
+/// task that is gone.
 pub async fn failed_shards<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str) -> Result<Vec<(u64, String)>> {
     shardctl_common::names::validate_task_id(id)?;
-    let h: HashMap<String, String> = redis::cmd("HGETALL").arg(keys.errors(id)).query_async(con).await?;
-    let mut v: Vec<(u64, String)> = h.into_iter().filter_map(|(k, r)| k.parse().ok().map(|i| (i, r))).collect();
-    // a task over partitions: its shares' reasons, at the task's indexes
-    let parts: Option<u32> = redis::cmd("HGET").arg(keys.task(id)).arg("partitions").query_async(con).await?;
-    let inc = shardctl_common::share::home_inc_of(con, keys, id).await?;
-    if let (true, Some(inc)) = (parts.is_some_and(|k| k > 1), inc) {
-        let layout = shardctl_common::partition::task_layout(con, keys, id).await?;
-        for pk in &layout.parts {
-            let Some(row) = shardctl_common::share::read(con, pk, id, &inc, &["base"]).await? else { continue };
-            let base = shardctl_common::share::num(&row[0]);
-            let h: HashMap<String, String> = redis::cmd("HGETALL").arg(pk.errors(id)).query_async(con).await?;
-            v.extend(h.into_iter().filter_map(|(k, r)| k.parse::<u64>().ok().map(|i| (base + i, r))));
-        }
+    let h: HashMap<String, String> = redis::cmd("HGETALL").arg(keys.task(id)).query_async(con).await?;
+    match TaskInfo::from_hash(id, &h)? {
+        Some(t) => shardctl_common::share::reasons(con, keys, &t).await,
+        None => Ok(Vec::new()),
     }
-    v.sort();
-    Ok(v)
 }
 
 /// One live executor, as `status` shows it.

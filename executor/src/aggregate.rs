@@ -28,79 +28,25 @@ async fn scan_hash(con: &mut Conn, key: &str) -> Result<HashMap<u64, String>> {
     }
 }
 
-/// Every shard's outcome: its stored result (`null` when none was stored) or its failure. A
-/// task spread over partitions (`parts`, the queue's partitions) has them in its shares, indexed
-/// from each share's `base`.
-pub(crate) async fn outcomes(
-    con: &mut Conn,
-    keys: &Keys,
-    parts: &[Keys],
-    task: &TaskInfo,
-    token: &str,
-) -> Result<Vec<ShardOutcome>> {
+/// Every shard's outcome: its stored result (`null` when none was stored) or its failure, read
+/// from each of the task's shares (`shardctl_common::share`) at its base, once the share is
+/// checked: a share that lost writes after its count (a failover of its partition's master)
+/// makes its count forgotten (`uncount.lua`, for the holder of the aggregation's claim `token`)
+/// and the aggregation fail, to run again once the share is counted anew.
+pub(crate) async fn outcomes(con: &mut Conn, keys: &Keys, task: &TaskInfo, token: &str) -> Result<Vec<ShardOutcome>> {
+    use shardctl_common::share::{check_counted, Counted};
     let (mut results, mut errors) = (HashMap::new(), HashMap::new());
-    if task.partitions <= 1 {
-        results = scan_hash(con, &keys.results(&task.task_id)).await?;
-        errors = scan_hash(con, &keys.errors(&task.task_id)).await?;
-    } else {
-        if parts.len() != task.partitions as usize {
-            return Err(shardctl_common::Error::Protocol(format!(
-                "task {} runs over {} partitions, this executor serves {}",
-                task.task_id,
-                task.partitions,
-                parts.len()
-            )));
-        }
-        for (p, pk) in parts.iter().enumerate() {
-            // fewer shards than partitions: the last ones have no share
-            if shardctl_common::partition::share_range(p as u32 + 1, task.partitions, task.total).1 == 0 {
-                continue;
-            }
-            use shardctl_common::share::num;
-            let share = shardctl_common::share::read(
-                con,
-                pk,
-                &task.task_id,
-                &task.inc,
-                &["base", "total", "state", "done", "failed"],
-            )
-            .await?;
-            let bits: u64 = redis::cmd("BITCOUNT").arg(pk.terminal(&task.task_id)).query_async(con).await?;
-            // (another slot: a command of its own)
-            let counted_home: Option<String> = redis::cmd("HGET")
-                .arg(keys.task(&task.task_id))
-                .arg(format!("part:{}", p + 1))
-                .query_async(con)
-                .await?;
-            let ours = share.is_some();
-            let v = share.unwrap_or_else(|| vec![None; 5]);
-            let (base, total, state) = (num(&v[0]), v[1].as_deref().and_then(|t| t.parse::<u64>().ok()), v[2].clone());
-            let (done, failed) = (num(&v[3]), num(&v[4]));
-            // a share counted in the home whose partition lost writes since (a failover of its
-            // master): running again (its lost shards run again), gone (the reconciliation
-            // creates it again), or ended with other counts than the ones counted (it re-ended
-            // meanwhile, or lost a retry: the reconciliation reports or retries it). Aggregating
-            // now would miss results: its count is forgotten and the task runs until the share
-            // is counted anew (this job is withdrawn)
-            let running = matches!(state.as_deref(), Some("running" | "delayed"));
-            let counted = format!("{done}/{failed}");
-            // (a share's round may be older than the home's: a retry reruns only the shares with
-            // failures; the counts tell a retry lost after its count)
-            let ended = shardctl_common::share::ended(state.as_deref());
-            let stale = ended && counted_home.as_deref() != Some(counted.as_str());
-            if !ours || running || stale {
+    for s in shardctl_common::share::of(con, keys, task).await? {
+        match check_counted(con, keys, task, &s).await? {
+            Counted::Sound => {}
+            Counted::Lost(what) => {
                 let forgotten =
-                    shardctl_common::scripts::uncount(con, keys, &task.task_id, &task.inc, p as u32 + 1, token).await?;
-                let what = match (ours, running) {
-                    (false, _) => "is gone",
-                    (true, true) => "runs again",
-                    (true, false) => "ended with other counts than its count",
-                };
-                tracing::warn!(task = %task.task_id, partition = p + 1, forgotten, "a counted share {what}: lost writes");
+                    shardctl_common::scripts::uncount(con, keys, &task.task_id, &task.inc, s.part, token).await?;
+                tracing::warn!(task = %task.task_id, partition = s.part, forgotten, "a counted share {what}: lost writes");
                 return Err(shardctl_common::Error::Protocol(format!(
                     "task {}: share {} {what} after it was counted (its partition's master lost writes){}",
                     task.task_id,
-                    p + 1,
+                    s.part,
                     if forgotten {
                         ": its count is forgotten; the aggregation runs once it is counted again"
                     } else {
@@ -108,18 +54,16 @@ pub(crate) async fn outcomes(
                     }
                 )));
             }
-            if !ended || total != Some(bits) {
+            Counted::Incomplete(why) => {
                 return Err(shardctl_common::Error::Protocol(format!(
-                    "task {}: share {} is not complete ({bits} of {} shards terminal, {})",
-                    task.task_id,
-                    p + 1,
-                    total.unwrap_or(0),
-                    state.unwrap_or_default()
+                    "task {}: share {} is not complete ({why})",
+                    task.task_id, s.part
                 )));
             }
-            results.extend(scan_hash(con, &pk.results(&task.task_id)).await?.into_iter().map(|(i, v)| (base + i, v)));
-            errors.extend(scan_hash(con, &pk.errors(&task.task_id)).await?.into_iter().map(|(i, v)| (base + i, v)));
         }
+        let at = |m: HashMap<u64, String>| m.into_iter().filter(|(i, _)| *i < s.size).map(|(i, v)| (s.base + i, v));
+        results.extend(at(scan_hash(con, &s.keys.results(&task.task_id)).await?));
+        errors.extend(at(scan_hash(con, &s.keys.errors(&task.task_id)).await?));
     }
     Ok((0..task.total)
         .map(|index| {

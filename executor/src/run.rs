@@ -206,17 +206,9 @@ async fn run_aggregator(
         .map_err(|e| ShardError(format!("reading the task: {e}")))?
         .filter(|m| m.info.seq == r.inc)
         .ok_or_else(|| ShardError::new("task missing"))?;
-    // the partitions the task was dispatched over, read now (an executor started before the
-    // queue's partitions changed reads the shares where they are)
-    let parts = if meta.info.partitions > 1 {
-        shardctl_common::partition::task_layout(&mut con, &shared.keys, &r.task)
-            .await
-            .map_err(|e| ShardError(format!("reading the task's partitions: {e}")))?
-            .parts
-    } else {
-        Vec::new()
-    };
-    let results = crate::aggregate::outcomes(&mut con, &shared.keys, &parts, &meta.info, &claim.token)
+    // its shares where the task was dispatched, read now (an executor started before the
+    // queue's partitions changed reads them where they are)
+    let results = crate::aggregate::outcomes(&mut con, &shared.keys, &meta.info, &claim.token)
         .await
         .map_err(|e| ShardError(format!("reading shard results: {e}")))?;
     let info = meta.info;
