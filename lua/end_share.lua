@@ -16,8 +16,13 @@
   again: the home's count of it is then forgotten by the aggregation, not here).
 ]]
 local prefix, tid = ARGV[1], ARGV[2]
-local t = rcall('HMGET', K.task, 'home_inc', 'state', 'keep_results')
-if t[1] ~= ARGV[3] or t[2] ~= 'aggregating' then return 0 end
+local t = rcall('HMGET', K.task, 'home_inc', 'state', 'keep_results', 'home_seq')
+if (t[1] or t[4]) ~= ARGV[3] or t[2] ~= 'aggregating' then return 0 end
 rcall('HSET', K.task, 'state', ARGV[4], 'finished_ms', now_ms())
-if t[3] == '0' then rcall('DEL', task_key(prefix, tid, ':results')) end
+-- the aggregation that meets such a share again (its home's end lost in a failover) refuses
+-- it rather than read no result for every shard
+if t[3] == '0' then
+  rcall('DEL', task_key(prefix, tid, ':results'))
+  rcall('HSET', K.task, 'results_dropped', 1)
+end
 return 1

@@ -34,22 +34,21 @@
 ]]
 local prefix, tid, now = ARGV[1], ARGV[2], now_ms()
 local tkey = K.task
+local t = rcall('HMGET', tkey, 'state', 'keep_results', 'failed', 'agg_error', 'round')
+local state = t[1]
+if not state then return -3 end
+-- every refusal before the first write (the round below is one)
+if state == 'cancelled' then return -9 end
+local ended = state == 'completed' or state == 'failed'
+if ended and t[2] == '0' then return -10 end
 if ARGV[3] then
-  local r = rcall('HGET', tkey, 'round')
-  if not r then return -3 end
-  if tonumber(r) >= tonumber(ARGV[3]) then return 0 end
+  if tonumber(t[5] or '0') >= tonumber(ARGV[3]) then return 0 end
   -- read first: the share's other keys (an abort at a key of a slot being migrated writes
   -- nothing), then the round, whatever follows: with nothing to run again, the share's counts
   -- are reported again in the new round
   touch_task(prefix, tid)
   rcall('HSET', tkey, 'round', ARGV[3])
 end
-local t = rcall('HMGET', tkey, 'state', 'keep_results', 'failed', 'agg_error')
-local state = t[1]
-if not state then return -3 end
-if state == 'cancelled' then return -9 end
-local ended = state == 'completed' or state == 'failed'
-if ended and t[2] == '0' then return -10 end
 
 local again = {}
 for _, idx in ipairs(rcall('HKEYS', task_key(prefix, tid, ':errors'))) do

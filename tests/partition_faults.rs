@@ -14,7 +14,13 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use shardctl_testkit::eventually;
+use shardctl_common::model::TaskSpec;
+use shardctl_common::partition::{self, Layout};
+use shardctl_common::scripts::{self, ClaimRequest, Finished, FinishedAs, Lease, LeaseAsk};
+use shardctl_common::share::{self, Counted};
+use shardctl_common::Keys;
+use shardctl_coordinator::partitions;
+use shardctl_testkit::{eventually, TestRedis};
 use support::Cli;
 
 /// Every key of hash tag `tag` (`{tag}:...`) with its DUMP and PTTL: what a replica that lags
@@ -210,4 +216,109 @@ fn out_of_range_durations_are_refused_up_front() {
         cli.rejects(&["dispatch", "--kind", "noop", "--shards", "2", flag, value], 2, "too long");
     }
     cli.rejects(&["dispatch", "--kind", "noop", "--shards", "2", "--attempts", "20000"], 2, "attempts");
+}
+
+/// Claims every shard of partition `pk` and completes them, as an executor would.
+async fn run_share(con: &mut redis::aio::MultiplexedConnection, pk: &Keys, seq: u64) {
+    let req = ClaimRequest { count: 100, lock_ms: 60_000, token_base: "e1", seq, node: "n1", ahead: 0 };
+    let claimed = scripts::claim(con, pk, &req).await.unwrap().shards;
+    let all: Vec<Finished<'_>> =
+        claimed.iter().map(|c| Finished { claim: c, outcome: FinishedAs::Completed("1") }).collect();
+    scripts::finish(con, pk, "n1", &all).await.unwrap();
+}
+
+async fn queue(redis: &TestRedis, name: &str) -> (redis::aio::MultiplexedConnection, Layout) {
+    let mut con = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let home = Keys::new("shardctl", name).unwrap();
+    let layout = partition::set_count(&mut con, &home, 2, false).await.unwrap();
+    (con, layout)
+}
+
+/// Review: a share whose results were dropped at its task's end (`--keep-results false`) is
+/// refused by an aggregation that meets it again (the home's end lost in a failover), rather
+/// than read as a result of `null` for every shard.
+#[tokio::test]
+async fn an_aggregation_refuses_a_share_whose_results_were_dropped() {
+    let redis = TestRedis::start();
+    let (mut con, layout) = queue(&redis, "dropped").await;
+    let mut spec = TaskSpec::new("d", "noop", 4);
+    spec.keep_results = false;
+    partitions::dispatch(&mut con, &layout, &spec).await.unwrap();
+    for pk in &layout.parts {
+        run_share(&mut con, pk, 1).await;
+    }
+    partitions::report_pending(&mut con, &layout).await.unwrap();
+    let t = shardctl_coordinator::progress::task(&mut con, &layout.home, "d").await.unwrap();
+    let shares = share::of(&mut con, &layout.home, &t).await.unwrap();
+    assert_eq!(shares.len(), 2);
+    for s in &shares {
+        assert_eq!(share::check_counted(&mut con, &layout.home, &t, s).await.unwrap(), Counted::Sound);
+    }
+    // the home ended and its shares with it; then the home's end was lost (a failover)
+    for s in &shares {
+        assert!(scripts::end_share(&mut con, &s.keys, "d", &t.inc, "completed").await.unwrap());
+    }
+    for s in &shares {
+        let got = share::check_counted(&mut con, &layout.home, &t, s).await.unwrap();
+        assert!(matches!(got, Counted::Incomplete(ref why) if why.contains("dropped")), "{got:?}");
+    }
+}
+
+/// Review: a share creator that stalled while its task was removed and dispatched again stops;
+/// it never removes the new task's share (which it would take for a stranger).
+#[tokio::test]
+async fn a_stalled_share_creator_never_removes_a_newer_tasks_share() {
+    let redis = TestRedis::start();
+    let (mut con, layout) = queue(&redis, "stalled").await;
+    let spec = TaskSpec::new("x", "noop", 4);
+    partitions::dispatch(&mut con, &layout, &spec).await.unwrap();
+    let old = share::home_inc_of(&mut con, &layout.home, "x").await.unwrap().unwrap();
+    shardctl_common::control::cancel(&mut con, &layout.home, "x").await.unwrap();
+    shardctl_common::control::clean(&mut con, &layout.home, Some(Duration::ZERO)).await.unwrap();
+    partitions::dispatch(&mut con, &layout, &spec).await.unwrap();
+    let new = share::home_inc_of(&mut con, &layout.home, "x").await.unwrap().unwrap();
+    assert_ne!(old, new);
+    // the stalled creator of the old incarnation wakes
+    let err = partition::create_share(&mut con, &layout.home, &layout.parts[1], 2, 2, &spec, &old).await;
+    assert!(err.is_err(), "a stale creator stops");
+    assert_eq!(share::share_inc(&mut con, &layout.parts[1], "x").await.unwrap(), Some(new));
+}
+
+/// Review: one dispatcher at a time holds a dispatch lease; a lapsed holder cannot renew it
+/// (it stops writing), another takes it only once it lapsed, and a completed dispatch has none
+/// to renew.
+#[tokio::test]
+async fn a_dispatch_lease_is_held_by_one_and_lost_when_it_lapses() {
+    let redis = TestRedis::start();
+    let (mut con, layout) = queue(&redis, "lease").await;
+    let home = layout.home.clone();
+    let spec = TaskSpec::new("l", "noop", 4);
+    let mut fields = spec.fields();
+    let nonce = fields.iter().find(|(f, _)| *f == "nonce").unwrap().1.clone();
+    fields.push(("partitions", "2".to_owned()));
+    fields.push(("partition_tags", partition::tags_of(&layout)));
+    scripts::dispatch_fields(&mut con, &home, &spec, &fields).await.unwrap();
+    let inc = share::home_inc_of(&mut con, &home, "l").await.unwrap().unwrap();
+    let creator = nonce.as_str();
+    let c = &mut con;
+    assert_eq!(ask(c, &home, &inc, LeaseAsk::Renew, creator).await, Lease::Granted, "the creator holds it");
+    assert_eq!(ask(c, &home, &inc, LeaseAsk::Take, "r").await, Lease::Refused, "live: not taken");
+    assert_eq!(ask(c, &home, &inc, LeaseAsk::Renew, "r").await, Lease::Refused);
+    // it lapses (its creator stalled)
+    let () = redis::cmd("HSET").arg(home.task("l")).arg("dispatch_until").arg(1).query_async(c).await.unwrap();
+    assert_eq!(ask(c, &home, &inc, LeaseAsk::Renew, creator).await, Lease::Refused, "a lapsed holder writes no more");
+    assert_eq!(ask(c, &home, &inc, LeaseAsk::Take, "r").await, Lease::Granted);
+    assert_eq!(ask(c, &home, &inc, LeaseAsk::Renew, creator).await, Lease::Refused, "taken");
+    assert_eq!(ask(c, &home, &inc, LeaseAsk::Done, creator).await, Lease::Refused);
+    // the stalled creator's dispatch stops at its next share
+    let err = partition::create_shares(c, &layout, &spec, &inc, creator, None).await.unwrap_err();
+    assert!(err.to_string().contains("lost its lease"), "{err}");
+    assert_eq!(ask(c, &home, &inc, LeaseAsk::Done, "r").await, Lease::Granted);
+    assert_eq!(ask(c, &home, &inc, LeaseAsk::Renew, "r").await, Lease::Refused, "complete: no lease to renew");
+    assert_eq!(ask(c, &home, &inc, LeaseAsk::Take, "z").await, Lease::Granted, "complete: lost shares may be made");
+    assert_eq!(ask(c, &home, "1.other", LeaseAsk::Take, "z").await, Lease::Gone, "another incarnation");
+}
+
+async fn ask(con: &mut redis::aio::MultiplexedConnection, home: &Keys, inc: &str, a: LeaseAsk, token: &str) -> Lease {
+    scripts::dispatch_lease(con, home, "l", inc, a, token, Duration::from_secs(30)).await.unwrap()
 }

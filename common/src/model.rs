@@ -176,6 +176,23 @@ pub struct TaskSpec {
 }
 
 impl TaskSpec {
+    /// Whether task record `t` was dispatched with this spec (what a dispatch run again after
+    /// it was cut short must match to resume it): every field the record keeps of it.
+    pub fn matches(&self, t: &TaskInfo) -> bool {
+        t.kind == self.kind
+            && t.total == self.shards
+            && t.items == self.items
+            && t.strategy == self.strategy.as_str()
+            && t.payload == self.payload
+            && t.attempts == self.attempts
+            && t.backoff == self.backoff.to_string()
+            && t.vnodes == self.vnodes
+            && t.has_keys == self.has_keys
+            && t.keep_results == self.keep_results
+            && t.shard_timeout_ms == self.shard_timeout.map_or(0, |d| d.as_millis() as u64)
+            && t.retain_ms == self.retain.map_or(0, |d| d.as_millis() as u64)
+    }
+
     /// A spec with defaults for everything but id, kind and shard count.
     pub fn new(id: impl Into<String>, kind: impl Into<String>, shards: u64) -> Self {
         TaskSpec {

@@ -494,28 +494,52 @@ pub fn choose_tags(
     Ok(out)
 }
 
-/// Creates the shares of home incarnation `inc` under its dispatch lease, renewed after each,
-/// then marks the dispatch complete (ARCHITECTURE.md, "One task, one identity across slots").
+/// Creates the shares of home incarnation `inc` under its dispatch lease, held by `token`
+/// (the creator's is the home record's nonce; a dispatch run again takes the lease first),
+/// renewed before each share and each chunk of keys, then marks the dispatch complete
+/// (ARCHITECTURE.md, "One task, one identity across slots"). A lease lapsed or taken by
+/// another stops it with an error: whoever took it creates what is missing.
 pub async fn create_shares<C: ConnectionLike + Send>(
     con: &mut C,
     layout: &Layout,
     spec: &TaskSpec,
     inc: &str,
+    token: &str,
     keys: Option<&[String]>,
 ) -> Result<()> {
     let (home, k) = (&layout.home, layout.count());
     if !layout.partitioned() {
         return Ok(()); // the home record is its one share
     }
-    let lease = crate::incarnation::DISPATCH_LEASE;
     for (i, pk) in layout.parts.iter().enumerate() {
-        if !crate::scripts::dispatch_lease(con, home, &spec.id, inc, false, lease).await? {
-            return Err(Error::invalid(format!("task '{}' was removed or dispatched again meanwhile", spec.id)));
-        }
-        create_share_keyed(con, home, pk, i as u32 + 1, k, spec, inc, keys).await?;
+        renew(con, home, &spec.id, inc, token).await?;
+        create_share_keyed(con, home, pk, i as u32 + 1, k, spec, inc, keys, 0, Some(token)).await?;
     }
-    crate::scripts::dispatch_lease(con, home, &spec.id, inc, true, lease).await?;
-    Ok(())
+    use crate::scripts::{Lease, LeaseAsk};
+    match crate::scripts::dispatch_lease(con, home, &spec.id, inc, LeaseAsk::Done, token, DISPATCH_LEASE).await? {
+        Lease::Granted => Ok(()),
+        _ => Err(lease_lost(&spec.id)),
+    }
+}
+
+use crate::incarnation::DISPATCH_LEASE;
+
+/// Renews the dispatch lease of `id` (incarnation `inc`) for holder `token`; an error when it
+/// lapsed, was taken by another, or the home is gone or another incarnation.
+async fn renew<C: ConnectionLike + Send>(con: &mut C, home: &Keys, id: &str, inc: &str, token: &str) -> Result<()> {
+    use crate::scripts::{Lease, LeaseAsk};
+    match crate::scripts::dispatch_lease(con, home, id, inc, LeaseAsk::Renew, token, DISPATCH_LEASE).await? {
+        Lease::Granted => Ok(()),
+        _ => Err(lease_lost(id)),
+    }
+}
+
+fn lease_lost(id: &str) -> Error {
+    Error::invalid(format!(
+        "the dispatch of task '{id}' lost its lease (it stalled past {}s, or the task was removed or dispatched again): \
+         what is missing of it is created by the reconciliation",
+        DISPATCH_LEASE.as_secs()
+    ))
 }
 
 /// Creates share `p` of `k` of task `spec` in partition `pk`, for the incarnation `home_inc` of
@@ -532,7 +556,7 @@ pub async fn create_share<C: ConnectionLike + Send>(
     spec: &TaskSpec,
     home_inc: &str,
 ) -> Result<()> {
-    create_share_keyed(con, home, pk, p, k, spec, home_inc, None).await
+    create_share_keyed(con, home, pk, p, k, spec, home_inc, None, 0, None).await
 }
 
 /// Keys written per round trip when a share's keys are written.
@@ -554,12 +578,14 @@ pub async fn create_share_keyed<C: ConnectionLike + Send>(
     spec: &TaskSpec,
     home_inc: &str,
     keys: Option<&[String]>,
+    round: u64,
+    lease: Option<&str>,
 ) -> Result<()> {
     let (base, size) = share_range(p, k, spec.shards);
     if size == 0 {
         // none here; another incarnation's share under this id goes
         if let Some(t) = share_inc(con, pk, &spec.id).await?.filter(|t| t != home_inc) {
-            crate::scripts::drop_share(con, pk, &spec.id, &t, "").await?;
+            drop_stranger(con, home, pk, &spec.id, home_inc, &t).await?;
         }
         return Ok(());
     }
@@ -574,32 +600,23 @@ pub async fn create_share_keyed<C: ConnectionLike + Send>(
         ("base", base.to_string()),
         ("of", spec.shards.to_string()),
         ("home_inc", home_inc.to_owned()),
-        ("round", "0".to_owned()),
+        // the home's round (a share created again by the reconciliation takes the one it has)
+        ("round", round.to_string()),
     ]);
     let mut created = false;
     for _ in 0..3 {
         match share_inc(con, pk, &spec.id).await? {
             Some(t) if t == home_inc => return Ok(()), // ours: a dispatch resumed
-            Some(t) => {
-                crate::scripts::drop_share(con, pk, &spec.id, &t, "").await?;
-            }
+            Some(t) => drop_stranger(con, home, pk, &spec.id, home_inc, &t).await?,
             None => {}
         }
-        match keys {
-            Some(keys) => {
-                write_share_keys(con, home, pk, &spec.id, home_inc, &keys[base as usize..(base + size) as usize])
-                    .await?
-            }
+        if let Some(keys) = keys {
+            let share = &keys[base as usize..(base + size) as usize];
+            write_share_keys(con, home, pk, &spec.id, home_inc, share, lease).await?
+        } else if spec.has_keys && !share_keys_complete(con, pk, &spec.id, home_inc, size).await? {
             // created again without its keys (the reconciliation): it keeps those its
-            // incarnation left, never another's
-            None if spec.has_keys => {
-                let kk = pk.shard_keys(&spec.id);
-                let theirs: Option<String> = redis::cmd("HGET").arg(&kk).arg("inc").query_async(con).await?;
-                if theirs.as_deref() != Some(home_inc) {
-                    let () = redis::cmd("DEL").arg(&kk).query_async(con).await?;
-                }
-            }
-            None => {}
+            // incarnation left complete, never another's or a part
+            let () = redis::cmd("DEL").arg(pk.shard_keys(&spec.id)).query_async(con).await?;
         }
         match crate::scripts::dispatch_fields(con, pk, spec, &fields).await {
             Ok(()) => {
@@ -632,6 +649,26 @@ pub async fn create_share_keyed<C: ConnectionLike + Send>(
     Ok(())
 }
 
+/// Removes the share of `id` in `pk` that names home incarnation `theirs`, for a creator of
+/// incarnation `ours`, only while `ours` is still the home's: the share was read first, then
+/// the home (a share of a newer incarnation exists only once its home does), so a creator that
+/// stalled while its task was removed and dispatched again stops instead of removing the new
+/// task's share (an error: nothing of `ours` is to be created any more).
+async fn drop_stranger<C: ConnectionLike + Send>(
+    con: &mut C,
+    home: &Keys,
+    pk: &Keys,
+    id: &str,
+    ours: &str,
+    theirs: &str,
+) -> Result<()> {
+    if home_inc_of(con, home, id).await?.as_deref() != Some(ours) {
+        return Err(Error::invalid(format!("task '{id}' was removed or dispatched again meanwhile")));
+    }
+    crate::scripts::drop_share(con, pk, id, theirs, "").await?;
+    Ok(())
+}
+
 /// Writes `share`, the keys of one share of task `id` at its own indexes, for home incarnation
 /// `home_inc`: the id listed in the partition's `index` and the keys' `inc` first (what
 /// `drop_orphans` finds them by), the keys of an earlier incarnation dropped, then the keys in
@@ -644,6 +681,7 @@ async fn write_share_keys<C: ConnectionLike + Send>(
     id: &str,
     home_inc: &str,
     share: &[String],
+    lease: Option<&str>,
 ) -> Result<()> {
     let kk = pk.shard_keys(id);
     let theirs: Option<String> = redis::cmd("HGET").arg(&kk).arg("inc").query_async(con).await?;
@@ -655,13 +693,12 @@ async fn write_share_keys<C: ConnectionLike + Send>(
     pipe.hset(&kk, "inc", home_inc).ignore();
     let () = pipe.query_async(con).await?;
     for (c, chunk) in share.chunks(KEYS_CHUNK).enumerate() {
+        // the lease first: a writer whose lease lapsed writes no more
+        if let Some(token) = lease {
+            renew(con, home, id, home_inc, token).await?;
+        }
         let pairs: Vec<(usize, &String)> = chunk.iter().enumerate().map(|(j, key)| (c * KEYS_CHUNK + j, key)).collect();
         let () = redis::cmd("HSET").arg(&kk).arg(&pairs).query_async(con).await?;
-        if !crate::scripts::dispatch_lease(con, home, id, home_inc, false, crate::incarnation::DISPATCH_LEASE).await? {
-            return Err(Error::invalid(format!(
-                "task '{id}' was removed or dispatched again while its keys were written"
-            )));
-        }
     }
     Ok(())
 }

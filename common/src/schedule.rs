@@ -228,7 +228,8 @@ impl Schedule {
         for (f, v) in self.fields.iter().filter(|(f, _)| f != "nonce") {
             inv.arg(f).arg(v);
         }
-        inv.arg("nonce").arg(crate::incarnation::nonce());
+        let nonce = crate::incarnation::nonce();
+        inv.arg("nonce").arg(&nonce);
         inv.arg("schedule").arg(&self.name).arg("fire_ms").arg(fire_ms);
         // on a partitioned queue the script adds the queue's current layout to the record
         let code: i64 = inv.invoke_async(con).await?;
@@ -239,7 +240,8 @@ impl Schedule {
                 redis::cmd("HGETALL").arg(keys.task(&id)).query_async(con).await?;
             if let Some(t) = crate::model::TaskInfo::from_hash(&id, &h)? {
                 let spec = crate::partition::spec_of(&t, self.priority);
-                crate::partition::create_shares(con, &layout, &spec, &t.inc, None).await?;
+                // under the dispatch lease its record was created with (its nonce the token)
+                crate::partition::create_shares(con, &layout, &spec, &t.inc, &nonce, None).await?;
             }
         }
         Ok(match code {

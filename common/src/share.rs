@@ -192,7 +192,7 @@ pub async fn check_counted<C: ConnectionLike + Send>(
     if s.is_home() {
         return Ok(Counted::Sound);
     }
-    let row = read(con, &s.keys, &t.task_id, &t.inc, &["total", "state", "done", "failed"]).await?;
+    let row = read(con, &s.keys, &t.task_id, &t.inc, &["total", "state", "done", "failed", "results_dropped"]).await?;
     let bits: u64 = redis::cmd("BITCOUNT").arg(s.keys.terminal(&t.task_id)).query_async(con).await?;
     // (another slot: a command of its own)
     let counted_home: Option<String> =
@@ -207,6 +207,11 @@ pub async fn check_counted<C: ConnectionLike + Send>(
     let ended = ended(state);
     if ended && counted_home.as_deref() != Some(format!("{}/{}", num(&v[2]), num(&v[3])).as_str()) {
         return Ok(Counted::Lost("ended with other counts than its count"));
+    }
+    if v[4].is_some() {
+        // ended as its home, its results dropped (--keep-results false): its home's end was lost
+        // since (a failover of the home's master); aggregating again would read no result
+        return Ok(Counted::Incomplete("its results were dropped when the task ended".to_owned()));
     }
     if !ended || total != Some(bits) {
         return Ok(Counted::Incomplete(format!(

@@ -112,15 +112,7 @@ pub async fn dispatch(
     let existing = crate::progress::task(con, keys, &spec.id).await;
     let resumed = match existing {
         Ok(t) => {
-            let same = t.kind == spec.kind
-                && t.total == spec.shards
-                && t.items == spec.items
-                && t.strategy == spec.strategy.as_str()
-                && t.payload == spec.payload
-                && t.attempts == spec.attempts
-                && t.vnodes == spec.vnodes
-                && t.has_keys == spec.has_keys;
-            if !same || t.routed.is_none_or(|r| r >= t.total) {
+            if !spec.matches(&t) || t.routed.is_none_or(|r| r >= t.total) {
                 return Err(taken(ScriptCode::TaskExists, &spec.id));
             }
             true

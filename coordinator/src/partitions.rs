@@ -47,26 +47,48 @@ async fn create<C: ConnectionLike + Send>(
     let mut fields = spec.fields();
     fields.push(("partitions", k.to_string()));
     fields.push(("partition_tags", shardctl_common::partition::tags_of(layout)));
-    match scripts::dispatch_fields(con, home, spec, &fields).await {
-        Ok(()) => {}
+    // the creator holds the dispatch lease under its record's nonce
+    let mut token = fields.iter().find(|(f, _)| *f == "nonce").map(|(_, v)| v.clone()).unwrap_or_default();
+    let resumed = match scripts::dispatch_fields(con, home, spec, &fields).await {
+        Ok(()) => false,
         Err(Error::Script(ScriptCode::TaskExists)) => {
             // the same dispatch again, cut short before every share existed?
             let t = crate::progress::task(con, home, &spec.id).await?;
-            let same =
-                t.kind == spec.kind && t.total == spec.shards && t.items == spec.items && t.payload == spec.payload;
-            if !same || t.partitions != k || t.state.is_finished() {
+            if !spec.matches(&t) || t.partitions != k || t.state.is_finished() {
                 return Err(Error::refused(
                     ScriptCode::TaskExists,
                     format!("a task with id '{}' already exists in this queue", spec.id),
                 ));
             }
+            true
         }
         Err(e) => return Err(e),
-    }
+    };
     let inc = shardctl_common::share::home_inc_of(con, home, &spec.id)
         .await?
         .ok_or_else(|| Error::NoTask(spec.id.clone()))?;
-    shardctl_common::partition::create_shares(con, layout, spec, &inc, keys).await
+    if resumed {
+        // only once its first dispatcher's lease lapsed (or it completed: then only the shares
+        // lost since are created)
+        token = shardctl_common::incarnation::nonce();
+        let lease = shardctl_common::incarnation::DISPATCH_LEASE;
+        match scripts::dispatch_lease(con, home, &spec.id, &inc, scripts::LeaseAsk::Take, &token, lease).await? {
+            scripts::Lease::Granted => {}
+            scripts::Lease::Gone => return Err(Error::NoTask(spec.id.clone())),
+            scripts::Lease::Refused => {
+                return Err(Error::refused(
+                    ScriptCode::TaskExists,
+                    format!(
+                        "task '{}' is being dispatched by another process (its dispatch lease lapses within {}s \
+                         if that process died): dispatch it again then",
+                        spec.id,
+                        lease.as_secs()
+                    ),
+                ))
+            }
+        }
+    }
+    shardctl_common::partition::create_shares(con, layout, spec, &inc, &token, keys).await
 }
 
 /// Places the unplaced shards of routed task `id` in every partition of `layout` over the live
@@ -91,7 +113,10 @@ const REPORT_BATCH: usize = 100;
 /// acknowledges it there. Idempotent: whoever repeats it counts nothing twice. Returns how many
 /// shares were counted now.
 pub async fn report_pending<C: ConnectionLike + Send>(con: &mut C, layout: &Layout) -> Result<u64> {
-    end_pending(con, layout).await?;
+    // (a partition unreachable now must not hold the reports of the others)
+    if let Err(e) = end_pending(con, layout).await {
+        tracing::warn!("ending the shares of ended tasks: {e}");
+    }
     let mut counted = 0;
     for pk in &layout.parts {
         let pending: Vec<(String, u64)> = redis::cmd("ZRANGE")
@@ -184,34 +209,57 @@ async fn report_share<C: ConnectionLike + Send>(
     Ok(counted)
 }
 
-/// Creates share `p` of running task `id` again if it is missing and its dispatch is over
-/// (`dispatched`, or its dispatch lease lapsed: its creation was lost with a partition's master,
-/// or its dispatcher died before it). A keyed share keeps the keys its incarnation left.
-async fn recreate_share<C: ConnectionLike + Send>(con: &mut C, layout: &Layout, id: &str, p: u32) -> Result<()> {
+/// Creates share `p` of running task `id` again if it is missing and its dispatch is over: the
+/// reconciliation takes the task's dispatch lease (`token`), which must have lapsed (its
+/// dispatcher died or stalled) or be complete (the share's creation was lost with a
+/// partition's master since). It is created in the home's round. A keyed share keeps the keys
+/// its incarnation left complete; when they are not (a dispatch cut short while writing them,
+/// or lost), the task cannot run as dispatched: it is cancelled, saying so. Returns whether
+/// the lease was taken.
+async fn recreate_share<C: ConnectionLike + Send>(
+    con: &mut C,
+    layout: &Layout,
+    id: &str,
+    p: u32,
+    token: &str,
+) -> Result<bool> {
     let t = crate::progress::task(con, &layout.home, id).await?;
-    if shardctl_common::partition::share_range(p, t.partitions, t.total).1 == 0 || t.partitions != layout.count() {
-        return Ok(());
+    let (_, size) = shardctl_common::partition::share_range(p, t.partitions, t.total);
+    if size == 0 || t.partitions != layout.count() {
+        return Ok(false);
     }
-    let (dispatched, until, priority): (Option<String>, Option<u64>, Option<i64>) = redis::cmd("HMGET")
-        .arg(layout.home.task(id))
-        .arg(&["dispatched", "dispatch_until", "priority"])
-        .query_async(con)
-        .await?;
-    let now = shardctl_common::time::server_now_ms(con, &layout.home).await?;
-    if dispatched.is_none() && until.is_some_and(|u| now < u) {
-        return Ok(()); // its dispatcher is still creating it
+    let lease = shardctl_common::incarnation::DISPATCH_LEASE;
+    match scripts::dispatch_lease(con, &layout.home, id, &t.inc, scripts::LeaseAsk::Take, token, lease).await? {
+        scripts::Lease::Granted => {}
+        // its dispatcher is still creating it, or the task is gone
+        _ => return Ok(false),
     }
+    let pk = layout.part(p)?;
+    if t.has_keys && !shardctl_common::partition::share_keys_complete(con, pk, id, &t.inc, size).await? {
+        tracing::warn!(task = %id, partition = p, "a share's keys are lost (its dispatch was cut short, or a failover lost them): the task is cancelled; dispatch it again");
+        if let Err(e) = shardctl_common::control::cancel(con, &layout.home, id).await {
+            tracing::warn!(task = %id, "cancelling a task whose keys are lost: {e}");
+        }
+        return Ok(true);
+    }
+    let (priority, round): (Option<i64>, Option<u64>) =
+        redis::cmd("HMGET").arg(layout.home.task(id)).arg("priority").arg("round").query_async(con).await?;
     tracing::warn!(task = %id, partition = p, "a share of a running task is missing: creating it again");
-    shardctl_common::partition::create_share(
+    let spec = shardctl_common::partition::spec_of(&t, priority.unwrap_or(0));
+    shardctl_common::partition::create_share_keyed(
         con,
         &layout.home,
-        layout.part(p)?,
+        pk,
         p,
         t.partitions,
-        &shardctl_common::partition::spec_of(&t, priority.unwrap_or(0)),
+        &spec,
         &t.inc,
+        None,
+        round.unwrap_or(0),
+        Some(token),
     )
-    .await
+    .await?;
+    Ok(true)
 }
 
 /// Tasks of the home's `running` looked at per [`reconcile`] call.
@@ -266,6 +314,9 @@ pub async fn reconcile_page<C: ConnectionLike + Send>(
             tracing::info!(task = %id, shards = again, "a retry cut short was completed");
         }
         let inc = shardctl_common::share::home_inc_of(con, home, &id).await?;
+        // the dispatch lease, if this pass takes it to create missing shares
+        let token = shardctl_common::incarnation::nonce();
+        let mut took = false;
         for (i, pk) in layout.parts.iter().enumerate() {
             if row[4 + i].is_some() {
                 continue;
@@ -289,7 +340,14 @@ pub async fn reconcile_page<C: ConnectionLike + Send>(
                     }
                 }
                 Some(_) => {}
-                None => recreate_share(con, layout, &id, i as u32 + 1).await?,
+                None => took |= recreate_share(con, layout, &id, i as u32 + 1, &token).await?,
+            }
+        }
+        if took {
+            // every share of the task exists now (this pass created those missing)
+            let lease = shardctl_common::incarnation::DISPATCH_LEASE;
+            if let Some(inc) = &inc {
+                scripts::dispatch_lease(con, home, &id, inc, scripts::LeaseAsk::Done, &token, lease).await?;
             }
         }
     }

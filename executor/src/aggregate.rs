@@ -36,8 +36,13 @@ async fn scan_hash(con: &mut Conn, key: &str) -> Result<HashMap<u64, String>> {
 pub(crate) async fn outcomes(con: &mut Conn, keys: &Keys, task: &TaskInfo, token: &str) -> Result<Vec<ShardOutcome>> {
     use shardctl_common::share::{check_counted, Counted};
     let (mut results, mut errors) = (HashMap::new(), HashMap::new());
-    for s in shardctl_common::share::of(con, keys, task).await? {
-        match check_counted(con, keys, task, &s).await? {
+    let shares = shardctl_common::share::of(con, keys, task).await?;
+    // checked before the read and again after it: a share that lost writes while its results
+    // were read (a failover of its partition's master) is caught by the second check, so a read
+    // that missed results is never aggregated (writes replicate in order: a share sound after
+    // the read was whole during it)
+    for (pass, s) in shares.iter().map(|s| (0, s)).chain(shares.iter().map(|s| (1, s))) {
+        match check_counted(con, keys, task, s).await? {
             Counted::Sound => {}
             Counted::Lost(what) => {
                 let forgotten =
@@ -60,6 +65,9 @@ pub(crate) async fn outcomes(con: &mut Conn, keys: &Keys, task: &TaskInfo, token
                     task.task_id, s.part
                 )));
             }
+        }
+        if pass == 1 {
+            continue;
         }
         let at = |m: HashMap<u64, String>| m.into_iter().filter(|(i, _)| *i < s.size).map(|(i, v)| (s.base + i, v));
         results.extend(at(scan_hash(con, &s.keys.results(&task.task_id)).await?));

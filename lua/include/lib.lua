@@ -404,7 +404,7 @@ local function create_task(prefix, tid, now, priority, start, fields)
   if home then
     -- the home record of a partitioned task: its shards are claimed from its shares, which
     -- its dispatcher creates under this lease (renewed by dispatch_lease.lua)
-    rcall('HSET', tkey, 'cursor', rcall('HGET', tkey, 'total'), 'round', 0, 'dispatch_until', now + DISPATCH_LEASE_MS)
+    rcall('HSET', tkey, 'cursor', rcall('HGET', tkey, 'total'), 'round', 0, 'dispatch_until', now + DISPATCH_LEASE_MS, 'dispatcher', nonce)
   end
   local pull = shape[1] == 'pull'
   if not pull then

@@ -91,26 +91,58 @@ pub async fn drop_share<C: ConnectionLike + Send>(
     Ok(n == 1)
 }
 
-/// Renews the dispatch lease of the home record of `task` for incarnation `inc` by `lease`, or,
-/// with `done`, marks its dispatch complete (dispatch_lease.lua); false when the home is gone
-/// or another incarnation.
+/// What a caller asks of a dispatch lease ([`dispatch_lease`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseAsk {
+    /// The holder extends it (before each share, each chunk of keys).
+    Renew,
+    /// A caller that would create missing shares takes it (lapsed, or its own).
+    Take,
+    /// The holder marks the dispatch complete.
+    Done,
+}
+
+/// How a [`dispatch_lease`] call went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lease {
+    /// Granted, or the dispatch is complete already.
+    Granted,
+    /// The home is gone or another incarnation.
+    Gone,
+    /// Another holds it (for a take), or it lapsed or was taken (for a renew or done).
+    Refused,
+}
+
+/// The dispatch lease of the home record of `task`, incarnation `inc`, for the holder `token`
+/// (dispatch_lease.lua; the creator's token is the record's nonce).
 pub async fn dispatch_lease<C: ConnectionLike + Send>(
     con: &mut C,
     home: &Keys,
     task: &str,
     inc: &str,
-    done: bool,
+    ask: LeaseAsk,
+    token: &str,
     lease: std::time::Duration,
-) -> Result<bool> {
+) -> Result<Lease> {
+    let mode = match ask {
+        LeaseAsk::Renew => "renew",
+        LeaseAsk::Take => "take",
+        LeaseAsk::Done => "done",
+    };
     let n: i64 = scripts()
         .dispatch_lease
         .keyed(home, &KeyArgs { task: Some(task), ..Default::default() })
         .arg(inc)
-        .arg(if done { "done" } else { "renew" })
+        .arg(mode)
+        .arg(token)
         .arg(lease.as_millis() as u64)
         .invoke_async(con)
         .await?;
-    Ok(n == 1)
+    Ok(match n {
+        1 => Lease::Granted,
+        0 => Lease::Gone,
+        _ => Lease::Refused,
+    })
 }
 
 /// Ends the share of `task` in `partition` as its home (incarnation `home_inc`) ended, in
