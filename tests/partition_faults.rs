@@ -205,6 +205,45 @@ fn clean_finds_orphaned_keys_and_results_go_when_not_kept() {
     assert_eq!(kept.len(), 2, "{kept:?}");
 }
 
+/// D5, through a real dispatcher: SIGSTOPped while it writes a share's keys (before that share
+/// exists), then SIGKILLed; `cancel` and `clean` leave no key of the task behind.
+#[test]
+fn clean_finds_the_keys_of_a_dispatcher_killed_while_writing_them() {
+    let cli = Cli::start("f-d5k");
+    cli.ok(&["config", "--partitions", "2"]);
+    let dir = temp_dir("f-d5k");
+    let keys = dir.join("keys");
+    std::fs::write(&keys, (0..400_000).map(|i| format!("key-{i}\n")).collect::<String>()).unwrap();
+    let k = keys.to_str().unwrap();
+    let p2 = format!("{{{}}}:task:big", tags(&cli)[1]);
+    let mut con = cli.con();
+    let mut d = cli.background(
+        "d5-dispatch",
+        &["dispatch", "--task-id", "big", "--kind", "noop", "--strategy", "consistent-hash", "--keys-file", k],
+    );
+    // the moment share 2's keys are being written and share 2 is not created yet
+    let caught = eventually("share 2's keys being written", Duration::from_secs(60), || {
+        let (keys, share): (bool, bool) =
+            redis::pipe().exists(format!("{p2}:keys")).exists(&p2).query(&mut con).unwrap();
+        match (keys, share) {
+            (true, false) => {
+                d.signal("STOP");
+                Ok(true)
+            }
+            (_, true) => Ok(false),
+            _ => Err("not yet"),
+        }
+    });
+    let (keys_now, share_now): (bool, bool) =
+        redis::pipe().exists(format!("{p2}:keys")).exists(&p2).query(&mut con).unwrap();
+    d.kill();
+    assert!(caught && keys_now && !share_now, "the window was missed: keys {keys_now}, share {share_now}");
+    cli.ok(&["cancel", "big"]);
+    cli.ok(&["clean", "--older-than", "0s"]);
+    let left: Vec<String> = redis::cmd("KEYS").arg("*task:big*").query(&mut con).unwrap();
+    assert!(left.is_empty(), "clean leaves {left:?}");
+}
+
 /// D7: a duration or number out of range is refused up front, with a clear error, writing
 /// nothing (a 300-million-year retention was accepted and failed the end's script part-way).
 #[test]
