@@ -35,7 +35,9 @@
 //! single-slot checks above hold exactly after it; the cross-slot "counted share ended with
 //! those counts" is waived for the shares of every task whose home record or share slot rolled
 //! back (by that record's dispatch; a new dispatch of the id is checked in full), as for a lost
-//! completion; a home rollback also restores the record of the aggregations. Executors keep
+//! completion; a home rollback also restores the record of the aggregations. A third of the
+//! retries that run something are followed by the home losing that retry (rolled back one
+//! step: its shares run a round ahead). Executors keep
 //! what they hold, and the scripts must refuse what a rolled-back slot no longer gives them.
 //! The drain first lets time pass (every lease in every slot runs out, every missing share's
 //! grace), so that the sweeps, the reports and the reconciliation can repair everything.
@@ -173,6 +175,12 @@ impl Sim {
             9 => {
                 let r = control::retry(&mut self.con, &self.layout.home, &id).await;
                 self.note(format!("#{n} retry {id}: {r:?}"));
+                // now and then the home's master fails over to a replica that never saw the
+                // retry's reopen, while the shares keep their retry (they run a round ahead)
+                if ROLLBACKS && matches!(r, Ok(x) if x > 0) && self.rng.below(3) == 0 {
+                    self.note(format!("#{n} the home loses the retry"));
+                    return self.roll_back(n, 0, 1).await;
+                }
                 Ok(())
             }
             10 => self.cut_retry(&id).await,

@@ -76,9 +76,16 @@ impl Sim {
     /// Slot `s` (0: the home, p: partition p) fails over to a replica 1..=DEPTH steps behind.
     pub async fn rollback(&mut self, n: u64) -> Outcome {
         let s = self.rng.below(K as usize + 1);
-        let mut rb = self.rb.take().expect("rollbacks on");
-        let avail = rb.available(s);
+        let avail = self.rb.as_ref().expect("rollbacks on").available(s);
         let steps = if avail == 0 { 0 } else { 1 + self.rng.below(avail) };
+        self.roll_back(n, s, steps).await
+    }
+
+    /// Slot `s` (0: the home, p: partition p) goes back `steps` snapshots (one per step: 1 is
+    /// the state before the last step), as far as there are.
+    pub async fn roll_back(&mut self, n: u64, s: usize, steps: usize) -> Outcome {
+        let mut rb = self.rb.take().expect("rollbacks on");
+        let steps = steps.min(rb.available(s));
         let r = if steps == 0 { Ok(None) } else { rb.restore(&mut self.con, s, steps).await.map(Some) };
         self.rb = Some(rb);
         let Some((recorded, (gone, back))) = r? else { return Ok(()) };
