@@ -45,24 +45,33 @@ pub(crate) fn refused(id: &str, code: i64, what: &str) -> Error {
 /// running shards were stopped. A task that already ended is refused.
 pub async fn cancel<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str) -> Result<u64> {
     crate::names::validate_task_id(id)?;
-    let (parts, state): (Option<u32>, Option<String>) =
-        redis::cmd("HMGET").arg(keys.task(id)).arg("partitions").arg("state").query_async(con).await?;
-    if parts.is_none_or(|k| k <= 1) {
-        return cancel_in(con, keys, id).await;
-    }
-    // a task over partitions: its home record first (a share that ends meanwhile is not counted
-    // any more), then each share, whose running shards stop. A cancel cut short after the home
-    // is completed by cancelling again (the home, already cancelled, is passed over).
+    let h: std::collections::HashMap<String, String> =
+        redis::cmd("HGETALL").arg(keys.task(id)).query_async(con).await?;
+    let Some(t) = crate::model::TaskInfo::from_hash(id, &h)? else { return cancel_in(con, keys, id).await };
+    // its home record first (a share that ends meanwhile is not counted any more), then each of
+    // its other shares (`crate::share`), whose running shards stop. A cancel cut short after
+    // the home is completed by cancelling again (the home, already cancelled, is passed over).
+    let shares = crate::share::of(con, keys, &t).await?;
+    let others: Vec<_> = shares.iter().filter(|s| !s.is_home()).collect();
     let mut stopped = match cancel_in(con, keys, id).await {
         Ok(n) => n,
-        Err(e) if state.as_deref() == Some("cancelled") && e.script_code() == Some(ScriptCode::TaskEnded) => 0,
+        Err(e)
+            if !others.is_empty()
+                && t.state == crate::model::TaskState::Cancelled
+                && e.script_code() == Some(ScriptCode::TaskEnded) =>
+        {
+            0
+        }
         Err(e) => return Err(e),
     };
-    let layout = crate::partition::task_layout(con, keys, id).await?;
-    for pk in &layout.parts {
-        match cancel_in(con, pk, id).await {
-            Ok(s) => stopped += s,
-            // no share there (fewer shards than partitions), or it ended already
+    for s in others {
+        // a leftover of another incarnation under the id is not this task's
+        if crate::share::read(con, &s.keys, id, &t.inc, &[]).await?.is_none() {
+            continue;
+        }
+        match cancel_in(con, &s.keys, id).await {
+            Ok(n) => stopped += n,
+            // it ended already
             Err(Error::Refused { .. } | Error::NoTask(_)) => {}
             Err(e) => return Err(e),
         }
