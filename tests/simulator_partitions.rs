@@ -25,7 +25,7 @@
 //! - at most one aggregation job of the current incarnation is queued, held or delayed; none
 //!   held or delayed once the task ended; and the aggregation was recorded at most once per
 //!   incarnation;
-//! - a share taken as this incarnation's (its `home_seq` the home's `seq`) is of the home's
+//! - a share taken as this incarnation's (its `home_inc` the home's `inc`) is of the home's
 //!   dispatch (the same payload, whose nonce no dispatch reuses), and each of its results was
 //!   made by an executor running that dispatch's spec.
 //!
@@ -565,7 +565,7 @@ impl Sim {
                     );
                     ensure!(
                         s.get("payload") == h.get("payload"),
-                        "{id} share {p} is taken as incarnation {seq}'s (home_seq) but is of another dispatch: {:?}, its home's {:?}",
+                        "{id} share {p} is taken as incarnation {seq}'s (home_inc) but is of another dispatch: {:?}, its home's {:?}",
                         s.get("payload"),
                         h.get("payload")
                     );

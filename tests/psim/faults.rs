@@ -14,7 +14,7 @@
 //!   `seq`). The home's count of such a share may be stale until the aggregation's check
 //!   forgets it (`uncount.lua`) and the share is counted anew, or the reconciliation repairs
 //!   it. A new dispatch of the id is checked in full again.
-//! - Never waived: a share taken as this incarnation's (`home_seq` = the home's `seq`) is of
+//! - Never waived: a share taken as this incarnation's (`home_inc` = the home's `inc`) is of
 //!   the home's dispatch (the same payload), and every result it holds was made by an executor
 //!   running that dispatch's spec. So a home that loses a dispatch and hands its `seq` to the
 //!   next one, whose dispatcher adopts the old shares, is a violation.
@@ -109,7 +109,7 @@ impl Sim {
     }
 
     /// Time passes before the drain: every lease of every slot runs out, and every home
-    /// record's creation goes back past the grace of a missing share.
+    /// record's dispatch lease lapses.
     pub async fn time_passes(&mut self) -> Outcome {
         let mut spaces = vec![self.layout.home.clone()];
         spaces.extend(self.layout.parts.iter().cloned());
