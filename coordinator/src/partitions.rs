@@ -109,6 +109,18 @@ pub async fn route(con: &mut shardctl_common::conn::Conn, layout: &Layout, id: &
 /// Shares read from a partition's `unreported` per call.
 const REPORT_BATCH: usize = 100;
 
+/// The first [`REPORT_BATCH`] entries of `keys`' `unreported` (task → end ms): a partition's
+/// ended shares to report, or the home's ended tasks whose shares to end.
+async fn unreported_page<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Result<Vec<(String, u64)>> {
+    Ok(redis::cmd("ZRANGE")
+        .arg(keys.unreported())
+        .arg(0)
+        .arg(REPORT_BATCH as i64 - 1)
+        .arg("WITHSCORES")
+        .query_async(con)
+        .await?)
+}
+
 /// Reports every ended share found in the partitions' `unreported` to the home, then
 /// acknowledges it there. Idempotent: whoever repeats it counts nothing twice. Returns how many
 /// shares were counted now.
@@ -119,14 +131,7 @@ pub async fn report_pending<C: ConnectionLike + Send>(con: &mut C, layout: &Layo
     }
     let mut counted = 0;
     for pk in &layout.parts {
-        let pending: Vec<(String, u64)> = redis::cmd("ZRANGE")
-            .arg(pk.unreported())
-            .arg(0)
-            .arg(REPORT_BATCH as i64 - 1)
-            .arg("WITHSCORES")
-            .query_async(con)
-            .await?;
-        for (task, ended) in pending {
+        for (task, ended) in unreported_page(con, pk).await? {
             if report_share(con, &layout.home, pk, &task, ended).await? {
                 counted += 1;
             }
@@ -142,14 +147,7 @@ pub async fn report_pending<C: ConnectionLike + Send>(con: &mut C, layout: &Layo
 /// entry. Idempotent: whoever repeats it ends nothing twice.
 async fn end_pending<C: ConnectionLike + Send>(con: &mut C, layout: &Layout) -> Result<()> {
     let home = &layout.home;
-    let pending: Vec<(String, u64)> = redis::cmd("ZRANGE")
-        .arg(home.unreported())
-        .arg(0)
-        .arg(REPORT_BATCH as i64 - 1)
-        .arg("WITHSCORES")
-        .query_async(con)
-        .await?;
-    for (task, ended) in pending {
+    for (task, ended) in unreported_page(con, home).await? {
         let tl = shardctl_common::partition::task_layout(con, home, &task).await?;
         let state: Option<String> = redis::cmd("HGET").arg(home.task(&task)).arg("state").query_async(con).await?;
         let inc = shardctl_common::share::home_inc_of(con, home, &task).await?;
