@@ -158,6 +158,19 @@ impl Fleet {
         self.command().args(args).stdin(Stdio::null()).output().expect("run shardctl")
     }
 
+    /// Runs the CLI while reaping the executors, so that an exit during a long command (a
+    /// `wait`) is timed when it happens, not when the command returns.
+    pub(crate) fn cli_ticking(&mut self, args: &[&str]) -> Output {
+        let mut cmd = self.command();
+        cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let child = cmd.spawn().expect("run shardctl");
+        let run = std::thread::spawn(move || child.wait_with_output().expect("wait for shardctl"));
+        while !run.is_finished() {
+            self.pause(Duration::from_millis(20));
+        }
+        run.join().expect("the CLI's reader thread")
+    }
+
     pub(crate) fn spawn(&mut self) -> usize {
         let node = format!("crash{}-{}", self.round, self.execs.len());
         let mut cmd = self.command();

@@ -138,7 +138,7 @@ pub(crate) fn run_task(c: &mut Fleet, plan: &Plan, rng: &mut XorShift, start: In
         c.pause(Duration::from_millis(20));
     }
 
-    let out = c.cli(&["wait", task, "--timeout", "120s", "--json"]);
+    let out = c.cli_ticking(&["wait", task, "--timeout", "120s", "--json"]);
     let took = secs(start);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     eprintln!("  task {task} ended after {took:.1}s: {}", stdout.trim());
