@@ -16,7 +16,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use shardctl::common::conn;
 use shardctl::{
-    dispatch, wait, AggregateContext, Aggregator, BoxFuture, ExecutorConfig, Handler, Keys, Node, NodeConfig, Registry,
+    dispatch, wait, AggregateContext, Aggregator, BoxFuture, ExecutorConfig, Handler, Home, Node, NodeConfig, Registry,
     ShardContext, ShardError, TaskSpec,
 };
 use tokio_util::sync::CancellationToken;
@@ -115,7 +115,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let server = redis_url.is_none().then(shardctl_testkit::TestRedis::start);
     let url = redis_url.unwrap_or_else(|| server.as_ref().expect("started").url());
-    let keys = Keys::new("shardctl", "wordcount")?;
+    let keys = Home::new("shardctl", "wordcount")?;
     let endpoint = conn::open(&url)?;
     let mut con = endpoint.manager().await?;
 

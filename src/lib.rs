@@ -49,7 +49,7 @@ pub mod node;
 
 pub use node::{Node, NodeConfig};
 pub use shardctl_common::model::TaskSpec;
-pub use shardctl_common::{Error, Keys, Result};
+pub use shardctl_common::{Error, Home, Keys, Result};
 pub use shardctl_coordinator::{dispatch, wait};
 pub use shardctl_executor::{
     AggregateContext, Aggregator, BoxFuture, ExecutorConfig, Handler, Registry, ShardContext, ShardError, StatsSnapshot,

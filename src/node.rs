@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use shardctl_common::conn::{self, Conn, Endpoint};
 use shardctl_common::partition::{Layout, LAYOUT_CHECK};
-use shardctl_common::{Error, Keys, Result};
+use shardctl_common::{Error, Home, Result};
 use shardctl_coordinator::membership::{self, Member, MembershipConfig};
 use shardctl_coordinator::sweep::{self, SweepConfig};
 use shardctl_executor::{Executor, ExecutorConfig, Registry, Sharing, Stats, StatsSnapshot};
@@ -41,7 +41,7 @@ pub struct Node {
     /// What a re-formed set of runtimes is built from (a change of the queue's partitions).
     build: Build,
     con: Conn,
-    keys: Keys,
+    keys: Home,
     member: Member,
     membership: MembershipConfig,
     sweep: SweepConfig,
@@ -53,7 +53,7 @@ pub struct Node {
 #[derive(Clone)]
 struct Build {
     endpoint: Endpoint,
-    keys: Keys,
+    keys: Home,
     config: ExecutorConfig,
     registry: Registry,
     /// The node's counters, kept across re-formed runtimes.
@@ -86,13 +86,21 @@ impl Build {
             return Ok(Runtimes { home, partitions: Vec::new(), sharing: None });
         }
         let with = Sharing::counting(config.concurrency, endpoint, stats.clone());
-        let home = Executor::connect_partition(endpoint.clone(), keys.clone(), config.clone(), registry.clone(), &with)
-            .await?;
+        let home =
+            Executor::connect_partition(endpoint.clone(), keys.clone(), None, config.clone(), registry.clone(), &with)
+                .await?;
         let mut partitions = Vec::new();
         for pk in &layout.parts {
             partitions.push(
-                Executor::connect_partition(endpoint.clone(), pk.clone(), config.clone(), registry.clone(), &with)
-                    .await?,
+                Executor::connect_partition(
+                    endpoint.clone(),
+                    keys.clone(),
+                    Some(pk.clone()),
+                    config.clone(),
+                    registry.clone(),
+                    &with,
+                )
+                .await?,
             );
         }
         Ok(Runtimes { home, partitions, sharing: Some((with, endpoint.clone(), config.block_timeout)) })
@@ -147,7 +155,7 @@ impl Runtimes {
 
 /// Cancels `epoch` once the queue's layout is no longer `layout` (read every
 /// [`LAYOUT_CHECK`]), unless `epoch` ends first.
-async fn watch_layout(mut con: Conn, keys: Keys, layout: Layout, epoch: CancellationToken) {
+async fn watch_layout(mut con: Conn, keys: Home, layout: Layout, epoch: CancellationToken) {
     loop {
         tokio::select! {
             _ = tokio::time::sleep(LAYOUT_CHECK) => {}
@@ -173,13 +181,13 @@ impl Node {
     /// Connects to the Redis at `url` and joins queue `queue` (prefix [`DEFAULT_PREFIX`]); see
     /// [`Node::start`].
     pub async fn connect(url: &str, queue: &str, config: NodeConfig, registry: Registry) -> Result<Node> {
-        Node::start(conn::open(url)?, Keys::new(DEFAULT_PREFIX, queue)?, config, registry).await
+        Node::start(conn::open(url)?, Home::new(DEFAULT_PREFIX, queue)?, config, registry).await
     }
 
     /// Validates the config, connects, and joins the membership: refused
     /// ([`Error::Refused`] with [`ScriptCode::NodeAlive`](shardctl_common::ScriptCode::NodeAlive))
     /// while another live executor holds the node id.
-    pub async fn start(endpoint: Endpoint, keys: Keys, config: NodeConfig, registry: Registry) -> Result<Node> {
+    pub async fn start(endpoint: Endpoint, keys: Home, config: NodeConfig, registry: Registry) -> Result<Node> {
         config.executor.validate().map_err(Error::Invalid)?;
         config.membership.validate().map_err(Error::Invalid)?;
         // before joining: a node that cannot serve its metrics must not leave a member entry

@@ -18,7 +18,7 @@ use shardctl_common::model::TaskSpec;
 use shardctl_common::partition::{self, Layout};
 use shardctl_common::scripts::{self, ClaimRequest, Finished, FinishedAs, Lease, LeaseAsk};
 use shardctl_common::share::{self, Counted};
-use shardctl_common::Keys;
+use shardctl_common::{Home, Keys};
 use shardctl_coordinator::partitions;
 use shardctl_testkit::{eventually, TestRedis};
 use support::Cli;
@@ -268,7 +268,7 @@ async fn run_share(con: &mut redis::aio::MultiplexedConnection, pk: &Keys, seq: 
 
 async fn queue(redis: &TestRedis, name: &str) -> (redis::aio::MultiplexedConnection, Layout) {
     let mut con = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
-    let home = Keys::new("shardctl", name).unwrap();
+    let home = Home::new("shardctl", name).unwrap();
     let layout = partition::set_count(&mut con, &home, 2, false).await.unwrap();
     (con, layout)
 }
@@ -358,6 +358,6 @@ async fn a_dispatch_lease_is_held_by_one_and_lost_when_it_lapses() {
     assert_eq!(ask(c, &home, "1.other", LeaseAsk::Take, "z").await, Lease::Gone, "another incarnation");
 }
 
-async fn ask(con: &mut redis::aio::MultiplexedConnection, home: &Keys, inc: &str, a: LeaseAsk, token: &str) -> Lease {
+async fn ask(con: &mut redis::aio::MultiplexedConnection, home: &Home, inc: &str, a: LeaseAsk, token: &str) -> Lease {
     scripts::dispatch_lease(con, home, "l", inc, a, token, Duration::from_secs(30)).await.unwrap()
 }

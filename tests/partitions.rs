@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use shardctl_common::model::TaskSpec;
 use shardctl_common::partition::{self, Layout};
 use shardctl_common::scripts::{self, ClaimRequest, Finished, FinishedAs, Reported, ShareReport};
-use shardctl_common::Keys;
+use shardctl_common::{Home, Keys};
 use shardctl_testkit::{TestCluster, TestRedis};
 use support::Cli;
 
@@ -268,7 +268,7 @@ fn on_a_cluster_partitions_land_on_distinct_masters_and_are_re_placed_when_slots
 async fn a_report_lost_between_two_slots_is_repeated_and_counted_once() {
     let redis = TestRedis::start();
     let mut con = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
-    let home = Keys::new("shardctl", "lost-report").unwrap();
+    let home = Home::new("shardctl", "lost-report").unwrap();
     let layout: Layout = partition::set_count(&mut con, &home, 2, false).await.unwrap();
     let spec = TaskSpec::new("r", "noop", 5);
     shardctl_coordinator::partitions::dispatch(&mut con, &layout, &spec).await.unwrap();
@@ -329,7 +329,7 @@ async fn a_report_lost_between_two_slots_is_repeated_and_counted_once() {
 async fn a_count_lost_in_the_home_after_its_acknowledgement_is_reported_again() {
     let redis = TestRedis::start();
     let mut con = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
-    let home = Keys::new("shardctl", "lost-count").unwrap();
+    let home = Home::new("shardctl", "lost-count").unwrap();
     let layout: Layout = partition::set_count(&mut con, &home, 2, false).await.unwrap();
     shardctl_coordinator::partitions::dispatch(&mut con, &layout, &TaskSpec::new("r", "noop", 4)).await.unwrap();
     let pk = &layout.parts[0];
@@ -471,7 +471,7 @@ fn status_counts_a_nodes_shards_in_every_partition() {
 async fn a_share_counted_while_a_retry_reads_is_retried_not_stranded() {
     let redis = TestRedis::start();
     let mut con = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
-    let home = Keys::new("shardctl", "retry-race").unwrap();
+    let home = Home::new("shardctl", "retry-race").unwrap();
     let layout: Layout = partition::set_count(&mut con, &home, 2, false).await.unwrap();
     let mut spec = TaskSpec::new("x", "fail", 4);
     spec.attempts = 1;
@@ -512,7 +512,7 @@ async fn a_share_counted_while_a_retry_reads_is_retried_not_stranded() {
 async fn a_retry_cut_short_is_completed_by_the_reconciliation() {
     let redis = TestRedis::start();
     let mut con = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
-    let home = Keys::new("shardctl", "cut-retry").unwrap();
+    let home = Home::new("shardctl", "cut-retry").unwrap();
     let layout: Layout = partition::set_count(&mut con, &home, 2, false).await.unwrap();
     let mut spec = TaskSpec::new("r", "fail", 4);
     spec.attempts = 1;
@@ -777,7 +777,7 @@ fn running_executors_follow_each_change_of_the_count() {
 async fn a_task_is_never_created_over_partitions_a_change_retired() {
     let redis = TestRedis::start();
     let mut con = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
-    let home = Keys::new("shardctl", "stale").unwrap();
+    let home = Home::new("shardctl", "stale").unwrap();
     let two = partition::set_count(&mut con, &home, 2, false).await.unwrap();
     partition::set_count(&mut con, &home, 3, false).await.unwrap();
     let spec = TaskSpec::new("late", "noop", 9);
@@ -803,7 +803,7 @@ async fn a_task_is_never_created_over_partitions_a_change_retired() {
 async fn keyed_shares_replace_leftovers_with_their_own_keys() {
     let redis = TestRedis::start();
     let mut con = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
-    let home = Keys::new("shardctl", "keyed").unwrap();
+    let home = Home::new("shardctl", "keyed").unwrap();
     let layout = partition::set_count(&mut con, &home, 2, false).await.unwrap();
     let mut spec = TaskSpec::new("k", "noop", 5);
     spec.strategy = shardctl_common::ring::Strategy::ConsistentHash;
@@ -839,7 +839,7 @@ async fn keyed_shares_replace_leftovers_with_their_own_keys() {
 async fn the_reconciliation_recreates_lost_shares_and_completes_lost_cancels() {
     let redis = TestRedis::start();
     let mut con = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
-    let home = Keys::new("shardctl", "lost-share").unwrap();
+    let home = Home::new("shardctl", "lost-share").unwrap();
     let layout: Layout = partition::set_count(&mut con, &home, 2, false).await.unwrap();
     shardctl_coordinator::partitions::dispatch(&mut con, &layout, &TaskSpec::new("m", "noop", 4)).await.unwrap();
     let pk = &layout.parts[1];
@@ -871,7 +871,7 @@ async fn the_reconciliation_recreates_lost_shares_and_completes_lost_cancels() {
     let runnable: Option<f64> = redis::cmd("ZSCORE").arg(pk.tasks()).arg("m").query_async(&mut con).await.unwrap();
     assert!(runnable.is_some());
     // a cancel whose home write was lost: the share is cancelled, the home still running
-    shardctl_common::control::cancel(&mut con, &layout.parts[0], "m").await.unwrap();
+    shardctl_common::control::cancel_in(&mut con, &layout.parts[0], "m").await.unwrap();
     shardctl_coordinator::partitions::reconcile(&mut con, &layout).await.unwrap();
     let state: String = redis::cmd("HGET").arg(home.task("m")).arg("state").query_async(&mut con).await.unwrap();
     assert_eq!(state, "cancelled");
@@ -1074,7 +1074,7 @@ fn a_busy_node_leaves_new_work_to_an_idle_one() {
 async fn a_leftover_share_of_an_earlier_task_does_not_touch_a_new_one() {
     let redis = TestRedis::start();
     let mut con = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
-    let home = Keys::new("shardctl", "leftover").unwrap();
+    let home = Home::new("shardctl", "leftover").unwrap();
     let layout: Layout = partition::set_count(&mut con, &home, 3, false).await.unwrap();
     shardctl_coordinator::partitions::dispatch(&mut con, &layout, &TaskSpec::new("y", "noop", 3)).await.unwrap();
     shardctl_common::control::cancel(&mut con, &home, "y").await.unwrap();
@@ -1100,7 +1100,7 @@ async fn a_leftover_share_of_an_earlier_task_does_not_touch_a_new_one() {
 async fn a_share_created_after_a_cancel_is_cancelled_and_a_round_retries_once() {
     let redis = TestRedis::start();
     let mut con = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
-    let home = Keys::new("shardctl", "late-share").unwrap();
+    let home = Home::new("shardctl", "late-share").unwrap();
     let layout: Layout = partition::set_count(&mut con, &home, 2, false).await.unwrap();
     let spec = TaskSpec::new("z", "noop", 4);
     let mut fields = spec.fields();

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use shardctl_common::model::TaskSpec;
 use shardctl_common::ring::Strategy;
-use shardctl_common::{scripts, Keys};
+use shardctl_common::{scripts, Home};
 use shardctl_testkit::TestRedis;
 
 // the CLI tests' helpers: run the binary with a hang guard, no environment leaking in
@@ -407,7 +407,7 @@ fn a_dispatch_cut_short_is_completed_by_running_it_again() {
     rt.block_on(async {
         let endpoint = shardctl_common::conn::open(&env.redis.url()).unwrap();
         let mut con = endpoint.manager().await.unwrap();
-        let keys = Keys::new("shardctl", &env.queue).unwrap();
+        let keys = Home::new("shardctl", &env.queue).unwrap();
         let spec = TaskSpec { strategy: Strategy::ConsistentHash, ..TaskSpec::new(id, "mine", total) };
         shardctl_coordinator::dispatch::create_task(&mut con, &keys, &spec).await.unwrap();
         let owners: Vec<String> = (0..first).map(|i| ring_owner(&members, i)).collect();
@@ -802,7 +802,7 @@ fn a_frozen_node_loses_its_id_and_stops_when_it_wakes() {
 fn each_node_is_live_for_its_own_member_timeout() {
     use shardctl_coordinator::membership;
     let redis = TestRedis::start();
-    let keys = Keys::new("shardctl", "own-timeout").unwrap();
+    let keys = Home::new("shardctl", "own-timeout").unwrap();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let endpoint = shardctl_common::conn::open(&redis.url()).unwrap();

@@ -27,7 +27,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use shardctl_common::conn::open;
-use shardctl_common::Keys;
+use shardctl_common::Home;
 use shardctl_testkit::TestRedis;
 
 /// The rollback fault (`sim/failover.rs`) in the step mix.
@@ -45,7 +45,7 @@ fn env_u64(name: &str) -> Option<u64> {
 async fn simulate(seeds: impl Iterator<Item = u64>, steps: u64) {
     let redis = TestRedis::start();
     let con = open(&redis.url()).expect("redis client").manager().await.expect("connection manager");
-    let keys = Keys::new("shardctl", "sim").unwrap();
+    let keys = Home::new("shardctl", "sim").unwrap();
     let started = Instant::now();
     let mut n = 0;
     let mut tally = BTreeMap::new();

@@ -48,7 +48,7 @@ use shardctl_common::conn::{open, Conn};
 use shardctl_common::model::{Part, TaskSpec};
 use shardctl_common::partition::{self, share_range, Layout};
 use shardctl_common::scripts::{self, ClaimRequest, Claimed, Finished, FinishedAs, ShareReport};
-use shardctl_common::{control, Keys};
+use shardctl_common::{control, Home, Keys};
 use shardctl_coordinator::partitions;
 use shardctl_testkit::TestRedis;
 
@@ -721,7 +721,7 @@ impl Sim {
 async fn run_seed(con: Conn, seed: u64, steps: u64) -> Outcome {
     let mut c = con.clone();
     let () = redis::cmd("FLUSHALL").query_async(&mut c).await.map_err(|e| e.to_string())?;
-    let home = Keys::new("shardctl", "psim").unwrap();
+    let home = Home::new("shardctl", "psim").unwrap();
     let layout = partition::set_count(&mut c, &home, K, false).await.map_err(|e| e.to_string())?;
     let mut sim = Sim {
         con,

@@ -8,6 +8,7 @@ use redis::aio::ConnectionLike;
 use redis::AsyncCommands;
 
 use crate::error::{Error, Result, ScriptCode};
+use crate::home::Home;
 use crate::keys::Keys;
 use crate::scripts::{scripts, KeyArgs};
 
@@ -43,7 +44,7 @@ pub(crate) fn refused(id: &str, code: i64, what: &str) -> Error {
 /// Cancels task `id`: nothing of it is claimed again, its running shards are stopped at their
 /// executors' next heartbeat, and it ends `cancelled` without aggregation. Returns how many
 /// running shards were stopped. A task that already ended is refused.
-pub async fn cancel<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str) -> Result<u64> {
+pub async fn cancel<C: ConnectionLike + Send>(con: &mut C, keys: &Home, id: &str) -> Result<u64> {
     crate::names::validate_task_id(id)?;
     let h: std::collections::HashMap<String, String> =
         redis::cmd("HGETALL").arg(keys.task(id)).query_async(con).await?;
@@ -79,7 +80,8 @@ pub async fn cancel<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str
     Ok(stopped)
 }
 
-async fn cancel_in<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str) -> Result<u64> {
+/// `cancel.lua` on task `id` of one keyspace (the home record, or one share).
+pub async fn cancel_in<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str) -> Result<u64> {
     crate::names::validate_task_id(id)?;
     let code: i64 = scripts()
         .cancel
@@ -97,7 +99,7 @@ async fn cancel_in<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str)
 /// Runs the failed shards of task `id` again (or its failed aggregation); aggregation follows
 /// once every shard is terminal. Returns how many shards go again (1 for an aggregation alone);
 /// 0 when nothing had failed.
-pub async fn retry<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str) -> Result<u64> {
+pub async fn retry<C: ConnectionLike + Send>(con: &mut C, keys: &Home, id: &str) -> Result<u64> {
     crate::names::validate_task_id(id)?;
     crate::partition::retry(con, keys, id).await
 }
@@ -128,9 +130,22 @@ pub(crate) async fn retry_in_round<C: ConnectionLike + Send>(
 }
 
 /// Removes ended tasks whose retention ran out and, with `older_than`, every task that ended at
-/// least that long ago (by the Redis server's clock); all their keys go. Returns how many tasks
-/// were removed.
-pub async fn clean<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, older_than: Option<Duration>) -> Result<u64> {
+/// least that long ago (by the Redis server's clock); all their keys go, and the shares of a
+/// partitioned queue's removed tasks with them. Returns how many tasks were removed.
+pub async fn clean<C: ConnectionLike + Send>(con: &mut C, home: &Home, older_than: Option<Duration>) -> Result<u64> {
+    let removed = clean_in(con, home, older_than).await?;
+    // a partitioned queue: the shares of the tasks removed go too
+    let layout = crate::partition::layout(con, home).await?;
+    // (or was: its retired partitions are emptied the same way)
+    if removed > 0 || older_than.is_some() {
+        crate::partition::drop_orphans(con, &layout).await?;
+    }
+    Ok(removed)
+}
+
+/// `clean.lua` over one keyspace (the home, or a partition's ended share records past their
+/// retention) until nothing is left to remove; how many records went.
+pub async fn clean_in<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, older_than: Option<Duration>) -> Result<u64> {
     let older = older_than.map_or(-1, |d| d.as_millis() as i64);
     let mut removed = 0;
     loop {
@@ -145,12 +160,6 @@ pub async fn clean<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, older_tha
         removed += n;
         // entries read, stale ones included: a short batch means none is left
         if listed < CLEAN_BATCH {
-            // a partitioned queue: the shares of the tasks removed go too
-            let layout = crate::partition::layout(con, keys).await?;
-            // (or was: its retired partitions are emptied the same way)
-            if removed > 0 || older_than.is_some() {
-                crate::partition::drop_orphans(con, &layout).await?;
-            }
             return Ok(removed);
         }
     }
@@ -171,7 +180,7 @@ pub struct RateLimit {
 /// Sets (or with `None` removes) the queue's rate limit; claims obey it from their next call.
 pub async fn set_limit<C: ConnectionLike + Send + Sync>(
     con: &mut C,
-    keys: &Keys,
+    keys: &Home,
     limit: Option<RateLimit>,
 ) -> Result<()> {
     // a partitioned queue's limit is split evenly over its partitions (each claims in its own
@@ -195,7 +204,7 @@ pub async fn set_limit<C: ConnectionLike + Send + Sync>(
 /// change of the layout copied the home's settings to its new partitions is written again.
 async fn again<C: ConnectionLike + Send>(
     con: &mut C,
-    keys: &Keys,
+    keys: &Home,
     layout: &crate::partition::Layout,
 ) -> Result<Option<crate::partition::Layout>> {
     let now = crate::partition::layout(con, keys).await?;
@@ -227,7 +236,7 @@ async fn set_limit_in<C: ConnectionLike + Send + Sync>(
 }
 
 /// The queue's rate limit, if any.
-pub async fn limit<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Result<Option<RateLimit>> {
+pub async fn limit<C: ConnectionLike + Send>(con: &mut C, keys: &Home) -> Result<Option<RateLimit>> {
     let (max, per): (Option<u64>, Option<u64>) =
         redis::cmd("HMGET").arg(keys.meta()).arg("limit_max").arg("limit_per_ms").query_async(con).await?;
     Ok(max.zip(per).map(|(max, per)| RateLimit { max, per: Duration::from_millis(per) }))
@@ -235,11 +244,11 @@ pub async fn limit<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Result
 
 /// Pauses the queue: nothing is claimed while paused (the claim script reads `meta.paused`);
 /// running shards go on and finish.
-pub async fn pause<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Result<()> {
+pub async fn pause<C: ConnectionLike + Send>(con: &mut C, keys: &Home) -> Result<()> {
     // the home last: `status` reads it, and says paused only once every partition is
     let mut layout = crate::partition::layout(con, keys).await?;
     loop {
-        for k in layout.parts.iter().chain([keys]) {
+        for k in layout.parts.iter().chain([keys.keys()]) {
             let () = redis::cmd("HSET").arg(k.meta()).arg("paused").arg(1).query_async(con).await?;
         }
         match again(con, keys, &layout).await? {
@@ -250,7 +259,7 @@ pub async fn pause<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Result
 }
 
 /// Resumes a paused queue and wakes its blocked executors at once (each passes the wake-up on).
-pub async fn resume<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Result<()> {
+pub async fn resume<C: ConnectionLike + Send>(con: &mut C, keys: &Home) -> Result<()> {
     let mut layout = crate::partition::layout(con, keys).await?;
     loop {
         for k in &layout.parts {
@@ -291,7 +300,7 @@ pub struct QueueSettings {
 /// Changes what is given (`None`: left as it is) and returns the settings after.
 pub async fn queue_settings<C: ConnectionLike + Send>(
     con: &mut C,
-    keys: &Keys,
+    keys: &Home,
     events_maxlen: Option<u64>,
     events_completions: Option<bool>,
 ) -> Result<QueueSettings> {
@@ -302,7 +311,7 @@ pub async fn queue_settings<C: ConnectionLike + Send>(
     } else {
         crate::partition::Layout { home: keys.clone(), parts: Vec::new() }
     };
-    for k in layout.parts.iter().chain([keys]) {
+    for k in layout.parts.iter().chain([keys.keys()]) {
         if let Some(n) = events_maxlen {
             let () = redis::cmd("HSET").arg(k.meta()).arg("events_maxlen").arg(n).query_async(con).await?;
         }

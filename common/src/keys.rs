@@ -25,19 +25,10 @@ impl Keys {
         Ok(Keys { prefix: format!("{{{prefix}:{queue}}}:"), queue: queue.to_owned() })
     }
 
-    /// The keys of one partition of this queue (ARCHITECTURE.md, "Partitioned queues"): the
-    /// same names under the partition's hash tag `tag` (stored in the home `meta`, made by
-    /// [`crate::partition::tag`]). `Error::Invalid` for a tag that is not one of this queue's
-    /// partitions: `<P>:<Q>@<p>.<salt>`.
-    pub fn partition(&self, tag: &str) -> Result<Self> {
-        let home = &self.prefix[1..self.prefix.len() - 2];
-        let ok = tag.strip_prefix(home).and_then(|r| r.strip_prefix('@')).and_then(|r| r.split_once('.')).is_some_and(
-            |(p, s)| crate::partition::parse_number(p).is_some() && crate::partition::parse_number(s).is_some(),
-        );
-        if !ok {
-            return Err(crate::Error::invalid(format!("'{tag}' is not a partition tag of queue '{home}'")));
-        }
-        Ok(Keys { prefix: format!("{{{tag}}}:"), queue: self.queue.clone() })
+    /// The keys under hash tag `tag` (without braces) of queue `queue`: a partition's keys, made
+    /// and checked by [`crate::home::Home::partition`] only.
+    pub(crate) fn with_tag(tag: &str, queue: &str) -> Self {
+        Keys { prefix: format!("{{{tag}}}:"), queue: queue.to_owned() }
     }
 
     /// The queue's name (the `queue` label of metrics).
@@ -220,25 +211,6 @@ mod tests {
         assert_eq!(k.queue(), "default");
         assert_eq!(k.leases(), "{shardctl:default}:leases");
         assert_eq!(k.terminal("t1"), "{shardctl:default}:task:t1:terminal");
-    }
-
-    #[test]
-    fn a_partition_has_the_same_names_under_its_own_tag() {
-        let k = Keys::new("shardctl", "q").unwrap();
-        let p = k.partition("shardctl:q@2.17").unwrap();
-        assert_eq!(p.wait(), "{shardctl:q@2.17}:wait");
-        assert_eq!(p.queue(), "q");
-        for bad in [
-            "shardctl:q",
-            "shardctl:q@2",
-            "shardctl:qq@1.0",
-            "other:q@1.0",
-            "shardctl:q@x.0",
-            "shardctl:q@1.0}",
-            "shardctl:q@01.0",
-        ] {
-            assert!(k.partition(bad).is_err(), "{bad}");
-        }
     }
 
     #[test]

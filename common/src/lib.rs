@@ -9,6 +9,8 @@
 //!
 //! # Layout
 //! - [`keys`]: every Redis key name of a queue, built in one place under the queue's hash tag.
+//! - [`home`]: a queue's home keyspace, the one type functions that need the home take; a
+//!   partition's keys are made from it.
 //! - [`scripts`]: the registry of Lua scripts (one per atomic operation) and their typed calls.
 //! - [`control`]: cancel, retry and clean tasks; pause and resume; the queue's settings; the
 //!   queue-wide rate limit.
@@ -49,6 +51,7 @@ pub mod conn;
 pub mod control;
 pub mod cron;
 pub mod error;
+pub mod home;
 pub mod incarnation;
 pub mod keys;
 pub mod limiter;
@@ -66,4 +69,5 @@ pub mod split;
 pub mod time;
 
 pub use error::{Error, Result, ScriptCode};
+pub use home::Home;
 pub use keys::Keys;

@@ -177,6 +177,14 @@ pub fn hostname() -> String {
         .unwrap_or_else(|| "localhost".into())
 }
 
+/// A partition number or salt as written in a tag: decimal digits, no leading zero, < 2^32.
+pub fn parse_number(s: &str) -> Option<u32> {
+    if s.is_empty() || s.len() > 10 || (s.len() > 1 && s.starts_with('0')) || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use redis::aio::ConnectionLike;
 
 use crate::error::{Error, Result, ScriptCode};
+use crate::home::Home;
 use crate::keys::Keys;
 use crate::model::TaskSpec;
 use crate::share::{home_inc_of, share_inc};
@@ -17,7 +18,7 @@ use crate::slot::key_slot;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
     /// The home `{P:Q}`: queue-wide keys and task records.
-    pub home: Keys,
+    pub home: Home,
     /// Partitions 1..=K in order (index p-1); empty for an unpartitioned queue (K = 1).
     pub parts: Vec<Keys>,
 }
@@ -59,7 +60,7 @@ pub fn share_range(p: u32, k: u32, n: u64) -> (u64, u64) {
 }
 
 /// Reads the layout of `home`'s queue from its `meta` (`partitions`, `partition_tags`).
-pub async fn layout<C: ConnectionLike + Send>(con: &mut C, home: &Keys) -> Result<Layout> {
+pub async fn layout<C: ConnectionLike + Send>(con: &mut C, home: &Home) -> Result<Layout> {
     let (k, tags): (Option<u32>, Option<String>) =
         redis::cmd("HMGET").arg(home.meta()).arg("partitions").arg("partition_tags").query_async(con).await?;
     layout_of(home, k.unwrap_or(1), tags.as_deref().unwrap_or(""))
@@ -68,7 +69,7 @@ pub async fn layout<C: ConnectionLike + Send>(con: &mut C, home: &Keys) -> Resul
 /// The partitions task `id` was dispatched over (its home record keeps their tags: a later
 /// change of the queue's count leaves its shares where they are); the home alone for a task
 /// dispatched over one partition, the queue's current layout when there is no such task.
-pub async fn task_layout<C: ConnectionLike + Send>(con: &mut C, home: &Keys, id: &str) -> Result<Layout> {
+pub async fn task_layout<C: ConnectionLike + Send>(con: &mut C, home: &Home, id: &str) -> Result<Layout> {
     let (state, tags): (Option<String>, Option<String>) =
         redis::cmd("HMGET").arg(home.task(id)).arg("state").arg("partition_tags").query_async(con).await?;
     match (state, tags) {
@@ -84,7 +85,7 @@ pub fn tags_of(layout: &Layout) -> String {
 }
 
 /// The layout stored as `k` and `tags` (space-separated).
-fn layout_of(home: &Keys, k: u32, tags: &str) -> Result<Layout> {
+fn layout_of(home: &Home, k: u32, tags: &str) -> Result<Layout> {
     if k <= 1 {
         return Ok(Layout { home: home.clone(), parts: Vec::new() });
     }
@@ -138,24 +139,24 @@ pub async fn slot_owners<C: ConnectionLike + Send>(
 /// partitions is unfinished: its shares must be served where they are (`layout.lua`, the only
 /// writer of the layout; ARCHITECTURE.md, "Changing the layout"). Setting the count it has
 /// keeps the stored tags. Running executors and coordinators follow within [`LAYOUT_CHECK`].
-pub async fn set_count<C: ConnectionLike + Send>(con: &mut C, home: &Keys, k: u32, on_cluster: bool) -> Result<Layout> {
+pub async fn set_count<C: ConnectionLike + Send>(con: &mut C, home: &Home, k: u32, on_cluster: bool) -> Result<Layout> {
     validate_count(k)?;
     let now = layout(con, home).await?;
     if now.count() == k {
         return Ok(now);
     }
-    let (prefix, queue) = home_names(home);
+    let (prefix, queue) = home.names();
     let owners = if on_cluster { slot_owners(con).await? } else { None };
     let retired = retired_tags(con, home).await?;
     let tags = match owners {
-        None => choose_tags(&prefix, queue, k, &[], &retired, |_| None)?,
-        Some((masters, ranges)) => choose_tags(&prefix, queue, k, &masters, &retired, |slot| owner_of(&ranges, slot))?,
+        None => choose_tags(prefix, queue, k, &[], &retired, |_| None)?,
+        Some((masters, ranges)) => choose_tags(prefix, queue, k, &masters, &retired, |slot| owner_of(&ranges, slot))?,
     };
     apply(con, home, &now, k, tags).await
 }
 
 /// The tags of the partitions a change retired and `clean` has not yet removed.
-async fn retired_tags<C: ConnectionLike + Send>(con: &mut C, home: &Keys) -> Result<Vec<String>> {
+async fn retired_tags<C: ConnectionLike + Send>(con: &mut C, home: &Home) -> Result<Vec<String>> {
     let retired: Option<String> = redis::cmd("HGET").arg(home.meta()).arg("retired_tags").query_async(con).await?;
     Ok(retired.unwrap_or_default().split_whitespace().map(str::to_owned).collect())
 }
@@ -193,7 +194,7 @@ pub async fn masters_of<C: ConnectionLike + Send>(con: &mut C, layout: &Layout) 
 /// when another process changed the layout meanwhile. Returns the new layout, `None` when
 /// nothing changed (one server, one partition, as spread as it can be, or refused: the next
 /// check tries again).
-pub async fn replace_when_better<C: ConnectionLike + Send>(con: &mut C, home: &Keys) -> Result<Option<Layout>> {
+pub async fn replace_when_better<C: ConnectionLike + Send>(con: &mut C, home: &Home) -> Result<Option<Layout>> {
     let now = layout(con, home).await?;
     if !now.partitioned() {
         return Ok(None);
@@ -204,9 +205,9 @@ pub async fn replace_when_better<C: ConnectionLike + Send>(con: &mut C, home: &K
     if stored.split_whitespace().any(|t| owner_of(&ranges, key_slot(&format!("{{{t}}}"))).is_none()) {
         return Ok(None);
     }
-    let (prefix, queue) = home_names(home);
+    let (prefix, queue) = home.names();
     let retired = retired_tags(con, home).await?;
-    let fresh = choose_tags(&prefix, queue, now.count(), &masters, &retired, |slot| owner_of(&ranges, slot))?;
+    let fresh = choose_tags(prefix, queue, now.count(), &masters, &retired, |slot| owner_of(&ranges, slot))?;
     let before = most_on_one(stored.split_whitespace(), |slot| owner_of(&ranges, slot));
     let after = most_on_one(fresh.iter().map(String::as_str), |slot| owner_of(&ranges, slot));
     if after >= before {
@@ -223,7 +224,7 @@ pub async fn replace_when_better<C: ConnectionLike + Send>(con: &mut C, home: &K
 /// a compare-and-set against `now`'s tags), the queue's settings copied to them first.
 async fn apply<C: ConnectionLike + Send>(
     con: &mut C,
-    home: &Keys,
+    home: &Home,
     now: &Layout,
     k: u32,
     tags: Vec<String>,
@@ -283,7 +284,7 @@ pub const LAYOUT_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
 /// failed retries its aggregation alone, in the home. On a running task without failures it
 /// completes a retry cut short (see [`resume_retries`]). Returns how many shards (or 1: the
 /// aggregation) run again.
-pub async fn retry<C: ConnectionLike + Send>(con: &mut C, home: &Keys, id: &str) -> Result<u64> {
+pub async fn retry<C: ConnectionLike + Send>(con: &mut C, home: &Home, id: &str) -> Result<u64> {
     let layout = task_layout(con, home, id).await?;
     if !layout.partitioned() {
         // the home record is its one share: `retry.lua` on it
@@ -407,27 +408,12 @@ pub async fn resume_retries<C: ConnectionLike + Send>(
     Ok(again)
 }
 
-/// The prefix and queue names of a home's keys.
-fn home_names(home: &Keys) -> (String, &str) {
-    let tag = &home.prefix()[1..home.prefix().len() - 2];
-    let prefix = tag[..tag.len() - home.queue().len() - 1].to_owned();
-    (prefix, home.queue())
-}
-
 /// Most partitions of a queue.
 pub const MAX_PARTITIONS: u32 = 64;
 
 /// The hash tag (without braces) of partition `p` of `queue` under `prefix`, with salt `salt`.
 pub fn tag(prefix: &str, queue: &str, p: u32, salt: u32) -> String {
     format!("{prefix}:{queue}@{p}.{salt}")
-}
-
-/// A partition number or salt as written in a tag: decimal digits, no leading zero, < 2^32.
-pub fn parse_number(s: &str) -> Option<u32> {
-    if s.is_empty() || s.len() > 10 || (s.len() > 1 && s.starts_with('0')) || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    s.parse().ok()
 }
 
 /// Checks a partition count: 1 (no partitions: today's layout) to [`MAX_PARTITIONS`].
@@ -526,7 +512,7 @@ use crate::incarnation::DISPATCH_LEASE;
 
 /// Renews the dispatch lease of `id` (incarnation `inc`) for holder `token`; an error when it
 /// lapsed, was taken by another, or the home is gone or another incarnation.
-async fn renew<C: ConnectionLike + Send>(con: &mut C, home: &Keys, id: &str, inc: &str, token: &str) -> Result<()> {
+async fn renew<C: ConnectionLike + Send>(con: &mut C, home: &Home, id: &str, inc: &str, token: &str) -> Result<()> {
     use crate::scripts::{Lease, LeaseAsk};
     match crate::scripts::dispatch_lease(con, home, id, inc, LeaseAsk::Renew, token, DISPATCH_LEASE).await? {
         Lease::Granted => Ok(()),
@@ -549,7 +535,7 @@ fn lease_lost(id: &str) -> Error {
 /// one is created. A share created after its task was cancelled is cancelled at once.
 pub async fn create_share<C: ConnectionLike + Send>(
     con: &mut C,
-    home: &Keys,
+    home: &Home,
     pk: &Keys,
     p: u32,
     k: u32,
@@ -571,7 +557,7 @@ const KEYS_CHUNK: usize = 5_000;
 #[allow(clippy::too_many_arguments)]
 pub async fn create_share_keyed<C: ConnectionLike + Send>(
     con: &mut C,
-    home: &Keys,
+    home: &Home,
     pk: &Keys,
     p: u32,
     k: u32,
@@ -641,7 +627,7 @@ pub async fn create_share_keyed<C: ConnectionLike + Send>(
     if home_inc_of(con, home, &spec.id).await?.as_deref() != Some(home_inc)
         || matches!(state.as_deref(), Some("cancelled") | None)
     {
-        match crate::control::cancel(con, pk, &spec.id).await {
+        match crate::control::cancel_in(con, pk, &spec.id).await {
             Ok(_) | Err(Error::Refused { .. } | Error::NoTask(_)) => {}
             Err(e) => return Err(e),
         }
@@ -656,7 +642,7 @@ pub async fn create_share_keyed<C: ConnectionLike + Send>(
 /// task's share (an error: nothing of `ours` is to be created any more).
 async fn drop_stranger<C: ConnectionLike + Send>(
     con: &mut C,
-    home: &Keys,
+    home: &Home,
     pk: &Keys,
     id: &str,
     ours: &str,
@@ -676,7 +662,7 @@ async fn drop_stranger<C: ConnectionLike + Send>(
 /// another incarnation: the dispatch was cancelled and cleaned, or lost, meanwhile).
 async fn write_share_keys<C: ConnectionLike + Send>(
     con: &mut C,
-    home: &Keys,
+    home: &Home,
     pk: &Keys,
     id: &str,
     home_inc: &str,

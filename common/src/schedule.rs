@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cron::{zone, Cron};
 use crate::error::{Error, Result};
-use crate::keys::Keys;
+use crate::home::Home;
 use crate::model::TaskSpec;
 use crate::scripts::{scripts, KeyArgs};
 
@@ -207,7 +207,7 @@ impl Schedule {
     pub async fn fire<C: ConnectionLike + Send>(
         &self,
         con: &mut C,
-        keys: &Keys,
+        keys: &Home,
         fire_ms: u64,
         run: bool,
     ) -> Result<Fired> {
@@ -258,7 +258,7 @@ impl Schedule {
 }
 
 /// Adds `s`; a schedule of that name is refused unless `replace`.
-pub async fn add<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, s: &Schedule, replace: bool) -> Result<()> {
+pub async fn add<C: ConnectionLike + Send>(con: &mut C, keys: &Home, s: &Schedule, replace: bool) -> Result<()> {
     validate_name(&s.name)?;
     let json = serde_json::to_string(s).expect("a schedule serializes");
     let cmd = if replace { "HSET" } else { "HSETNX" };
@@ -273,7 +273,7 @@ pub async fn add<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, s: &Schedul
 }
 
 /// Removes schedule `name` and its progress; false when there was none.
-pub async fn remove<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, name: &str) -> Result<bool> {
+pub async fn remove<C: ConnectionLike + Send>(con: &mut C, keys: &Home, name: &str) -> Result<bool> {
     validate_name(name)?;
     let (n, _): (i64, i64) = redis::pipe()
         .atomic()
@@ -287,7 +287,7 @@ pub async fn remove<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, name: &s
 /// Every schedule with its progress, by name.
 pub async fn list<C: ConnectionLike + Send>(
     con: &mut C,
-    keys: &Keys,
+    keys: &Home,
     now_ms: u64,
 ) -> Result<Vec<(Schedule, ScheduleState)>> {
     let (all, state): (HashMap<String, String>, HashMap<String, String>) =
@@ -317,7 +317,7 @@ pub async fn list<C: ConnectionLike + Send>(
 /// done, by schedule name, and the next fire time of any schedule.
 pub async fn tick<C: ConnectionLike + Send>(
     con: &mut C,
-    keys: &Keys,
+    keys: &Home,
     now_ms: u64,
 ) -> Result<(Vec<(String, u64, Fired)>, Option<u64>)> {
     let mut done = Vec::new();

@@ -13,6 +13,7 @@
 use redis::aio::ConnectionLike;
 
 use crate::error::Result;
+use crate::home::Home;
 use crate::keys::Keys;
 use crate::model::TaskInfo;
 
@@ -39,9 +40,9 @@ impl ShareAt {
 /// The shares of task `t` (its home record in `home`), in the task's index order: the home
 /// record alone over one partition (no read), else each non-empty share in the partitions the
 /// task was dispatched over (one read of its home record).
-pub async fn of<C: ConnectionLike + Send>(con: &mut C, home: &Keys, t: &TaskInfo) -> Result<Vec<ShareAt>> {
+pub async fn of<C: ConnectionLike + Send>(con: &mut C, home: &Home, t: &TaskInfo) -> Result<Vec<ShareAt>> {
     if t.partitions <= 1 {
-        return Ok(vec![ShareAt { keys: home.clone(), part: 0, base: 0, size: t.total }]);
+        return Ok(vec![ShareAt { keys: home.keys().clone(), part: 0, base: 0, size: t.total }]);
     }
     let layout = crate::partition::task_layout(con, home, &t.task_id).await?;
     let k = layout.count();
@@ -85,7 +86,7 @@ pub struct Sums {
 
 /// The sums of [`Sums`] over the shares of task `t`: one read per partition; the home record's
 /// own counts, no read, over one partition.
-pub async fn sums<C: ConnectionLike + Send>(con: &mut C, home: &Keys, t: &TaskInfo) -> Result<Sums> {
+pub async fn sums<C: ConnectionLike + Send>(con: &mut C, home: &Home, t: &TaskInfo) -> Result<Sums> {
     let mut sum = Sums::default();
     for s in of(con, home, t).await? {
         if s.is_home() {
@@ -105,7 +106,7 @@ pub async fn sums<C: ConnectionLike + Send>(con: &mut C, home: &Keys, t: &TaskIn
 
 /// Every failure reason of task `t`, at the task's shard indexes, in index order (each share's
 /// reasons at its base).
-pub async fn reasons<C: ConnectionLike + Send>(con: &mut C, home: &Keys, t: &TaskInfo) -> Result<Vec<(u64, String)>> {
+pub async fn reasons<C: ConnectionLike + Send>(con: &mut C, home: &Home, t: &TaskInfo) -> Result<Vec<(u64, String)>> {
     let mut v: Vec<(u64, String)> = Vec::new();
     for s in of(con, home, t).await? {
         if !s.is_home() && read(con, &s.keys, &t.task_id, &t.inc, &[]).await?.is_none() {
@@ -123,7 +124,7 @@ pub async fn reasons<C: ConnectionLike + Send>(con: &mut C, home: &Keys, t: &Tas
 
 /// The `inc` of a home record (its `seq` for one written before incarnations had a nonce),
 /// `None` when it is gone.
-pub async fn home_inc_of<C: ConnectionLike + Send>(con: &mut C, home: &Keys, id: &str) -> Result<Option<String>> {
+pub async fn home_inc_of<C: ConnectionLike + Send>(con: &mut C, home: &Home, id: &str) -> Result<Option<String>> {
     let (inc, seq): (Option<String>, Option<u64>) =
         redis::cmd("HMGET").arg(home.task(id)).arg("inc").arg("seq").query_async(con).await?;
     Ok(crate::incarnation::of_fields(inc.as_deref(), seq))
@@ -185,7 +186,7 @@ pub enum Counted {
 /// holding the whole task is sound by construction (its counts are its bits, in one slot).
 pub async fn check_counted<C: ConnectionLike + Send>(
     con: &mut C,
-    home: &Keys,
+    home: &Home,
     t: &TaskInfo,
     s: &ShareAt,
 ) -> Result<Counted> {

@@ -6,8 +6,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use shardctl_common::keys::Keys;
 use shardctl_common::scripts::{key_ident, queue_key, scripts, KeyArgs, Lua};
+use shardctl_common::Home;
 
 const LIB: &str = include_str!("../../lua/include/lib.lua");
 
@@ -185,7 +185,7 @@ fn no_queue_level_key_is_built_from_the_prefix_and_keys_are_reached_by_name() {
 
 #[test]
 fn every_queue_scripts_keys_are_built_by_the_registry() {
-    let keys = Keys::new("shardctl", "q").unwrap();
+    let keys = Home::new("shardctl", "q").unwrap();
     let at = KeyArgs { task: Some("t"), node: Some("n"), source: Some("{shardctl:q}:reroute") };
     let queue: Vec<&Lua> = scripts().all().into_iter().filter(|s| !NOT_QUEUE.contains(&s.file())).collect();
     assert!(queue.len() >= 19, "{}", queue.len());

@@ -11,7 +11,7 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use shardctl_common::model::TaskSpec;
 use shardctl_common::scripts::{self, ClaimRequest, Finished, FinishedAs};
-use shardctl_common::Keys;
+use shardctl_common::Home;
 use shardctl_testkit::TestCluster;
 
 /// The slot's owner and another master, with `slot` set MIGRATING from the one to the other.
@@ -28,7 +28,7 @@ async fn node(port: u16) -> MultiplexedConnection {
 
 /// Makes every queue-level key exist, as on a busy queue: the declared keys then pass Redis's own
 /// check on the source node and the script runs there.
-async fn busy(con: &mut MultiplexedConnection, keys: &Keys) {
+async fn busy(con: &mut MultiplexedConnection, keys: &Home) {
     let p = keys.prefix();
     let _: () = redis::pipe()
         .cmd("SADD")
@@ -89,7 +89,7 @@ async fn busy(con: &mut MultiplexedConnection, keys: &Keys) {
 #[tokio::test]
 async fn a_completion_aborted_by_a_migrating_slot_writes_nothing() {
     let cluster = TestCluster::start(3);
-    let keys = Keys::new("shardctl", "mig-complete").unwrap();
+    let keys = Home::new("shardctl", "mig-complete").unwrap();
     let slot = cluster.keyslot(&keys.meta());
     let mut con = node(cluster.owner(slot)).await;
     let mut spec = TaskSpec::new("x", "noop", 2);
@@ -131,7 +131,7 @@ async fn a_completion_aborted_by_a_migrating_slot_writes_nothing() {
 #[tokio::test]
 async fn a_promotion_aborted_by_a_migrating_slot_leaves_the_delayed_task_scheduled() {
     let cluster = TestCluster::start(3);
-    let keys = Keys::new("shardctl", "mig-promote").unwrap();
+    let keys = Home::new("shardctl", "mig-promote").unwrap();
     let slot = cluster.keyslot(&keys.meta());
     let mut con = node(cluster.owner(slot)).await;
     let mut spec = TaskSpec::new("d", "noop", 1);

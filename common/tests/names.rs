@@ -18,7 +18,7 @@ use shardctl_common::keys::ACTIVE_PIN;
 use shardctl_common::lock::LockKeys;
 use shardctl_common::model::ShardRef;
 use shardctl_common::names::{self, Kind};
-use shardctl_common::{schedule, Error, Keys};
+use shardctl_common::{schedule, Error, Home, Keys};
 
 type QueueKey = fn(&Keys) -> String;
 type NamedKey = fn(&Keys, &str) -> String;
@@ -67,7 +67,7 @@ const NODE_KEYS: &[(&str, NamedKey)] =
 // No key is built from an executor instance (leases are members of `leases`) nor from a shard
 // ref (per-shard state is a field of the task's `shards` hash).
 /// `Keys` methods that build no key of their own.
-const NOT_KEYS: &[&str] = &["new", "queue", "prefix", "task_keys", "partition"];
+const NOT_KEYS: &[&str] = &["new", "queue", "prefix", "task_keys"];
 
 /// Incarnations (task `seq`) each task id is enumerated with.
 const INCARNATIONS: &[u64] = &[1, 2, 10, 12, 123];
@@ -169,7 +169,7 @@ fn refused_but_by_locks() -> Vec<String> {
 /// Valid-looking names chosen to collide if the rules let them: every word and suffix keys are
 /// made of, one-character names, names that are prefixes of others, the longest names.
 fn plausible() -> Vec<String> {
-    let k = Keys::new("p", "q").unwrap();
+    let k = Home::new("p", "q").unwrap();
     let mut words: BTreeSet<String> = BTreeSet::new();
     let mut all: Vec<String> = QUEUE_KEYS.iter().map(|(_, f)| f(&k)).collect();
     for (_, f) in TASK_KEYS.iter().chain(NODE_KEYS) {
@@ -239,14 +239,14 @@ fn adversarial_names_are_refused_with_a_message_naming_the_kind() {
 #[test]
 fn library_constructors_refuse_what_the_rules_refuse() {
     for name in refused_by_every_kind().into_iter().chain(refused_but_by_locks()) {
-        assert!(matches!(Keys::new("shardctl", &name), Err(Error::Invalid(_))), "queue {name:?} accepted");
-        assert!(matches!(Keys::new(&name, "q"), Err(Error::Invalid(_))), "prefix {name:?} accepted");
+        assert!(matches!(Home::new("shardctl", &name), Err(Error::Invalid(_))), "queue {name:?} accepted");
+        assert!(matches!(Home::new(&name, "q"), Err(Error::Invalid(_))), "prefix {name:?} accepted");
         assert!(matches!(LockKeys::new(&name, "l"), Err(Error::Invalid(_))), "lock prefix {name:?} accepted");
     }
     for name in refused_by_every_kind() {
         assert!(matches!(LockKeys::new("shardctl", &name), Err(Error::Invalid(_))), "lock {name:?} accepted");
     }
-    let e = Keys::new("shardctl", "a:wait").unwrap_err().to_string();
+    let e = Home::new("shardctl", "a:wait").unwrap_err().to_string();
     assert!(e.contains("queue name 'a:wait' has the character ':'"), "{e}");
 }
 
@@ -312,7 +312,7 @@ fn no_two_entities_share_a_key_and_every_key_has_its_queues_tag() {
     for (p, q) in &combos {
         let (p, q) = (p.as_str(), q.as_str());
         {
-            let k = Keys::new(p, q).unwrap();
+            let k = Home::new(p, q).unwrap();
             let tag = format!("{p}:{q}");
             let queue_owner = format!("queue {p:?}/{q:?}");
             let mut of_queue: Vec<String> = Vec::new();

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use shardctl_common::conn::{self, Conn};
 use shardctl_common::model::{TaskSpec, TaskState};
 use shardctl_common::schedule::{self, Fired, Misfire, Overlap, Schedule, DEFAULT_MISFIRE_GRACE};
-use shardctl_common::Keys;
+use shardctl_common::Home;
 use shardctl_testkit::TestRedis;
 
 /// 2026-11-30T00:00:00Z.
@@ -27,11 +27,11 @@ fn schedule_of(name: &str, cron: &str, overlap: Overlap, misfire: Misfire) -> Sc
     Schedule::new(name, cron, "UTC", overlap, misfire, DEFAULT_MISFIRE_GRACE, &spec, T0).unwrap()
 }
 
-async fn task_ids(con: &mut Conn, keys: &Keys) -> Vec<String> {
+async fn task_ids(con: &mut Conn, keys: &Home) -> Vec<String> {
     redis::cmd("ZRANGE").arg(keys.index()).arg(0).arg(-1).query_async(con).await.unwrap()
 }
 
-async fn state(con: &mut Conn, keys: &Keys, id: &str) -> TaskState {
+async fn state(con: &mut Conn, keys: &Home, id: &str) -> TaskState {
     let s: String = redis::cmd("HGET").arg(keys.task(id)).arg("state").query_async(con).await.unwrap();
     s.parse().unwrap()
 }
@@ -39,7 +39,7 @@ async fn state(con: &mut Conn, keys: &Keys, id: &str) -> TaskState {
 #[tokio::test(flavor = "multi_thread", worker_threads = 3)]
 async fn three_coordinators_create_one_task_per_fire_time() {
     let r = TestRedis::start();
-    let keys = Keys::new("t", "cron").unwrap();
+    let keys = Home::new("t", "cron").unwrap();
     let mut con = manager(&r).await;
     schedule::add(&mut con, &keys, &every_minute("race", Overlap::Allow, Misfire::Skip), false).await.unwrap();
 
@@ -77,7 +77,7 @@ async fn three_coordinators_create_one_task_per_fire_time() {
 #[tokio::test]
 async fn missed_fire_times_are_skipped_or_run_once() {
     let r = TestRedis::start();
-    let keys = Keys::new("t", "misfire").unwrap();
+    let keys = Home::new("t", "misfire").unwrap();
     let mut con = manager(&r).await;
     const HOUR: u64 = 60 * MINUTE;
     let hourly = |name, misfire| schedule_of(name, "0 * * * *", Overlap::Allow, misfire);
@@ -109,7 +109,7 @@ async fn missed_fire_times_are_skipped_or_run_once() {
 #[tokio::test]
 async fn overlapping_runs_are_skipped_or_allowed() {
     let r = TestRedis::start();
-    let keys = Keys::new("t", "overlap").unwrap();
+    let keys = Home::new("t", "overlap").unwrap();
     let mut con = manager(&r).await;
     schedule::add(&mut con, &keys, &every_minute("skip", Overlap::Skip, Misfire::Skip), false).await.unwrap();
     schedule::add(&mut con, &keys, &every_minute("allow", Overlap::Allow, Misfire::Skip), false).await.unwrap();
@@ -149,7 +149,7 @@ async fn overlapping_runs_are_skipped_or_allowed() {
 #[tokio::test]
 async fn schedules_are_listed_replaced_and_removed() {
     let r = TestRedis::start();
-    let keys = Keys::new("t", "admin").unwrap();
+    let keys = Home::new("t", "admin").unwrap();
     let mut con = manager(&r).await;
     let s = every_minute("a", Overlap::Skip, Misfire::Skip);
     schedule::add(&mut con, &keys, &s, false).await.unwrap();
@@ -176,7 +176,7 @@ async fn schedules_are_listed_replaced_and_removed() {
 #[tokio::test]
 async fn a_coordinator_holding_a_replaced_definition_fires_nothing() {
     let r = TestRedis::start();
-    let keys = Keys::new("t", "stale").unwrap();
+    let keys = Home::new("t", "stale").unwrap();
     let mut con = manager(&r).await;
     let old = every_minute("s", Overlap::Allow, Misfire::Skip);
     schedule::add(&mut con, &keys, &old, false).await.unwrap();

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use shardctl_common::conn::Conn;
 use shardctl_common::time::now_ms;
-use shardctl_common::{scripts, Keys, Result};
+use shardctl_common::{scripts, Home, Result};
 use tokio_util::sync::CancellationToken;
 
 use crate::membership;
@@ -113,7 +113,7 @@ pub struct Snapshot {
 }
 
 /// Reads the queue's progress: the running tasks and those finished since `now - retention`.
-pub async fn snapshot(con: &mut Conn, keys: &Keys, now_ms: u64, retention: Duration) -> Result<Snapshot> {
+pub async fn snapshot(con: &mut Conn, keys: &Home, now_ms: u64, retention: Duration) -> Result<Snapshot> {
     let since = now_ms.saturating_sub(retention.as_millis() as u64);
     let (running, finished): (Vec<String>, Vec<String>) = redis::pipe()
         .zrange(keys.running(), 0, -1)
@@ -167,7 +167,7 @@ pub async fn snapshot(con: &mut Conn, keys: &Keys, now_ms: u64, retention: Durat
 /// their fire times; promotion, rebalancing
 /// and a reading published to the gauges every refresh. Redis errors are logged and the next
 /// refresh tries again (meanwhile the gauges age out: a silent daemon exports nothing stale).
-pub async fn run(mut con: Conn, keys: Keys, cfg: DaemonConfig, stop: CancellationToken) {
+pub async fn run(mut con: Conn, keys: Home, cfg: DaemonConfig, stop: CancellationToken) {
     let mut sweepers =
         vec![tokio::spawn(sweep::run(con.clone(), keys.clone(), cfg.sweep.clone(), stop.clone(), |_| {}))];
     // a partitioned queue: each partition's sweep, and the reports of ended shares to the home
@@ -192,7 +192,7 @@ pub async fn run(mut con: Conn, keys: Keys, cfg: DaemonConfig, stop: Cancellatio
     let _ = firing.await;
 }
 
-async fn refresh(con: &mut Conn, keys: &Keys, cfg: &DaemonConfig) {
+async fn refresh(con: &mut Conn, keys: &Home, cfg: &DaemonConfig) {
     match scripts::promote(con, keys).await {
         Ok(n) if n > 0 => tracing::debug!(promoted = n, "due retries promoted"),
         Ok(_) => {}

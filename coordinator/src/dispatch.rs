@@ -4,7 +4,7 @@
 use redis::aio::ConnectionLike;
 use shardctl_common::model::TaskSpec;
 use shardctl_common::time::now_ms;
-use shardctl_common::{scripts, Error, Keys, Result, ScriptCode};
+use shardctl_common::{scripts, Error, Home, Result, ScriptCode};
 
 /// A fresh task id: time-ordered and unique enough across coordinators.
 pub fn new_task_id() -> String {
@@ -15,7 +15,7 @@ pub fn new_task_id() -> String {
 /// Validates `spec` and creates the task's record, nothing more: a pull task is then complete
 /// and claimable, a routed one waits unplaced for a rebalancer ([`dispatch`] places it at once).
 /// An id already in use is refused ([`ScriptCode::TaskExists`]).
-pub async fn create_task<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, spec: &TaskSpec) -> Result<()> {
+pub async fn create_task<C: ConnectionLike + Send>(con: &mut C, keys: &Home, spec: &TaskSpec) -> Result<()> {
     spec.validate()?;
     // a partitioned queue: a home record and one share per partition
     if over_partitions(con, keys, spec, None).await?.is_some() {
@@ -33,7 +33,7 @@ pub async fn create_task<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, spe
 /// read again, three times at most.
 async fn over_partitions<C: ConnectionLike + Send>(
     con: &mut C,
-    keys: &Keys,
+    keys: &Home,
     spec: &TaskSpec,
     shard_keys: Option<&[String]>,
 ) -> Result<Option<shardctl_common::partition::Layout>> {
@@ -77,7 +77,7 @@ pub struct Dispatched {
 /// `shard_keys` (one per shard) replaces the index as each shard's routing key.
 pub async fn dispatch(
     con: &mut shardctl_common::conn::Conn,
-    keys: &Keys,
+    keys: &Home,
     spec: &TaskSpec,
     shard_keys: Option<&[String]>,
 ) -> Result<Dispatched> {

@@ -10,14 +10,14 @@ use std::time::Duration;
 use shardctl_common::conn::Conn;
 use shardctl_common::schedule::{self, Fired};
 use shardctl_common::time::server_now_ms;
-use shardctl_common::Keys;
+use shardctl_common::Home;
 use tokio_util::sync::CancellationToken;
 
 /// Longest sleep between two rounds.
 const MAX_SLEEP: Duration = Duration::from_secs(1);
 
 /// Runs until `stop`.
-pub async fn run(mut con: Conn, keys: Keys, stop: CancellationToken) {
+pub async fn run(mut con: Conn, keys: Home, stop: CancellationToken) {
     loop {
         let now = server_now_ms(&mut con, &keys).await;
         let ticked = match now {

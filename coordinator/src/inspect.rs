@@ -5,7 +5,7 @@
 use redis::aio::ConnectionLike;
 use serde::Serialize;
 use shardctl_common::model::{TaskInfo, TaskState};
-use shardctl_common::{Keys, Result};
+use shardctl_common::{Home, Keys, Result};
 
 /// Most cells of a shard map.
 pub const MAX_CELLS: u64 = 20_000;
@@ -95,7 +95,7 @@ pub struct TaskPage {
 /// filter looks at no more than [`MAX_SCAN`] entries, and says where to go on.
 pub async fn task_page<C: ConnectionLike + Send>(
     con: &mut C,
-    keys: &Keys,
+    keys: &Home,
     filter: TaskFilter,
     offset: u64,
     limit: u64,
@@ -145,7 +145,7 @@ pub async fn task_page<C: ConnectionLike + Send>(
 /// for one gone meanwhile.
 pub async fn tasks_without_payload<C: ConnectionLike + Send>(
     con: &mut C,
-    keys: &Keys,
+    keys: &Home,
     ids: &[String],
 ) -> Result<Vec<Option<TaskInfo>>> {
     let mut pipe = redis::pipe();
@@ -191,7 +191,7 @@ pub struct ReasonPage {
 /// first).
 pub async fn reason_page<C: ConnectionLike + Send>(
     con: &mut C,
-    keys: &Keys,
+    keys: &Home,
     t: &TaskInfo,
     cursor: &str,
     count: u64,
@@ -295,7 +295,7 @@ const LOCAL_BITMAP_MAX: u64 = 8 << 20;
 /// never a step per shard. At most `max_cells` (≤ [`MAX_CELLS`]) cells.
 pub async fn shard_map<C: ConnectionLike + Send>(
     con: &mut C,
-    keys: &Keys,
+    keys: &Home,
     t: &TaskInfo,
     max_cells: u64,
 ) -> Result<ShardMap> {
@@ -307,7 +307,7 @@ pub async fn shard_map<C: ConnectionLike + Send>(
 /// a task of one partition).
 async fn shares_map<C: ConnectionLike + Send>(
     con: &mut C,
-    keys: &Keys,
+    keys: &Home,
     t: &TaskInfo,
     max_cells: u64,
 ) -> Result<ShardMap> {
@@ -511,7 +511,7 @@ async fn hscan_fields<C: ConnectionLike + Send>(
 /// events, and one read per task met in a partition.
 pub async fn events_tail<C: ConnectionLike + Send>(
     con: &mut C,
-    keys: &Keys,
+    keys: &Home,
     count: u64,
 ) -> Result<Vec<(String, Vec<(String, String)>)>> {
     let count = count.clamp(1, MAX_PAGE);

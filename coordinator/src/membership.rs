@@ -8,7 +8,7 @@ use std::time::Duration;
 use shardctl_common::conn::Conn;
 use shardctl_common::scripts::{self, NodeHolder};
 use shardctl_common::time::server_now_ms;
-use shardctl_common::{Error, Keys, Result, ScriptCode};
+use shardctl_common::{Error, Home, Result, ScriptCode};
 use tokio_util::sync::CancellationToken;
 
 use crate::rebalance::{self, RebalanceReport};
@@ -102,7 +102,7 @@ fn in_use(node: &str, h: &NodeHolder) -> Error {
 /// Registers `m`, refused while another live executor holds its node id. A holder that is
 /// provably dead (see [`crate::liveness::provably_dead`]: a restart after a crash on the same
 /// host) gives the id up at once.
-pub async fn join(con: &mut Conn, keys: &Keys, m: &Member, cfg: &MembershipConfig) -> Result<()> {
+pub async fn join(con: &mut Conn, keys: &Home, m: &Member, cfg: &MembershipConfig) -> Result<()> {
     m.validate()?;
     let timeout = cfg.timeout.as_millis() as u64;
     let f = fields(m);
@@ -130,14 +130,14 @@ pub async fn join(con: &mut Conn, keys: &Keys, m: &Member, cfg: &MembershipConfi
 }
 
 /// Leaves the membership (graceful shutdown).
-pub async fn leave(con: &mut Conn, keys: &Keys, m: &Member) -> Result<bool> {
+pub async fn leave(con: &mut Conn, keys: &Home, m: &Member) -> Result<bool> {
     m.validate()?;
     scripts::leave(con, keys, &m.node, &m.instance).await
 }
 
 /// The live node ids, sorted: those whose last heartbeat is within their own member timeout, by
 /// the Redis server's clock (the one `join.lua` scored them with).
-pub async fn live(con: &mut Conn, keys: &Keys) -> Result<Vec<String>> {
+pub async fn live(con: &mut Conn, keys: &Home) -> Result<Vec<String>> {
     let now = server_now_ms(con, keys).await?;
     let mut v: Vec<String> =
         redis::cmd("ZRANGEBYSCORE").arg(keys.nodes()).arg(format!("({now}")).arg("+inf").query_async(con).await?;
@@ -151,7 +151,7 @@ pub async fn live(con: &mut Conn, keys: &Keys) -> Result<Vec<String>> {
 /// Returns an error when another executor took the node id over (this one must stop).
 pub async fn run(
     mut con: Conn,
-    keys: Keys,
+    keys: Home,
     m: Member,
     cfg: MembershipConfig,
     stop: CancellationToken,

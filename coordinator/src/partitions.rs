@@ -6,7 +6,7 @@ use redis::aio::ConnectionLike;
 use shardctl_common::model::TaskSpec;
 use shardctl_common::partition::Layout;
 use shardctl_common::scripts::{self, Reported, ShareReport};
-use shardctl_common::{Error, Keys, Result, ScriptCode};
+use shardctl_common::{Error, Home, Keys, Result, ScriptCode};
 
 /// Creates task `spec` over the partitions of `layout`: its home record (the total, the counts
 /// its shares report, the aggregation), then each non-empty share in its partition. Re-running
@@ -164,7 +164,7 @@ async fn end_pending<C: ConnectionLike + Send>(con: &mut C, layout: &Layout) -> 
 /// Reports one ended share; true when it was counted now.
 async fn report_share<C: ConnectionLike + Send>(
     con: &mut C,
-    home: &Keys,
+    home: &Home,
     part: &Keys,
     task: &str,
     ended: u64,
@@ -372,7 +372,7 @@ pub const PLACEMENT_CHECK: std::time::Duration = std::time::Duration::from_secs(
 /// checked at start and every [`PLACEMENT_CHECK`].
 pub async fn upkeep(
     mut con: shardctl_common::conn::Conn,
-    home: Keys,
+    home: Home,
     sweep: crate::sweep::SweepConfig,
     stop: tokio_util::sync::CancellationToken,
 ) {
@@ -404,7 +404,7 @@ pub async fn upkeep(
                 epoch = stop.child_token();
                 for pk in &layout.parts {
                     let (con, pk, sweep, epoch) = (con.clone(), pk.clone(), sweep.clone(), epoch.clone());
-                    running.push(tokio::spawn(crate::sweep::run(con, pk, sweep, epoch, |_| {})));
+                    running.push(tokio::spawn(crate::sweep::run_partition(con, pk, sweep, epoch)));
                 }
                 if layout.partitioned() {
                     running.push(tokio::spawn(run(con.clone(), layout.clone(), epoch.clone())));

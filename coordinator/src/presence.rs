@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 use shardctl_common::time::server_now_ms;
-use shardctl_common::{Keys, Result};
+use shardctl_common::{Home, Result};
 
 /// A coordinator counts as alive this long after its last refresh, at least.
 const MIN_ALIVE: Duration = Duration::from_secs(5);
@@ -24,7 +24,7 @@ pub fn lifetime(refresh: Duration) -> Duration {
 }
 
 /// Renews this coordinator's entry (alive for [`lifetime`]) and drops the entries that ran out.
-pub async fn announce<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, refresh: Duration) -> Result<()> {
+pub async fn announce<C: ConnectionLike + Send>(con: &mut C, keys: &Home, refresh: Duration) -> Result<()> {
     let now = server_now_ms(con, keys).await?;
     let alive = lifetime(refresh).as_millis() as u64;
     let () = redis::pipe()
@@ -41,13 +41,13 @@ pub async fn announce<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, refres
 }
 
 /// Removes this coordinator's entry (it stops).
-pub async fn withdraw<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Result<()> {
+pub async fn withdraw<C: ConnectionLike + Send>(con: &mut C, keys: &Home) -> Result<()> {
     let () = redis::cmd("ZREM").arg(keys.coordinators()).arg(me()).query_async(con).await?;
     Ok(())
 }
 
 /// The live coordinators, each with how long it counts as alive still (ms), sorted.
-pub async fn live<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Result<Vec<(String, u64)>> {
+pub async fn live<C: ConnectionLike + Send>(con: &mut C, keys: &Home) -> Result<Vec<(String, u64)>> {
     let now = server_now_ms(con, keys).await?;
     let v: Vec<(String, u64)> = redis::cmd("ZRANGEBYSCORE")
         .arg(keys.coordinators())

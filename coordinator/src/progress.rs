@@ -6,10 +6,10 @@ use redis::aio::ConnectionLike;
 use serde::Serialize;
 use shardctl_common::keys::ACTIVE_PIN;
 use shardctl_common::model::TaskInfo;
-use shardctl_common::{Error, Keys, Result};
+use shardctl_common::{Error, Home, Keys, Result};
 
 /// One task, read from Redis.
-pub async fn task<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str) -> Result<TaskInfo> {
+pub async fn task<C: ConnectionLike + Send>(con: &mut C, keys: &Home, id: &str) -> Result<TaskInfo> {
     shardctl_common::names::validate_task_id(id)?;
     let h: HashMap<String, String> = redis::cmd("HGETALL").arg(keys.task(id)).query_async(con).await?;
     let mut t = TaskInfo::from_hash(id, &h)?.ok_or_else(|| Error::NoTask(id.to_owned()))?;
@@ -22,7 +22,7 @@ pub async fn task<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str) 
 /// one read per partition, none for a task of one partition, whose home record is its share),
 /// never behind what the home has counted; a routed task's placement is its shares' in any
 /// state.
-pub async fn live_counts<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, t: &mut TaskInfo) -> Result<()> {
+pub async fn live_counts<C: ConnectionLike + Send>(con: &mut C, keys: &Home, t: &mut TaskInfo) -> Result<()> {
     use shardctl_common::model::TaskState;
     // running, delayed, or cancelled (its shares' work is not reported once it is)
     let live = matches!(t.state, TaskState::Running | TaskState::Delayed | TaskState::Cancelled);
@@ -76,7 +76,7 @@ pub struct ShardCounts {
 
 /// The shard counts of a queue: a few round trips whatever its size (one per kind of list), per
 /// keyspace of a partitioned queue (its home and each partition, summed).
-pub async fn shard_counts<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Result<ShardCounts> {
+pub async fn shard_counts<C: ConnectionLike + Send>(con: &mut C, keys: &Home) -> Result<ShardCounts> {
     let mut c = space_counts(con, keys).await?;
     let layout = shardctl_common::partition::layout(con, keys).await?;
     for pk in &layout.parts {
@@ -157,7 +157,7 @@ async fn space_counts<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Res
 /// The counts of a queue, with its `recent` newest tasks.
 pub async fn queue<C: ConnectionLike + Send>(
     con: &mut C,
-    keys: &Keys,
+    keys: &Home,
     queue: &str,
     recent: usize,
 ) -> Result<QueueCounts> {
@@ -186,7 +186,7 @@ pub async fn queue<C: ConnectionLike + Send>(
 
 /// Failed shards of a task with their reasons, by the task's index (every share's); none for a
 /// task that is gone.
-pub async fn failed_shards<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str) -> Result<Vec<(u64, String)>> {
+pub async fn failed_shards<C: ConnectionLike + Send>(con: &mut C, keys: &Home, id: &str) -> Result<Vec<(u64, String)>> {
     shardctl_common::names::validate_task_id(id)?;
     let h: HashMap<String, String> = redis::cmd("HGETALL").arg(keys.task(id)).query_async(con).await?;
     match TaskInfo::from_hash(id, &h)? {
@@ -215,7 +215,7 @@ pub struct NodeStatus {
 }
 
 /// The live executors with their routed waiting and active shards.
-pub async fn nodes<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Result<Vec<NodeStatus>> {
+pub async fn nodes<C: ConnectionLike + Send>(con: &mut C, keys: &Home) -> Result<Vec<NodeStatus>> {
     // scores are "alive until": the heartbeat plus the node's own timeout, by the server's clock
     let now = shardctl_common::time::server_now_ms(con, keys).await?;
     let live: Vec<(String, f64)> = redis::cmd("ZRANGEBYSCORE")
@@ -247,7 +247,7 @@ pub async fn nodes<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Result
     // a token starts with its executor's instance: that names the node of an active shard; a
     // node's runtimes in the partitions hold shards and take routed refs there too
     let layout = shardctl_common::partition::layout(con, keys).await?;
-    for (n, space) in std::iter::once(keys).chain(&layout.parts).enumerate() {
+    for (n, space) in std::iter::once(keys.keys()).chain(&layout.parts).enumerate() {
         if n > 0 && !out.is_empty() {
             let mut pipe = redis::pipe();
             for s in &out {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use redis::AsyncCommands;
 use shardctl_common::conn::Conn;
-use shardctl_common::{scripts, Keys, Result};
+use shardctl_common::{scripts, Home, Keys, Result};
 
 use crate::route::Router;
 
@@ -54,7 +54,7 @@ impl RebalanceReport {
 }
 
 /// Runs one rebalance unless another process holds the lock (`None`).
-pub async fn rebalance(con: &mut Conn, keys: &Keys) -> Result<Option<RebalanceReport>> {
+pub async fn rebalance(con: &mut Conn, keys: &Home) -> Result<Option<RebalanceReport>> {
     let token = uuid::Uuid::new_v4().simple().to_string();
     let got: Option<String> = redis::cmd("SET")
         .arg(keys.rebalance_lock())
@@ -109,7 +109,7 @@ async fn place(con: &mut Conn, keys: &Keys, router: &mut Router, report: &mut Re
     Ok(())
 }
 
-async fn run(con: &mut Conn, keys: &Keys) -> Result<RebalanceReport> {
+async fn run(con: &mut Conn, keys: &Home) -> Result<RebalanceReport> {
     let mut report = RebalanceReport::default();
     // each node's score is the time it is alive until (its heartbeat plus its own timeout), by
     // the server's clock; judged and removed in one script (a node that beats again after this

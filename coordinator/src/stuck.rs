@@ -6,7 +6,7 @@ use std::fmt;
 use redis::aio::ConnectionLike;
 use shardctl_common::model::{TaskInfo, TaskState};
 use shardctl_common::time::server_now_ms;
-use shardctl_common::{Keys, Result};
+use shardctl_common::{Home, Result};
 
 /// Why a task that has not ended is not moving.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,7 +55,7 @@ impl fmt::Display for Stuck {
 
 /// The reasons task `t` may not be moving, most likely first; empty when none is known (the
 /// executors are busy with other work, or its shards are long).
-pub async fn reasons<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, t: &TaskInfo) -> Result<Vec<Stuck>> {
+pub async fn reasons<C: ConnectionLike + Send>(con: &mut C, keys: &Home, t: &TaskInfo) -> Result<Vec<Stuck>> {
     let mut out = Vec::new();
     if t.state.is_finished() {
         return Ok(out);

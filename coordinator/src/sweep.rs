@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use shardctl_common::conn::Conn;
 use shardctl_common::scripts::{self, SweepReport};
-use shardctl_common::Keys;
+use shardctl_common::{Home, Keys};
 use tokio_util::sync::CancellationToken;
 
 /// Settings of the maintenance loop.
@@ -35,11 +35,28 @@ impl Default for SweepConfig {
     }
 }
 
-/// Runs the sweep until `stop`, at each lease expiry and at least every [`LEASE_CHECK`] (the full
-/// sweep once per interval); `on_report` sees each sweep that ran.
+/// Runs the sweep of the queue's home until `stop`, at each lease expiry and at least every
+/// [`LEASE_CHECK`] (the full sweep once per interval); `on_report` sees each sweep that ran.
+/// Each full sweep also removes the ended tasks past their retention, with their shares.
 pub async fn run(
+    con: Conn,
+    home: Home,
+    cfg: SweepConfig,
+    stop: CancellationToken,
+    on_report: impl Fn(SweepReport) + Send,
+) {
+    run_in(con, home.keys().clone(), Some(home), cfg, stop, on_report).await
+}
+
+/// [`run`] in one partition of a queue: its ended share records past their retention go.
+pub async fn run_partition(con: Conn, part: Keys, cfg: SweepConfig, stop: CancellationToken) {
+    run_in(con, part, None, cfg, stop, |_| {}).await
+}
+
+async fn run_in(
     mut con: Conn,
     keys: Keys,
+    home: Option<Home>,
     cfg: SweepConfig,
     stop: CancellationToken,
     on_report: impl Fn(SweepReport) + Send,
@@ -58,7 +75,11 @@ pub async fn run(
                         tracing::info!(recovered = r.recovered, failed = r.failed, "stalled sweep");
                     }
                     on_report(r);
-                    match shardctl_common::control::clean(&mut con, &keys, None).await {
+                    let removed = match &home {
+                        Some(home) => shardctl_common::control::clean(&mut con, home, None).await,
+                        None => shardctl_common::control::clean_in(&mut con, &keys, None).await,
+                    };
+                    match removed {
                         Ok(0) => {}
                         Ok(n) => tracing::info!(removed = n, "removed ended tasks past their retention"),
                         Err(e) => tracing::warn!("removing expired tasks failed: {e}"),

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionLike;
 use shardctl_common::model::{TaskInfo, TaskState};
-use shardctl_common::{Error, Keys, Result};
+use shardctl_common::{Error, Home, Result};
 
 use crate::progress;
 use crate::stuck::Stuck;
@@ -22,7 +22,7 @@ const STUCK_RECHECK: Duration = Duration::from_secs(1);
 /// every reading. Redis errors are retried until the timeout.
 pub async fn wait<C: ConnectionLike + Send>(
     con: &mut C,
-    keys: &Keys,
+    keys: &Home,
     id: &str,
     timeout: Option<Duration>,
     on_progress: impl FnMut(&TaskInfo),
@@ -35,7 +35,7 @@ pub async fn wait<C: ConnectionLike + Send>(
 /// or no reason known). A timeout says the last reasons known.
 pub async fn wait_explained<C: ConnectionLike + Send>(
     con: &mut C,
-    keys: &Keys,
+    keys: &Home,
     id: &str,
     timeout: Option<Duration>,
     mut on_progress: impl FnMut(&TaskInfo),

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use serde_json::Value;
 use shardctl_common::conn::Conn;
 use shardctl_common::model::TaskInfo;
-use shardctl_common::{Keys, Result};
+use shardctl_common::{Home, Result};
 
 use crate::handler::ShardOutcome;
 
@@ -33,7 +33,7 @@ async fn scan_hash(con: &mut Conn, key: &str) -> Result<HashMap<u64, String>> {
 /// checked: a share that lost writes after its count (a failover of its partition's master)
 /// makes its count forgotten (`uncount.lua`, for the holder of the aggregation's claim `token`)
 /// and the aggregation fail, to run again once the share is counted anew.
-pub(crate) async fn outcomes(con: &mut Conn, keys: &Keys, task: &TaskInfo, token: &str) -> Result<Vec<ShardOutcome>> {
+pub(crate) async fn outcomes(con: &mut Conn, keys: &Home, task: &TaskInfo, token: &str) -> Result<Vec<ShardOutcome>> {
     use shardctl_common::share::{check_counted, Counted};
     let (mut results, mut errors) = (HashMap::new(), HashMap::new());
     let shares = shardctl_common::share::of(con, keys, task).await?;

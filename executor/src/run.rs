@@ -208,7 +208,7 @@ async fn run_aggregator(
         .ok_or_else(|| ShardError::new("task missing"))?;
     // its shares where the task was dispatched, read now (an executor started before the
     // queue's partitions changed reads them where they are)
-    let results = crate::aggregate::outcomes(&mut con, &shared.keys, &meta.info, &claim.token)
+    let results = crate::aggregate::outcomes(&mut con, &shared.home, &meta.info, &claim.token)
         .await
         .map_err(|e| ShardError(format!("reading shard results: {e}")))?;
     let info = meta.info;

@@ -10,7 +10,7 @@ use shardctl_common::conn::Conn;
 use shardctl_common::conn::Endpoint;
 use shardctl_common::model::ShardRef;
 use shardctl_common::scripts::Claimed;
-use shardctl_common::{Keys, Result};
+use shardctl_common::{Home, Keys, Result};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -36,7 +36,10 @@ pub(crate) struct Held {
 /// State every part of the runtime shares.
 pub(crate) struct Shared {
     pub(crate) cfg: ExecutorConfig,
+    /// The keyspace this runtime claims in: its queue's home, or one partition.
     pub(crate) keys: Keys,
+    /// The queue's home (aggregations read a task's shares through it).
+    pub(crate) home: Home,
     pub(crate) registry: Registry,
     pub(crate) endpoint: Endpoint,
     pub(crate) con: Conn,
@@ -157,43 +160,47 @@ pub struct Executor {
 }
 
 impl Executor {
-    /// Connects to Redis; fails at once when it cannot be reached or the config is invalid.
-    pub async fn connect(endpoint: Endpoint, keys: Keys, cfg: ExecutorConfig, registry: Registry) -> Result<Self> {
-        Executor::connect_shared(endpoint, keys, cfg, registry, None, Arc::new(Stats::default())).await
+    /// Connects to Redis, to run in queue `home`; fails at once when it cannot be reached or the
+    /// config is invalid.
+    pub async fn connect(endpoint: Endpoint, home: Home, cfg: ExecutorConfig, registry: Registry) -> Result<Self> {
+        Executor::connect_shared(endpoint, home, None, cfg, registry, None, Arc::new(Stats::default())).await
     }
 
     /// [`Executor::connect`], counting in `stats`.
     pub async fn connect_counting(
         endpoint: Endpoint,
-        keys: Keys,
+        home: Home,
         cfg: ExecutorConfig,
         registry: Registry,
         stats: Arc<Stats>,
     ) -> Result<Self> {
-        Executor::connect_shared(endpoint, keys, cfg, registry, None, stats).await
+        Executor::connect_shared(endpoint, home, None, cfg, registry, None, stats).await
     }
 
-    /// [`Executor::connect`] for one keyspace of a partitioned queue (its home or one partition):
-    /// the runtimes of one node share `with`'s run budget (`--concurrency` over all of them) and
-    /// counters.
+    /// [`Executor::connect`] for one keyspace of a partitioned queue: its home (`part` `None`)
+    /// or one partition (made by [`Home::partition`]). The runtimes of one node share `with`'s
+    /// run budget (`--concurrency` over all of them) and counters.
     pub async fn connect_partition(
         endpoint: Endpoint,
-        keys: Keys,
+        home: Home,
+        part: Option<Keys>,
         cfg: ExecutorConfig,
         registry: Registry,
         with: &Sharing,
     ) -> Result<Self> {
-        Executor::connect_shared(endpoint, keys, cfg, registry, Some(with), with.stats.clone()).await
+        Executor::connect_shared(endpoint, home, part, cfg, registry, Some(with), with.stats.clone()).await
     }
 
     async fn connect_shared(
         endpoint: Endpoint,
-        keys: Keys,
+        home: Home,
+        part: Option<Keys>,
         cfg: ExecutorConfig,
         registry: Registry,
         with: Option<&Sharing>,
         stats: Arc<Stats>,
     ) -> Result<Self> {
+        let keys = part.unwrap_or_else(|| home.keys().clone());
         let budget = with.map(|w| w.budget.clone());
 
         cfg.validate().map_err(shardctl_common::Error::Invalid)?;
@@ -207,6 +214,7 @@ impl Executor {
         let shared = Arc::new(Shared {
             cfg,
             keys,
+            home,
             registry,
             endpoint,
             con,

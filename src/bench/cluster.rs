@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
 use shardctl_common::model::TaskSpec;
-use shardctl_common::Keys;
+use shardctl_common::Home;
 use shardctl_coordinator::dispatch::{create_task, new_task_id};
 use tokio::process::{Child, Command};
 
@@ -167,7 +167,7 @@ async fn one(ctx: &Ctx, cluster: &Cluster, k: u32) -> anyhow::Result<Vec<(&'stat
     let n = ctx.shards;
     let endpoint = shardctl_common::conn::open(&cluster.url())?;
     let mut con = endpoint.manager().await?;
-    let keys = Keys::new(&ctx.prefix, &ctx.queue)?;
+    let keys = Home::new(&ctx.prefix, &ctx.queue)?;
     shardctl_common::partition::set_count(&mut con, &keys, k, true).await?;
     let exe = std::env::current_exe().context("finding this program to start executors")?;
     let mut execs = Vec::new();

@@ -8,7 +8,7 @@ use anyhow::{bail, ensure, Context};
 use shardctl_common::keys::ACTIVE_PIN;
 use shardctl_common::model::TaskSpec;
 use shardctl_common::scripts;
-use shardctl_common::{conn, Keys};
+use shardctl_common::{conn, Home};
 use shardctl_coordinator::dispatch::{create_task, new_task_id};
 use shardctl_executor::config::DEFAULT_BLOCK_TIMEOUT;
 use shardctl_executor::{Executor, ExecutorConfig, Registry};
@@ -135,7 +135,7 @@ pub(crate) async fn upkeep(ctx: &mut Ctx) -> anyhow::Result<Figures> {
 }
 
 /// Shards in `active` held by tokens of `instance`.
-async fn held_by(con: &mut shardctl_common::conn::Conn, keys: &Keys, instance: &str) -> anyhow::Result<u64> {
+async fn held_by(con: &mut shardctl_common::conn::Conn, keys: &Home, instance: &str) -> anyhow::Result<u64> {
     let active: HashMap<String, String> = redis::cmd("HGETALL").arg(keys.active()).query_async(con).await?;
     let prefix = format!("{instance}:");
     Ok(active.iter().filter(|(r, t)| r.as_str() != ACTIVE_PIN && t.starts_with(&prefix)).count() as u64)

@@ -50,7 +50,7 @@ use std::collections::BTreeMap;
 use clap::ValueEnum;
 use serde_json::json;
 use shardctl_common::conn::Conn;
-use shardctl_common::{conn, Keys};
+use shardctl_common::{conn, Home};
 
 /// What to measure.
 #[derive(Debug, Clone)]
@@ -122,7 +122,7 @@ pub(crate) struct Ctx {
     pub con: Conn,
     pub prefix: String,
     pub queue: String,
-    pub keys: Keys,
+    pub keys: Home,
     pub shards: u64,
 }
 
@@ -220,7 +220,7 @@ pub async fn run(url: &str, given: bool, prefix: &str, queue: &str, opts: &Optio
         url: url.to_owned(),
         endpoint,
         con,
-        keys: Keys::new(prefix, queue)?,
+        keys: Home::new(prefix, queue)?,
         prefix: prefix.to_owned(),
         queue: queue.to_owned(),
         shards: opts.shards,

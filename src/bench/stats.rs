@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use redis::aio::ConnectionLike;
 use shardctl_common::scripts::scripts;
-use shardctl_common::Keys;
+use shardctl_common::Home;
 
 /// One reading of `INFO cpu memory commandstats`.
 #[derive(Debug, Clone)]
@@ -191,7 +191,7 @@ pub(crate) struct Ended {
 /// `used_memory` every 100 ms.
 pub(crate) async fn wait_ended<C: ConnectionLike + Send>(
     con: &mut C,
-    keys: &Keys,
+    keys: &Home,
     id: &str,
     poll: Duration,
     timeout: Duration,

@@ -40,7 +40,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use shardctl_common::Keys;
+use shardctl_common::Home;
 
 /// Split one large batch task into shards and run them on many machines through Redis.
 ///
@@ -152,8 +152,8 @@ impl Args {
         Ok(self.given_redis()?.unwrap_or_else(|| DEFAULT_REDIS.to_owned()))
     }
     /// The queue's keys; clap has checked both names already, `Keys::new` checks them again.
-    fn keys(&self) -> anyhow::Result<Keys> {
-        Ok(Keys::new(&self.prefix, &self.queue)?)
+    fn keys(&self) -> anyhow::Result<Home> {
+        Ok(Home::new(&self.prefix, &self.queue)?)
     }
 }
 

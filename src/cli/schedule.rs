@@ -129,7 +129,7 @@ async fn run_add(args: &Args, a: &AddArgs) -> anyhow::Result<ExitCode> {
     Schedule::new(&a.name, &a.cron, &a.tz, a.overlap, a.misfire, grace, &spec, now_ms())?;
     let (_, mut con) = connect(args).await?;
     // created at the server's time: fire times are judged by that clock (ARCHITECTURE "One clock")
-    let now = server_now_ms(&mut con, &args.keys()?).await?;
+    let now = server_now_ms(&mut con, args.keys()?.keys()).await?;
     let s = Schedule::new(&a.name, &a.cron, &a.tz, a.overlap, a.misfire, grace, &spec, now)?;
     schedule::add(&mut con, &args.keys()?, &s, a.replace).await?;
     let next = s.next_after(now).map_or_else(|| "never".to_owned(), |t| show(t, &s.tz));
@@ -145,7 +145,7 @@ async fn run_add(args: &Args, a: &AddArgs) -> anyhow::Result<ExitCode> {
 
 async fn run_list(args: &Args, json: bool) -> anyhow::Result<ExitCode> {
     let (_, mut con) = connect(args).await?;
-    let now = server_now_ms(&mut con, &args.keys()?).await?;
+    let now = server_now_ms(&mut con, args.keys()?.keys()).await?;
     let all = schedule::list(&mut con, &args.keys()?, now).await?;
     if json {
         let v: Vec<serde_json::Value> = all.iter().map(|(s, st)| shardctl::json::schedule(s, st)).collect();

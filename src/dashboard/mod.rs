@@ -20,13 +20,13 @@ use std::path::Path;
 use std::sync::Arc;
 
 use shardctl_common::conn::Conn;
-use shardctl_common::{Error, Keys, Result};
+use shardctl_common::{Error, Home, Result};
 use tokio_util::sync::CancellationToken;
 
 /// A dashboard of one queue.
 pub struct Dashboard {
     con: Conn,
-    keys: Keys,
+    keys: Home,
     /// The action token; `None`: read-only.
     token: Option<String>,
     reads: reads::Reads,
@@ -36,7 +36,7 @@ pub struct Dashboard {
 
 impl Dashboard {
     /// A dashboard reading `keys`' queue through `con`; actions need `token` (none: read-only).
-    pub fn new(con: Conn, keys: Keys, token: Option<String>) -> Self {
+    pub fn new(con: Conn, keys: Home, token: Option<String>) -> Self {
         Dashboard { con, keys, token, reads: reads::Reads::new(), hosts: None }
     }
 

@@ -111,7 +111,7 @@ impl Sim {
     /// Time passes before the drain: every lease of every slot runs out, and every home
     /// record's dispatch lease lapses.
     pub async fn time_passes(&mut self) -> Outcome {
-        let mut spaces = vec![self.layout.home.clone()];
+        let mut spaces = vec![self.layout.home.keys().clone()];
         spaces.extend(self.layout.parts.iter().cloned());
         for k in &spaces {
             let holders: Vec<String> = redis::cmd("ZRANGE")

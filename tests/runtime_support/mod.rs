@@ -10,7 +10,7 @@ use std::time::Duration;
 use shardctl_common::conn::Conn;
 use shardctl_common::keys::ACTIVE_PIN;
 use shardctl_common::model::{TaskInfo, TaskSpec};
-use shardctl_common::{conn, scripts, Keys};
+use shardctl_common::{conn, scripts, Home};
 use shardctl_executor::{Executor, ExecutorConfig, Registry, Stats, StatsSnapshot};
 use shardctl_testkit::TestRedis;
 use tokio::task::JoinHandle;
@@ -43,7 +43,7 @@ pub struct RuntimeEnv {
     /// The test's own connection (cloned per call).
     pub con: Conn,
     /// The queue under test.
-    pub keys: Keys,
+    pub keys: Home,
 }
 
 impl RuntimeEnv {
@@ -60,7 +60,7 @@ impl RuntimeEnv {
     async fn with(redis: TestRedis) -> Self {
         let endpoint = conn::open(&redis.url()).expect("redis endpoint");
         let con = endpoint.manager().await.expect("connection manager");
-        RuntimeEnv { redis, endpoint, con, keys: Keys::new("shardctl", "runtime").unwrap() }
+        RuntimeEnv { redis, endpoint, con, keys: Home::new("shardctl", "runtime").unwrap() }
     }
 
     /// Creates a task through the coordinator, panicking on any error.

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use shardctl_common::conn::Conn;
-use shardctl_common::Keys;
+use shardctl_common::Home;
 
 /// What a shard is run with: the task as dispatched (its incarnation and its payload's nonce).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,7 +25,7 @@ pub struct SpecCache {
 
 impl SpecCache {
     /// The spec to run a shard of incarnation `inc` of task `id` with.
-    pub async fn get(&mut self, con: &mut Conn, keys: &Keys, id: &str, inc: u64) -> Option<Spec> {
+    pub async fn get(&mut self, con: &mut Conn, keys: &Home, id: &str, inc: u64) -> Option<Spec> {
         if let Some(s) = self.map.get(id) {
             if s.inc == inc {
                 return Some(*s);
@@ -44,7 +44,7 @@ impl SpecCache {
     }
 }
 
-async fn load(con: &mut Conn, keys: &Keys, id: &str) -> Option<Spec> {
+async fn load(con: &mut Conn, keys: &Home, id: &str) -> Option<Spec> {
     let (seq, payload): (Option<u64>, Option<String>) =
         redis::cmd("HMGET").arg(keys.task(id)).arg("seq").arg("payload").query_async(con).await.expect("read the spec");
     let nonce = payload?.trim_start_matches("{\"n\":").trim_end_matches('}').parse().expect("payload {\"n\":<nonce>}");

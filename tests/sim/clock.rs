@@ -4,11 +4,11 @@
 
 use shardctl_common::conn::Conn;
 use shardctl_common::time::server_now_ms;
-use shardctl_common::Keys;
+use shardctl_common::Home;
 
 /// Sleeps until the server's clock has passed `due_ms` (a retry's due time as a script wrote it,
 /// at most a few ms away).
-pub async fn wait_past(con: &mut Conn, keys: &Keys, due_ms: u64) -> Result<(), String> {
+pub async fn wait_past(con: &mut Conn, keys: &Home, due_ms: u64) -> Result<(), String> {
     loop {
         let now = server_now_ms(con, keys).await.map_err(|e| format!("TIME: {e}"))?;
         if now > due_ms {

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use shardctl_common::conn::Conn;
-use shardctl_common::Keys;
+use shardctl_common::Home;
 
 use super::world::World;
 
@@ -44,7 +44,7 @@ impl fmt::Debug for Failure {
 }
 
 /// Runs seed `seed` for `steps` steps and drains; the steps taken, by kind.
-pub async fn run(con: Conn, keys: Keys, seed: u64, steps: u64) -> Result<BTreeMap<String, u64>, Failure> {
+pub async fn run(con: Conn, keys: Home, seed: u64, steps: u64) -> Result<BTreeMap<String, u64>, Failure> {
     let mut w = World::new(con, keys, seed).await;
     let fail = |w: &World, step: u64, message: String| Failure {
         seed,

@@ -7,7 +7,7 @@ use std::sync::LazyLock;
 use serde_json::Value as Json;
 use shardctl_common::conn::Conn;
 use shardctl_common::keys::ACTIVE_PIN;
-use shardctl_common::Keys;
+use shardctl_common::Home;
 
 /// Reads everything at once, as one JSON text (a reply of a few hundred values costs the
 /// debug-built client far more than the server). KEYS: active, wait, delayed, stalled, meta,
@@ -136,7 +136,7 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// Reads it.
-    pub async fn read(con: &mut Conn, keys: &Keys, ids: &[String], instances: &[String], nodes: &[String]) -> Snapshot {
+    pub async fn read(con: &mut Conn, keys: &Home, ids: &[String], instances: &[String], nodes: &[String]) -> Snapshot {
         // one read-only script: one round trip, and a view of one instant
         let mut inv = SNAPSHOT.prepare_invoke();
         inv.key(keys.active()).key(keys.wait()).key(keys.delayed()).key(keys.stalled()).key(keys.meta());

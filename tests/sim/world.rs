@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use shardctl_common::conn::Conn;
-use shardctl_common::Keys;
+use shardctl_common::Home;
 
 use super::executor::Executor;
 use super::failover::{rollbacks, Saved};
@@ -28,7 +28,7 @@ fn log_len() -> usize {
 
 pub struct World {
     pub con: Conn,
-    pub keys: Keys,
+    pub keys: Home,
     pub rng: Rng,
     pub model: Model,
     pub execs: Vec<Executor>,
@@ -50,7 +50,7 @@ pub struct World {
 
 impl World {
     /// A world on an empty queue.
-    pub async fn new(con: Conn, keys: Keys, seed: u64) -> Self {
+    pub async fn new(con: Conn, keys: Home, seed: u64) -> Self {
         let execs: Vec<Executor> = (0..EXECUTORS).map(Executor::new).collect();
         let keys_prefix = keys.prefix().to_owned();
         let mut w = World {

@@ -5,6 +5,7 @@
 use redis::aio::ConnectionLike;
 
 use crate::error::Result;
+use crate::home::Home;
 use crate::keys::Keys;
 
 use super::*;
@@ -41,7 +42,7 @@ pub enum Reported {
 }
 
 /// Counts `r` in the home record of `home` (report.lua).
-pub async fn report<C: ConnectionLike + Send>(con: &mut C, home: &Keys, r: &ShareReport) -> Result<Reported> {
+pub async fn report<C: ConnectionLike + Send>(con: &mut C, home: &Home, r: &ShareReport) -> Result<Reported> {
     let code: i64 = scripts()
         .report
         .keyed(home, &KeyArgs { task: Some(&r.task), ..Default::default() })
@@ -117,7 +118,7 @@ pub enum Lease {
 /// (dispatch_lease.lua; the creator's token is the record's nonce).
 pub async fn dispatch_lease<C: ConnectionLike + Send>(
     con: &mut C,
-    home: &Keys,
+    home: &Home,
     task: &str,
     inc: &str,
     ask: LeaseAsk,
@@ -176,7 +177,7 @@ pub async fn end_share<C: ConnectionLike + Send>(
 /// a home already at that round or past it is left as it is (0).
 pub async fn reopen<C: ConnectionLike + Send>(
     con: &mut C,
-    home: &Keys,
+    home: &Home,
     id: &str,
     to_round: Option<u64>,
     parts: &[u32],
@@ -203,7 +204,7 @@ pub enum LayoutRefused {
 /// `check`, only says whether it would.
 pub async fn set_layout<C: ConnectionLike + Send>(
     con: &mut C,
-    home: &Keys,
+    home: &Home,
     read: &str,
     k: u32,
     tags: &str,
@@ -235,7 +236,7 @@ pub async fn set_layout<C: ConnectionLike + Send>(
 
 /// Takes `tag` out of the retired partitions of `home`'s queue once their keys are removed
 /// (unretire.lua); true when it was listed.
-pub async fn unretire<C: ConnectionLike + Send>(con: &mut C, home: &Keys, tag: &str) -> Result<bool> {
+pub async fn unretire<C: ConnectionLike + Send>(con: &mut C, home: &Home, tag: &str) -> Result<bool> {
     let n: i64 = scripts().unretire.keyed(home, &KeyArgs::default()).arg(tag).invoke_async(con).await?;
     Ok(n == 1)
 }
@@ -246,7 +247,7 @@ pub async fn unretire<C: ConnectionLike + Send>(con: &mut C, home: &Keys, tag: &
 /// `token` the aggregation's claim (only its holder forgets); true when forgotten.
 pub async fn uncount<C: ConnectionLike + Send>(
     con: &mut C,
-    home: &Keys,
+    home: &Home,
     id: &str,
     inc: &str,
     p: u32,

@@ -10,7 +10,7 @@ use shardctl_common::conn::open;
 use shardctl_common::conn::Conn;
 use shardctl_common::model::TaskSpec;
 use shardctl_common::scripts::{self, ClaimOutcome, ClaimRequest, Claimed, Finished, FinishedAs, SweepReport};
-use shardctl_common::{Keys, ScriptCode};
+use shardctl_common::{Home, ScriptCode};
 use shardctl_testkit::TestRedis;
 
 /// One private server and one queue on it.
@@ -22,7 +22,7 @@ pub struct ScriptEnv {
     /// The connection of the test itself.
     pub con: Conn,
     /// The queue under test.
-    pub keys: Keys,
+    pub keys: Home,
 }
 
 /// One item's code from a batch script: `Ok(n ≥ 0)` or the refusal.
@@ -40,7 +40,7 @@ impl ScriptEnv {
         let redis = TestRedis::start();
         let client = open(&redis.url()).expect("redis client");
         let con = client.manager().await.expect("connection manager");
-        ScriptEnv { redis, client, con, keys: Keys::new("shardctl", queue).unwrap() }
+        ScriptEnv { redis, client, con, keys: Home::new("shardctl", queue).unwrap() }
     }
 
     /// Another connection manager to the same server.
