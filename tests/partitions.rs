@@ -972,6 +972,17 @@ fn a_change_of_the_count_keeps_ended_tasks_readable_and_cleans_retired_partition
     cli.ok(&["limit", "--off"]);
     cli.json(&["wait", "busy", "--timeout", "60s", "--json"], 0);
     cli.ok(&["config", "--partitions", "2"]);
+    // the end of `busy` has been passed on to its shares (the home's `unreported` is gone),
+    // so that nothing else writes while the refusal below is checked for writing nothing
+    let home_unreported = "{shardctl:parts-change}:unreported";
+    support::eventually("busy's shares ended as their home", Duration::from_secs(30), || {
+        let n: u64 = redis::cmd("EXISTS").arg(home_unreported).query(&mut con).unwrap();
+        if n == 0 {
+            Ok(())
+        } else {
+            Err("the home's unreported is still there")
+        }
+    });
     // a retry of a task over partitions no longer served: refused, saying why
     cli.rejects(&["retry", "a"], 2, "ran over partitions the queue no longer has");
     // still read over its own three partitions

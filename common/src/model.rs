@@ -372,16 +372,6 @@ pub struct Share {
 }
 
 impl TaskInfo {
-    /// The task's index of this record's shard `index` (the same unless it is a share).
-    pub fn global_index(&self, index: u64) -> u64 {
-        self.share.as_ref().map_or(index, |s| s.base + index)
-    }
-
-    /// The task's shard count (a share's own `total` is its size).
-    pub fn task_total(&self) -> u64 {
-        self.share.as_ref().map_or(self.total, |s| s.of)
-    }
-
     /// Builds the info from a task hash (`HGETALL`); `None` when the hash is empty.
     pub fn from_hash(task_id: &str, h: &HashMap<String, String>) -> Result<Option<Self>, Error> {
         if h.is_empty() {

@@ -176,8 +176,12 @@ fn most_on_one<'a>(tags: impl Iterator<Item = &'a str>, owner: impl Fn(u16) -> O
 }
 
 /// On a Redis Cluster, the master (`host:port`) serving each partition of `layout`, partition 1
-/// first (`?` for a slot the map does not name); `None` on a server without cluster support.
+/// first (`?` for a slot the map does not name); `None` on a server without cluster support,
+/// and for a queue of one partition (nothing to place).
 pub async fn masters_of<C: ConnectionLike + Send>(con: &mut C, layout: &Layout) -> Result<Option<Vec<String>>> {
+    if !layout.partitioned() {
+        return Ok(None);
+    }
     let Some((_, ranges)) = slot_owners(con).await? else { return Ok(None) };
     Ok(Some(
         tags_of(layout)

@@ -37,6 +37,30 @@ impl ShareAt {
     }
 }
 
+/// What a task record says of its place among its task's shares (the one reading of
+/// [`crate::model::TaskInfo::share`]).
+impl TaskInfo {
+    /// The task's index of this record's shard `index` (the same unless it is a share).
+    pub fn global_index(&self, index: u64) -> u64 {
+        self.share.as_ref().map_or(index, |s| s.base + index)
+    }
+
+    /// The task's shard count (a share's own `total` is its size).
+    pub fn task_total(&self) -> u64 {
+        self.share.as_ref().map_or(self.total, |s| s.of)
+    }
+
+    /// The partition this record is a share in; `None` for a home record.
+    pub fn partition(&self) -> Option<u32> {
+        self.share.as_ref().map(|s| s.part)
+    }
+
+    /// "spread over K partitions" for a home record over K ≥ 2 partitions, for `status`.
+    pub fn spread(&self) -> Option<String> {
+        (self.partitions > 1).then(|| format!("spread over {} partitions", self.partitions))
+    }
+}
+
 /// The shares of task `t` (its home record in `home`), in the task's index order: the home
 /// record alone over one partition (no read), else each non-empty share in the partitions the
 /// task was dispatched over (one read of its home record).

@@ -18,41 +18,13 @@ pub fn new_task_id() -> String {
 pub async fn create_task<C: ConnectionLike + Send>(con: &mut C, keys: &Home, spec: &TaskSpec) -> Result<()> {
     spec.validate()?;
     // a partitioned queue: a home record and one share per partition
-    if over_partitions(con, keys, spec, None).await?.is_some() {
+    if crate::partitions::create_over(con, keys, spec, None).await?.is_some() {
         return Ok(());
     }
     match scripts::dispatch(con, keys, spec).await {
         Err(Error::Script(c @ ScriptCode::TaskExists)) => Err(taken(c, &spec.id)),
         other => other,
     }
-}
-
-/// On a partitioned queue, creates `spec` over its partitions and returns their layout; `None`
-/// on a queue of one partition (nothing done). A change of the layout between its reading and
-/// the task's creation (refused: `LayoutChanged`, ARCHITECTURE.md "Changing the layout") is
-/// read again, three times at most.
-async fn over_partitions<C: ConnectionLike + Send>(
-    con: &mut C,
-    keys: &Home,
-    spec: &TaskSpec,
-    shard_keys: Option<&[String]>,
-) -> Result<Option<shardctl_common::partition::Layout>> {
-    for _ in 0..3 {
-        let layout = shardctl_common::partition::layout(con, keys).await?;
-        if !layout.partitioned() {
-            return Ok(None);
-        }
-        let created = match shard_keys {
-            Some(k) => crate::partitions::dispatch_keyed(con, &layout, spec, k).await,
-            None => crate::partitions::dispatch(con, &layout, spec).await,
-        };
-        match created {
-            Err(Error::Script(ScriptCode::LayoutChanged)) => continue,
-            Err(e) => return Err(e),
-            Ok(()) => return Ok(Some(layout)),
-        }
-    }
-    Err(Error::Script(ScriptCode::LayoutChanged))
 }
 
 fn taken(code: ScriptCode, id: &str) -> Error {
@@ -96,7 +68,7 @@ pub async fn dispatch(
     }
     if spec.strategy != Strategy::Pull {
         // a routed task over partitions: its shares (and their keys) placed in each
-        if let Some(layout) = over_partitions(con, keys, spec, shard_keys).await? {
+        if let Some(layout) = crate::partitions::create_over(con, keys, spec, shard_keys).await? {
             if spec.delay.is_some() {
                 return Ok(Dispatched { resumed: false, placed: 0, live: 0 });
             }

@@ -8,6 +8,34 @@ use shardctl_common::partition::Layout;
 use shardctl_common::scripts::{self, Reported, ShareReport};
 use shardctl_common::{Error, Home, Keys, Result, ScriptCode};
 
+/// On a partitioned queue, creates `spec` over its partitions and returns their layout; `None`
+/// on a queue of one partition (nothing done). A change of the layout between its reading and
+/// the task's creation (refused: `LayoutChanged`, ARCHITECTURE.md "Changing the layout") is
+/// read again, three times at most.
+pub(crate) async fn create_over<C: ConnectionLike + Send>(
+    con: &mut C,
+    keys: &Home,
+    spec: &TaskSpec,
+    shard_keys: Option<&[String]>,
+) -> Result<Option<Layout>> {
+    for _ in 0..3 {
+        let layout = shardctl_common::partition::layout(con, keys).await?;
+        if !layout.partitioned() {
+            return Ok(None);
+        }
+        let created = match shard_keys {
+            Some(k) => dispatch_keyed(con, &layout, spec, k).await,
+            None => dispatch(con, &layout, spec).await,
+        };
+        match created {
+            Err(Error::Script(ScriptCode::LayoutChanged)) => continue,
+            Err(e) => return Err(e),
+            Ok(()) => return Ok(Some(layout)),
+        }
+    }
+    Err(Error::Script(ScriptCode::LayoutChanged))
+}
+
 /// Creates task `spec` over the partitions of `layout`: its home record (the total, the counts
 /// its shares report, the aggregation), then each non-empty share in its partition. Re-running
 /// the same dispatch after a crash part-way creates the shares still missing. A routed share

@@ -44,11 +44,8 @@ pub async fn run(args: &Args, a: &ConfigArgs) -> anyhow::Result<ExitCode> {
     };
     let tags: Vec<String> = layout.parts.iter().map(|p| p.prefix()[1..p.prefix().len() - 2].to_owned()).collect();
     // on a cluster, where each partition lies now
-    let masters: Option<Vec<String>> = if endpoint.is_cluster() && layout.partitioned() {
-        shardctl_common::partition::masters_of(&mut con, &layout).await?
-    } else {
-        None
-    };
+    let masters: Option<Vec<String>> =
+        if endpoint.is_cluster() { shardctl_common::partition::masters_of(&mut con, &layout).await? } else { None };
     let s = control::queue_settings(&mut con, &keys, a.events_maxlen, a.events_completions).await?;
     if a.json {
         outln!(

@@ -98,8 +98,8 @@ pub async fn run(args: &Args, a: &StatusArgs) -> anyhow::Result<ExitCode> {
         outln!("{}", serde_json::to_string(&t)?);
     } else {
         outln!("{}", lines(std::slice::from_ref(&t))[0]);
-        if t.partitions > 1 {
-            outln!("spread over {} partitions", t.partitions);
+        if let Some(spread) = t.spread() {
+            outln!("{spread}");
         }
         if let Some(r) = &t.result {
             outln!("result: {r}");

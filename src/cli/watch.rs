@@ -57,11 +57,11 @@ pub async fn run(args: &Args, a: &WatchArgs) -> anyhow::Result<ExitCode> {
     // a partitioned queue: the per-shard events (`shard_*`) happen in the partitions' logs, at
     // the shares' own indexes; they are merged in, at the task's indexes
     let mut layout = shardctl_common::partition::layout(&mut plain, &keys).await?;
-    let start = match (a.from_start, layout.partitioned()) {
-        (true, _) => "0-0".to_owned(),
-        (false, false) => "$".to_owned(),
-        // "$" needs a blocking read per stream: the server's time now stands for it
-        (false, true) => format!("{}-0", shardctl_common::time::server_now_ms(&mut plain, &keys).await?),
+    let start = if a.from_start {
+        "0-0".to_owned()
+    } else {
+        // "$" would need a blocking read per stream: the server's time now stands for it
+        format!("{}-0", shardctl_common::time::server_now_ms(&mut plain, &keys).await?)
     };
     // each log with its partition's number (1-based) and keys, and the last id read
     type Stream = (String, Option<(u32, shardctl_common::Keys)>, String);
