@@ -6,8 +6,12 @@
 //! first step and completed by the reconciliation; leases expire and the partitions' sweeps
 //! recover shards; a partition's master loses the last completion of a share already counted
 //! in the home (a failover: the shard held again under its claim, the share running), and the
-//! aggregation, checking every share as the executor's does, forgets that count (`uncount.lua`)
-//! instead of aggregating; ended tasks are cleaned and their ids dispatched again. After every step the checks
+//! aggregation, checking every share through the real layer before and after reading it
+//! (`psim/aggregate.rs`), forgets that count (`uncount.lua`) instead of aggregating, also when
+//! the loss or a rollback comes in the middle of its read; what it reads must be every shard's
+//! outcome, made by the home's dispatch. A quarter of the tasks drop their results at their end
+//! (`--keep-results false`: `end_share.lua` in every share). Ended tasks are cleaned and their
+//! ids dispatched again. After every step the checks
 //! below hold; at the end a drain must end every task that was not cancelled with
 //! `done + failed == total` and its aggregation recorded once.
 //!
@@ -52,6 +56,8 @@ use shardctl_common::{control, Home, Keys};
 use shardctl_coordinator::partitions;
 use shardctl_testkit::TestRedis;
 
+#[path = "psim/aggregate.rs"]
+mod aggregate;
 #[path = "psim/faults.rs"]
 mod faults;
 #[path = "sim/rollback.rs"]
@@ -69,8 +75,6 @@ const CI_STEPS: u64 = 1_000;
 type Outcome = Result<(), String>;
 /// A home record's state, total, done, failed and seq.
 type Row = (Option<String>, Option<u64>, Option<u64>, Option<u64>, Option<u64>);
-/// A share's home_inc, state, done, failed and total.
-type ShareRow = (Option<String>, Option<String>, Option<u64>, Option<u64>, Option<u64>);
 
 macro_rules! ensure {
     ($c:expr, $($m:tt)*) => {
@@ -156,7 +160,7 @@ impl Sim {
                 let s = self.rng.below(K as usize + 1);
                 self.claim(e, s).await
             }
-            2 | 3 => self.finish(e, action == 3).await,
+            2 | 3 => self.finish(Some(n), e, action == 3).await,
             4 => {
                 let p = 1 + self.rng.below(K as usize);
                 self.report(p).await
@@ -208,10 +212,15 @@ impl Sim {
         let shards = 1 + self.rng.below(10) as u64;
         let mut spec = TaskSpec::new(id, "noop", shards);
         spec.attempts = 1 + self.rng.below(3) as u32;
+        // a quarter drop their results at their end (`end_share.lua` in every share)
+        spec.keep_results = !self.rng.chance(25);
         self.nonce += 1;
         spec.payload = format!("{{\"n\":{}}}", self.nonce);
         let r = partitions::dispatch(&mut self.con, &self.layout, &spec).await;
-        self.note(format!("dispatch {id} ({shards} shards, {} attempts): {r:?}", spec.attempts));
+        self.note(format!(
+            "dispatch {id} ({shards} shards, {} attempts, keep results {}): {r:?}",
+            spec.attempts, spec.keep_results
+        ));
         Ok(())
     }
 
@@ -249,7 +258,9 @@ impl Sim {
         Ok(())
     }
 
-    async fn finish(&mut self, e: usize, fail: bool) -> Outcome {
+    /// Executor `e` completes (or fails) one shard it holds; `n`: the step (`None`: the drain,
+    /// where nothing rolls back).
+    async fn finish(&mut self, n: Option<u64>, e: usize, fail: bool) -> Outcome {
         if self.execs[e].held.is_empty() {
             return Ok(());
         }
@@ -257,7 +268,7 @@ impl Sim {
         let lost = self.rng.chance(15);
         let (s, c, result) = if lost { self.execs[e].held[j].clone() } else { self.execs[e].held.remove(j) };
         let keys = self.space(s).clone();
-        if c.shard_ref.is_aggregate() && !fail && !self.shares_complete(&c).await? {
+        if c.shard_ref.is_aggregate() && !fail && !self.aggregation_reads(&c, n).await? {
             // withdrawn: its completion would be refused
             self.execs[e].held.retain(|(_, h, _)| h.token != c.token || h.shard_ref != c.shard_ref);
             return Ok(());
@@ -370,71 +381,6 @@ impl Sim {
         }
         self.note(format!("e{e} dies ({inst}): its leases expire, the sweeps run"));
         Ok(())
-    }
-
-    /// What the executor's aggregation checks before it reads any result
-    /// (`executor::aggregate::outcomes`): every share of this incarnation, ended, every bit
-    /// terminal, its counts the ones counted. A share running again, gone, or with other counts
-    /// has its count forgotten (`uncount.lua`, by the job's holder) and the job is withdrawn:
-    /// false then.
-    async fn shares_complete(&mut self, c: &Claimed) -> Result<bool, String> {
-        let home = self.layout.home.clone();
-        let id = c.shard_ref.task.clone();
-        let total: Option<u64> = redis::cmd("HGET")
-            .arg(home.task(&id))
-            .arg("total")
-            .query_async(&mut self.con)
-            .await
-            .map_err(|e| e.to_string())?;
-        let Some(total) = total else { return Ok(true) };
-        for p in 1..=K {
-            if share_range(p, K, total).1 == 0 {
-                continue;
-            }
-            let pk = self.layout.parts[p as usize - 1].clone();
-            let (home_inc, state, done, failed, size): ShareRow = redis::cmd("HMGET")
-                .arg(pk.task(&id))
-                .arg(&["home_inc", "state", "done", "failed", "total"])
-                .query_async(&mut self.con)
-                .await
-                .map_err(|e| e.to_string())?;
-            let bits: u64 = redis::cmd("BITCOUNT")
-                .arg(pk.terminal(&id))
-                .query_async(&mut self.con)
-                .await
-                .map_err(|e| e.to_string())?;
-            let counted: Option<String> = redis::cmd("HGET")
-                .arg(home.task(&id))
-                .arg(format!("part:{p}"))
-                .query_async(&mut self.con)
-                .await
-                .map_err(|e| e.to_string())?;
-            let inc: Option<String> = redis::cmd("HGET")
-                .arg(home.task(&id))
-                .arg("inc")
-                .query_async(&mut self.con)
-                .await
-                .map_err(|e| e.to_string())?;
-            let ours = inc.is_some() && home_inc == inc;
-            let running = matches!(state.as_deref(), Some("running" | "delayed"));
-            let same = counted.as_deref() == Some(format!("{}/{}", done.unwrap_or(0), failed.unwrap_or(0)).as_str());
-            if !ours || running || (state.as_deref() == Some("aggregating") && !same) {
-                let r = scripts::uncount(&mut self.con, &home, &id, inc.as_deref().unwrap_or(""), p, &c.token)
-                    .await
-                    .map_err(|e| format!("uncount: {e}"))?;
-                self.note(format!(
-                    "aggregation of {} finds share {p} {state:?} (ours {ours}): uncount {r}",
-                    c.shard_ref
-                ));
-                return Ok(false);
-            }
-            ensure!(
-                state.as_deref() != Some("aggregating") || size == Some(bits),
-                "aggregation of {}: share {p} ended with {bits} of {size:?} bits",
-                c.shard_ref
-            );
-        }
-        Ok(true)
     }
 
     /// A failover of partition `p`'s master loses the last completion of task `id`'s share
@@ -664,7 +610,7 @@ impl Sim {
                 scripts::sweep(&mut self.con, &k, 1, 1000).await.map_err(|e| format!("sweep: {e}"))?;
                 self.claim(0, s).await?;
                 while !self.execs[0].held.is_empty() {
-                    self.finish(0, false).await?;
+                    self.finish(None, 0, false).await?;
                 }
             }
             partitions::report_pending(&mut self.con, &self.layout).await.map_err(|e| e.to_string())?;
