@@ -36,9 +36,11 @@
   ARGV[5] start_now   how many of `count` the executor can start at once (the others it claims
                       ahead, to start when a running shard ends)
 
-  Returns { next, flags, ref_1, attempt_1, fails_1, ... }; a run of k fresh shards of one task
-  (consecutive indexes from its cursor, attempt 1, no fails) is one triple { first ref, -k, 0 }
-  (the reply and its parsing cost nothing per shard). `next` is 0 when shards were claimed, -2
+  Returns { next, flags, ref_1, attempt_1, fails_1, inc_1, ... }; a run of k fresh shards of
+  one task (consecutive indexes from its cursor, attempt 1, no fails) is one quadruple
+  { first ref, -k, 0, inc } (the reply and its parsing cost nothing per shard). `inc` is the
+  task record's incarnation id (`<seq>.<nonce>`; '' for a record written before it had one):
+  the executor's task cache compares it whole (ARCHITECTURE.md "Identity"). `next` is 0 when shards were claimed, -2
   when the queue is paused, -3 when the queue has a rate limit and start_now is 0 (the limit
   counts starts: nothing is claimed ahead under it), else how many ms from now the earliest
   delayed ref or task is due, or the rate limit frees a slot (at least 1), or -1 if none.
@@ -104,11 +106,11 @@ local drops = {}    -- { tid, idx }: terminal refs whose state goes with them
 local cursors = {}  -- { task key, k }: fresh indexes taken from a task's cursor
 local exhausted = {} -- task ids to leave `tasks`
 
-local function take_ref(ref, attempt, fails)
+local function take_ref(ref, attempt, fails, inc)
   held[hn + 1], held[hn + 2] = ref, token
   hn = hn + 2
-  out[on + 1], out[on + 2], out[on + 3] = ref, attempt, fails
-  on = on + 3
+  out[on + 1], out[on + 2], out[on + 3], out[on + 4] = ref, attempt, fails, inc
+  on = on + 4
   n = n + 1
 end
 
@@ -122,7 +124,7 @@ local taken = {}
 local function try_ref(ref)
   local tid, inc, idx = split_ref(ref)
   local tkey = tid and task_key(prefix, tid, '')
-  local t = tid and not taken[ref] and rcall('HMGET', tkey, 'state', 'total', 'seq')
+  local t = tid and not taken[ref] and rcall('HMGET', tkey, 'state', 'total', 'seq', 'inc')
   local state = t and t[3] == inc and t[1]
   local ok = state and state ~= 'cancelled' and state ~= 'delayed'
   if ok and idx == 'agg' then
@@ -149,11 +151,11 @@ local function try_ref(ref)
   if not s[1] and not s[2] then
     -- no state: a first claim (a lazy ref, an aggregation job, a shard given back unstarted),
     -- implied; whatever gives it back later records the attempt (requeue)
-    take_ref(ref, 1, 0)
+    take_ref(ref, 1, 0, t[4] or '')
   else
     local attempt = tonumber(s[1] or '0') + 1
     attempts[#attempts + 1] = { skey, idx .. ':attempt', attempt }
-    take_ref(ref, attempt, tonumber(s[2] or '0'))
+    take_ref(ref, attempt, tonumber(s[2] or '0'), t[4] or '')
   end
 end
 
@@ -185,7 +187,7 @@ while n < count do
   j = j + 1
   local tid = head[1]
   local tkey = task_key(prefix, tid, '')
-  local t = rcall('HMGET', tkey, 'cursor', 'total', 'seq')
+  local t = rcall('HMGET', tkey, 'cursor', 'total', 'seq', 'inc')
   if not t[1] then
     exhausted[#exhausted + 1] = tid
   else
@@ -195,8 +197,8 @@ while n < count do
     if cursor + k >= total then exhausted[#exhausted + 1] = tid end
     if k > 0 then
       local pre = tid .. ':' .. t[3] .. ':'
-      out[on + 1], out[on + 2], out[on + 3] = pre .. cursor, -k, 0
-      on = on + 3
+      out[on + 1], out[on + 2], out[on + 3], out[on + 4] = pre .. cursor, -k, 0, t[4] or ''
+      on = on + 4
       for i = cursor, cursor + k - 1 do
         held[hn + 1], held[hn + 2] = pre .. i, token
         hn = hn + 2

@@ -369,7 +369,13 @@ async fn shard_finished_twice_is_counted_once() {
     assert_eq!(env.count("t", "done").await, 1);
 
     // a second holder of the same ref, forced in behind the scripts' backs
-    let forge = |token: &str| Claimed { shard_ref: c.shard_ref.clone(), token: token.into(), attempt: 1, fails: 0 };
+    let forge = |token: &str| Claimed {
+        shard_ref: c.shard_ref.clone(),
+        token: token.into(),
+        attempt: 1,
+        fails: 0,
+        task_inc: c.task_inc.clone(),
+    };
     for (token, finish_as_fail) in [("forged:1", false), ("forged:2", true)] {
         env.set_holder(&r, token).await;
         let f = forge(token);

@@ -305,7 +305,10 @@ pub(crate) fn count(shared: &Shared, finished: &[Finished<'_>], codes: &scripts:
 }
 
 fn retry_delay_ms(shared: &Shared, claim: &Claimed) -> u64 {
-    let backoff =
-        shared.tasks.cached(&claim.shard_ref.task, claim.shard_ref.inc).map(|m| m.backoff).unwrap_or_default();
+    let backoff = shared
+        .tasks
+        .cached(&claim.shard_ref.task, claim.shard_ref.inc, &claim.task_inc)
+        .map(|m| m.backoff)
+        .unwrap_or_default();
     backoff.delay(claim.fails + 1, shardctl_common::backoff::jitter01()).as_millis() as u64
 }

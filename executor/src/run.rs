@@ -95,7 +95,7 @@ async fn run(shared: &Shared, claim: &Claimed, cancel: &CancellationToken) -> Ou
     let mut con = shared.con.clone();
     // the task may be cached; else one read, retried while Redis is away
     let meta = loop {
-        match shared.tasks.get(&mut con, &shared.keys, &r.task, r.inc).await {
+        match shared.tasks.get(&mut con, &shared.keys, &r.task, r.inc, &claim.task_inc).await {
             Ok(m) => break m,
             Err(e) => {
                 tracing::warn!(shard = %shared.shown(r), "reading the task: {e}");

@@ -79,7 +79,10 @@ impl Shared {
     pub(crate) fn shown(&self, r: &ShardRef) -> String {
         let share = match r.part {
             shardctl_common::model::Part::Shard(i) => {
-                self.tasks.cached(&r.task, r.inc).and_then(|m| m.info.partition().map(|p| (p, m.info.global_index(i))))
+                // (a log line: the seq alone will do)
+                self.tasks
+                    .cached(&r.task, r.inc, "")
+                    .and_then(|m| m.info.partition().map(|p| (p, m.info.global_index(i))))
             }
             shardctl_common::model::Part::Aggregate => None,
         };

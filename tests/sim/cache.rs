@@ -1,7 +1,10 @@
 //! The simulated executor's task cache, with the rule of `executor/src/tasks.rs`: an entry is
-//! per incarnation. A shard of another incarnation than the cached one reloads the task; a
-//! task gone, or holding another incarnation than the shard's, gives nothing. The simulator
-//! checks that every shard runs with the spec of its own incarnation (issue 11, defect 1).
+//! per incarnation, compared by the full incarnation id the claim handed out with the shard
+//! (`inc`, `<seq>.<nonce>`), not by the ref's seq, which a rollback of the slot may give to a
+//! later dispatch. A shard of another incarnation than the cached one reloads the task; a task
+//! gone, or holding another incarnation than the shard's, gives nothing. The simulator checks
+//! that every shard runs with the spec of its own incarnation (issue 11, defect 1), also when
+//! an executor kept its cache through a rollback (`failover.rs`).
 
 use std::collections::HashMap;
 
@@ -13,6 +16,8 @@ use shardctl_common::Home;
 pub struct Spec {
     /// The incarnation the spec was read from (`seq`).
     pub inc: u64,
+    /// Its full incarnation id (`inc`).
+    pub full: u64,
     /// The dispatch's nonce, from the payload `{"n":<nonce>}`.
     pub nonce: u64,
 }
@@ -24,10 +29,11 @@ pub struct SpecCache {
 }
 
 impl SpecCache {
-    /// The spec to run a shard of incarnation `inc` of task `id` with.
-    pub async fn get(&mut self, con: &mut Conn, keys: &Home, id: &str, inc: u64) -> Option<Spec> {
+    /// The spec to run a shard of incarnation `inc` of task `id` with, claimed with the task's
+    /// full incarnation id `full` (the hash of its `inc`).
+    pub async fn get(&mut self, con: &mut Conn, keys: &Home, id: &str, inc: u64, full: u64) -> Option<Spec> {
         if let Some(s) = self.map.get(id) {
-            if s.inc == inc {
+            if s.inc == inc && s.full == full {
                 return Some(*s);
             }
         }
@@ -35,7 +41,7 @@ impl SpecCache {
             self.map.remove(id);
             return None;
         };
-        if loaded.inc != inc {
+        if loaded.inc != inc || loaded.full != full {
             self.map.remove(id);
             return None;
         }
@@ -45,8 +51,22 @@ impl SpecCache {
 }
 
 async fn load(con: &mut Conn, keys: &Home, id: &str) -> Option<Spec> {
-    let (seq, payload): (Option<u64>, Option<String>) =
-        redis::cmd("HMGET").arg(keys.task(id)).arg("seq").arg("payload").query_async(con).await.expect("read the spec");
+    let (seq, inc, payload): (Option<u64>, Option<String>, Option<String>) = redis::cmd("HMGET")
+        .arg(keys.task(id))
+        .arg("seq")
+        .arg("inc")
+        .arg("payload")
+        .query_async(con)
+        .await
+        .expect("read the spec");
     let nonce = payload?.trim_start_matches("{\"n\":").trim_end_matches('}').parse().expect("payload {\"n\":<nonce>}");
-    Some(Spec { inc: seq?, nonce })
+    Some(Spec { inc: seq?, full: full_id(&inc.unwrap_or_default()), nonce })
+}
+
+/// A full incarnation id as a number (its hash: `Spec` stays `Copy`).
+pub fn full_id(inc: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    inc.hash(&mut h);
+    h.finish()
 }

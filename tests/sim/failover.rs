@@ -8,8 +8,9 @@
 //! - what lives outside Redis stays: the dispatch nonces keep growing (a result still tells
 //!   which dispatch made it), and every executor keeps what it holds, its claim tokens' seq
 //!   (tokens are never reused) and its lost replies. Each sees the failover as a failed claim
-//!   call (ARCHITECTURE.md "Identity"): it drops its task cache and compares every token at its
-//!   next heartbeat. Until then it may report shards Redis no longer knows or gives another
+//!   call (ARCHITECTURE.md "Identity"): it compares every token at its next heartbeat, and half
+//!   of them drop their task cache (the others keep it: its entries are checked by the full
+//!   incarnation id the claim hands out, never by the ref's seq alone). Until then it may report shards Redis no longer knows or gives another
 //!   token: the model predicts the refusal (-1, -2, -3) from the restored state like any other
 //!   answer, so every invariant of `check.rs` still holds exactly after a rollback.
 
@@ -71,7 +72,11 @@ impl World {
         self.rebalancing = s.rebalancing;
         for (ex, m) in self.execs.iter_mut().zip(s.members) {
             ex.member = m;
-            ex.cache = Default::default();
+            // half of them see no failed call (their lease survived, nothing was in flight)
+            // and keep their task cache: its entries are checked by the full incarnation id
+            if self.rng.below(2) == 0 {
+                ex.cache = Default::default();
+            }
             ex.need_check = true;
         }
         Ok(())

@@ -133,7 +133,8 @@ impl World {
         }
         for c in out.shards {
             let r = c.shard_ref.clone();
-            let Some(spec) = self.execs[e].cache.get(&mut self.con, &self.keys, &r.task, r.inc).await else {
+            let full = super::cache::full_id(&c.task_inc);
+            let Some(spec) = self.execs[e].cache.get(&mut self.con, &self.keys, &r.task, r.inc, full).await else {
                 return Err(format!("{inst} finds no spec for {r}, which it just claimed"));
             };
             let tm = &self.model.tasks[&r.task];

@@ -1,6 +1,8 @@
 //! An executor's claims and heartbeat: `claim.lua`, the composed `complete.lua+claim.lua`,
 //! `extend.lua`.
 
+use std::sync::Arc;
+
 use redis::aio::ConnectionLike;
 use redis::{ScriptInvocation, Value};
 
@@ -21,6 +23,9 @@ pub struct Claimed {
     pub attempt: u32,
     /// Failed attempts so far.
     pub fails: u32,
+    /// Its task record's incarnation id at the claim (`inc`, `<seq>.<nonce>`; empty for a record
+    /// written before it had one): what the executor's task cache compares, whole.
+    pub task_inc: Arc<str>,
 }
 
 impl Claimed {
@@ -123,17 +128,24 @@ fn parse_claim(v: &[Value], token: &str) -> Result<ClaimOutcome> {
         limited: int(flags)? & 2 == 2,
         ..Default::default()
     };
-    for triple in shards.chunks(3) {
-        let [r, a, f] = triple else {
-            return Err(Error::Protocol("claim reply is not ref/attempt/fails triples".into()));
+    for quad in shards.chunks(4) {
+        let [r, a, f, inc] = quad else {
+            return Err(Error::Protocol("claim reply is not ref/attempt/fails/inc quadruples".into()));
         };
         let first: ShardRef = string(r)?.parse()?;
+        let task_inc: Arc<str> = Arc::from(string(inc)?);
         match (int(a)?, &first.part) {
             // a run of k fresh shards from `first`: attempt 1, no fails
             (a, &Part::Shard(from)) if a < 0 => {
                 for i in from..from + a.unsigned_abs() {
                     let shard_ref = ShardRef { part: Part::Shard(i), ..first.clone() };
-                    out.shards.push(Claimed { shard_ref, token: token.to_owned(), attempt: 1, fails: 0 });
+                    out.shards.push(Claimed {
+                        shard_ref,
+                        token: token.to_owned(),
+                        attempt: 1,
+                        fails: 0,
+                        task_inc: task_inc.clone(),
+                    });
                 }
             }
             (a, _) if a < 0 => return Err(Error::Protocol(format!("claim reply: a run from {first}"))),
@@ -142,6 +154,7 @@ fn parse_claim(v: &[Value], token: &str) -> Result<ClaimOutcome> {
                 token: token.to_owned(),
                 attempt: a as u32,
                 fails: int(f)? as u32,
+                task_inc,
             }),
         }
     }
