@@ -17,7 +17,7 @@ use crate::handler::{AggregateContext, Aggregator, BoxFuture, Handler, ShardCont
 /// Largest result a child may print, in bytes, unless configured otherwise.
 pub const DEFAULT_MAX_OUTPUT: usize = 1 << 20;
 /// How much of a failing child's stderr becomes the failure reason.
-const STDERR_TAIL: usize = 2048;
+pub(crate) const STDERR_TAIL: usize = 2048;
 /// How long a handler's output is read after it exited: what it started in the background may
 /// hold its stdout and stderr open, and the shard ends with the handler, not with those.
 const OUTPUT_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
@@ -114,6 +114,21 @@ impl ExecCommand {
             return Ok(());
         }
         Err(format!("'{}' is not found in PATH", self.program))
+    }
+
+    /// The program to run.
+    pub(crate) fn program(&self) -> &str {
+        &self.program
+    }
+
+    /// Its arguments.
+    pub(crate) fn args(&self) -> &[String] {
+        &self.args
+    }
+
+    /// The largest output (result) it may print, in bytes.
+    pub(crate) fn max_output(&self) -> usize {
+        self.max_output
     }
 
     async fn run(
@@ -324,10 +339,10 @@ impl Aggregator for ExecAggregator {
 /// Kills a handler's process group when dropped before the handler ended (cancelled, timed out,
 /// lock lost, shutdown past the grace): `kill_on_drop` alone reaches only the direct child, and
 /// what it started (a shell's children, a script's subprocesses) would run on as orphans.
-struct GroupKill(Option<u32>);
+pub(crate) struct GroupKill(pub(crate) Option<u32>);
 
 impl GroupKill {
-    fn disarm(&mut self) {
+    pub(crate) fn disarm(&mut self) {
         self.0 = None;
     }
 }

@@ -8,7 +8,9 @@
 //! - [`config`]: settings, defaults, validation.
 //! - [`handler`]: the [`Handler`] and [`Aggregator`] traits, their contexts, the [`Registry`].
 //! - [`builtin`]: the kinds `primes`, `noop`, `sleep`, `fail` and the summary aggregator.
-//! - [`child`]: `--exec` / `--aggregate-exec`, the any-language protocol.
+//! - [`child`]: `--exec` / `--aggregate-exec`, one process per shard.
+//! - [`worker`]: `--worker` / `--aggregate-worker`, long-lived processes of any language over a
+//!   line protocol (docs/handlers.md).
 //! - `runtime`: the [`Executor`], its shared state and its shutdown order.
 //! - `claim`: batched claims ahead of free slots, blocking on the marker.
 //! - `starts`: the run slots, and the claimed shards waiting for one in claim order.
@@ -63,6 +65,7 @@ mod starts;
 pub mod stats;
 mod tasks;
 mod waiter;
+pub mod worker;
 
 pub use config::ExecutorConfig;
 pub use handler::{

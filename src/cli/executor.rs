@@ -11,6 +11,7 @@ use shardctl_coordinator::membership::MembershipConfig;
 use shardctl_coordinator::sweep::{SweepConfig, DEFAULT_MAX_STALLED};
 use shardctl_executor::child::{ExecAggregator, ExecCommand, ExecHandler, DEFAULT_MAX_OUTPUT};
 use shardctl_executor::config::{self as cfg, ExecutorConfig};
+use shardctl_executor::worker::{self, WorkerAggregator, WorkerHandler};
 use shardctl_executor::Registry;
 
 use super::{duration, Args};
@@ -34,6 +35,15 @@ pub struct ExecutorArgs {
     /// SHARDCTL_* variables, payload on stdin, result on stdout.
     #[arg(long)]
     pub exec: Option<String>,
+    /// Run every kind that is not built in in long-lived worker processes of this command (no
+    /// shell), up to --concurrency of them, one shard at a time each, over the line protocol of
+    /// docs/handlers.md (clients/python speaks it). Instead of --exec.
+    #[arg(long, conflicts_with = "exec")]
+    pub worker: Option<String>,
+    /// Aggregate the kinds that have no built-in handler in worker processes of this command
+    /// (the same protocol: an aggregate request, the shards' outcomes line by line).
+    #[arg(long, conflicts_with = "aggregate_exec")]
+    pub aggregate_worker: Option<String>,
     /// Aggregate the kinds that have no built-in handler (those --exec runs) with this command:
     /// shard outcomes as JSON lines on stdin, the task result on stdout. Built-in kinds keep
     /// their own aggregation (primes: the count; noop, sleep, fail: the summary of counts).
@@ -95,7 +105,15 @@ pub async fn run(args: &Args, a: &ExecutorArgs) -> anyhow::Result<ExitCode> {
         sweep: SweepConfig { interval: a.stalled_interval, max_stalled: a.max_stalled_count },
         metrics_addr: a.metrics_addr,
     };
-    let registry = registry(a.exec.as_deref(), a.aggregate_exec.as_deref(), a.max_result_bytes)?;
+    let registry = registry(
+        Fallbacks {
+            exec: a.exec.as_deref(),
+            aggregate_exec: a.aggregate_exec.as_deref(),
+            worker: a.worker.as_deref(),
+            aggregate_worker: a.aggregate_worker.as_deref(),
+        },
+        a.max_result_bytes,
+    )?;
     let endpoint = shardctl_common::conn::open(&args.redis_url()?)?;
     // refused at once while another live executor holds this node id
     let node = Node::start(endpoint, args.keys()?, config, registry).await?;
@@ -106,20 +124,39 @@ pub async fn run(args: &Args, a: &ExecutorArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// The built-in kinds, plus `--exec` and `--aggregate-exec` for everything else.
-pub fn registry(exec: Option<&str>, aggregate_exec: Option<&str>, max_output: usize) -> anyhow::Result<Registry> {
+/// The commands that run what is not built in.
+#[derive(Default)]
+pub struct Fallbacks<'a> {
+    /// `--exec`.
+    pub exec: Option<&'a str>,
+    /// `--aggregate-exec`.
+    pub aggregate_exec: Option<&'a str>,
+    /// `--worker`.
+    pub worker: Option<&'a str>,
+    /// `--aggregate-worker`.
+    pub aggregate_worker: Option<&'a str>,
+}
+
+/// The built-in kinds, plus `--exec` / `--worker` and `--aggregate-exec` / `--aggregate-worker`
+/// for everything else.
+pub fn registry(f: Fallbacks<'_>, max_output: usize) -> anyhow::Result<Registry> {
+    let command = |flag: &str, line: &str| {
+        ExecCommand::parse(line, max_output)
+            .and_then(|c| c.check_runnable().map(|()| c))
+            .map_err(|e| shardctl_common::Error::invalid(format!("--{flag}: {e}")))
+    };
     let mut r = Registry::with_builtins();
-    if let Some(line) = exec {
-        let cmd = ExecCommand::parse(line, max_output)
-            .and_then(|c| c.check_runnable().map(|()| c))
-            .map_err(|e| shardctl_common::Error::invalid(format!("--exec: {e}")))?;
-        r.fallback(ExecHandler(Arc::new(cmd)));
+    if let Some(line) = f.exec {
+        r.fallback(ExecHandler(Arc::new(command("exec", line)?)));
     }
-    if let Some(line) = aggregate_exec {
-        let cmd = ExecCommand::parse(line, max_output)
-            .and_then(|c| c.check_runnable().map(|()| c))
-            .map_err(|e| shardctl_common::Error::invalid(format!("--aggregate-exec: {e}")))?;
-        r.fallback_aggregator(ExecAggregator(Arc::new(cmd)));
+    if let Some(line) = f.worker {
+        r.fallback(WorkerHandler(worker::pool(command("worker", line)?)));
+    }
+    if let Some(line) = f.aggregate_exec {
+        r.fallback_aggregator(ExecAggregator(Arc::new(command("aggregate-exec", line)?)));
+    }
+    if let Some(line) = f.aggregate_worker {
+        r.fallback_aggregator(WorkerAggregator(worker::pool(command("aggregate-worker", line)?)));
     }
     Ok(r)
 }

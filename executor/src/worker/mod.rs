@@ -1,0 +1,149 @@
+//! `--worker` / `--aggregate-worker`: long-lived worker processes of any language that run one
+//! shard (or aggregation) at a time over the line protocol of docs/handlers.md, version 1. A
+//! Python worker pays its start once instead of once per shard.
+//!
+//! - `process`: one worker: start, hello, a request and its reply, cancel, death.
+//! - `pool`: the workers of one command, and the pauses of a command that keeps dying.
+
+mod pool;
+mod process;
+
+use std::sync::Arc;
+
+use serde_json::{json, Map, Value};
+
+use crate::child::ExecCommand;
+use crate::handler::{AggregateContext, Aggregator, BoxFuture, Handler, ShardContext, ShardError};
+
+pub use pool::Pool;
+pub use process::{CANCEL_GRACE, HELLO_TIMEOUT, PROTOCOL};
+
+/// The workers of `--worker CMD` (or `--aggregate-worker CMD`).
+pub fn pool(cmd: ExecCommand) -> Arc<Pool> {
+    Arc::new(Pool::new(cmd))
+}
+
+/// `--worker`: runs each shard in one of the pool's workers.
+pub struct WorkerHandler(pub Arc<Pool>);
+
+impl Handler for WorkerHandler {
+    fn run(&self, ctx: ShardContext) -> BoxFuture<Result<Value, ShardError>> {
+        let pool = self.0.clone();
+        Box::pin(async move {
+            let mut request = Map::new();
+            request.insert("type".into(), "shard".into());
+            request.insert("task_id".into(), ctx.task_id.clone().into());
+            request.insert("kind".into(), ctx.kind.clone().into());
+            request.insert("index".into(), ctx.index.into());
+            request.insert("total".into(), ctx.total.into());
+            request.insert("start".into(), ctx.range.start.into());
+            request.insert("end".into(), ctx.range.end.into());
+            request.insert("key".into(), ctx.key.clone().into());
+            request.insert("attempt".into(), ctx.attempt.into());
+            request.insert("payload".into(), payload(&ctx.payload));
+            let label = format!("{} shard {}", ctx.task_id, ctx.index);
+            ask(&pool, &ctx.node_id, request, None, &label).await
+        })
+    }
+}
+
+/// `--aggregate-worker`: runs each aggregation in one of the pool's workers, the shards'
+/// outcomes written to it line by line.
+pub struct WorkerAggregator(pub Arc<Pool>);
+
+impl Aggregator for WorkerAggregator {
+    fn aggregate(&self, ctx: AggregateContext) -> BoxFuture<Result<Value, ShardError>> {
+        let pool = self.0.clone();
+        Box::pin(async move {
+            let mut request = Map::new();
+            request.insert("type".into(), "aggregate".into());
+            request.insert("task_id".into(), ctx.task_id.clone().into());
+            request.insert("kind".into(), ctx.kind.clone().into());
+            request.insert("total".into(), ctx.total.into());
+            request.insert("done".into(), ctx.done.into());
+            request.insert("failed".into(), ctx.failed.into());
+            request.insert("attempt".into(), ctx.attempt.into());
+            request.insert("payload".into(), payload(&ctx.payload));
+            let results = ctx.results.clone();
+            let mut outcomes = results.iter().map(|o| {
+                let v = match &o.result {
+                    Ok(r) => json!({ "type": "outcome", "shard": o.index, "result": r }),
+                    Err(e) => json!({ "type": "outcome", "shard": o.index, "error": e }),
+                };
+                match v {
+                    Value::Object(m) => m,
+                    _ => unreachable!("an object"),
+                }
+            });
+            let label = format!("{} aggregation", ctx.task_id);
+            ask(&pool, &ctx.node_id, request, Some(&mut outcomes), &label).await
+        })
+    }
+}
+
+/// One request through a worker of `pool`: a worker that answered in the protocol goes back to
+/// the pool, any other is replaced. Dropped while its request runs (the shard's timeout, a
+/// cancel, a lost lock: the runtime drops the handler's future), the worker is sent a cancel
+/// and given [`CANCEL_GRACE`] by a task of its own, then kept or killed.
+async fn ask(
+    pool: &Arc<Pool>,
+    node_id: &str,
+    request: Map<String, Value>,
+    follow: Option<&mut (dyn Iterator<Item = Map<String, Value>> + Send)>,
+    label: &str,
+) -> Result<Value, ShardError> {
+    let mut held = Held { worker: Some(pool.take(node_id).await?), pool: pool.clone() };
+    let w = held.worker.as_mut().expect("taken");
+    let r = w.ask(request, follow, label).await;
+    let w = held.worker.take().expect("taken");
+    match r {
+        Ok(v) => {
+            pool.give_back(w);
+            Ok(v)
+        }
+        Err(f) if f.keep => {
+            pool.give_back(w);
+            Err(ShardError(f.reason))
+        }
+        Err(f) => {
+            pool.died(w, &f.reason);
+            Err(ShardError(f.reason))
+        }
+    }
+}
+
+/// A worker taken for a request, until the request ends.
+struct Held {
+    worker: Option<process::Worker>,
+    pool: Arc<Pool>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let Some(mut w) = self.worker.take() else { return };
+        let runtime = tokio::runtime::Handle::try_current();
+        match runtime {
+            Ok(rt) if w.in_flight() => {
+                let pool = self.pool.clone();
+                rt.spawn(async move {
+                    let f = w.cancel().await;
+                    if f.keep {
+                        pool.give_back(w);
+                    } else {
+                        pool.retire(w, "it did not answer a cancel within its grace");
+                    }
+                });
+            }
+            // cut while its request was being written: killed with its group
+            _ => self.pool.retire(w, "its request was cut short"),
+        }
+    }
+}
+
+/// The task payload as JSON (`null` when none; text that is not JSON as a string).
+fn payload(text: &str) -> Value {
+    if text.trim().is_empty() {
+        return Value::Null;
+    }
+    serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()))
+}

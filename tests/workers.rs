@@ -1,0 +1,283 @@
+//! `shardctl executor --worker` (docs/handlers.md, the protocol, version 1) with real worker
+//! processes: Python workers through `clients/python` (`shardctl_worker`) and raw-protocol
+//! workers written without it, for the failures: a worker that dies, writes outside the
+//! protocol or too long a line, hangs past the shard's timeout, or whose command dies at once.
+
+// the harness shared by the CLI test files: this one uses a part of it
+#[allow(dead_code)]
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::Value;
+use support::Cli;
+
+fn python_lib() -> String {
+    format!("{}/clients/python", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A Python file `name` in a fresh directory of the test.
+fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, body).unwrap();
+    p
+}
+
+fn tempdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("shardctl-workers-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn cli(queue: &str) -> Cli {
+    Cli::start(queue).with_env("PYTHONPATH", &python_lib())
+}
+
+/// The start of a raw-protocol worker: says hello, then answers `answer(msg)` for each shard.
+const RAW: &str = r#"
+import json, os, sys, time
+def send(m):
+    sys.stdout.write(json.dumps(m) + "\n"); sys.stdout.flush()
+send({"type": "hello", "protocol": 1})
+for line in sys.stdin:
+    m = json.loads(line)
+    if m["type"] != "shard":
+        continue
+    answer(m)
+"#;
+
+fn raw(dir: &Path, answer: &str) -> PathBuf {
+    // `answer` is defined first, the loop after
+    script(dir, "raw.py", &format!("import json, os, sys, time\n{answer}\n{RAW}"))
+}
+
+fn reasons(cli: &Cli, id: &str) -> Vec<String> {
+    let r = cli.json(&["status", id, "--failed", "--json"], 0);
+    r.as_array().unwrap().iter().map(|e| e["reason"].as_str().unwrap_or_default().to_owned()).collect()
+}
+
+#[test]
+fn python_workers_run_every_shard_in_few_processes_and_aggregate_once() {
+    let dir = tempdir("e2e");
+    let w = script(
+        &dir,
+        "w.py",
+        r#"
+import os
+from shardctl_worker import serve
+def handle(s):
+    print("shard", s.index, "of", s.task_id)          # goes to the executor's log
+    return {"n": s.end - s.start, "pid": os.getpid(), "day": s.payload["day"]}
+def aggregate(a):
+    rows = [o.result for o in a.outcomes]
+    return {"n": sum(r["n"] for r in rows), "pids": len({r["pid"] for r in rows}), "shards": len(rows),
+            "days": sorted({r["day"] for r in rows})}
+serve(handle, aggregate)
+"#,
+    );
+    let cmd = format!("python3 {}", w.display());
+    let cli = cli("workers-e2e");
+    let ex = cli.executor("wk", &["--worker", &cmd, "--aggregate-worker", &cmd, "--concurrency", "3"]);
+    let t = cli.json(
+        &[
+            "dispatch",
+            "--kind",
+            "report",
+            "--shards",
+            "60",
+            "--items",
+            "100000",
+            "--payload",
+            r#"{"day":"2026-12-02"}"#,
+            "--task-id",
+            "r1",
+            "--wait",
+            "--json",
+        ],
+        0,
+    );
+    assert_eq!(t["state"], "completed", "{t}\n{}", ex.log());
+    let r = &t["result"];
+    assert_eq!(r["n"], 100_000, "{t}");
+    assert_eq!(r["shards"], 60, "{t}");
+    assert_eq!(r["days"], serde_json::json!(["2026-12-02"]), "{t}");
+    // one process per run slot at most, not one per shard
+    let pids = r["pids"].as_u64().unwrap();
+    assert!((1..=3).contains(&pids), "{pids} worker processes for 60 shards at concurrency 3");
+    assert!(ex.log().contains("worker stderr: shard"), "a handler's print() reaches the log:\n{}", ex.log());
+}
+
+#[test]
+fn a_worker_that_dies_fails_its_shard_with_its_stderr_and_is_replaced() {
+    let dir = tempdir("dies");
+    let w = raw(
+        &dir,
+        r#"
+def answer(m):
+    if m["index"] == 3:
+        sys.stderr.write("about to die on shard 3\n"); sys.stderr.flush()
+        os._exit(3)
+    send({"type": "result", "id": m["id"], "result": m["index"]})
+"#,
+    );
+    let cli = cli("workers-dies");
+    let _ex = cli.executor("wd", &["--worker", &format!("python3 {}", w.display())]);
+    let t = cli.json(
+        &["dispatch", "--kind", "k", "--shards", "12", "--attempts", "1", "--task-id", "d", "--wait", "--json"],
+        3,
+    );
+    assert_eq!((t["done"].as_u64(), t["failed"].as_u64()), (Some(11), Some(1)), "{t}");
+    let why = reasons(&cli, "d");
+    assert_eq!(why.len(), 1, "{why:?}");
+    assert!(why[0].contains("exited with status 3") && why[0].contains("about to die on shard 3"), "{why:?}");
+}
+
+#[test]
+fn a_worker_writing_outside_the_protocol_or_too_long_a_line_fails_that_shard() {
+    let dir = tempdir("garbage");
+    let w = raw(
+        &dir,
+        r#"
+def answer(m):
+    if m["index"] == 2:
+        sys.stdout.write("debug output, not JSON\n"); sys.stdout.flush()
+    elif m["index"] == 4:
+        sys.stdout.write('{"type":"result","id":%d,"result":"%s"}\n' % (m["id"], "x" * 200000)); sys.stdout.flush()
+    elif m["index"] == 6:
+        send({"type": "result", "id": m["id"] + 100, "result": 1})
+    else:
+        send({"type": "result", "id": m["id"], "result": m["index"]})
+"#,
+    );
+    let cli = cli("workers-garbage");
+    let _ex = cli.executor("wg", &["--worker", &format!("python3 {}", w.display()), "--max-result-bytes", "1000"]);
+    let t = cli.json(
+        &["dispatch", "--kind", "k", "--shards", "10", "--attempts", "1", "--task-id", "g", "--wait", "--json"],
+        3,
+    );
+    assert_eq!((t["done"].as_u64(), t["failed"].as_u64()), (Some(7), Some(3)), "{t}");
+    let why = reasons(&cli, "g").join("\n");
+    assert!(why.contains("outside the protocol: debug output, not JSON"), "{why}");
+    assert!(why.contains("longer than the result limit"), "{why}");
+    assert!(why.contains("answered request"), "{why}");
+}
+
+#[test]
+fn a_hung_worker_is_stopped_at_the_shard_timeout_with_its_process_group() {
+    let dir = tempdir("hung");
+    let pidfile = dir.join("hung.pid");
+    let w = raw(
+        &dir,
+        &format!(
+            r#"
+def answer(m):
+    if m["index"] == 1:
+        open({pidfile:?}, "w").write(str(os.getpid()))
+        time.sleep(3600)   # ignores the cancel
+    send({{"type": "result", "id": m["id"], "result": m["index"]}})
+"#
+        ),
+    );
+    let cli = cli("workers-hung");
+    let _ex = cli.executor("wh", &["--worker", &format!("python3 {}", w.display())]);
+    let t = cli.json(
+        &[
+            "dispatch",
+            "--kind",
+            "k",
+            "--shards",
+            "6",
+            "--attempts",
+            "1",
+            "--shard-timeout",
+            "1s",
+            "--task-id",
+            "h",
+            "--wait",
+            "--json",
+        ],
+        3,
+    );
+    assert_eq!((t["done"].as_u64(), t["failed"].as_u64()), (Some(5), Some(1)), "{t}");
+    assert!(reasons(&cli, "h")[0].contains("timed out after 1s"), "{:?}", reasons(&cli, "h"));
+    // the cancel went unanswered: after its grace the worker is killed
+    let pid: u32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    support::eventually("the hung worker killed", Duration::from_secs(10), || {
+        if Path::new(&format!("/proc/{pid}")).exists()
+            && !std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default().contains(") Z ")
+        {
+            Err(format!("worker {pid} still runs"))
+        } else {
+            Ok(())
+        }
+    });
+}
+
+#[test]
+fn a_cancel_reaches_the_worker_which_stops_the_shard() {
+    let dir = tempdir("cancel");
+    let marks = dir.join("marks");
+    let w = script(
+        &dir,
+        "w.py",
+        &format!(
+            r#"
+import time
+from shardctl_worker import serve
+def handle(s):
+    open({marks:?}, "a").write("started\n")
+    while not s.cancelled():
+        time.sleep(0.01)
+    open({marks:?}, "a").write("cancelled\n")
+    raise RuntimeError("stopped")
+serve(handle)
+"#
+        ),
+    );
+    let cli = cli("workers-cancel");
+    let ex = cli.executor("wc", &["--worker", &format!("python3 {}", w.display())]);
+    cli.ok(&["dispatch", "--kind", "k", "--shards", "1", "--task-id", "c"]);
+    let read = || std::fs::read_to_string(&marks).unwrap_or_default();
+    support::eventually("the shard started", Duration::from_secs(20), || {
+        read().contains("started").then_some(()).ok_or_else(|| ex.log())
+    });
+    cli.ok(&["cancel", "c"]);
+    support::eventually("the worker saw the cancel", Duration::from_secs(20), || {
+        read().contains("cancelled").then_some(()).ok_or_else(|| format!("{}\n{}", read(), ex.log()))
+    });
+    let t = cli.json(&["status", "c", "--json"], 0);
+    assert_eq!(t["state"], "cancelled", "{t}");
+}
+
+#[test]
+fn a_worker_command_that_dies_at_once_is_paused_not_forked_in_a_loop() {
+    let dir = tempdir("broken");
+    let starts = dir.join("starts");
+    let w = script(&dir, "w.py", &format!("open({starts:?}, 'a').write('x')\nraise SystemExit(1)\n"));
+    let cli = cli("workers-broken");
+    let _ex = cli.executor("wb", &["--worker", &format!("python3 {}", w.display())]);
+    let t: Value = cli.json(
+        &["dispatch", "--kind", "k", "--shards", "40", "--attempts", "1", "--task-id", "b", "--wait", "--json"],
+        3,
+    );
+    assert_eq!(t["failed"], 40, "{t}");
+    let why = reasons(&cli, "b");
+    assert!(why.iter().any(|r| r.contains("exited with status 1 before its hello")), "{why:?}");
+    assert!(why.iter().any(|r| r.contains("worker command keeps dying at start")), "{why:?}");
+    let n = std::fs::read_to_string(&starts).unwrap().len();
+    assert!(n < 20, "{n} starts of a command that dies at once, for 40 shards");
+}
+
+#[test]
+fn the_python_library_passes_its_own_tests() {
+    let out = std::process::Command::new("python3")
+        .args(["-m", "unittest", "discover", "-v", "-s"])
+        .arg(format!("{}/tests", python_lib()))
+        .output()
+        .expect("python3 runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("Ran 7 tests"), "{err}");
+}
