@@ -281,3 +281,46 @@ fn the_python_library_passes_its_own_tests() {
     assert!(out.status.success(), "{err}");
     assert!(err.contains("Ran 7 tests"), "{err}");
 }
+
+#[test]
+fn the_node_library_passes_its_own_tests() {
+    let out = std::process::Command::new("node")
+        .args(["--test"])
+        .arg(format!("{}/clients/node/test/", env!("CARGO_MANIFEST_DIR")))
+        .output()
+        .expect("node runs");
+    let said = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("# pass 6") && said.contains("# fail 0"), "{said}");
+}
+
+#[test]
+fn a_node_worker_runs_a_task_end_to_end() {
+    let dir = tempdir("node");
+    let w = script(
+        &dir,
+        "w.js",
+        &format!(
+            r#"
+const {{ serve }} = require({lib:?});
+serve(async (s) => ({{ n: s.end - s.start, pid: process.pid }}), async (a) => {{
+  let n = 0; const pids = new Set();
+  for await (const o of a.outcomes) {{ n += o.result.n; pids.add(o.result.pid); }}
+  return {{ n, pids: pids.size }};
+}});
+"#,
+            lib = format!("{}/clients/node", env!("CARGO_MANIFEST_DIR"))
+        ),
+    );
+    let cmd = format!("node {}", w.display());
+    let cli = cli("workers-node");
+    let ex = cli.executor("wn", &["--worker", &cmd, "--aggregate-worker", &cmd, "--concurrency", "2"]);
+    let t = cli.json(
+        &["dispatch", "--kind", "js", "--shards", "30", "--items", "3000", "--task-id", "n1", "--wait", "--json"],
+        0,
+    );
+    assert_eq!(t["state"], "completed", "{t}\n{}", ex.log());
+    assert_eq!(t["result"]["n"], 3000, "{t}");
+    let pids = t["result"]["pids"].as_u64().unwrap();
+    assert!((1..=2).contains(&pids), "{pids} node processes for 30 shards at concurrency 2");
+}

@@ -1,0 +1,212 @@
+'use strict';
+/**
+ * Run shardctl shards in a long-lived Node process: the `--worker` protocol, version 1
+ * (docs/handlers.md). `serve(handler, aggregator)` says hello on stdout, then answers the
+ * executor's requests one at a time: `handler(shard)` for a shard, `aggregator(agg)` for an
+ * aggregation. Either may be async. A returned value is the result (JSON-able); a throw or a
+ * rejection fails the attempt with its message. A cancel (the shard's lock lost, its task
+ * cancelled, its timeout passed) sets `shard.cancelled()` and aborts `shard.signal`; the
+ * executor kills the worker if it does not answer within 2 s.
+ *
+ * While `serve` runs, `console.log` writes to stderr: stdout carries the protocol only.
+ * No dependencies.
+ */
+
+const readline = require('node:readline');
+
+const PROTOCOL = 1;
+
+class Shard {
+  constructor(msg, controller) {
+    this.taskId = msg.task_id;
+    this.task_id = msg.task_id;
+    this.kind = msg.kind;
+    this.index = msg.index;
+    this.total = msg.total;
+    this.start = msg.start;
+    this.end = msg.end;
+    this.key = msg.key;
+    this.attempt = msg.attempt;
+    this.payload = msg.payload === undefined ? null : msg.payload;
+    /** Aborted when the executor asks this shard to stop. */
+    this.signal = controller.signal;
+  }
+
+  /** True once the executor asked this shard to stop. */
+  cancelled() {
+    return this.signal.aborted;
+  }
+}
+
+class Aggregation {
+  constructor(msg, controller, outcomes) {
+    this.taskId = msg.task_id;
+    this.task_id = msg.task_id;
+    this.kind = msg.kind;
+    this.total = msg.total;
+    this.done = msg.done;
+    this.failed = msg.failed;
+    this.attempt = msg.attempt;
+    this.payload = msg.payload === undefined ? null : msg.payload;
+    this.signal = controller.signal;
+    /**
+     * The shards' outcomes in shard order, `{shard, result, error}` (`error` is null for a
+     * completed shard), read from the executor as they are consumed: `for await (const o of
+     * agg.outcomes)`.
+     */
+    this.outcomes = outcomes;
+  }
+
+  cancelled() {
+    return this.signal.aborted;
+  }
+}
+
+/** An async queue of the outcome lines of one aggregation. */
+class Lines {
+  constructor() {
+    this.items = [];
+    this.waiting = null;
+    this.ended = false;
+  }
+
+  push(item) {
+    if (this.waiting) {
+      const w = this.waiting;
+      this.waiting = null;
+      w(item);
+    } else {
+      this.items.push(item);
+    }
+  }
+
+  next() {
+    if (this.items.length) return Promise.resolve(this.items.shift());
+    return new Promise((resolve) => { this.waiting = resolve; });
+  }
+
+  async *[Symbol.asyncIterator]() {
+    while (!this.ended) {
+      const m = await this.next();
+      if (m === null || m.type === 'end') {
+        this.ended = true;
+        return;
+      }
+      yield { shard: m.shard, result: m.result === undefined ? null : m.result, error: m.error === undefined ? null : m.error };
+    }
+  }
+
+  async drain() {
+    // eslint-disable-next-line no-unused-vars
+    for await (const _ of this) { /* the rest of the outcomes */ }
+  }
+}
+
+function reason(e) {
+  if (e instanceof Error) return e.message ? `${e.name}: ${e.message}` : e.name;
+  return String(e);
+}
+
+/**
+ * Answers the executor's requests until it closes stdin; resolves then.
+ * @param {(shard: Shard) => any} handler
+ * @param {(agg: Aggregation) => any} [aggregator]
+ * @param {{input?: NodeJS.ReadableStream, output?: NodeJS.WritableStream}} [io]
+ */
+function serve(handler, aggregator, io = {}) {
+  const input = io.input || process.stdin;
+  let write;
+  if (io.output) {
+    write = io.output.write.bind(io.output);
+  } else {
+    // the protocol keeps stdout's writer; console.log and process.stdout.write in a handler go
+    // to stderr, so that they cannot break the protocol (a child process started with
+    // stdio 'inherit' still shares fd 1: give it 'pipe' or 'ignore')
+    write = process.stdout.write.bind(process.stdout);
+    process.stdout.write = process.stderr.write.bind(process.stderr);
+    const err = console.error.bind(console);
+    console.log = err;
+    console.info = err;
+    console.debug = err;
+  }
+  const output = { write };
+  const send = (m) => output.write(JSON.stringify(m) + '\n');
+  send({ type: 'hello', protocol: PROTOCOL });
+
+  const requests = [];
+  let wake = null;
+  let closed = false;
+  let current = null; // { id, controller, lines }
+
+  const rl = readline.createInterface({ input, crlfDelay: Infinity });
+  rl.on('line', (raw) => {
+    const text = raw.trim();
+    if (!text) return;
+    let m;
+    try {
+      m = JSON.parse(text);
+    } catch (e) {
+      process.stderr.write(`shardctl-worker: a line that is not JSON from the executor: ${text.slice(0, 200)}\n`);
+      return;
+    }
+    if (m.type === 'shard' || m.type === 'aggregate') {
+      const controller = new AbortController();
+      const lines = m.type === 'aggregate' ? new Lines() : null;
+      current = { id: m.id, controller, lines };
+      requests.push({ m, controller, lines });
+      if (wake) { const w = wake; wake = null; w(); }
+    } else if (m.type === 'outcome' || m.type === 'end') {
+      if (current && current.lines && current.id === m.id) current.lines.push(m);
+    } else if (m.type === 'cancel') {
+      if (current && current.id === m.id) {
+        current.controller.abort();
+        if (current.lines) current.lines.push(null);
+      }
+    }
+  });
+  rl.on('close', () => {
+    closed = true;
+    if (wake) { const w = wake; wake = null; w(); }
+  });
+
+  return (async () => {
+    for (;;) {
+      if (!requests.length) {
+        if (closed) return;
+        await new Promise((resolve) => { wake = resolve; });
+        continue;
+      }
+      const { m, controller, lines } = requests.shift();
+      let reply;
+      try {
+        let result;
+        if (m.type === 'shard') {
+          result = await handler(new Shard(m, controller));
+        } else {
+          if (!aggregator) throw new Error('this worker has no aggregator');
+          try {
+            result = await aggregator(new Aggregation(m, controller, lines));
+          } finally {
+            await lines.drain();
+          }
+        }
+        if (controller.signal.aborted) {
+          reply = { type: 'error', id: m.id, error: 'cancelled' };
+        } else {
+          const json = JSON.stringify(result === undefined ? null : result);
+          reply = json === undefined
+            ? { type: 'error', id: m.id, error: 'the result is not JSON' }
+            : `{"type":"result","id":${JSON.stringify(m.id)},"result":${json}}`;
+        }
+      } catch (e) {
+        if (m.type === 'aggregate' && lines) await lines.drain();
+        reply = { type: 'error', id: m.id, error: controller.signal.aborted ? 'cancelled' : reason(e) };
+      }
+      if (typeof reply === 'string') output.write(reply + '\n');
+      else send(reply);
+      if (current && current.id === m.id) current = null;
+    }
+  })();
+}
+
+module.exports = { serve, Shard, Aggregation, PROTOCOL };
