@@ -22,6 +22,8 @@
 //!   executor processes on a queue of 1 partition, then of 3: throughput and each master's
 //!   Redis CPU per shard (only scenario that does not use the bench's own server).
 //! - `bullmq`: `bench/bullmq/bench.js`, BullMQ's best case, on the same Redis.
+//! - `workers`: 2,000 shards sleeping 2 ms at concurrency 8 through the built-in `sleep`, a
+//!   Python `--exec` handler, Python and Node `--worker`s; 5,000 no-op shards through each.
 //!
 //! Redis figures come from `INFO` before and after (CPU = user + sys; commands = the `calls` of
 //! `INFO commandstats`, which counts commands run inside scripts under their own names too).
@@ -29,7 +31,7 @@
 //!
 //! # Layout
 //! One file per scenario group (`queue`: e2e and dispatch; `holding`: idle and upkeep; `primes`,
-//! `small`, `rss`, `pickup`, `failover`, `cluster`, `bullmq`), `process` (executor processes of this
+//! `small`, `rss`, `pickup`, `failover`, `cluster`, `bullmq`, `workers`), `process` (executor processes of this
 //! binary), `stats` (Redis `INFO` figures), `table` (medians against targets).
 
 mod bullmq;
@@ -44,6 +46,7 @@ mod rss;
 mod small;
 mod stats;
 pub mod table;
+mod workers;
 
 use std::collections::BTreeMap;
 
@@ -90,6 +93,8 @@ pub enum Scenario {
     Cluster,
     /// BullMQ's best case on the same Redis.
     Bullmq,
+    /// Handlers in Python and Node: `--worker` and `--exec` against a built-in kind.
+    Workers,
 }
 
 impl Scenario {
@@ -108,6 +113,7 @@ impl Scenario {
             Scenario::Failover => "failover",
             Scenario::Cluster => "cluster",
             Scenario::Bullmq => "bullmq",
+            Scenario::Workers => "workers",
         }
     }
 }
@@ -287,6 +293,7 @@ async fn measure(opts: &Options, ctx: &mut Ctx, version: String, mut notes: Vec<
                 Scenario::Pickup => pickup::run(ctx).await,
                 Scenario::Failover => failover::run(ctx).await,
                 Scenario::Cluster => cluster::run(ctx).await,
+                Scenario::Workers => workers::run(ctx).await,
                 Scenario::Bullmq => {
                     let script = bullmq_script.as_deref().expect("prepared");
                     bullmq::run(ctx, script, opts.shards.min(bullmq::CAP)).await
