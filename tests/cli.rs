@@ -64,6 +64,24 @@ fn dispatch_rejects_bad_task_ids() {
 }
 
 #[test]
+fn a_built_in_kinds_payload_is_checked_before_anything_is_written() {
+    let cli = Cli::start("builtin-payload");
+    cli.rejects(&["dispatch", "--kind", "sleep", "--shards", "3"], 2, r#"kind sleep needs a payload {"ms":N}"#);
+    cli.rejects(&["dispatch", "--kind", "sleep", "--shards", "3", "--payload", r#"{"secs":1}"#], 2, "unknown field");
+    cli.rejects(
+        &["dispatch", "--kind", "fail", "--shards", "3", "--payload", r#"{"rate":2}"#],
+        2,
+        "a rate from 0 to 1",
+    );
+    cli.rejects(
+        &["schedule", "add", "nightly", "--cron", "0 2 * * *", "--kind", "sleep", "--shards", "3"],
+        2,
+        r#"kind sleep needs a payload {"ms":N}"#,
+    );
+    cli.ok(&["dispatch", "--kind", "sleep", "--shards", "3", "--payload", r#"{"ms":1}"#]);
+}
+
+#[test]
 fn dispatch_rejects_a_payload_that_is_not_json() {
     let cli = Cli::start("bad-json");
     cli.rejects(&["dispatch", "--shards", "1", "--payload", "{nope"], 2, "payload is not valid JSON");

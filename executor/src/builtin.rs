@@ -120,6 +120,35 @@ impl Aggregator for PrimesTotal {
     }
 }
 
+/// Checks a task's payload for a built-in kind before anything is dispatched: `sleep` needs
+/// `{"ms":N}`, `fail` `{"rate":R}` with R from 0 to 1. Other kinds' payloads are their
+/// handlers' business.
+pub fn check_payload(kind: &str, payload: &str) -> Result<(), String> {
+    match kind {
+        "sleep" => serde_json::from_str::<SleepPayload>(payload)
+            .map(drop)
+            .map_err(|e| format!("kind sleep needs a payload {{\"ms\":N}} (got {}): {e}", clip(payload))),
+        "fail" => {
+            let p = serde_json::from_str::<FailPayload>(payload)
+                .map_err(|e| format!("kind fail needs a payload {{\"rate\":R}} (got {}): {e}", clip(payload)))?;
+            if (0.0..=1.0).contains(&p.rate) {
+                Ok(())
+            } else {
+                Err(format!("kind fail needs a rate from 0 to 1, got {}", p.rate))
+            }
+        }
+        _ => Ok(()),
+    }
+}
+
+fn clip(s: &str) -> String {
+    let s = s.trim();
+    match s.char_indices().nth(80) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_owned(),
+    }
+}
+
 /// `noop`: does nothing, at once.
 pub struct Noop;
 

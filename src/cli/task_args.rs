@@ -67,12 +67,15 @@ fn retention(s: &str) -> Result<Retention, String> {
 impl TaskArgs {
     /// The spec of task `id` with `shards` shards (validated by the caller).
     pub fn spec(&self, id: String, shards: u64) -> anyhow::Result<TaskSpec> {
+        let payload = self.payload()?;
+        // a built-in kind's payload is checked before anything is written
+        shardctl_executor::builtin::check_payload(&self.kind, &payload).map_err(Error::invalid)?;
         Ok(TaskSpec {
             id,
             kind: self.kind.clone(),
             shards,
             items: self.items.unwrap_or(shards),
-            payload: self.payload()?,
+            payload,
             attempts: self.attempts,
             backoff: self.backoff,
             priority: self.priority,
