@@ -346,6 +346,39 @@ fn full_run_through_executor_processes() {
 // 5. wait exit codes
 
 #[test]
+fn results_streams_every_shards_outcome_in_shard_order_over_partitions_too() {
+    let cli = Cli::start("results");
+    let _e = cli.executor("res-1", &[]);
+    let payload = r#"{"rate":0.5}"#;
+    let args =
+        ["dispatch", "--kind", "fail", "--payload", payload, "--shards", "10", "--attempts", "1", "--task-id", "f"];
+    let t = cli.json(&[&args[..], &["--wait", "--json"]].concat(), 3);
+    let out = cli.ok(&["results", "f"]);
+    let lines: Vec<Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 10, "{out}");
+    for (i, l) in lines.iter().enumerate() {
+        assert_eq!(l["shard"], json!(i), "{out}");
+    }
+    let errors = lines.iter().filter(|l| l.get("error").is_some()).count() as u64;
+    assert_eq!(Some(errors), t["failed"].as_u64(), "{out}");
+
+    // over 2 partitions: each share's results at the task's indexes
+    cli.ok(&["config", "--partitions", "2"]);
+    let t = cli.json(&["dispatch", "--shards", "6", "--items", "1000", "--task-id", "p", "--wait", "--json"], 0);
+    assert_eq!(t["partitions"], json!(2), "{t}");
+    let out = cli.ok(&["results", "p"]);
+    let lines: Vec<Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let shards: Vec<u64> = lines.iter().map(|l| l["shard"].as_u64().unwrap()).collect();
+    assert_eq!(shards, (0..6).collect::<Vec<_>>(), "{out}");
+    let primes: u64 = lines.iter().map(|l| l["result"]["primes"].as_u64().unwrap()).sum();
+    assert_eq!(primes, 168, "{out}");
+    // (not `rejects`: the end of `p` is still being passed on to its shares in the background)
+    let out = cli.run(&["results", "nope"]);
+    assert_eq!(out.code(), 1, "{out:?}");
+    assert!(out.stderr.contains("no task 'nope'"), "{out:?}");
+}
+
+#[test]
 fn wait_exits_3_when_shards_fail_and_status_lists_them() {
     let cli = Cli::start("wait-fail");
     let _e = cli.executor("fail-1", &[]);
@@ -355,6 +388,9 @@ fn wait_exits_3_when_shards_fail_and_status_lists_them() {
     let out = cli.run(&["wait", id]);
     assert_eq!(out.code(), 3, "{out:?}");
     assert!(out.stdout.contains(&format!("task {id} failed: 0 of 4 shards done, 4 failed")), "{out:?}");
+    // the reasons, counted, and where to see each shard
+    assert!(out.stdout.contains("failures by reason:\n        4 × injected failure"), "{out:?}");
+    assert!(out.stdout.contains(&format!("each failed shard: `shardctl status {id} --failed`")), "{out:?}");
 
     let t = cli.json(&["wait", id, "--json"], 3);
     assert_eq!(t["state"], json!("failed"));
@@ -551,7 +587,13 @@ fn every_command_refuses_names_that_would_form_other_keys() {
     let task = "task id 'x:terminal' has the character ':' at byte 1";
     cli.rejects(&["dispatch", "--shards", "1", "--task-id", "x:terminal"], 2, task);
     cli.rejects(&["dispatch", "--shards", "1", "--task-id", "x{y}"], 2, "task id 'x{y}' has the character '{'");
-    for cmd in [&["status", "x:terminal"][..], &["status", "x:terminal", "--failed"], &["wait", "x:terminal"]] {
+    let cmds = [
+        &["status", "x:terminal"][..],
+        &["status", "x:terminal", "--failed"],
+        &["wait", "x:terminal"],
+        &["results", "x:terminal"],
+    ];
+    for cmd in cmds {
         cli.rejects(cmd, 2, task);
     }
     for cmd in ["cancel", "retry"] {

@@ -247,3 +247,64 @@ pub async fn check_counted<C: ConnectionLike + Send>(
     }
     Ok(Counted::Sound)
 }
+
+/// One ended shard's outcome as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stored {
+    /// Completed, with this result (JSON text); `None`: none is stored (a `null` result is not,
+    /// nor any once a task dispatched with `keep_results` false ended).
+    Result(Option<String>),
+    /// Failed for good, for this reason.
+    Error(String),
+}
+
+/// The outcomes of task `t`'s ended shards among `from..from + count` (task indexes, over its
+/// shares), in index order; shards not ended are left out. Three reads per share the page
+/// touches (its terminal bits, results, reasons).
+pub async fn outcomes<C: ConnectionLike + Send>(
+    con: &mut C,
+    home: &Home,
+    t: &TaskInfo,
+    from: u64,
+    count: u64,
+) -> Result<Vec<(u64, Stored)>> {
+    let to = from.saturating_add(count).min(t.total);
+    let mut out = Vec::new();
+    for s in of(con, home, t).await? {
+        let (lo, hi) = (from.max(s.base) - s.base, to.min(s.base + s.size).saturating_sub(s.base));
+        if lo >= hi {
+            continue;
+        }
+        // a leftover of another incarnation under the id is not this task's
+        if !s.is_home() && read(con, &s.keys, &t.task_id, &t.inc, &[]).await?.is_none() {
+            continue;
+        }
+        let fields: Vec<u64> = (lo..hi).collect();
+        let (bits, results, errors): (Vec<u8>, Vec<Option<String>>, Vec<Option<String>>) = redis::pipe()
+            .cmd("GETRANGE")
+            .arg(s.keys.terminal(&t.task_id))
+            .arg(lo / 8)
+            .arg((hi - 1) / 8)
+            .cmd("HMGET")
+            .arg(s.keys.results(&t.task_id))
+            .arg(&fields)
+            .cmd("HMGET")
+            .arg(s.keys.errors(&t.task_id))
+            .arg(&fields)
+            .query_async(con)
+            .await?;
+        let ended = |i: u64| {
+            let byte = bits.get(((i - lo / 8 * 8) / 8) as usize).copied().unwrap_or(0);
+            byte & (0x80 >> (i % 8)) != 0
+        };
+        for ((&i, r), e) in fields.iter().zip(results).zip(errors) {
+            let stored = match (r, e) {
+                (_, Some(e)) => Stored::Error(e),
+                (r, None) if ended(i) => Stored::Result(r),
+                (_, None) => continue,
+            };
+            out.push((s.base + i, stored));
+        }
+    }
+    Ok(out)
+}

@@ -29,6 +29,7 @@ pub mod exit;
 mod lock;
 mod pause;
 mod redis_server;
+mod results;
 mod ring;
 mod schedule;
 mod status;
@@ -170,6 +171,8 @@ pub enum Command {
     Status(status::StatusArgs),
     /// Wait for a task to end; exit 0 when it completed, 3 when it failed, 4 when cancelled.
     Wait(wait::WaitArgs),
+    /// Every shard's result (or failure reason) of a task, as JSON lines in shard order.
+    Results(results::ResultsArgs),
     /// Run a primes task end to end on a private redis-server and check the result.
     Demo(demo::DemoArgs),
     /// Placement strategies: `ring simulate` shows balance and movement.
@@ -242,6 +245,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         Command::Coordinator(a) => coordinator::run(&args, a).await,
         Command::Status(a) => status::run(&args, a).await,
         Command::Wait(a) => wait::run(&args, a).await,
+        Command::Results(a) => results::run(&args, a).await,
         Command::Demo(a) => demo::run(&args, a).await,
         Command::Ring(a) => ring::run(a),
         Command::Lock(a) => lock::run(&args, a).await,

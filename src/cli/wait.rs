@@ -76,7 +76,41 @@ pub async fn wait_and_print(
     bar.finish();
     let t = t?;
     print_final(&t, json);
+    if !json && t.failed > 0 {
+        print_reasons(con, args, &t).await?;
+    }
     Ok(final_code(&t))
+}
+
+/// Reasons read for the summary at most (a task with more failures is only pointed at them).
+const SUMMARY_MAX_FAILED: u64 = 100_000;
+/// Reasons shown.
+const TOP_REASONS: usize = 5;
+
+/// The most frequent failure reasons of ended task `t`, with their counts, and where to see
+/// each failed shard.
+async fn print_reasons(con: &mut Conn, args: &Args, t: &TaskInfo) -> anyhow::Result<()> {
+    let id = &t.task_id;
+    if t.failed <= SUMMARY_MAX_FAILED {
+        let failed = shardctl_coordinator::progress::failed_shards(con, &args.keys()?, id).await?;
+        let mut by_reason: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+        for (_, why) in &failed {
+            *by_reason.entry(why.as_str()).or_default() += 1;
+        }
+        let mut top: Vec<(&str, u64)> = by_reason.into_iter().collect();
+        top.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+        let more = top.len().saturating_sub(TOP_REASONS);
+        outln!(
+            "failures by reason{}:",
+            if more > 0 { format!(" (the {TOP_REASONS} most frequent)") } else { String::new() }
+        );
+        for (why, n) in top.into_iter().take(TOP_REASONS) {
+            let why = why.lines().next().unwrap_or_default();
+            outln!("  {n:>7} × {why}");
+        }
+    }
+    outln!("each failed shard: `shardctl status {id} --failed`");
+    Ok(())
 }
 
 pub fn final_code(t: &TaskInfo) -> ExitCode {

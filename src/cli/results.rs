@@ -1,0 +1,63 @@
+//! `shardctl results TASK`: every shard's stored outcome as JSON lines, in shard order, read a
+//! page at a time (a task of millions of shards streams in bounded memory).
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::Parser;
+use shardctl_common::share::{self, Stored};
+
+use super::{connect, Args};
+
+/// Shards read per page.
+const PAGE: u64 = 1000;
+
+#[derive(Debug, Parser)]
+pub struct ResultsArgs {
+    /// The task id.
+    pub task: String,
+}
+
+pub async fn run(args: &Args, a: &ResultsArgs) -> anyhow::Result<ExitCode> {
+    super::task_id(&a.task)?;
+    let (_, mut con) = connect(args).await?;
+    let home = args.keys()?;
+    let t = shardctl_coordinator::progress::task(&mut con, &home, &a.task).await?;
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let dropped = t.state.is_finished() && !t.keep_results;
+    let mut shown = 0u64;
+    let mut from = 0;
+    while from < t.total {
+        for (i, o) in share::outcomes(&mut con, &home, &t, from, PAGE).await? {
+            // a stored result is JSON text already: written as it is
+            let line = match o {
+                Stored::Result(Some(r)) => format!("{{\"shard\":{i},\"result\":{r}}}"),
+                // none stored: a null result, or dropped at the end (then only failures show)
+                Stored::Result(None) if dropped => continue,
+                Stored::Result(None) => format!("{{\"shard\":{i},\"result\":null}}"),
+                Stored::Error(e) => format!("{{\"shard\":{i},\"error\":{}}}", serde_json::to_string(&e)?),
+            };
+            if writeln!(out, "{line}").is_err() {
+                // a closed pipe (`| head`): nothing more to say
+                return Ok(ExitCode::SUCCESS);
+            }
+            shown += 1;
+        }
+        from += PAGE;
+    }
+    let _ = out.flush();
+    if shown < t.total {
+        let why = if !t.state.is_finished() {
+            format!("task {} is {}: the others have no outcome yet", a.task, t.state.as_str())
+        } else if dropped {
+            "the task was dispatched with --keep-results false: its results were dropped at its end, its \
+             failures are shown"
+                .to_owned()
+        } else {
+            "the others have no stored outcome".to_owned()
+        };
+        eprintln!("note: {shown} of {} shards have an outcome; {why}", t.total);
+    }
+    Ok(ExitCode::SUCCESS)
+}
