@@ -6,8 +6,9 @@
 //! SHARDCTL_REDIS=redis://127.0.0.1:6379 cargo run --example squares
 //! shardctl dispatch --kind squares --shards 100 --items 1000000 --wait
 //! ```
-//! `SHARDCTL_NODE_ID` names the node (default: host-pid); `SHARDCTL_LOCK_MS` shortens the lock
-//! (default 30 s: a dead node's shards come back that long after its death).
+//! `SHARDCTL_REDIS` is the Redis URL (default redis://127.0.0.1:6379), `SHARDCTL_QUEUE` the queue
+//! (default `default`), `SHARDCTL_NODE_ID` names the node (default: host-pid); `SHARDCTL_LOCK_MS`
+//! shortens the lock (default 30 s: a dead node's shards come back that long after its death).
 
 use std::time::Duration;
 
@@ -36,8 +37,9 @@ impl Aggregator for Sum {
         Box::pin(async move {
             let mut sum = 0;
             for o in ctx.results.iter() {
-                sum +=
-                    o.result.as_ref().map_err(|e| ShardError(format!("shard {}: {e}", o.index)))?.as_u64().unwrap_or(0);
+                let r = o.result.as_ref().map_err(|e| ShardError(format!("shard {}: {e}", o.index)))?;
+                // a result this aggregator cannot read is refused, never counted as 0
+                sum += r.as_u64().ok_or_else(|| ShardError(format!("shard {} returned {r}, not a sum", o.index)))?;
             }
             Ok(json!({ "sum": sum }))
         })
@@ -46,6 +48,16 @@ impl Aggregator for Sum {
 
 #[tokio::main]
 async fn main() -> shardctl::Result<()> {
+    if std::env::args().skip(1).any(|a| a == "--help" || a == "-h") {
+        println!(
+            "squares: an executor node serving kind `squares` (sum of i² over each shard's items)\n\n\
+             usage: cargo run --example squares\n\n\
+             environment: SHARDCTL_REDIS (default redis://127.0.0.1:6379), SHARDCTL_QUEUE (default\n\
+             `default`), SHARDCTL_NODE_ID (default host-pid), SHARDCTL_LOCK_MS (default 30000)\n\n\
+             then: shardctl dispatch --kind squares --shards 100 --items 1000000 --wait"
+        );
+        return Ok(());
+    }
     let env = |name: &str| std::env::var(name).ok();
     let mut registry = Registry::with_builtins();
     registry.handler("squares", Squares).aggregator("squares", Sum);
@@ -58,7 +70,8 @@ async fn main() -> shardctl::Result<()> {
         config.executor.lock_renew = Duration::from_millis(ms / 3);
     }
     let url = env("SHARDCTL_REDIS").unwrap_or_else(|| "redis://127.0.0.1:6379".into());
-    let stats = Node::connect(&url, "default", config, registry).await?.run_until_signal().await?;
+    let queue = env("SHARDCTL_QUEUE").unwrap_or_else(|| "default".into());
+    let stats = Node::connect(&url, &queue, config, registry).await?.run_until_signal().await?;
     eprintln!("stopped: {stats:?}");
     Ok(())
 }

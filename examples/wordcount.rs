@@ -95,11 +95,21 @@ fn sample_file() -> std::io::Result<std::path::PathBuf> {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let (mut file, mut shards, mut redis_url) = (None, 64u64, None);
+    let (mut file, mut shards, mut redis_url) = (None, 64u64, std::env::var("SHARDCTL_REDIS").ok());
     while let Some(a) = args.next() {
         match a.as_str() {
             "--shards" => shards = args.next().ok_or("--shards needs a number")?.parse()?,
             "--redis" => redis_url = Some(args.next().ok_or("--redis needs a URL")?),
+            "--help" | "-h" => {
+                println!(
+                    "wordcount: counts the words of FILE in shards, dispatched, run and waited for from one program\n\n\
+                     usage: cargo run --example wordcount -- [FILE] [--shards N] [--redis URL]\n\n\
+                     FILE defaults to a generated sample; --redis (or SHARDCTL_REDIS) to a private\n\
+                     redis-server started for the run; the queue is SHARDCTL_QUEUE (default `wordcount`)"
+                );
+                return Ok(());
+            }
+            flag if flag.starts_with('-') => return Err(format!("unknown option {flag}: see --help").into()),
             _ => file = Some(std::path::PathBuf::from(a)),
         }
     }
@@ -115,7 +125,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let server = redis_url.is_none().then(shardctl_testkit::TestRedis::start);
     let url = redis_url.unwrap_or_else(|| server.as_ref().expect("started").url());
-    let keys = Home::new("shardctl", "wordcount")?;
+    let queue = std::env::var("SHARDCTL_QUEUE").unwrap_or_else(|_| "wordcount".into());
+    let keys = Home::new("shardctl", &queue)?;
     let endpoint = conn::open(&url)?;
     let mut con = endpoint.manager().await?;
 

@@ -48,4 +48,9 @@ async function aggregate(agg) {
   return { task: agg.task_id, rows, picked, sum, failed_shards: failed };
 }
 
-serve(handle, aggregate);
+if (process.argv.includes('--help') || process.argv.includes('-h')) {
+  console.log('the README\'s report as a Node worker\n\nusage: shardctl executor --worker "node ' + __filename +
+    '" --aggregate-worker "node ' + __filename + '"');
+} else {
+  serve(handle, aggregate);
+}
