@@ -324,3 +324,77 @@ serve(async (s) => ({{ n: s.end - s.start, pid: process.pid }}), async (a) => {{
     let pids = t["result"]["pids"].as_u64().unwrap();
     assert!((1..=2).contains(&pids), "{pids} node processes for 30 shards at concurrency 2");
 }
+
+#[test]
+fn a_worker_that_never_says_hello_fails_the_shard_and_is_killed() {
+    let dir = tempdir("mute");
+    let pidfile = dir.join("mute.pid");
+    let w = script(
+        &dir,
+        "w.py",
+        &format!("import os, time\nopen({pidfile:?}, 'w').write(str(os.getpid()))\ntime.sleep(3600)\n"),
+    );
+    let cli = cli("workers-mute");
+    let _ex = cli.executor("wm", &["--worker", &format!("python3 {}", w.display()), "--concurrency", "1"]);
+    let t = cli.json(
+        &["dispatch", "--kind", "k", "--shards", "1", "--attempts", "1", "--task-id", "m", "--wait", "--json"],
+        3,
+    );
+    assert_eq!(t["failed"], 1, "{t}");
+    let why = reasons(&cli, "m");
+    assert!(why[0].contains("worker never said hello within 10s"), "{why:?}");
+    let pid: u32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    support::eventually("the mute worker killed", Duration::from_secs(10), || {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        if stat.is_empty() || stat.contains(") Z ") {
+            Ok(())
+        } else {
+            Err(format!("worker {pid} still runs"))
+        }
+    });
+}
+
+#[test]
+fn shutdown_lets_a_running_shard_finish_in_its_worker_then_stops_the_workers() {
+    let dir = tempdir("grace");
+    let marks = dir.join("marks");
+    let w = script(
+        &dir,
+        "w.py",
+        &format!(
+            r#"
+import os, time
+from shardctl_worker import serve
+open({marks:?}, "a").write("pid %d\n" % os.getpid())
+def handle(s):
+    open({marks:?}, "a").write("started\n")
+    time.sleep(1.5)
+    return "finished"
+serve(handle)
+"#
+        ),
+    );
+    let cli = cli("workers-grace");
+    let mut ex = cli.executor("wgr", &["--worker", &format!("python3 {}", w.display()), "--concurrency", "1"]);
+    cli.ok(&["dispatch", "--kind", "k", "--shards", "1", "--task-id", "s"]);
+    let read = || std::fs::read_to_string(&marks).unwrap_or_default();
+    support::eventually("the shard started", Duration::from_secs(20), || {
+        read().contains("started").then_some(()).ok_or_else(|| ex.log())
+    });
+    // SIGTERM: the running shard gets up to --grace (2 s here) and finishes in 1.5 s
+    let st = ex.terminate();
+    assert_eq!(st.code(), Some(0), "{st:?}\n{}", ex.log());
+    // (its aggregation waits for an executor: this one stopped)
+    let t = cli.json(&["status", "s", "--json"], 0);
+    assert_eq!((t["done"].as_u64(), t["failed"].as_u64()), (Some(1), Some(0)), "{t}\n{}", ex.log());
+    // and the worker went with the executor
+    let pid: u32 = read().lines().find_map(|l| l.strip_prefix("pid ")).unwrap().parse().unwrap();
+    support::eventually("the worker stopped", Duration::from_secs(10), || {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        if stat.is_empty() || stat.contains(") Z ") {
+            Ok(())
+        } else {
+            Err(format!("worker {pid} still runs"))
+        }
+    });
+}
