@@ -279,7 +279,7 @@ fn the_python_library_passes_its_own_tests() {
         .expect("python3 runs");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
-    assert!(err.contains("Ran 7 tests"), "{err}");
+    assert!(err.contains("Ran 10 tests"), "{err}");
 }
 
 #[test]
@@ -397,4 +397,72 @@ serve(handle)
             Err(format!("worker {pid} still runs"))
         }
     });
+}
+
+/// Shards that crash their worker fail, and only they: a worker that said hello and died on a
+/// shard is not a command that cannot start, so the other shards are not paused.
+#[test]
+fn poison_shards_fail_alone_and_do_not_pause_the_command() {
+    let dir = tempdir("poison");
+    let w = raw(
+        &dir,
+        r#"
+def answer(m):
+    if m["index"] < 6:
+        os._exit(1)
+    send({"type": "result", "id": m["id"], "result": m["index"]})
+"#,
+    );
+    let cli = cli("workers-poison");
+    let _ex = cli.executor("wp", &["--worker", &format!("python3 {}", w.display()), "--concurrency", "1"]);
+    let t = cli.json(
+        &["dispatch", "--kind", "k", "--shards", "12", "--attempts", "1", "--task-id", "p", "--wait", "--json"],
+        3,
+    );
+    assert_eq!((t["done"].as_u64(), t["failed"].as_u64()), (Some(6), Some(6)), "{t}");
+    let why = reasons(&cli, "p");
+    assert!(why.iter().all(|r| r.contains("exited with status 1 while running the shard")), "{why:?}");
+}
+
+/// A worker that answers late (after its shard's timeout) and then answers the cancel too,
+/// as the protocol allows: the stale lines are passed over, the next shards run.
+#[test]
+fn a_late_answer_after_a_cancel_does_not_fail_the_next_shard() {
+    let dir = tempdir("late");
+    let w = raw(
+        &dir,
+        r#"
+def answer(m):
+    if m["index"] == 0:
+        time.sleep(1.2)
+        send({"type": "result", "id": m["id"], "result": "late"})
+        # then it reads the cancel that came meanwhile, and answers it
+        c = json.loads(sys.stdin.readline())
+        send({"type": "error", "id": c["id"], "error": "cancelled"})
+        return
+    send({"type": "result", "id": m["id"], "result": m["index"]})
+"#,
+    );
+    let cli = cli("workers-late");
+    let _ex = cli.executor("wl", &["--worker", &format!("python3 {}", w.display()), "--concurrency", "1"]);
+    let t = cli.json(
+        &[
+            "dispatch",
+            "--kind",
+            "k",
+            "--shards",
+            "3",
+            "--attempts",
+            "1",
+            "--shard-timeout",
+            "1s",
+            "--task-id",
+            "l",
+            "--wait",
+            "--json",
+        ],
+        3,
+    );
+    assert_eq!((t["done"].as_u64(), t["failed"].as_u64()), (Some(2), Some(1)), "{t}");
+    assert!(reasons(&cli, "l")[0].contains("timed out after 1s"), "{:?}", reasons(&cli, "l"));
 }

@@ -6,8 +6,10 @@ A handler returns any JSON-able value; an exception fails the attempt with its m
 cancel (the shard's lock lost, its task cancelled, its timeout passed) sets
 ``shard.cancelled()``; the executor kills the worker if it does not answer within 2 s.
 
-While ``serve`` runs, ``sys.stdout`` is stderr: stdout carries the protocol only, so a stray
-``print`` cannot break it. Standard library only.
+While ``serve`` runs, ``sys.stdout`` is stderr and stdin is ``/dev/null``: the real stdin and
+stdout carry the protocol only, so neither a stray ``print`` nor a subprocess can break it.
+Write nothing to stdout before ``serve`` (the executor expects the hello first). The shards'
+largest result is ``SHARDCTL_MAX_RESULT_BYTES``. Standard library only.
 """
 
 import json
@@ -56,7 +58,8 @@ class Shard:
 class Aggregation:
     """One aggregation: ``task_id``, ``kind``, ``total``, ``done``, ``failed``, ``attempt``,
     ``payload``, and ``outcomes``, an iterator of ``Outcome(shard, result, error)`` in shard
-    order, read from the executor as it is consumed (never all held at once)."""
+    order. The library reads the outcome lines as they come (a cancel must get through), so
+    they are buffered while the aggregator is slower than the pipe."""
 
     def __init__(self, msg, lines, cancel):
         self.task_id = msg.get("task_id")
@@ -101,7 +104,8 @@ class _Channel:
         threading.Thread(target=self._read, args=(inp,), daemon=True).start()
 
     def send(self, msg):
-        line = json.dumps(msg, separators=(",", ":"), ensure_ascii=False) + "\n"
+        # NaN and Infinity are not JSON: refused here (a ValueError), not sent
+        line = json.dumps(msg, separators=(",", ":"), ensure_ascii=False, allow_nan=False) + "\n"
         with self._lock:
             self._out.write(line)
             self._out.flush()
@@ -118,6 +122,8 @@ class _Channel:
 
     def _read(self, inp):
         for raw in inp:
+            if isinstance(raw, bytes):
+                raw = raw.decode("utf-8", errors="replace")
             raw = raw.strip()
             if not raw:
                 continue
@@ -169,7 +175,15 @@ def serve(handler, aggregator=None, stdin=None, stdout=None):
         os.dup2(2, 1)
     else:
         out = stdout
-    inp = stdin if stdin is not None else sys.stdin
+    if stdin is None:
+        # likewise the protocol keeps the real stdin (read as UTF-8 whatever the locale); fd 0
+        # becomes /dev/null, so that a subprocess cannot read the executor's requests
+        inp = os.fdopen(os.dup(0), "rb")
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+    else:
+        inp = stdin
     saved = sys.stdout
     sys.stdout = sys.stderr
     try:

@@ -12,15 +12,15 @@ import unittest
 LIB = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def start(body):
-    env = dict(os.environ, PYTHONPATH=LIB)
+def start(body, **env_extra):
+    env = dict(os.environ, PYTHONPATH=LIB, **env_extra)
     code = "from shardctl_worker import serve\n" + textwrap.dedent(body)
     return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env, text=True, bufsize=1)
+                            stderr=subprocess.PIPE, env=env, text=True, encoding="utf-8", bufsize=1)
 
 
 def send(p, msg):
-    p.stdin.write(json.dumps(msg) + "\n")
+    p.stdin.write(json.dumps(msg, ensure_ascii=False) + "\n")
     p.stdin.flush()
 
 
@@ -46,8 +46,8 @@ class WorkerTest(unittest.TestCase):
             for f in (p.stdin, p.stdout, p.stderr):
                 f.close()
 
-    def worker(self, body):
-        p = start(body)
+    def worker(self, body, **env):
+        p = start(body, **env)
         self.procs = getattr(self, "procs", []) + [p]
         self.assertEqual(read(p), {"type": "hello", "protocol": 1})
         return p
@@ -142,6 +142,36 @@ class WorkerTest(unittest.TestCase):
         r = read(p)
         self.assertEqual((r["type"], r["id"]), ("error", 1))
         self.assertIn("no aggregator", r["error"])
+
+    def test_nan_is_not_json_and_fails_the_shard_not_the_worker(self):
+        p = self.worker("serve(lambda s: float('nan') if s.index == 1 else s.index)\n")
+        send(p, shard(1))
+        r = read(p)
+        self.assertEqual((r["type"], r["id"]), ("error", 1))
+        self.assertIn("not JSON", r["error"])
+        send(p, shard(2))
+        self.assertEqual(read(p), {"type": "result", "id": 2, "result": 2})
+
+    def test_a_subprocess_cannot_read_the_requests(self):
+        p = self.worker("""
+            import subprocess
+            def handle(s):
+                if s.index == 1:
+                    # a child that reads its stdin gets /dev/null, not the next request
+                    subprocess.Popen(["sh", "-c", "read line; echo stolen: $line >&2"])
+                return s.index
+            serve(handle)
+        """)
+        send(p, shard(1))
+        self.assertEqual(read(p)["result"], 1)
+        time.sleep(0.2)
+        send(p, shard(2))
+        self.assertEqual(read(p), {"type": "result", "id": 2, "result": 2})
+
+    def test_text_is_utf8_whatever_the_locale(self):
+        p = self.worker("serve(lambda s: s.payload)\n", PYTHONIOENCODING="latin-1", LC_ALL="C")
+        send(p, shard(1, payload={"name": "café ✓"}))
+        self.assertEqual(read(p), {"type": "result", "id": 1, "result": {"name": "café ✓"}})
 
     def test_the_end_of_stdin_ends_the_worker(self):
         p = self.worker("serve(lambda s: 1)\n")

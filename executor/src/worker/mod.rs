@@ -16,6 +16,7 @@ use crate::child::ExecCommand;
 use crate::handler::{AggregateContext, Aggregator, BoxFuture, Handler, ShardContext, ShardError};
 
 pub use pool::Pool;
+pub use pool::{FAILED_STARTS, MAX_PAUSE};
 pub use process::{CANCEL_GRACE, HELLO_TIMEOUT, PROTOCOL};
 
 /// The workers of `--worker CMD` (or `--aggregate-worker CMD`).

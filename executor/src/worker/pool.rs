@@ -1,10 +1,11 @@
 //! The worker processes of one command: started when shards come (at most one per run slot,
 //! since each runs one shard at a time), kept while they behave, replaced when they do not. A
-//! command that dies within [`FAST_DEATH`] of its start [`FAST_DEATHS`] times in a row is
+//! command that fails to start (exits, or never says hello) [`FAILED_STARTS`] times in a row is
 //! started again only after a pause that doubles each time up to [`MAX_PAUSE`]: a broken
-//! command does not fork in a loop.
+//! command does not fork in a loop. A worker that said hello and then died on a shard is the
+//! shard's doing (its attempt fails), not the command's: it does not count.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::child::ExecCommand;
@@ -12,11 +13,9 @@ use crate::handler::ShardError;
 
 use super::process::Worker;
 
-/// A death this soon after the start is a fast death.
-pub const FAST_DEATH: Duration = Duration::from_secs(1);
-/// Fast deaths in a row before the pauses.
-pub const FAST_DEATHS: u32 = 5;
-/// The longest pause between starts of a command that keeps dying.
+/// Failed starts in a row before the pauses.
+pub const FAILED_STARTS: u32 = 5;
+/// The longest pause between starts of a command that keeps failing to start.
 pub const MAX_PAUSE: Duration = Duration::from_secs(30);
 /// Idle workers kept at most (more run only while that many shards do).
 const MAX_IDLE: usize = 256;
@@ -41,16 +40,17 @@ impl Pool {
         Pool { cmd, idle: Mutex::new(Vec::new()), deaths: Mutex::new(Deaths::default()) }
     }
 
-    /// An idle worker, or a new one.
-    pub async fn take(&self, node_id: &str) -> Result<Worker, ShardError> {
+    /// An idle worker, or a new one. A start goes on in a task of its own: a shard that gives
+    /// up meanwhile (its timeout, a cancel) leaves the new worker to the pool, not killed.
+    pub async fn take(self: &Arc<Self>, node_id: &str) -> Result<Worker, ShardError> {
         loop {
             let w = self.idle.lock().unwrap().pop();
             let Some(mut w) = w else { break };
-            if !w.exited() {
-                return Ok(w);
+            match w.ready().await {
+                Ok(()) => return Ok(w),
+                // it died or misbehaved idle: replaced, another is tried
+                Err(why) => self.retire(w, &why),
             }
-            // it died idle: its death is counted, another is tried
-            self.died(w, "exited while idle");
         }
         {
             let d = self.deaths.lock().unwrap();
@@ -63,52 +63,57 @@ impl Pool {
                 )));
             }
         }
-        let started = Instant::now();
-        match Worker::start(&self.cmd, node_id).await {
-            Ok(w) => Ok(w),
-            Err(why) => {
-                self.death(started.elapsed(), &why);
-                Err(ShardError(why))
+        let (pool, node) = (self.clone(), node_id.to_owned());
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            match Worker::start(&pool.cmd, &node).await {
+                Ok(w) => {
+                    pool.deaths.lock().unwrap().started();
+                    // the shard that asked gave up: the worker waits in the pool
+                    if let Err(Ok(w)) = tx.send(Ok(w)) {
+                        pool.give_back(w);
+                    }
+                }
+                Err(why) => {
+                    pool.failed_start(&why);
+                    let _ = tx.send(Err(why));
+                }
             }
+        });
+        match rx.await {
+            Ok(Ok(w)) => Ok(w),
+            Ok(Err(why)) => Err(ShardError(why)),
+            Err(_) => Err(ShardError::new("the worker's start was cut short")),
         }
     }
 
     /// Gives back a worker that behaved.
     pub fn give_back(&self, w: Worker) {
-        self.deaths.lock().unwrap().in_a_row = 0;
         let mut idle = self.idle.lock().unwrap();
         if idle.len() < MAX_IDLE {
             idle.push(w);
         }
     }
 
-    /// A worker that misbehaved or died: dropped (its process group killed); a fast death
-    /// counts toward the pauses.
+    /// A worker that misbehaved or died on a request: dropped (its process group killed).
     pub fn died(&self, w: Worker, why: &str) {
-        let age = w.started.elapsed();
         tracing::warn!(worker = w.pid(), "worker replaced: {why}");
         drop(w);
-        self.death(age, why);
     }
 
     /// A worker stopped for what happened to its request (a cancel it did not answer in time, a
-    /// request cut short): dropped, its process group killed; not a death of the command.
+    /// request cut short) or to it while idle: dropped, its process group killed.
     pub fn retire(&self, w: Worker, why: &str) {
         tracing::info!(worker = w.pid(), "worker stopped: {why}");
         drop(w);
     }
 
-    fn death(&self, age: Duration, why: &str) {
+    fn failed_start(&self, why: &str) {
         let mut d = self.deaths.lock().unwrap();
-        if age >= FAST_DEATH {
-            d.in_a_row = 0;
-            d.not_before = None;
-            return;
-        }
         d.in_a_row += 1;
         d.last = why.to_owned();
-        if d.in_a_row >= FAST_DEATHS {
-            let pause = Duration::from_secs(1 << (d.in_a_row - FAST_DEATHS).min(5)).min(MAX_PAUSE);
+        if d.in_a_row >= FAILED_STARTS {
+            let pause = Duration::from_secs(1 << (d.in_a_row - FAILED_STARTS).min(5)).min(MAX_PAUSE);
             d.not_before = Some(Instant::now() + pause);
             tracing::error!(
                 command = %self.cmd.program(),
@@ -116,5 +121,12 @@ impl Pool {
                 d.in_a_row
             );
         }
+    }
+}
+
+impl Deaths {
+    fn started(&mut self) {
+        self.in_a_row = 0;
+        self.not_before = None;
     }
 }

@@ -56,7 +56,8 @@ pub struct Worker {
     next_id: u64,
     /// The request sent whole and not yet answered.
     in_flight: Option<u64>,
-    /// When it was started (a death soon after is a fast death: `pool`).
+
+    /// When it was started.
     pub started: Instant,
     /// What it runs now, for its stderr lines.
     running: Arc<Mutex<String>>,
@@ -72,6 +73,7 @@ impl Worker {
             .args(cmd.args())
             .env("SHARDCTL_WORKER_PROTOCOL", PROTOCOL.to_string())
             .env("SHARDCTL_NODE_ID", node_id)
+            .env("SHARDCTL_MAX_RESULT_BYTES", cmd.max_output().to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -93,6 +95,7 @@ impl Worker {
             lines,
             next_id: 0,
             in_flight: None,
+
             started: Instant::now(),
             running,
             tail,
@@ -107,9 +110,22 @@ impl Worker {
         self.pid
     }
 
-    /// Whether it exited by itself (an idle worker that died is not used again).
-    pub fn exited(&mut self) -> bool {
-        !matches!(self.child.try_wait(), Ok(None))
+    /// Whether an idle worker can take a request: it has not exited, and what it wrote since
+    /// its last request is at most late answers to earlier requests (a reply that came after
+    /// its cancel was answered); anything else (output of something it left running, a line
+    /// outside the protocol) is why not.
+    pub async fn ready(&mut self) -> Result<(), String> {
+        if !matches!(self.child.try_wait(), Ok(None)) {
+            return Err("exited while idle".to_owned());
+        }
+        while let Ok(line) = self.lines.try_recv() {
+            match line {
+                Line::Text(t) if is_stale(&t, self.next_id) => continue,
+                Line::Text(t) => return Err(format!("wrote a line outside the protocol while idle: {}", clip(&t))),
+                other => return Err(self.gone(other, "while idle").await),
+            }
+        }
+        Ok(())
     }
 
     fn set_running(&self, what: &str) {
@@ -168,7 +184,14 @@ impl Worker {
             return Err(self.with_death(f).await);
         }
         self.in_flight = Some(id);
-        let reply = self.lines.recv().await.unwrap_or(Line::Closed);
+        let reply = loop {
+            let line = self.lines.recv().await.unwrap_or(Line::Closed);
+            match &line {
+                // a late answer to an earlier request: passed over
+                Line::Text(t) if is_stale(t, id - 1) => continue,
+                _ => break line,
+            }
+        };
         self.in_flight = None;
         let out = self.reply(reply, id).await;
         self.set_running("(idle)");
@@ -208,7 +231,8 @@ impl Worker {
                     Some(other) => other.to_string(),
                     None => "the worker reported an error without a reason".to_owned(),
                 };
-                Err(Failure { reason: why, keep: true })
+                // stored as the shard's reason: its last 2 KiB, as for `--exec`'s stderr
+                Err(Failure { reason: tail_of(&why, STDERR_TAIL), keep: true })
             }
             _ => Err(Failure::fatal(format!("worker wrote a reply of unknown type: {}", clip(&text)))),
         }
@@ -220,10 +244,21 @@ impl Worker {
         let Some(id) = self.in_flight.take() else {
             return Failure::fatal("cancelled");
         };
-        let _ = self.write(&serde_json::json!({ "type": "cancel", "id": id })).await;
-        let answered = tokio::time::timeout(CANCEL_GRACE, self.lines.recv()).await;
-        let keep = matches!(answered, Ok(Some(Line::Text(t))) if serde_json::from_str::<Value>(&t)
-            .is_ok_and(|v| v["id"].as_u64() == Some(id)));
+        // the whole exchange within the grace: a worker that stopped reading its stdin cannot
+        // hold the write up
+        let exchange = async {
+            self.write(&serde_json::json!({ "type": "cancel", "id": id })).await.ok()?;
+            loop {
+                match self.lines.recv().await? {
+                    Line::Text(t) if is_stale(&t, id - 1) => continue,
+                    Line::Text(t) => {
+                        break Some(serde_json::from_str::<Value>(&t).is_ok_and(|v| v["id"].as_u64() == Some(id)))
+                    }
+                    _ => break None,
+                }
+            }
+        };
+        let keep = matches!(tokio::time::timeout(CANCEL_GRACE, exchange).await, Ok(Some(true)));
         self.set_running("(idle)");
         Failure { reason: "cancelled".to_owned(), keep }
     }
@@ -286,6 +321,26 @@ fn describe(st: std::process::ExitStatus) -> String {
     }
 }
 
+/// Whether `line` is a reply (or answer to a cancel) of a request up to `last`.
+fn is_stale(line: &str, last: u64) -> bool {
+    serde_json::from_str::<Value>(line)
+        .ok()
+        .and_then(|v| v.get("id").and_then(Value::as_u64))
+        .is_some_and(|i| i <= last)
+}
+
+/// The last `max` bytes of `s` (at a char boundary).
+fn tail_of(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut from = s.len() - max;
+    while !s.is_char_boundary(from) {
+        from += 1;
+    }
+    format!("…{}", &s[from..])
+}
+
 fn clip(s: &str) -> String {
     let s = s.trim();
     if s.len() <= 200 {
@@ -337,19 +392,28 @@ async fn read_lines(r: impl AsyncRead + Unpin, limit: usize, tx: mpsc::Sender<Li
     }
 }
 
-/// Logs each stderr line with the worker's pid and what it runs; keeps the last bytes.
+/// Longest stderr line logged as one (a longer one is logged in pieces).
+const STDERR_LINE: usize = 4096;
+
+/// Logs each stderr line with the worker's pid and what it runs; keeps the last bytes. Memory
+/// stays bounded whatever the worker writes (a line without end is cut every 4 KiB).
 async fn log_stderr(r: impl AsyncRead + Unpin, pid: u32, running: Arc<Mutex<String>>, tail: Arc<Mutex<VecDeque<u8>>>) {
-    let mut lines = BufReader::new(r).split(b'\n');
-    while let Ok(Some(line)) = lines.next_segment().await {
-        let text = String::from_utf8_lossy(&line).trim_end().to_owned();
+    let mut r = BufReader::new(r);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let n: usize = (&mut r).take(STDERR_LINE as u64).read_until(b'\n', &mut line).await.unwrap_or_default();
+        if n == 0 {
+            return;
+        }
         {
             let mut t = tail.lock().unwrap();
             t.extend(line.iter().copied());
-            t.push_back(b'\n');
             while t.len() > STDERR_TAIL {
                 t.pop_front();
             }
         }
+        let text = String::from_utf8_lossy(&line).trim_end().to_owned();
         if !text.is_empty() {
             let what = running.lock().unwrap().clone();
             tracing::info!(worker = pid, shard = %what, "worker stderr: {text}");
