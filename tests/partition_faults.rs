@@ -361,3 +361,41 @@ async fn a_dispatch_lease_is_held_by_one_and_lost_when_it_lapses() {
 async fn ask(con: &mut redis::aio::MultiplexedConnection, home: &Home, inc: &str, a: LeaseAsk, token: &str) -> Lease {
     scripts::dispatch_lease(con, home, "l", inc, a, token, Duration::from_secs(30)).await.unwrap()
 }
+
+/// Survey (a fix no test saw undone): a share the reconciliation recreates after its home was
+/// retried runs in the home's round, not the first one.
+#[tokio::test]
+async fn a_share_recreated_after_a_retry_takes_its_homes_round() {
+    let redis = TestRedis::start();
+    let (mut con, layout) = queue(&redis, "recreated-round").await;
+    partitions::dispatch(&mut con, &layout, &TaskSpec::new("r", "noop", 4)).await.unwrap();
+    let (home, pk) = (layout.home.clone(), layout.parts[1].clone());
+    // the home was retried into round 3 meanwhile, and the share's partition lost it whole
+    let () = redis::cmd("HSET").arg(home.task("r")).arg("round").arg(3).query_async(&mut con).await.unwrap();
+    let () = redis::cmd("HSET").arg(home.task("r")).arg("created_ms").arg(1).query_async(&mut con).await.unwrap();
+    for k in pk.task_keys("r") {
+        let () = redis::cmd("DEL").arg(k).query_async(&mut con).await.unwrap();
+    }
+    for set in [pk.index(), pk.tasks()] {
+        let () = redis::cmd("ZREM").arg(set).arg("r").query_async(&mut con).await.unwrap();
+    }
+    partitions::reconcile(&mut con, &layout).await.unwrap();
+    let round: Option<u64> = redis::cmd("HGET").arg(pk.task("r")).arg("round").query_async(&mut con).await.unwrap();
+    assert_eq!(round, Some(3), "the recreated share runs in its home's round");
+}
+
+/// Survey (a fix no test saw undone): `retry.lua` refuses a share it must not retry (here a
+/// cancelled one) before its first write: the share keeps its round.
+#[tokio::test]
+async fn a_refused_retry_of_a_share_leaves_its_round() {
+    let redis = TestRedis::start();
+    let (mut con, layout) = queue(&redis, "refused-retry").await;
+    partitions::dispatch(&mut con, &layout, &TaskSpec::new("c", "noop", 4)).await.unwrap();
+    let pk = layout.parts[0].clone();
+    shardctl_common::control::cancel_in(&mut con, &pk, "c").await.unwrap();
+    let before: Option<String> = redis::cmd("HGET").arg(pk.task("c")).arg("round").query_async(&mut con).await.unwrap();
+    let r = shardctl_common::control::retry_in_round(&mut con, &pk, "c", Some(7)).await;
+    assert!(r.is_err(), "a cancelled share is not retried: {r:?}");
+    let after: Option<String> = redis::cmd("HGET").arg(pk.task("c")).arg("round").query_async(&mut con).await.unwrap();
+    assert_eq!(before, after, "a refused retry writes nothing");
+}

@@ -111,7 +111,7 @@ pub(crate) async fn retry_here<C: ConnectionLike + Send>(con: &mut C, keys: &Key
 
 /// `retry.lua` on task `id` of one keyspace; a share of a partitioned task with the home's new
 /// `round` (the share takes it in the same call, and is not retried twice in one round).
-pub(crate) async fn retry_in_round<C: ConnectionLike + Send>(
+pub async fn retry_in_round<C: ConnectionLike + Send>(
     con: &mut C,
     keys: &Keys,
     id: &str,
