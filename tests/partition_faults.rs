@@ -399,3 +399,27 @@ async fn a_refused_retry_of_a_share_leaves_its_round() {
     let after: Option<String> = redis::cmd("HGET").arg(pk.task("c")).arg("round").query_async(&mut con).await.unwrap();
     assert_eq!(before, after, "a refused retry writes nothing");
 }
+
+/// Survey (a fix no test saw undone): a share counted in an older round and reported from a
+/// newer one (the home lost the reopen that forgot its count, then took the round back from
+/// another share's report) replaces its count: the home's sums never keep the stale one.
+#[tokio::test]
+async fn a_count_of_an_older_round_is_replaced_by_the_newer_report() {
+    let redis = TestRedis::start();
+    let (mut con, layout) = queue(&redis, "older-count").await;
+    partitions::dispatch(&mut con, &layout, &TaskSpec::new("o", "noop", 4)).await.unwrap();
+    let home = layout.home.clone();
+    let inc = share::home_inc_of(&mut con, &home, "o").await.unwrap().unwrap();
+    // share 1 was counted 1/1 in round 1; the home is in round 2 now
+    let () = redis::cmd("HSET")
+        .arg(home.task("o"))
+        .arg(&["part:1", "1/1", "round:1", "1", "done", "1", "failed", "1", "round", "2"])
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let r = scripts::ShareReport { task: "o".into(), home_inc: inc, part: 1, round: 2, done: 2, failed: 0 };
+    assert_eq!(scripts::report(&mut con, &home, &r).await.unwrap(), scripts::Reported::Counted);
+    let (part, done, failed): (String, u64, u64) =
+        redis::cmd("HMGET").arg(home.task("o")).arg(&["part:1", "done", "failed"]).query_async(&mut con).await.unwrap();
+    assert_eq!((part.as_str(), done, failed), ("2/0", 2, 0), "the newer count replaced the older one");
+}
