@@ -423,3 +423,28 @@ async fn a_count_of_an_older_round_is_replaced_by_the_newer_report() {
         redis::cmd("HMGET").arg(home.task("o")).arg(&["part:1", "done", "failed"]).query_async(&mut con).await.unwrap();
     assert_eq!((part.as_str(), done, failed), ("2/0", 2, 0), "the newer count replaced the older one");
 }
+
+/// Survey (a fix no test saw undone): a keyed share lost with only part of its keys (its
+/// dispatcher died while writing them, or its partition lost the rest) is not recreated to run
+/// without them: the reconciliation cancels its task, saying why.
+#[tokio::test]
+async fn a_keyed_share_whose_keys_are_incomplete_cancels_its_task() {
+    let redis = TestRedis::start();
+    let (mut con, layout) = queue(&redis, "keys-incomplete").await;
+    let mut spec = TaskSpec::new("k", "noop", 4);
+    spec.strategy = shardctl_common::ring::Strategy::ConsistentHash;
+    spec.has_keys = true;
+    let keys: Vec<String> = (0..4).map(|i| format!("user-{i}")).collect();
+    partitions::dispatch_keyed(&mut con, &layout, &spec, &keys).await.unwrap();
+    let (home, pk) = (layout.home.clone(), layout.parts[1].clone());
+    // the share's record is gone, and one of its two keys with it
+    let () = redis::cmd("DEL").arg(pk.task("k")).query_async(&mut con).await.unwrap();
+    for set in [pk.index(), pk.tasks(), pk.unrouted()] {
+        let () = redis::cmd("ZREM").arg(set).arg("k").query_async(&mut con).await.unwrap();
+    }
+    let () = redis::cmd("HDEL").arg(pk.shard_keys("k")).arg(1).query_async(&mut con).await.unwrap();
+    let () = redis::cmd("HSET").arg(home.task("k")).arg("created_ms").arg(1).query_async(&mut con).await.unwrap();
+    partitions::reconcile(&mut con, &layout).await.unwrap();
+    let state: String = redis::cmd("HGET").arg(home.task("k")).arg("state").query_async(&mut con).await.unwrap();
+    assert_eq!(state, "cancelled", "a keyed share is never run without its keys");
+}
