@@ -448,3 +448,21 @@ async fn a_keyed_share_whose_keys_are_incomplete_cancels_its_task() {
     let state: String = redis::cmd("HGET").arg(home.task("k")).arg("state").query_async(&mut con).await.unwrap();
     assert_eq!(state, "cancelled", "a keyed share is never run without its keys");
 }
+
+/// Survey: the range checks hold below the command line too: `TaskSpec::validate` (every
+/// dispatch of the library) and the dispatch script itself refuse a retention past 100 years,
+/// before anything is written.
+#[tokio::test]
+async fn out_of_range_retention_is_refused_by_the_library_and_the_script() {
+    let redis = TestRedis::start();
+    let mut con = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let home = Home::new("shardctl", "retain").unwrap();
+    let mut spec = TaskSpec::new("r", "noop", 2);
+    spec.retain = Some(Duration::from_secs(300_000_000 * 365 * 24 * 3600));
+    let e = shardctl_coordinator::dispatch::create_task(&mut con, &home, &spec).await.unwrap_err();
+    assert!(e.to_string().contains("retention"), "{e}");
+    // the script checks it too (a caller that skips validate)
+    assert!(scripts::dispatch(&mut con, &home, &spec).await.is_err());
+    let n: u64 = redis::cmd("DBSIZE").query_async(&mut con).await.unwrap();
+    assert_eq!(n, 0, "nothing written");
+}
