@@ -9,7 +9,7 @@
 mod support;
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -43,7 +43,7 @@ fn url_file(url: &str) -> PathBuf {
 }
 
 fn free_addr() -> String {
-    TcpListener::bind("127.0.0.1:0").expect("bind a free port").local_addr().unwrap().to_string()
+    shardctl_testkit::free_addr()
 }
 
 /// `GET /metrics`, polled until it answers (a guard, not a timing).

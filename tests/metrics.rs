@@ -23,8 +23,7 @@ const GUARD: Duration = Duration::from_secs(30);
 const FLAKY: &str = r#"sh -c '[ "$SHARDCTL_ATTEMPT" = 1 ] && [ "$SHARDCTL_SHARD_INDEX" -lt 10 ] && exit 3; echo 1'"#;
 
 fn free_addr() -> String {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    l.local_addr().unwrap().to_string()
+    shardctl_testkit::free_addr()
 }
 
 /// `GET /metrics` over a plain TcpStream; the body, or `None` while nothing answers.

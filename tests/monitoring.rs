@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -457,7 +457,7 @@ fn dashboard_queries_are_valid_promql() {
 // ---------------------------------------------------------------- a real exporter
 
 fn free_addr() -> String {
-    TcpListener::bind("127.0.0.1:0").expect("bind a free port").local_addr().unwrap().to_string()
+    shardctl_testkit::free_addr()
 }
 
 /// `GET /metrics`; the body, or `None` while nothing answers.

@@ -36,9 +36,31 @@ pub use secure::SecureRedis;
 
 static SEQ: AtomicU64 = AtomicU64::new(0);
 
-/// A TCP port free on loopback now (the OS's pick).
+static PORT_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// A TCP port free on loopback now, below the kernel's ephemeral range (32768 and up by
+/// default). A port the OS picks for `bind(0)` is an ephemeral one, and between this call and
+/// the server's own bind the kernel may hand it to another process's outgoing connection (a
+/// test's many Redis clients open them all the time): a server that then cannot listen fails
+/// its test for nothing. Ports are drawn from 20000..32000, spread by the process id and a
+/// counter so that threads and processes draw different ones, each checked free.
 pub fn free_port() -> u16 {
+    const FROM: u64 = 20_000;
+    const SPAN: u64 = 12_000;
+    let salt = u64::from(std::process::id()).wrapping_mul(2_654_435_761);
+    for _ in 0..SPAN {
+        let n = PORT_SEQ.fetch_add(1, Ordering::Relaxed);
+        let port = (FROM + (salt.wrapping_add(n.wrapping_mul(7_919)) % SPAN)) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     TcpListener::bind("127.0.0.1:0").expect("bind a free port").local_addr().unwrap().port()
+}
+
+/// `127.0.0.1:<port>` of [`free_port`].
+pub fn free_addr() -> String {
+    format!("127.0.0.1:{}", free_port())
 }
 
 /// A fresh directory for one server or cluster of this test process.
