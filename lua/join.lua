@@ -6,7 +6,7 @@
   the timeout it runs with.
 
   KEYS[1] nodes    zset    node id -> alive until (ms): last heartbeat + timeout_ms
-  KEYS[2] node:<n> hash    instance, host, pid, concurrency, version, started_ms, timeout_ms
+  KEYS[2] node:<n> hash    instance, host, pid, concurrency, kinds, version, started_ms, timeout_ms
   ARGV[1] node id
   ARGV[2] instance    unique per process
   ARGV[3] timeout_ms  silent this long after a heartbeat, the node has departed

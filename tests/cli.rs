@@ -345,6 +345,36 @@ fn full_run_through_executor_processes() {
 // ---------------------------------------------------------------------------------------------
 // 5. wait exit codes
 
+/// A kind no live executor serves would wait forever: dispatch says so at once, naming what
+/// is served (a typo such as `prime`), unless told to queue it anyway. Executors announce
+/// their kinds with their membership; one running `--exec` serves every kind.
+#[test]
+fn dispatch_refuses_a_kind_no_live_executor_serves() {
+    let cli = Cli::start("unserved");
+    // no executor live: nothing can be said, the task waits
+    cli.ok(&["dispatch", "--kind", "prime", "--shards", "1", "--task-id", "early"]);
+    let mut e = cli.executor("builtins", &[]);
+    eventually("the executor joined", Duration::from_secs(20), || {
+        let s = cli.ok(&["status"]);
+        s.contains("builtins").then_some(()).ok_or(s)
+    });
+    cli.rejects(
+        &["dispatch", "--kind", "prime", "--shards", "1"],
+        2,
+        "no live executor serves kind 'prime'; served: fail, noop, primes, sleep",
+    );
+    let out = cli.run(&["dispatch", "--kind", "prime", "--shards", "1", "--task-id", "anyway", "--unserved"]);
+    assert_eq!(out.code(), 0, "{out:?}");
+    assert!(out.stderr.contains("the task waits for an executor that serves it"), "{out:?}");
+    e.terminate();
+    let _any = cli.executor("anything", &["--exec", "true"]);
+    eventually("the --exec executor joined", Duration::from_secs(20), || {
+        let s = cli.ok(&["status"]);
+        (s.contains("anything") && !s.contains("builtins")).then_some(()).ok_or(s)
+    });
+    cli.ok(&["dispatch", "--kind", "prime", "--shards", "1", "--task-id", "served"]);
+}
+
 #[test]
 fn results_streams_every_shards_outcome_in_shard_order_over_partitions_too() {
     let cli = Cli::start("results");

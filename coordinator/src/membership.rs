@@ -31,6 +31,8 @@ pub struct Member {
     pub pid: u32,
     /// Shards run at once.
     pub concurrency: usize,
+    /// The kinds it serves, comma-separated (`*`: every kind; see `Registry::served_kinds`).
+    pub kinds: String,
 }
 
 impl Member {
@@ -75,6 +77,7 @@ fn fields(m: &Member) -> Vec<(&'static str, String)> {
         ("host", m.host.clone()),
         ("pid", m.pid.to_string()),
         ("concurrency", m.concurrency.to_string()),
+        ("kinds", m.kinds.clone()),
         ("version", env!("CARGO_PKG_VERSION").to_owned()),
     ];
     if m.pid == std::process::id() {
@@ -143,6 +146,27 @@ pub async fn live(con: &mut Conn, keys: &Home) -> Result<Vec<String>> {
         redis::cmd("ZRANGEBYSCORE").arg(keys.nodes()).arg(format!("({now}")).arg("+inf").query_async(con).await?;
     v.sort();
     Ok(v)
+}
+
+/// The kinds the live executors serve; `None` when nothing can be said (no executor is live,
+/// or one serves every kind, or one joined without announcing its kinds).
+pub async fn served_kinds(con: &mut Conn, keys: &Home) -> Result<Option<std::collections::BTreeSet<String>>> {
+    let live = live(con, keys).await?;
+    if live.is_empty() {
+        return Ok(None);
+    }
+    let mut served = std::collections::BTreeSet::new();
+    for n in &live {
+        let kinds: Option<String> = redis::cmd("HGET").arg(keys.node(n)).arg("kinds").query_async(con).await?;
+        let Some(kinds) = kinds else { return Ok(None) };
+        for k in kinds.split(',').filter(|k| !k.is_empty()) {
+            if k == "*" {
+                return Ok(None);
+            }
+            served.insert(k.to_owned());
+        }
+    }
+    Ok(Some(served))
 }
 
 /// Refreshes the heartbeat every `cfg.heartbeat` and rebalances after each, until `stop`; a

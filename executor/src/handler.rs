@@ -251,6 +251,18 @@ impl Registry {
         self
     }
 
+    /// The kinds this registry serves, sorted, joined by commas: its handlers' kinds, and `*`
+    /// when a fallback handler serves every other kind (`--exec`, `--worker`). Announced with
+    /// the executor's membership (`dispatch` checks a kind against it).
+    pub fn served_kinds(&self) -> String {
+        let mut kinds: Vec<&str> = self.handlers.keys().map(String::as_str).collect();
+        kinds.sort_unstable();
+        if self.fallback.is_some() {
+            kinds.push("*");
+        }
+        kinds.join(",")
+    }
+
     /// The handler of `kind`, if any serves it.
     pub fn handler_for(&self, kind: &str) -> Option<Arc<dyn Handler>> {
         self.handlers.get(kind).or(self.fallback.as_ref()).cloned()

@@ -109,6 +109,7 @@ pub(crate) async fn dispatch_routed(ctx: &mut Ctx) -> anyhow::Result<Figures> {
             host: shardctl_executor::config::hostname(),
             pid: std::process::id(),
             concurrency: 16,
+            kinds: "*".to_owned(),
         };
         membership::join(&mut con, &ctx.keys, &m, &mcfg).await?;
     }

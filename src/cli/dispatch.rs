@@ -27,6 +27,10 @@ pub struct DispatchArgs {
     /// Wait for the task to end (progress bar on stderr), then print its result.
     #[arg(long)]
     pub wait: bool,
+    /// Queue the task even though live executors run and none of them serves its kind (it
+    /// waits for one that does).
+    #[arg(long)]
+    pub unserved: bool,
     /// With --wait: give up after this long.
     #[arg(long, value_parser = duration, requires = "wait")]
     pub timeout: Option<Duration>,
@@ -56,6 +60,20 @@ pub async fn run(args: &Args, a: &DispatchArgs) -> anyhow::Result<ExitCode> {
         );
     }
     let (_, mut con) = connect(args).await?;
+    // a kind no live executor serves would wait forever: a typo (`prime`) is said at once
+    if let Some(served) = shardctl_coordinator::membership::served_kinds(&mut con, &args.keys()?).await? {
+        if !served.contains(&spec.kind) {
+            let list = served.iter().map(String::as_str).collect::<Vec<_>>().join(", ");
+            let said = format!("no live executor serves kind '{}'; served: {list}", spec.kind);
+            if !a.unserved {
+                return Err(Error::invalid(format!(
+                    "{said} (start an executor that serves it, or give --unserved to queue it anyway)"
+                ))
+                .into());
+            }
+            eprintln!("note: {said}; the task waits for an executor that serves it");
+        }
+    }
     let d = dispatch(&mut con, &args.keys()?, &spec, shard_keys.as_deref()).await?;
     if a.delay.is_some_and(|d| !d.is_zero()) {
         eprintln!(
