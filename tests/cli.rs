@@ -365,7 +365,7 @@ fn dispatch_refuses_a_kind_no_live_executor_serves() {
     );
     let out = cli.run(&["dispatch", "--kind", "prime", "--shards", "1", "--task-id", "anyway", "--unserved"]);
     assert_eq!(out.code(), 0, "{out:?}");
-    assert!(out.stderr.contains("the task waits for an executor that serves it"), "{out:?}");
+    assert!(out.stderr.contains("its shards fail on executors that do not serve it"), "{out:?}");
     e.terminate();
     let _any = cli.executor("anything", &["--exec", "true"]);
     eventually("the --exec executor joined", Duration::from_secs(20), || {

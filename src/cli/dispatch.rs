@@ -27,8 +27,8 @@ pub struct DispatchArgs {
     /// Wait for the task to end (progress bar on stderr), then print its result.
     #[arg(long)]
     pub wait: bool,
-    /// Queue the task even though live executors run and none of them serves its kind (it
-    /// waits for one that does).
+    /// Queue the task even though live executors run and none of them serves its kind (they
+    /// fail its shards, "no handler for kind"; one that serves it may join before).
     #[arg(long)]
     pub unserved: bool,
     /// With --wait: give up after this long.
@@ -71,7 +71,8 @@ pub async fn run(args: &Args, a: &DispatchArgs) -> anyhow::Result<ExitCode> {
                 ))
                 .into());
             }
-            eprintln!("note: {said}; the task waits for an executor that serves it");
+            // (claims do not filter by kind yet)
+            eprintln!("note: {said}; its shards fail on executors that do not serve it");
         }
     }
     let d = dispatch(&mut con, &args.keys()?, &spec, shard_keys.as_deref()).await?;
