@@ -53,6 +53,18 @@ fn raw(dir: &Path, answer: &str) -> PathBuf {
     script(dir, "raw.py", &format!("import json, os, sys, time\n{answer}\n{RAW}"))
 }
 
+/// Waits (at most 10 s) until process `pid` has exited (gone, or a zombie nobody reaped yet).
+fn gone(what: &str, pid: u32) {
+    support::eventually(what, Duration::from_secs(10), || {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        if stat.is_empty() || stat.contains(") Z ") {
+            Ok(())
+        } else {
+            Err(format!("worker {pid} still runs"))
+        }
+    });
+}
+
 fn reasons(cli: &Cli, id: &str) -> Vec<String> {
     let r = cli.json(&["status", id, "--failed", "--json"], 0);
     r.as_array().unwrap().iter().map(|e| e["reason"].as_str().unwrap_or_default().to_owned()).collect()
@@ -204,15 +216,7 @@ def answer(m):
     assert!(reasons(&cli, "h")[0].contains("timed out after 1s"), "{:?}", reasons(&cli, "h"));
     // the cancel went unanswered: after its grace the worker is killed
     let pid: u32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
-    support::eventually("the hung worker killed", Duration::from_secs(10), || {
-        if Path::new(&format!("/proc/{pid}")).exists()
-            && !std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default().contains(") Z ")
-        {
-            Err(format!("worker {pid} still runs"))
-        } else {
-            Ok(())
-        }
-    });
+    gone("the hung worker killed", pid);
 }
 
 #[test]
@@ -344,14 +348,7 @@ fn a_worker_that_never_says_hello_fails_the_shard_and_is_killed() {
     let why = reasons(&cli, "m");
     assert!(why[0].contains("worker never said hello within 10s"), "{why:?}");
     let pid: u32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
-    support::eventually("the mute worker killed", Duration::from_secs(10), || {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        if stat.is_empty() || stat.contains(") Z ") {
-            Ok(())
-        } else {
-            Err(format!("worker {pid} still runs"))
-        }
-    });
+    gone("the mute worker killed", pid);
 }
 
 #[test]
@@ -389,14 +386,7 @@ serve(handle)
     assert_eq!((t["done"].as_u64(), t["failed"].as_u64()), (Some(1), Some(0)), "{t}\n{}", ex.log());
     // and the worker went with the executor
     let pid: u32 = read().lines().find_map(|l| l.strip_prefix("pid ")).unwrap().parse().unwrap();
-    support::eventually("the worker stopped", Duration::from_secs(10), || {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        if stat.is_empty() || stat.contains(") Z ") {
-            Ok(())
-        } else {
-            Err(format!("worker {pid} still runs"))
-        }
-    });
+    gone("the worker stopped", pid);
 }
 
 /// Shards that crash their worker fail, and only they: a worker that said hello and died on a
