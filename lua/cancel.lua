@@ -2,7 +2,7 @@
   Cancels a task: no shard of it is claimed again, its running shards lose their tokens (their
   executors learn it at their next heartbeat, see extend.lua, and stop the handlers), and it
   ends `cancelled` without aggregation. Its refs waiting out a retry backoff leave `delayed` now;
-  refs of it still queued in `wait`, node lists or `reroute` are dropped by the claim that meets
+  refs of it still queued in its lane, node lists or `reroute` are dropped by the claim that meets
   them (claim.lua try_ref). Its per-shard state (`task:<id>:shards`) goes now. Nothing here is
   proportional to the queued work: only `active` and `delayed` are read.
 
@@ -21,18 +21,19 @@
   KEYS[13] finished           zset    ended tasks, by end time
   KEYS[14] running            zset    tasks not finished
   KEYS[15] scheduled          zset    delayed tasks, by start time
-  KEYS[16] tasks              zset    runnable pull tasks
-  KEYS[17] unrouted           zset    routed tasks not fully placed
+  KEYS[16] unrouted           zset    routed tasks not fully placed
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] task id
 
   Returns how many running shards were stopped, or -3 (task missing), -9 (task already ended).
 ]]
 local prefix, tid, now = ARGV[1], ARGV[2], now_ms()
-local state = rcall('HGET', K.task, 'state')
+local t = rcall('HMGET', K.task, 'state', 'kind')
+local state = t[1]
 if not state then return -3 end
 if state == 'completed' or state == 'failed' or state == 'cancelled' then return -9 end
-for _, set in ipairs({ K.tasks, K.unrouted, K.scheduled }) do rcall('ZREM', set, tid) end
+rcall('ZREM', lane_key(prefix, t[2], 'tasks'), tid)
+for _, set in ipairs({ K.unrouted, K.scheduled }) do rcall('ZREM', set, tid) end
 local pre = tid .. ':'
 local stopped = {}
 for _, ref in ipairs(rcall('HKEYS', K.active)) do

@@ -1,8 +1,11 @@
 --[[
   Claims up to `count` shards for one executor, all under one token `<instance>:<seq>` (one token
-  per claim call: a shard is never claimed twice by one call). Order: explicit refs (released and
-  aggregation jobs at the front of `wait`, recovered and due retries at the back), then refs
-  routed to this node, then fresh indexes from the runnable tasks' cursors. Refs are
+  per claim call: a shard is never claimed twice by one call), of the kinds the executor serves
+  only (ARCHITECTURE.md "Kinds and lanes"). Order: explicit refs in the served lanes' waits
+  (released and aggregation jobs at the front, recovered and due retries at the back; the lane
+  to start at turns with the claim's seq), then refs routed to this node (one of a kind not
+  served goes to its lane's wait), then fresh indexes from the cursors of the served lanes'
+  runnable tasks, by priority then dispatch order across lanes. Refs are
   `<task>:<seq>:<index>`: a ref of another incarnation (its task's `seq` differs), of a task
   gone, cancelled or not started, of a terminal shard, or one already held (in `active`, or taken
   earlier in this call) is dropped. The claim also renews the executor's lease.
@@ -15,26 +18,27 @@
   Under a limit the claim takes at most start_now shards: a shard claimed ahead would start
   later than the log says, and a window could then hold more starts than the limit.
 
-  KEYS[1]  wait                   list    explicit refs ready now
-  KEYS[2]  tasks                  zset    runnable tasks
-  KEYS[3]  delayed                zset    ref -> due time (ms)
-  KEYS[4]  active                 hash    ref -> token of its holder
-  KEYS[5]  meta                   hash    `paused`
-  KEYS[6]  node:<n>:wait          list    refs routed to this executor's node
-  KEYS[7]  rebalancing            string  while set, node lists are being re-placed: leave them alone
-  KEYS[8]  leases                 zset    instance -> lease expiry (ms): this executor's is renewed
-  KEYS[9]  limiter                zset    claim calls in the rate limit's window, by start time (µs)
-  KEYS[10] events                 stream  the event log
-  KEYS[11] marker                 zset    wakes blocked executors
-  KEYS[12] routed-nodes           set     nodes that may have a routed list
-  KEYS[13] scheduled              zset    delayed tasks, by start time
-  KEYS[14] unrouted               zset    routed tasks not fully placed
+  KEYS[1]  kinds         set    kinds that may have a lane
+  KEYS[2]  delayed       zset   ref -> due time (ms)
+  KEYS[3]  active        hash   ref -> token of its holder
+  KEYS[4]  meta          hash   `paused`
+  KEYS[5]  node:<n>:wait list   refs routed to this executor's node
+  KEYS[6]  rebalancing   string while set, node lists are being re-placed: leave them alone
+  KEYS[7]  leases        zset   instance -> lease expiry (ms): this executor's is renewed
+  KEYS[8]  limiter       zset   claim calls in the rate limit's window, by start time (µs)
+  KEYS[9]  events        stream the event log
+  KEYS[10] marker        zset   wakes blocked executors
+  KEYS[11] routed-nodes  set    nodes that may have a routed list
+  KEYS[12] scheduled     zset   delayed tasks, by start time
+  KEYS[13] unrouted      zset   routed tasks not fully placed
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] count       shards wanted (> 0)
   ARGV[3] lock_ms     lease duration
   ARGV[4] token       `<instance>:<seq>`
   ARGV[5] start_now   how many of `count` the executor can start at once (the others it claims
                       ahead, to start when a running shard ends)
+  ARGV[6] kinds       the kinds served, joined by commas, or `*`: every kind in `kinds` (a kind
+                      whose lane keys are gone leaves `kinds`; a push adds it again)
 
   Returns { next, flags, ref_1, attempt_1, fails_1, inc_1, ... }; a run of k fresh shards of
   one task (consecutive indexes from its cursor, attempt 1, no fails) is one quadruple
@@ -60,6 +64,17 @@ if m[1] == '1' then return { -2, limited } end
 
 -- due retries become explicit refs (routed ones go back to their node's list), due tasks start
 promote_due(prefix, now)
+
+-- the served lanes, in a fixed order (read after the promotion: it may add a kind)
+local every = ARGV[6] == '*'
+local lanes, served = {}, {}
+if every then
+  lanes = rcall('SMEMBERS', K.kinds)
+  table.sort(lanes)
+else
+  for k in string.gmatch(ARGV[6] or '', '[^,]+') do lanes[#lanes + 1] = k end
+end
+for _, k in ipairs(lanes) do served[k] = true end
 
 local limit_max, rnow = tonumber(m[2] or '0'), 0
 if limit_max > 0 then
@@ -104,7 +119,8 @@ local junk_left = 1000
 local attempts = {} -- { key, field, value }: attempt numbers of explicit refs with state
 local drops = {}    -- { tid, idx }: terminal refs whose state goes with them
 local cursors = {}  -- { task key, k }: fresh indexes taken from a task's cursor
-local exhausted = {} -- task ids to leave `tasks`
+local exhausted = {} -- { lane, task id }: tasks to leave their lane's `tasks`
+local foreign = {}  -- kind -> routed refs this node does not serve, for the kind's lane wait
 
 local function take_ref(ref, attempt, fails, inc)
   held[hn + 1], held[hn + 2] = ref, token
@@ -121,12 +137,26 @@ local taken = {}
 -- holds it; a ref has state only once it was claimed and given back, recovered, retried or
 -- released before. A ref of another incarnation has no state to remove: state lives in the
 -- current incarnation's `:shards`.
-local function try_ref(ref)
+local function try_ref(ref, routed)
   local tid, inc, idx = split_ref(ref)
   local tkey = tid and task_key(prefix, tid, '')
-  local t = tid and not taken[ref] and rcall('HMGET', tkey, 'state', 'total', 'seq', 'inc')
+  local t = tid and not taken[ref] and rcall('HMGET', tkey, 'state', 'total', 'seq', 'inc', 'kind')
   local state = t and t[3] == inc and t[1]
   local ok = state and state ~= 'cancelled' and state ~= 'delayed'
+  if ok and routed and not every and not served[t[5]] then
+    -- placed on this node before its executor served other kinds: any executor serving the
+    -- kind takes it from the lane (its placement is lost, never the shard)
+    touch_lane(prefix, t[5])
+    local l = foreign[t[5]]
+    if not l then
+      l = {}
+      foreign[t[5]] = l
+    end
+    l[#l + 1] = ref
+    taken[ref] = true
+    junk_left = junk_left - 1
+    return
+  end
   if ok and idx == 'agg' then
     ok = state == 'aggregating'
   elseif ok then
@@ -160,41 +190,61 @@ local function try_ref(ref)
 end
 
 -- how many refs at the head of list `key` this call takes or drops
-local function plan_list(key)
+local function plan_list(key, routed)
   local consumed = 0
   while n < count and junk_left > 0 do
     local peek = rcall('LRANGE', key, consumed, consumed + (count - n) - 1)
     if #peek == 0 then break end
     for _, ref in ipairs(peek) do
       consumed = consumed + 1
-      try_ref(ref)
+      try_ref(ref, routed)
       if n >= count or junk_left <= 0 then break end
     end
   end
   return consumed
 end
 
-local from_wait = plan_list(K.wait)
+-- the lane waits, from the lane this claim's seq picks (no served kind's retries starve
+-- another's), then the node's routed list
+local from_wait = {} -- lane index -> refs consumed
+local turn = tonumber(string.match(token, ':(%d+)$') or '0')
+for i = 0, #lanes - 1 do
+  if n >= count or junk_left <= 0 then break end
+  local li = (turn + i) % #lanes + 1
+  from_wait[li] = plan_list(lane_key(prefix, lanes[li], 'wait'), false)
+end
 local from_node = 0
 if n < count and junk_left > 0 and rcall('EXISTS', K.rebalancing) == 0 then
-  from_node = plan_list(K.node_wait)
+  from_node = plan_list(K.node_wait, true)
 end
 
-local j = 0
+-- fresh cursors: the head task of every served lane, the best (lowest score) first
+local rank, heads = {}, {} -- lane index -> rank of its head; its head { tid, score } or false
+local function head_of(li)
+  local h = rcall('ZRANGE', lane_key(prefix, lanes[li], 'tasks'), rank[li], rank[li], 'WITHSCORES')
+  heads[li] = h[1] and { h[1], tonumber(h[2]) } or false
+end
+for li = 1, #lanes do
+  rank[li] = 0
+  if n < count then head_of(li) end
+end
 while n < count do
-  local head = rcall('ZRANGE', K.tasks, j, j)
-  if #head == 0 then break end
-  j = j + 1
-  local tid = head[1]
+  local li
+  for l = 1, #lanes do
+    if heads[l] and (not li or heads[l][2] < heads[li][2]) then li = l end
+  end
+  if not li then break end
+  local tid = heads[li][1]
+  rank[li] = rank[li] + 1
   local tkey = task_key(prefix, tid, '')
   local t = rcall('HMGET', tkey, 'cursor', 'total', 'seq', 'inc')
   if not t[1] then
-    exhausted[#exhausted + 1] = tid
+    exhausted[#exhausted + 1] = { li, tid }
   else
     local cursor, total = tonumber(t[1]), tonumber(t[2])
     local k = math.min(count - n, total - cursor)
     if k > 0 then cursors[#cursors + 1] = { tkey, k } end
-    if cursor + k >= total then exhausted[#exhausted + 1] = tid end
+    if cursor + k >= total then exhausted[#exhausted + 1] = { li, tid } end
     if k > 0 then
       local pre = tid .. ':' .. t[3] .. ':'
       out[on + 1], out[on + 2], out[on + 3], out[on + 4] = pre .. cursor, -k, 0, t[4] or ''
@@ -206,18 +256,33 @@ while n < count do
       n = n + k
     end
   end
+  if n < count then head_of(li) end
 end
 
 -- commit
-if from_wait > 0 then rcall('LTRIM', K.wait, from_wait, -1) end
+for li, c in pairs(from_wait) do
+  if c > 0 then rcall('LTRIM', lane_key(prefix, lanes[li], 'wait'), c, -1) end
+end
 if from_node > 0 then rcall('LTRIM', K.node_wait, from_node, -1) end
+for kind, refs in pairs(foreign) do lane_push(prefix, kind, refs, false) end
 for _, a in ipairs(attempts) do rcall('HSET', a[1], a[2], a[3]) end
 for _, d in ipairs(drops) do drop_state(prefix, d[1], d[2]) end
 for _, c in ipairs(cursors) do rcall('HINCRBY', c[1], 'cursor', c[2]) end
-if #exhausted > 0 then call_chunked('ZREM', K.tasks, exhausted) end
+for _, e in ipairs(exhausted) do rcall('ZREM', lane_key(prefix, lanes[e[1]], 'tasks'), e[2]) end
 
--- junk left behind: make sure some executor comes back for the rest
-if junk_left <= 0 then wake() end
+-- work left in a served lane (or junk left behind): the next blocked executor serving it wakes;
+-- under `*`, a kind whose lane is gone leaves `kinds`
+local function pass_on()
+  for li, kind in ipairs(lanes) do
+    local left = rcall('EXISTS', lane_key(prefix, kind, 'wait'), lane_key(prefix, kind, 'tasks'))
+    if left > 0 then
+      wake_lane(prefix, kind)
+    elseif every then
+      rcall('SREM', K.kinds, kind)
+    end
+  end
+end
+if junk_left <= 0 then pass_on() end
 if n > 0 then
   held[hn + 1], held[hn + 2] = ACTIVE_PIN, ACTIVE_PIN_VALUE
   call_chunked('HSET', K.active, held)
@@ -230,8 +295,7 @@ if n > 0 then
     rcall('ZADD', K.limiter, rnow, token .. '|' .. n)
     rcall('HINCRBY', K.meta, 'limit_used', n)
   end
-  -- pass the wake-up on to the next blocked executor while work remains
-  if rcall('LLEN', K.wait) > 0 or rcall('ZCARD', K.tasks) > 0 then wake() end
+  if junk_left > 0 then pass_on() end
   return out
 end
 local due = next_due()

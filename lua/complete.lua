@@ -10,16 +10,15 @@
   then the shards leave `active` (a shard left terminal and held is let go by its holder's retry,
   which finds it terminal, or by the sweep, whose requeued ref the claim drops).
 
-  KEYS[1] active   hash    ref -> token
-  KEYS[2] stalled  set
-  KEYS[3] events   stream  the event log
-  KEYS[4] expiring zset    ended tasks with a retention, by expiry time
-  KEYS[5] finished zset    ended tasks, by end time
-  KEYS[6] marker   zset    wakes blocked executors
-  KEYS[7] meta     hash    queue metadata (paused, seq, cancels, limits, events_maxlen)
-  KEYS[8] running  zset    tasks not finished
-  KEYS[9] wait     list    explicit refs ready now
-  KEYS[10] unreported zset   (a partition's) shares ended, not yet counted in the home
+  KEYS[1]  active     hash   ref -> token
+  KEYS[2]  stalled    set
+  KEYS[3]  events     stream the event log
+  KEYS[4]  expiring   zset   ended tasks with a retention, by expiry time
+  KEYS[5]  finished   zset   ended tasks, by end time
+  KEYS[6]  meta       hash   queue metadata (paused, seq, cancels, limits, events_maxlen)
+  KEYS[7]  running    zset   tasks not finished
+  KEYS[8]  kinds      set    kinds that may have a lane (ARCHITECTURE.md "Kinds and lanes")
+  KEYS[9]  unreported zset   (a partition's) shares ended, not yet counted in the home
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2..] groups: task id, seq (its incarnation), token, m, `p` or `f`, then m entries: for
             `p` (plain: no state, no result) an index each; for `f` an index (or `agg`),
@@ -89,7 +88,7 @@ for gi, g in ipairs(groups) do
     end
   end
   if any then
-    local t = rcall('HMGET', task_key(prefix, tid, ''), 'seq', 'total')
+    local t = rcall('HMGET', task_key(prefix, tid, ''), 'seq', 'total', 'done', 'failed', 'kind')
     tasks[gi] = t
     if t[1] == inc then
       local sfx = { ':terminal' }
@@ -98,6 +97,8 @@ for gi, g in ipairs(groups) do
       -- the aggregation job ends the task: its retention touches every key of it
       if agg then sfx = nil end
       touch_task(prefix, tid, sfx)
+      -- the last shards enqueue the aggregation job in the task's lane
+      if sfx and tonumber(t[3]) + tonumber(t[4]) + (last - first + 1) >= tonumber(t[2]) then touch_lane(prefix, t[5]) end
     end
   end
 end

@@ -5,11 +5,11 @@
   `wait`, or for a routed task to `reroute`, as a release would; only if the given token still
   holds it.
 
-  KEYS[1] active  hash    ref -> token
-  KEYS[2] wait    list
+  KEYS[1] active  hash ref -> token
+  KEYS[2] kinds   set  kinds that may have a lane (ARCHITECTURE.md "Kinds and lanes")
   KEYS[3] reroute list
-  KEYS[4] stalled set     a given-back ref loses its stall mark
-  KEYS[5] marker  zset    wakes blocked executors
+  KEYS[4] stalled set  a given-back ref loses its stall mark
+  KEYS[5] marker  zset wakes blocked executors
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2..] ref, token pairs
 
@@ -27,5 +27,4 @@ for i = 2, #ARGV, 2 do
     n = n + 1
   end
 end
-if n > 0 then wake() end
 return n

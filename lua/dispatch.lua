@@ -4,21 +4,21 @@
   A task with a start time in the future waits in `scheduled` (state `delayed`) until a claim
   or the coordinator starts it (lib.lua start_due_tasks); blocked executors learn the time.
 
-  KEYS[1]  task:<id>          hash    the task (must not exist)
-  KEYS[2]  tasks              zset    runnable tasks, by priority then submission
-  KEYS[3]  index              zset    every task, by creation time (status, clean)
-  KEYS[4]  meta               hash    queue metadata; `seq` orders submissions
-  KEYS[5]  unrouted           zset    routed tasks not yet fully placed
-  KEYS[6]  running            zset    tasks not finished, by creation time
-  KEYS[7]  scheduled          zset    delayed tasks, by start time
-  KEYS[8]  task:<id>:terminal bitmap  of this task
-  KEYS[9]  task:<id>:results  hash    of this task
-  KEYS[10] task:<id>:errors   hash    of this task
-  KEYS[11] task:<id>:shards   hash    of this task
-  KEYS[12] events             stream  the event log
-  KEYS[13] expiring           zset    ended tasks with a retention, by expiry time
-  KEYS[14] finished           zset    ended tasks, by end time
-  KEYS[15] marker             zset    wakes blocked executors
+  KEYS[1]  task:<id>          hash   the task (must not exist)
+  KEYS[2]  kinds              set    kinds that may have a lane (ARCHITECTURE.md "Kinds and lanes")
+  KEYS[3]  index              zset   every task, by creation time (status, clean)
+  KEYS[4]  meta               hash   queue metadata; `seq` orders submissions
+  KEYS[5]  unrouted           zset   routed tasks not yet fully placed
+  KEYS[6]  running            zset   tasks not finished, by creation time
+  KEYS[7]  scheduled          zset   delayed tasks, by start time
+  KEYS[8]  task:<id>:terminal bitmap of this task
+  KEYS[9]  task:<id>:results  hash   of this task
+  KEYS[10] task:<id>:errors   hash   of this task
+  KEYS[11] task:<id>:shards   hash   of this task
+  KEYS[12] events             stream the event log
+  KEYS[13] expiring           zset   ended tasks with a retention, by expiry time
+  KEYS[14] finished           zset   ended tasks, by end time
+  KEYS[15] marker             zset   wakes blocked executors
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] task id
   ARGV[3] priority    integer, higher first

@@ -12,11 +12,10 @@
   KEYS[5]  task:<id>:keys     hash    of this share
   KEYS[6]  task:<id>:shards   hash    of this share
   KEYS[7]  index              zset    every task (and share) of the keyspace
-  KEYS[8]  tasks              zset    runnable tasks
-  KEYS[9]  unreported         zset    shares ended, not yet counted in the home
-  KEYS[10] finished           zset    ended tasks
-  KEYS[11] running            zset    tasks not finished
-  KEYS[12] expiring           zset    ended tasks with a retention
+  KEYS[8]  unreported         zset    shares ended, not yet counted in the home
+  KEYS[9]  finished           zset    ended tasks
+  KEYS[10] running            zset    tasks not finished
+  KEYS[11] expiring           zset    ended tasks with a retention
   ARGV[1] key prefix  `{P:Q@p.s}:`
   ARGV[2] task id
   ARGV[3] the share's `home_inc` as read (empty: no share)
@@ -28,6 +27,8 @@ local prefix, tid = ARGV[1], ARGV[2]
 local t = rcall('HMGET', K.task, 'home_inc', 'home_seq')
 if (t[1] or t[2] or '') ~= ARGV[3] then return 0 end
 if ARGV[3] == '' and (rcall('HGET', task_key(prefix, tid, ':keys'), 'inc') or '') ~= (ARGV[4] or '') then return 0 end
+local kind = rcall('HGET', K.task, 'kind')
 rcall('DEL', unpack(task_keys(prefix, tid)))
-for _, z in ipairs({ K.index, K.tasks, K.unreported, K.finished, K.running, K.expiring }) do rcall('ZREM', z, tid) end
+if kind then rcall('ZREM', lane_key(prefix, kind, 'tasks'), tid) end
+for _, z in ipairs({ K.index, K.unreported, K.finished, K.running, K.expiring }) do rcall('ZREM', z, tid) end
 return 1

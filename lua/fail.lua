@@ -3,16 +3,16 @@
   holds it. With attempts left the ref waits in `delayed` for its backoff; otherwise it is
   terminal and counted as failed with its reason (an aggregation job fails its task).
 
-  KEYS[1]  active   hash    ref -> token
-  KEYS[2]  stalled  set
-  KEYS[3]  delayed  zset    ref -> due time
-  KEYS[4]  events   stream  the event log
-  KEYS[5]  expiring zset    ended tasks with a retention, by expiry time
-  KEYS[6]  finished zset    ended tasks, by end time
-  KEYS[7]  marker   zset    wakes blocked executors
-  KEYS[8]  meta     hash    queue metadata (paused, seq, cancels, limits, events_maxlen)
-  KEYS[9]  running  zset    tasks not finished
-  KEYS[10] wait     list    explicit refs ready now
+  KEYS[1]  active     hash   ref -> token
+  KEYS[2]  stalled    set
+  KEYS[3]  delayed    zset   ref -> due time
+  KEYS[4]  events     stream the event log
+  KEYS[5]  expiring   zset   ended tasks with a retention, by expiry time
+  KEYS[6]  finished   zset   ended tasks, by end time
+  KEYS[7]  marker     zset   wakes blocked executors
+  KEYS[8]  meta       hash   queue metadata (paused, seq, cancels, limits, events_maxlen)
+  KEYS[9]  running    zset   tasks not finished
+  KEYS[10] kinds      set    kinds that may have a lane (ARCHITECTURE.md "Kinds and lanes")
   KEYS[11] unreported zset   (a partition's) shares ended, not yet counted in the home
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] node        the failing executor's node: a routed shard's retry goes back to it

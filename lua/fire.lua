@@ -4,24 +4,24 @@
   to skip it, creates the task `<name>-<fire time>` (the same id from every coordinator). Later
   calls for that fire time, or an earlier one, do nothing.
 
-  KEYS[1]  schedules          hash    name -> schedule JSON (a removed schedule fires no more)
-  KEYS[2]  schedule-state     hash    `<name>:last` last handled fire time (ms), `<name>:task` the
+  KEYS[1]  schedules          hash   name -> schedule JSON (a removed schedule fires no more)
+  KEYS[2]  schedule-state     hash   `<name>:last` last handled fire time (ms), `<name>:task` the
                                    task of the last fire
-  KEYS[3]  task:<id>          hash    the task this fire time creates
-  KEYS[4]  task:<id>:terminal bitmap  of this task
-  KEYS[5]  task:<id>:results  hash    of this task
-  KEYS[6]  task:<id>:errors   hash    of this task
-  KEYS[7]  task:<id>:shards   hash    of this task
-  KEYS[8]  events             stream  the event log
-  KEYS[9]  expiring           zset    ended tasks with a retention, by expiry time
-  KEYS[10] finished           zset    ended tasks, by end time
-  KEYS[11] index              zset    every task, by creation time
-  KEYS[12] marker             zset    wakes blocked executors
-  KEYS[13] meta               hash    queue metadata (paused, seq, cancels, limits, events_maxlen)
-  KEYS[14] running            zset    tasks not finished
-  KEYS[15] scheduled          zset    delayed tasks, by start time
-  KEYS[16] tasks              zset    runnable pull tasks
-  KEYS[17] unrouted           zset    routed tasks not fully placed
+  KEYS[3]  task:<id>          hash   the task this fire time creates
+  KEYS[4]  task:<id>:terminal bitmap of this task
+  KEYS[5]  task:<id>:results  hash   of this task
+  KEYS[6]  task:<id>:errors   hash   of this task
+  KEYS[7]  task:<id>:shards   hash   of this task
+  KEYS[8]  events             stream the event log
+  KEYS[9]  expiring           zset   ended tasks with a retention, by expiry time
+  KEYS[10] finished           zset   ended tasks, by end time
+  KEYS[11] index              zset   every task, by creation time
+  KEYS[12] marker             zset   wakes blocked executors
+  KEYS[13] meta               hash   queue metadata (paused, seq, cancels, limits, events_maxlen)
+  KEYS[14] running            zset   tasks not finished
+  KEYS[15] scheduled          zset   delayed tasks, by start time
+  KEYS[16] kinds              set    kinds that may have a lane (ARCHITECTURE.md "Kinds and lanes")
+  KEYS[17] unrouted           zset   routed tasks not fully placed
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] name
   ARGV[3] fire_ms

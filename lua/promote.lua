@@ -3,15 +3,14 @@
   executors (the coordinator's duty; claims
   promote too, so this only matters while every executor is busy or asleep).
 
-  KEYS[1] delayed      zset    ref -> due time
-  KEYS[2] wait         list
-  KEYS[3] events       stream  the event log
-  KEYS[4] marker       zset    wakes blocked executors
-  KEYS[5] meta         hash    queue metadata (paused, seq, cancels, limits, events_maxlen)
-  KEYS[6] routed-nodes set     nodes that may have a routed list
-  KEYS[7] scheduled    zset    delayed tasks, by start time
-  KEYS[8] tasks        zset    runnable pull tasks
-  KEYS[9] unrouted     zset    routed tasks not fully placed
+  KEYS[1] delayed      zset   ref -> due time
+  KEYS[2] kinds        set    kinds that may have a lane (ARCHITECTURE.md "Kinds and lanes")
+  KEYS[3] events       stream the event log
+  KEYS[4] marker       zset   wakes blocked executors
+  KEYS[5] meta         hash   queue metadata (paused, seq, cancels, limits, events_maxlen)
+  KEYS[6] routed-nodes set    nodes that may have a routed list
+  KEYS[7] scheduled    zset   delayed tasks, by start time
+  KEYS[8] unrouted     zset   routed tasks not fully placed
   ARGV[1] key prefix  `{P:Q}:`
 
   Returns how many were moved (at most 1000 per call).

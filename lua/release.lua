@@ -7,11 +7,11 @@
   claim undone: its `attempt` goes back to what it was before that claim, so the next claim
   hands out the same number.
 
-  KEYS[1] active  hash    ref -> token
+  KEYS[1] active  hash ref -> token
   KEYS[2] stalled set
-  KEYS[3] wait    list
-  KEYS[4] reroute list    where released refs of routed tasks go
-  KEYS[5] marker  zset    wakes blocked executors
+  KEYS[3] kinds   set  kinds that may have a lane (ARCHITECTURE.md "Kinds and lanes")
+  KEYS[4] reroute list where released refs of routed tasks go
+  KEYS[5] marker  zset wakes blocked executors
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] `front` (a started shard, to the front of `wait`), `unstarted` (never started, to the
           front) or `back` (never started, to the back)
@@ -44,5 +44,4 @@ for i = 3, #ARGV, 2 do
   end
   codes[#codes + 1] = code
 end
-if released > 0 then wake() end
 return codes

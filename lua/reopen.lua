@@ -7,21 +7,20 @@
   completed by the next `retry` or by the reconciliation (a share ended in an older round than
   its home's, its count missing, is retried then).
 
-  KEYS[1]  task:<id>          hash    the home record
-  KEYS[2]  task:<id>:terminal bitmap  of this task (its retention lifted)
-  KEYS[3]  task:<id>:results  hash    of this task
-  KEYS[4]  task:<id>:errors   hash    of this task
-  KEYS[5]  task:<id>:keys     hash    of this task
-  KEYS[6]  task:<id>:shards   hash    of this task
-  KEYS[7]  active             hash    ref -> token of its holder
-  KEYS[8]  delayed            zset    ref -> due time (ms)
-  KEYS[9]  events             stream  the event log
-  KEYS[10] expiring           zset    ended tasks with a retention, by expiry time
-  KEYS[11] finished           zset    ended tasks, by end time
-  KEYS[12] meta               hash    queue metadata (cancels, events_maxlen)
-  KEYS[13] running            zset    tasks not finished
-  KEYS[14] stalled            set     stall candidates of the last sweep
-  KEYS[15] wait               list    explicit refs ready now
+  KEYS[1]  task:<id>          hash   the home record
+  KEYS[2]  task:<id>:terminal bitmap of this task (its retention lifted)
+  KEYS[3]  task:<id>:results  hash   of this task
+  KEYS[4]  task:<id>:errors   hash   of this task
+  KEYS[5]  task:<id>:keys     hash   of this task
+  KEYS[6]  task:<id>:shards   hash   of this task
+  KEYS[7]  active             hash   ref -> token of its holder
+  KEYS[8]  delayed            zset   ref -> due time (ms)
+  KEYS[9]  events             stream the event log
+  KEYS[10] expiring           zset   ended tasks with a retention, by expiry time
+  KEYS[11] finished           zset   ended tasks, by end time
+  KEYS[12] meta               hash   queue metadata (cancels, events_maxlen)
+  KEYS[13] running            zset   tasks not finished
+  KEYS[14] stalled            set    stall candidates of the last sweep
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] task id
   ARGV[3] the round to reopen to, 0 for the next one. A round given is a repair: a share

@@ -8,11 +8,10 @@
   partition's `unreported` (the executor that ended it, then every sweep), so a crash between
   the partition's write and this one loses nothing and counts nothing twice.
 
-  KEYS[1] task:<id> hash    the home record
-  KEYS[2] wait      list    explicit refs ready now (the aggregation job)
-  KEYS[3] marker    zset    wakes blocked executors
-  KEYS[4] meta      hash    queue metadata (events_maxlen)
-  KEYS[5] events    stream  the event log
+  KEYS[1] task:<id> hash   the home record
+  KEYS[2] kinds     set    kinds that may have a lane (ARCHITECTURE.md "Kinds and lanes")
+  KEYS[3] meta      hash   queue metadata (events_maxlen)
+  KEYS[4] events    stream the event log
   ARGV[1] key prefix  `{P:Q}:` (the home's)
   ARGV[2] task id
   ARGV[3] the home record's incarnation id (`inc`) the share was dispatched for

@@ -1,28 +1,28 @@
 --[[
   Runs a task's failed shards again: each failed shard loses its terminal bit and its reason,
-  gets a fresh set of attempts (numbered on from the task's `attempts`) and goes back to `wait`
+  gets a fresh set of attempts (numbered on from the task's `attempts`) and goes back to its lane
   (a routed task's to `reroute`, placed by the current ring); `failed` drops by as many and the
   task is `running` again, so aggregation follows once every shard is terminal. A task whose
   shards all completed but whose aggregation failed runs its aggregation again. A finished task
   stops expiring. `retried_ms` records when (a waiter's time counts from it).
 
   KEYS[1]  task:<id>          hash
-  KEYS[2]  wait               list
-  KEYS[3]  task:<id>:terminal bitmap  of this task
-  KEYS[4]  task:<id>:results  hash    of this task
-  KEYS[5]  task:<id>:errors   hash    of this task
-  KEYS[6]  task:<id>:keys     hash    of this task
-  KEYS[7]  task:<id>:shards   hash    of this task
-  KEYS[8]  active             hash    ref -> token of its holder
-  KEYS[9]  delayed            zset    ref -> due time (ms)
-  KEYS[10] events             stream  the event log
-  KEYS[11] expiring           zset    ended tasks with a retention, by expiry time
-  KEYS[12] finished           zset    ended tasks, by end time
-  KEYS[13] marker             zset    wakes blocked executors
-  KEYS[14] meta               hash    queue metadata (paused, seq, cancels, limits, events_maxlen)
-  KEYS[15] reroute            list    recovered and released refs of routed tasks
-  KEYS[16] running            zset    tasks not finished
-  KEYS[17] stalled            set     stall candidates of the last sweep
+  KEYS[2]  kinds              set    kinds that may have a lane (ARCHITECTURE.md "Kinds and lanes")
+  KEYS[3]  task:<id>:terminal bitmap of this task
+  KEYS[4]  task:<id>:results  hash   of this task
+  KEYS[5]  task:<id>:errors   hash   of this task
+  KEYS[6]  task:<id>:keys     hash   of this task
+  KEYS[7]  task:<id>:shards   hash   of this task
+  KEYS[8]  active             hash   ref -> token of its holder
+  KEYS[9]  delayed            zset   ref -> due time (ms)
+  KEYS[10] events             stream the event log
+  KEYS[11] expiring           zset   ended tasks with a retention, by expiry time
+  KEYS[12] finished           zset   ended tasks, by end time
+  KEYS[13] marker             zset   wakes blocked executors
+  KEYS[14] meta               hash   queue metadata (paused, seq, cancels, limits, events_maxlen)
+  KEYS[15] reroute            list   recovered and released refs of routed tasks
+  KEYS[16] running            zset   tasks not finished
+  KEYS[17] stalled            set    stall candidates of the last sweep
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] task id
   ARGV[3] (a share of a partitioned task) the home's new round: the share takes it, and a share
@@ -65,8 +65,7 @@ if agg_again then
   rcall('ZREM', K.delayed, aref)
   drop_state(prefix, tid, 'agg')
   rcall('HSET', tkey, 'state', 'aggregating', 'aggregating_ms', now)
-  rcall('LPUSH', K.wait, aref)
-  wake()
+  lane_push(prefix, rcall('HGET', tkey, 'kind'), { aref }, true)
   emit('event', 'task_retried', 'task', tid, 'shards', 0)
   return 1
 end
@@ -87,6 +86,5 @@ for _, idx in ipairs(again) do
 end
 call_chunked('HDEL', task_key(prefix, tid, ':errors'), again)
 rcall('HINCRBY', tkey, 'failed', -#again)
-wake()
 emit('event', 'task_retried', 'task', tid, 'shards', #again)
 return #again

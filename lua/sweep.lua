@@ -16,18 +16,18 @@
   or past max_stalled fails for good with `reason`.
 
   KEYS[1]  stalled-check string PX the throttle of the full sweep
-  KEYS[2]  stalled       set     candidates of the last full sweep
-  KEYS[3]  active        hash    ref -> token `<instance>:<seq>`
-  KEYS[4]  wait          list
-  KEYS[5]  reroute       list    recovered refs of routed tasks (placed by the current ring)
-  KEYS[6]  events        stream  the event log
-  KEYS[7]  expiring      zset    ended tasks with a retention, by expiry time
-  KEYS[8]  finished      zset    ended tasks, by end time
-  KEYS[9]  marker        zset    wakes blocked executors
-  KEYS[10] meta          hash    queue metadata (paused, seq, cancels, limits, events_maxlen)
-  KEYS[11] running       zset    tasks not finished
-  KEYS[12] leases        zset    instance -> lease expiry (ms, Redis TIME)
-  KEYS[13] unreported zset   (a partition's) shares ended, not yet counted in the home
+  KEYS[2]  stalled       set    candidates of the last full sweep
+  KEYS[3]  active        hash   ref -> token `<instance>:<seq>`
+  KEYS[4]  kinds         set    kinds that may have a lane (ARCHITECTURE.md "Kinds and lanes")
+  KEYS[5]  reroute       list   recovered refs of routed tasks (placed by the current ring)
+  KEYS[6]  events        stream the event log
+  KEYS[7]  expiring      zset   ended tasks with a retention, by expiry time
+  KEYS[8]  finished      zset   ended tasks, by end time
+  KEYS[9]  marker        zset   wakes blocked executors
+  KEYS[10] meta          hash   queue metadata (paused, seq, cancels, limits, events_maxlen)
+  KEYS[11] running       zset   tasks not finished
+  KEYS[12] leases        zset   instance -> lease expiry (ms, Redis TIME)
+  KEYS[13] unreported    zset   (a partition's) shares ended, not yet counted in the home
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] interval_ms of the full sweep
   ARGV[3] max_stalled   stalls a shard may survive
@@ -118,5 +118,4 @@ for inst, l in pairs(leases) do
   if l == 'expired' then gone[#gone + 1] = inst end
 end
 if #gone > 0 then call_chunked('ZREM', K.leases, gone) end
-if recovered > 0 then wake() end
 return { 1, recovered, failed, #marked, next_expiry() }

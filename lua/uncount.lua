@@ -8,14 +8,13 @@
   the aggregation is enqueued once every share is counted again (ARCHITECTURE.md "Partitioned
   queues", reconciliation).
 
-  KEYS[1] task:<id>        hash    the home record
-  KEYS[2] task:<id>:shards hash    of this task (the aggregation job's state)
-  KEYS[3] active           hash    ref -> token of its holder (the aggregation job)
-  KEYS[4] delayed          zset    ref -> due time (ms)
-  KEYS[5] events           stream  the event log
-  KEYS[6] meta             hash    queue metadata (cancels, events_maxlen)
-  KEYS[7] stalled          set     stall candidates of the last sweep
-  KEYS[8] wait             list    explicit refs ready now
+  KEYS[1] task:<id>        hash   the home record
+  KEYS[2] task:<id>:shards hash   of this task (the aggregation job's state)
+  KEYS[3] active           hash   ref -> token of its holder (the aggregation job)
+  KEYS[4] delayed          zset   ref -> due time (ms)
+  KEYS[5] events           stream the event log
+  KEYS[6] meta             hash   queue metadata (cancels, events_maxlen)
+  KEYS[7] stalled          set    stall candidates of the last sweep
   ARGV[1] key prefix  `{P:Q}:` (the home's)
   ARGV[2] task id
   ARGV[3] the home record's incarnation id (`inc`) the aggregation read

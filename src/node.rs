@@ -202,7 +202,7 @@ impl Node {
             host: shardctl_executor::config::hostname(),
             pid: std::process::id(),
             concurrency: config.executor.concurrency,
-            kinds: registry.served_kinds(),
+            kinds: registry.served().to_string(),
         };
         membership::join(&mut con, &keys, &member, &config.membership).await?;
         let redis = endpoint.redacted().to_owned();

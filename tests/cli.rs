@@ -347,7 +347,7 @@ fn full_run_through_executor_processes() {
 
 /// A kind no live executor serves would wait forever: dispatch says so at once, naming what
 /// is served (a typo such as `prime`), unless told to queue it anyway. Executors announce
-/// their kinds with their membership; one running `--exec` serves every kind.
+/// their kinds with their membership; one running `--exec --kinds '*'` serves every kind.
 #[test]
 fn dispatch_refuses_a_kind_no_live_executor_serves() {
     let cli = Cli::start("unserved");
@@ -365,7 +365,7 @@ fn dispatch_refuses_a_kind_no_live_executor_serves() {
     );
     let out = cli.run(&["dispatch", "--kind", "prime", "--shards", "1", "--task-id", "anyway", "--unserved"]);
     assert_eq!(out.code(), 0, "{out:?}");
-    assert!(out.stderr.contains("its shards fail on executors that do not serve it"), "{out:?}");
+    assert!(out.stderr.contains("its shards wait until an executor serving it starts"), "{out:?}");
     e.terminate();
     let _any = cli.executor("anything", &["--exec", "true"]);
     eventually("the --exec executor joined", Duration::from_secs(20), || {
@@ -512,7 +512,19 @@ fn a_handler_that_leaves_a_background_process_ends_its_shard_when_it_exits() {
 #[test]
 fn a_cancel_stops_running_handlers_before_the_next_heartbeat() {
     let cli = Cli::start("cancel-fast");
-    let args = ["executor", "--node-id", "cf", "--concurrency", "2", "--lock-duration", "60s", "--exec", "sleep 50"];
+    let args = [
+        "executor",
+        "--node-id",
+        "cf",
+        "--concurrency",
+        "2",
+        "--lock-duration",
+        "60s",
+        "--exec",
+        "sleep 50",
+        "--kinds",
+        "*",
+    ];
     let mut e = cli.background("cf", &args);
     cli.ok(&["dispatch", "--kind", "slow", "--shards", "2", "--task-id", "slow"]);
     eventually("both shards running", Duration::from_secs(20), || {
@@ -530,18 +542,21 @@ fn a_cancel_stops_running_handlers_before_the_next_heartbeat() {
 }
 
 #[test]
-fn a_kind_without_a_handler_fails_with_its_reason() {
+fn a_kind_without_a_handler_waits_and_says_why() {
     let cli = Cli::start("no-handler");
     let _e = cli.executor("lonely-node", &[]);
+    eventually("the executor joined", Duration::from_secs(20), || {
+        let s = cli.ok(&["status"]);
+        s.contains("lonely-node").then_some(()).ok_or(s)
+    });
+    // queued anyway: no executor takes it (none serves it), none fails it, and `wait` says why
     let args =
-        ["dispatch", "--kind", "nobody", "--shards", "3", "--attempts", "1", "--task-id", "n1", "--wait", "--json"];
-    let t = cli.json(&args, 3);
-    assert_eq!(t["state"], json!("failed"), "{t}");
-    assert_eq!((t["done"].as_u64(), t["failed"].as_u64()), (Some(0), Some(3)));
-    let failed = cli.json(&["status", "n1", "--failed", "--json"], 0);
-    let expected: Vec<Value> =
-        (0..3).map(|i| json!({ "shard": i, "reason": "no handler for kind nobody on node lonely-node" })).collect();
-    assert_eq!(failed, Value::Array(expected));
+        ["dispatch", "--kind", "nobody", "--shards", "3", "--task-id", "n1", "--unserved", "--wait", "--timeout"];
+    let out = cli.run(&[&args[..], &["3s"]].concat());
+    assert_ne!(out.code(), 0, "{out:?}");
+    assert!(out.stderr.contains("no live executor serves kind 'nobody'; served: fail, noop, primes, sleep"), "{out:?}");
+    let t = cli.json(&["status", "n1", "--json"], 0);
+    assert_eq!((t["state"].as_str(), t["done"].as_u64(), t["failed"].as_u64()), (Some("running"), Some(0), Some(0)));
 
     // the empty case says so
     cli.ok(&["dispatch", "--kind", "noop", "--shards", "2", "--task-id", "fine", "--wait"]);
@@ -555,20 +570,30 @@ fn a_kind_without_a_handler_fails_with_its_reason() {
 #[test]
 fn executor_rejects_bad_arguments() {
     let cli = Cli::start("executor-args");
-    let cases: [(&[&str], &str); 11] = [
+    let cases: [(&[&str], &str); 17] = [
         (&["--lock-duration", "2s", "--lock-renew", "2s"], "must be above zero and below the lock duration"),
         (&["--lock-duration", "2s", "--lock-renew", "3s"], "must be above zero and below the lock duration"),
         (&["--lock-renew", "0s"], "must be above zero"),
         (&["--concurrency", "0"], "concurrency must be at least 1"),
-        (&["--exec", "'unclosed"], "--exec: unclosed single quote"),
+        (&["--exec", "'unclosed", "--kinds", "r"], "--exec: unclosed single quote"),
         (&["--aggregate-exec", "'unclosed"], "--aggregate-exec: unclosed single quote"),
-        (&["--exec", "  "], "--exec: empty command"),
+        (&["--exec", "  ", "--kinds", "r"], "--exec: empty command"),
         // checked at start: a typo is an error then, not a failure of every shard
         (
-            &["--exec", "/tmp/shardctl-no-such-handler.sh"],
+            &["--exec", "/tmp/shardctl-no-such-handler.sh", "--kinds", "r"],
             "--exec: '/tmp/shardctl-no-such-handler.sh' is not an executable file",
         ),
-        (&["--exec", "shardctl-no-such-command --flag"], "--exec: 'shardctl-no-such-command' is not found in PATH"),
+        (
+            &["--exec", "shardctl-no-such-command --flag", "--kinds", "r"],
+            "--exec: 'shardctl-no-such-command' is not found in PATH",
+        ),
+        // the kinds a handler runs are said, never assumed
+        (&["--exec", "true"], "--kinds"),
+        (&["--worker", "true"], "--kinds"),
+        (&["--exec", "true", "--kinds", "a,,b"], "empty kind"),
+        (&["--exec", "true", "--kinds", "a:b"], "kind 'a:b' has the character ':'"),
+        (&["--exec", "true", "--kinds", "primes"], "'primes' is a built-in kind"),
+        (&["--kinds", "report"], "--kinds names the kinds --exec or --worker runs"),
         (&["--aggregate-exec", "/dev/null"], "--aggregate-exec: '/dev/null' is not an executable file"),
         (&["--lock-duration", "soon"], "--lock-duration"),
     ];
@@ -827,7 +852,8 @@ fn a_reaped_executor_is_recorded_as_last_heard_at_its_last_heartbeat() {
 fn debug_logs_follow_each_shard_and_keep_a_handlers_stderr() {
     let cli = Cli::start("debug-log");
     let exec = r#"sh -c 'echo "note from $SHARDCTL_SHARD_INDEX" >&2; echo 1'"#;
-    let mut e = cli.background("dbg", &["--log", "debug", "executor", "--node-id", "dbg", "--exec", exec]);
+    let mut e =
+        cli.background("dbg", &["--log", "debug", "executor", "--node-id", "dbg", "--exec", exec, "--kinds", "*"]);
     cli.ok(&["dispatch", "--kind", "talk", "--shards", "2", "--task-id", "chatty", "--wait", "--timeout", "30s"]);
     eventually("the shards' lines in the debug log", Duration::from_secs(30), || {
         let log = e.log();
@@ -842,7 +868,8 @@ fn debug_logs_follow_each_shard_and_keep_a_handlers_stderr() {
 
     // over partitions a ref's index is the share's own: the lines name the task's index too
     cli.ok(&["config", "--partitions", "3"]);
-    let mut e = cli.background("dbgp", &["--log", "debug", "executor", "--node-id", "dbgp", "--exec", exec]);
+    let mut e =
+        cli.background("dbgp", &["--log", "debug", "executor", "--node-id", "dbgp", "--exec", exec, "--kinds", "*"]);
     cli.ok(&["dispatch", "--kind", "talk", "--shards", "6", "--task-id", "spread", "--wait", "--timeout", "30s"]);
     eventually("each shard's own line in the debug log", Duration::from_secs(30), || {
         let log = e.log();
@@ -977,7 +1004,8 @@ fn outcomes_whose_reply_was_lost_in_a_redis_stall_count_as_recorded() {
         .unwrap_or_else(|| panic!("no process_id in {info}"));
     // odd shards fail their first attempt: completions and failures both in flight
     let exec = r#"sh -c 'cat >/dev/null; sleep 0.25; [ $((SHARDCTL_SHARD_INDEX % 2)) = 1 ] && [ "$SHARDCTL_ATTEMPT" = 1 ] && exit 1; echo 1'"#;
-    let args = ["executor", "--node-id", "lr", "--concurrency", "4", "--lock-duration", "60s", "--exec", exec];
+    let args =
+        ["executor", "--node-id", "lr", "--concurrency", "4", "--lock-duration", "60s", "--exec", exec, "--kinds", "*"];
     let mut e = cli.background("lr", &args);
     let dispatch = ["dispatch", "--kind", "flaky", "--shards", "80", "--attempts", "2", "--backoff", "fixed:100ms"];
     cli.ok(&[&dispatch[..], &["--task-id", "stall"]].concat());

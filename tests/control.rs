@@ -61,6 +61,11 @@ fn executor(cli: &Cli, node: &str, extra: &[&str]) -> support::Process {
             None => opts.push((k.to_string(), Some(v))),
         }
     }
+    let handler = opts.iter().any(|(k, _)| k == "--exec" || k == "--worker");
+    if handler && !opts.iter().any(|(k, _)| k == "--kinds") {
+        // a test not about kinds lets its --exec serve every kind
+        opts.push(("--kinds".to_owned(), Some("*".to_owned())));
+    }
     let mut args = vec!["executor".to_owned(), "--node-id".to_owned(), node.to_owned()];
     for (k, v) in opts {
         args.push(k);
@@ -229,7 +234,7 @@ fn cancel_kills_running_handlers_drops_queued_refs_and_ends_the_task_cancelled()
         started.iter().map(|l| l.split(' ').next().unwrap().to_owned()).filter(|p| alive(p)).collect();
     assert_eq!(running.len(), 2, "b runs 2 handlers: {started:?}\n{}", b.log());
     let mut con = cli.con();
-    let wait_len: i64 = redis::cmd("LLEN").arg(cli.key("wait")).query(&mut con).unwrap();
+    let wait_len: i64 = redis::cmd("LLEN").arg(cli.key("kind:long:wait")).query(&mut con).unwrap();
     assert_eq!(wait_len, 2, "a's released shards wait for a claim");
 
     let t = Instant::now();
@@ -253,7 +258,7 @@ fn cancel_kills_running_handlers_drops_queued_refs_and_ends_the_task_cancelled()
     // b has free slots now, the 2 released refs and 4 unclaimed shards: none of them may start
     std::thread::sleep(Duration::from_millis(1200));
     assert_eq!(lines(&pids).len(), started.len(), "a shard of the cancelled task started: {:?}", lines(&pids));
-    let wait_len: i64 = redis::cmd("LLEN").arg(cli.key("wait")).query(&mut con).unwrap();
+    let wait_len: i64 = redis::cmd("LLEN").arg(cli.key("kind:long:wait")).query(&mut con).unwrap();
     assert_eq!(wait_len, 0, "the cancelled task's refs in wait are dropped by the next claim");
     let active: Vec<String> = redis::cmd("HKEYS").arg(cli.key("active")).query(&mut con).unwrap();
     assert!(active.iter().all(|r| !r.starts_with("doomed:")), "{active:?}");

@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use shardctl_common::kinds::Served;
 use shardctl_common::model::TaskSpec;
 use shardctl_common::partition::{self, Layout};
 use shardctl_common::scripts::{self, ClaimRequest, Finished, FinishedAs, Lease, LeaseAsk};
@@ -259,7 +260,15 @@ fn out_of_range_durations_are_refused_up_front() {
 
 /// Claims every shard of partition `pk` and completes them, as an executor would.
 async fn run_share(con: &mut redis::aio::MultiplexedConnection, pk: &Keys, seq: u64) {
-    let req = ClaimRequest { count: 100, lock_ms: 60_000, token_base: "e1", seq, node: "n1", ahead: 0 };
+    let req = ClaimRequest {
+        count: 100,
+        lock_ms: 60_000,
+        token_base: "e1",
+        seq,
+        node: "n1",
+        ahead: 0,
+        kinds: &Served::Every,
+    };
     let claimed = scripts::claim(con, pk, &req).await.unwrap().shards;
     let all: Vec<Finished<'_>> =
         claimed.iter().map(|c| Finished { claim: c, outcome: FinishedAs::Completed("1") }).collect();
@@ -376,7 +385,7 @@ async fn a_share_recreated_after_a_retry_takes_its_homes_round() {
     for k in pk.task_keys("r") {
         let () = redis::cmd("DEL").arg(k).query_async(&mut con).await.unwrap();
     }
-    for set in [pk.index(), pk.tasks()] {
+    for set in [pk.index(), pk.lane_tasks("noop")] {
         let () = redis::cmd("ZREM").arg(set).arg("r").query_async(&mut con).await.unwrap();
     }
     partitions::reconcile(&mut con, &layout).await.unwrap();
@@ -439,7 +448,7 @@ async fn a_keyed_share_whose_keys_are_incomplete_cancels_its_task() {
     let (home, pk) = (layout.home.clone(), layout.parts[1].clone());
     // the share's record is gone, and one of its two keys with it
     let () = redis::cmd("DEL").arg(pk.task("k")).query_async(&mut con).await.unwrap();
-    for set in [pk.index(), pk.tasks(), pk.unrouted()] {
+    for set in [pk.index(), pk.lane_tasks("noop"), pk.unrouted()] {
         let () = redis::cmd("ZREM").arg(set).arg("k").query_async(&mut con).await.unwrap();
     }
     let () = redis::cmd("HDEL").arg(pk.shard_keys("k")).arg(1).query_async(&mut con).await.unwrap();

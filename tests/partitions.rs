@@ -11,6 +11,7 @@ mod support;
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use shardctl_common::kinds::Served;
 use shardctl_common::model::TaskSpec;
 use shardctl_common::partition::{self, Layout};
 use shardctl_common::scripts::{self, ClaimRequest, Finished, FinishedAs, Reported, ShareReport};
@@ -21,7 +22,8 @@ use support::Cli;
 /// Claims every shard of partition `pk` there is (claim call `seq` of one simulated executor)
 /// and completes them, or fails them for good (`fail`), as an executor would.
 async fn run_share(con: &mut redis::aio::MultiplexedConnection, pk: &Keys, seq: u64, fail: bool) {
-    let req = ClaimRequest { count: 10, lock_ms: 60_000, token_base: "e1", seq, node: "n1", ahead: 0 };
+    let req =
+        ClaimRequest { count: 10, lock_ms: 60_000, token_base: "e1", seq, node: "n1", ahead: 0, kinds: &Served::Every };
     let claimed = scripts::claim(con, pk, &req).await.unwrap().shards;
     let outcome = if fail { FinishedAs::Failed { delay_ms: 0, reason: "boom" } } else { FinishedAs::Completed("") };
     let all: Vec<Finished<'_>> = claimed.iter().map(|c| Finished { claim: c, outcome: outcome.clone() }).collect();
@@ -284,7 +286,7 @@ async fn a_report_lost_between_two_slots_is_repeated_and_counted_once() {
             let (state, done): (String, u64) =
                 redis::cmd("HMGET").arg(home.task("r")).arg(&["state", "done"]).query_async(&mut c).await.unwrap();
             let wait: Vec<String> =
-                redis::cmd("LRANGE").arg(home.wait()).arg(0).arg(-1).query_async(&mut c).await.unwrap();
+                redis::cmd("LRANGE").arg(home.lane_wait("noop")).arg(0).arg(-1).query_async(&mut c).await.unwrap();
             (state, done, wait)
         }
     };
@@ -523,7 +525,15 @@ async fn a_retry_cut_short_is_completed_by_the_reconciliation() {
     }
     assert_eq!(shardctl_coordinator::partitions::report_pending(&mut con, &layout).await.unwrap(), 2);
     // the aggregation runs and records the failure
-    let req = ClaimRequest { count: 1, lock_ms: 60_000, token_base: "e1", seq: 2, node: "n1", ahead: 0 };
+    let req = ClaimRequest {
+        count: 1,
+        lock_ms: 60_000,
+        token_base: "e1",
+        seq: 2,
+        node: "n1",
+        ahead: 0,
+        kinds: &Served::Every,
+    };
     let agg = scripts::claim(&mut con, &home, &req).await.unwrap().shards;
     assert_eq!(agg.len(), 1);
     scripts::finish(&mut con, &home, "n1", &[Finished { claim: &agg[0], outcome: FinishedAs::Completed("{}") }])
@@ -547,7 +557,7 @@ async fn a_retry_cut_short_is_completed_by_the_reconciliation() {
         let (state, round): (String, u64) =
             redis::cmd("HMGET").arg(pk.task("r")).arg(&["state", "round"]).query_async(&mut con).await.unwrap();
         assert_eq!((state.as_str(), round), ("running", 1));
-        let wait: u64 = redis::cmd("LLEN").arg(pk.wait()).query_async(&mut con).await.unwrap();
+        let wait: u64 = redis::cmd("LLEN").arg(pk.lane_wait("fail")).query_async(&mut con).await.unwrap();
         assert_eq!(wait, 2, "the share's failed shards wait to run again");
     }
     // the shares now succeed and report in round 1: the task completes with every shard done
@@ -847,7 +857,7 @@ async fn the_reconciliation_recreates_lost_shares_and_completes_lost_cancels() {
         let () = redis::cmd("DEL").arg(k).query_async(&mut con).await.unwrap();
     }
     let () = redis::cmd("ZREM").arg(pk.index()).arg("m").query_async(&mut con).await.unwrap();
-    let () = redis::cmd("ZREM").arg(pk.tasks()).arg("m").query_async(&mut con).await.unwrap();
+    let () = redis::cmd("ZREM").arg(pk.lane_tasks("noop")).arg("m").query_async(&mut con).await.unwrap();
     // while its dispatcher holds the lease it may still be on its way, however long: left alone
     let () = redis::cmd("HDEL").arg(home.task("m")).arg("dispatched").query_async(&mut con).await.unwrap();
     let () = redis::cmd("HSET")
@@ -868,7 +878,8 @@ async fn the_reconciliation_recreates_lost_shares_and_completes_lost_cancels() {
         redis::cmd("HMGET").arg(pk.task("m")).arg(&["total", "base", "home_inc"]).query_async(&mut con).await.unwrap();
     let inc = shardctl_common::share::home_inc_of(&mut con, &home, "m").await.unwrap().unwrap();
     assert_eq!((total, base, home_inc), (2, 2, inc));
-    let runnable: Option<f64> = redis::cmd("ZSCORE").arg(pk.tasks()).arg("m").query_async(&mut con).await.unwrap();
+    let runnable: Option<f64> =
+        redis::cmd("ZSCORE").arg(pk.lane_tasks("noop")).arg("m").query_async(&mut con).await.unwrap();
     assert!(runnable.is_some());
     // a cancel whose home write was lost: the share is cancelled, the home still running
     shardctl_common::control::cancel_in(&mut con, &layout.parts[0], "m").await.unwrap();

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use shardctl_common::kinds::Served;
 use shardctl_common::model::{TaskSpec, TaskState};
 use shardctl_common::scripts::{self, ClaimRequest};
 use shardctl_common::split::shard_range;
@@ -167,7 +168,7 @@ fn assert_reasons(failed: &[(u64, String)], want: &str) {
 
 fn exec(line: &str, limit: usize) -> Registry {
     let mut r = Registry::with_builtins();
-    r.fallback(ExecHandler(Arc::new(ExecCommand::parse(line, limit).unwrap())));
+    r.fallback(Served::Every, ExecHandler(Arc::new(ExecCommand::parse(line, limit).unwrap())));
     r
 }
 
@@ -213,9 +214,21 @@ async fn a_missing_command_fails() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn an_unknown_kind_fails_naming_the_node() {
-    let failed = failing_task(config("node-7"), Registry::with_builtins(), "mystery", Value::Null).await;
-    assert!(failed.iter().all(|(_, reason)| reason == "no handler for kind mystery on node node-7"), "{failed:?}");
+async fn a_kind_the_executor_does_not_serve_is_left_alone() {
+    let env = RuntimeEnv::start().await;
+    let ex = env.executor(config("node-7"), Registry::with_builtins()).await;
+    // dispatched first: a claim that took shards in order would meet it before the noop task
+    env.dispatch(&spec("mystery", "mystery", 3, Value::Null)).await;
+    env.dispatch(&spec("after", "noop", 2, Value::Null)).await;
+    assert_eq!(env.wait("after").await.state, TaskState::Completed);
+    let stats = ex.stop().await;
+    assert_eq!((stats.failed, stats.completed), (0, 2), "{stats:?}");
+    // never claimed, never failed: all of it still ahead in its kind's lane
+    let t = env.task("mystery").await;
+    assert_eq!((t.state, t.cursor, t.done, t.failed), (TaskState::Running, 0, 0, 0), "{t:?}");
+    let runnable: Vec<String> = env.cmd(redis::cmd("ZRANGE").arg(env.keys.lane_tasks("mystery")).arg(0).arg(-1)).await;
+    assert_eq!(runnable, ["mystery"]);
+    env.assert_nothing_held().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -530,7 +543,7 @@ async fn shutdown_during_a_claim_call_leaves_nothing_claimed() {
     // a claim call that keeps Redis busy for about a second: before reaching the task's cursor,
     // the claim script pops and drops, one by one, many refs of a task that does not exist
     let fill = "for i = 1, tonumber(ARGV[1]) do redis.call('RPUSH', KEYS[1], 'gone:' .. i) end";
-    let () = env.cmd(redis::cmd("EVAL").arg(fill).arg(1).arg(env.keys.wait()).arg(600_000)).await;
+    let () = env.cmd(redis::cmd("EVAL").arg(fill).arg(1).arg(env.keys.lane_wait("sleep")).arg(600_000)).await;
     env.dispatch(&spec("c", "sleep", 4, json!({"ms": 60_000}))).await;
     let cfg = ExecutorConfig {
         lock_duration: Duration::from_secs(30),
@@ -593,6 +606,7 @@ async fn shards_of_a_claim_whose_reply_was_lost_are_recovered() {
         seq: 1 << 40,
         node: &cfg.node_id,
         ahead: 0,
+        kinds: &Served::Every,
     };
     let mut con = env.con.clone();
     let orphans = scripts::claim(&mut con, &env.keys, &req).await.expect("claim").shards;

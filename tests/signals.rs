@@ -40,7 +40,8 @@ fn a_second_signal_stops_an_executor_at_once() {
     assert!(log.contains("again: stopping at once"), "{log}");
     let held: Vec<String> = redis::cmd("HKEYS").arg(cli.key("active")).query(&mut con).unwrap();
     assert!(held.iter().all(|r| !r.starts_with("long:")), "shards still held: {held:?}");
-    let waiting: Vec<String> = redis::cmd("LRANGE").arg(cli.key("wait")).arg(0).arg(-1).query(&mut con).unwrap();
+    let waiting: Vec<String> =
+        redis::cmd("LRANGE").arg(cli.key("kind:sleep:wait")).arg(0).arg(-1).query(&mut con).unwrap();
     assert_eq!(waiting.len(), 2, "both shards given back at once: {waiting:?}");
 }
 

@@ -49,6 +49,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use shardctl_common::conn::{open, Conn};
+use shardctl_common::kinds::Served;
 use shardctl_common::model::{Part, TaskSpec};
 use shardctl_common::partition::{self, share_range, Layout};
 use shardctl_common::scripts::{self, ClaimRequest, Claimed, Finished, FinishedAs, ShareReport};
@@ -235,6 +236,7 @@ impl Sim {
             seq: ex.seq,
             node: "n",
             ahead: 0,
+            kinds: &Served::Every,
         };
         let out = scripts::claim(&mut self.con, &keys, &req).await.map_err(|e| format!("claim: {e}"))?;
         let refs: Vec<String> = out.shards.iter().map(|c| c.shard_ref.to_string()).collect();
@@ -560,7 +562,7 @@ impl Sim {
             // aggregation jobs of this incarnation: at most one anywhere, none once ended
             let agg = format!("{id}:{seq}:agg");
             let wait: Vec<String> = redis::cmd("LRANGE")
-                .arg(home.wait())
+                .arg(home.lane_wait("noop"))
                 .arg(0)
                 .arg(-1)
                 .query_async(&mut self.con)

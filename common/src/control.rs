@@ -231,7 +231,23 @@ async fn set_limit_in<C: ConnectionLike + Send + Sync>(
         }
     }
     // executors waiting out a full window wake and claim under the new limit
-    let () = con.zadd(keys.marker(), "0", 0).await?;
+    wake_all(con, keys).await
+}
+
+/// Wakes one blocked executor of every lane of keyspace `keys`, and one of every routed node
+/// (each passes the wake-up on while work is left).
+async fn wake_all<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Result<()> {
+    let (kinds, nodes): (Vec<String>, Vec<String>) =
+        redis::pipe().smembers(keys.kinds()).smembers(keys.routed_nodes()).query_async(con).await?;
+    let mut pipe = redis::pipe();
+    pipe.zadd(keys.marker(), "0", 0).ignore().zadd(keys.any_kind_marker(), "0", 0).ignore();
+    for k in kinds {
+        pipe.zadd(keys.lane_marker(&k), "0", 0).ignore();
+    }
+    for n in nodes {
+        pipe.zadd(keys.node_marker(&n), "0", 0).ignore();
+    }
+    let () = pipe.query_async(con).await?;
     Ok(())
 }
 
@@ -264,7 +280,7 @@ pub async fn resume<C: ConnectionLike + Send>(con: &mut C, keys: &Home) -> Resul
     loop {
         for k in &layout.parts {
             let () = redis::cmd("HDEL").arg(k.meta()).arg("paused").query_async(con).await?;
-            let () = redis::cmd("ZADD").arg(k.marker()).arg(0).arg("0").query_async(con).await?;
+            wake_all(con, k).await?;
         }
         let () = redis::cmd("HDEL").arg(keys.meta()).arg("paused").query_async(con).await?;
         match again(con, keys, &layout).await? {
@@ -272,14 +288,7 @@ pub async fn resume<C: ConnectionLike + Send>(con: &mut C, keys: &Home) -> Resul
             None => break,
         }
     }
-    let nodes: Vec<String> = redis::cmd("SMEMBERS").arg(keys.routed_nodes()).query_async(con).await?;
-    let mut pipe = redis::pipe();
-    pipe.zadd(keys.marker(), "0", 0).ignore();
-    for n in nodes {
-        pipe.zadd(keys.node_marker(&n), "0", 0).ignore();
-    }
-    let () = pipe.query_async(con).await?;
-    Ok(())
+    wake_all(con, keys).await
 }
 
 /// The event log's cap when none is set: the same number as `emit` in `lua/include/lib.lua`

@@ -73,7 +73,7 @@ mod tests {
         let home = Home::new("shardctl", "q").unwrap();
         assert_eq!(home.names(), ("shardctl", "q"));
         let p = home.partition("shardctl:q@2.17").unwrap();
-        assert_eq!(p.wait(), "{shardctl:q@2.17}:wait");
+        assert_eq!(p.lane_wait("k"), "{shardctl:q@2.17}:kind:k:wait");
         assert_eq!(p.queue(), "q");
         for bad in [
             "shardctl:q",

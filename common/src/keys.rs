@@ -49,10 +49,6 @@ impl Keys {
     pub fn meta(&self) -> String {
         self.key("meta")
     }
-    /// Zset: runnable tasks (cursor not exhausted), by priority then submission.
-    pub fn tasks(&self) -> String {
-        self.key("tasks")
-    }
     /// Zset: every task of the queue by creation time.
     pub fn index(&self) -> String {
         self.key("index")
@@ -73,9 +69,28 @@ impl Keys {
     pub fn errors(&self, id: &str) -> String {
         self.key(&format!("task:{id}:errors"))
     }
-    /// List: explicit refs ready now.
-    pub fn wait(&self) -> String {
-        self.key("wait")
+    /// Set: the kinds that may have a lane (ARCHITECTURE.md "Kinds and lanes").
+    pub fn kinds(&self) -> String {
+        self.key("kinds")
+    }
+    /// List: explicit refs of tasks of kind `kind` ready now (released, recovered, due retries,
+    /// aggregation jobs). `kind` follows [`crate::names::validate_kind`].
+    pub fn lane_wait(&self, kind: &str) -> String {
+        self.key(&format!("kind:{kind}:wait"))
+    }
+    /// Zset: runnable pull tasks of kind `kind` (cursor not exhausted), by priority then
+    /// submission.
+    pub fn lane_tasks(&self, kind: &str) -> String {
+        self.key(&format!("kind:{kind}:tasks"))
+    }
+    /// Zset: wakes blocked executors that serve `kind`.
+    pub fn lane_marker(&self, kind: &str) -> String {
+        self.key(&format!("kind:{kind}:marker"))
+    }
+    /// Zset: wakes blocked executors that serve every kind (`--kinds '*'`); `*` is no name
+    /// character, so no kind's marker is this key.
+    pub fn any_kind_marker(&self) -> String {
+        self.key("kind:*:marker")
     }
     /// Zset: ref → due time.
     pub fn delayed(&self) -> String {
@@ -207,7 +222,7 @@ mod tests {
     #[test]
     fn keys_share_the_hash_tag() {
         let k = Keys::new("shardctl", "default").unwrap();
-        assert_eq!(k.wait(), "{shardctl:default}:wait");
+        assert_eq!(k.lane_wait("primes"), "{shardctl:default}:kind:primes:wait");
         assert_eq!(k.queue(), "default");
         assert_eq!(k.leases(), "{shardctl:default}:leases");
         assert_eq!(k.terminal("t1"), "{shardctl:default}:task:t1:terminal");

@@ -22,6 +22,8 @@
 //! - [`model`]: task ids, shard refs, the task spec and its state.
 //! - [`names`]: the rules for every user-given name in a key (queues, prefix, task and node ids,
 //!   instances, schedules, locks): one rule per kind, and why no two names make one key.
+//! - [`kinds`]: the kinds an executor serves (every kind, or a set), as claims and the
+//!   membership carry them, and the lanes that hold each kind's ready work.
 //! - [`schedule`]: cron schedules fired once per fire time by any number of coordinators.
 //! - [`ring`]: consistent hashing with virtual nodes, the static strategies, `ring simulate`.
 //! - [`split`]: balanced item ranges of shards.
@@ -54,6 +56,7 @@ pub mod error;
 pub mod home;
 pub mod incarnation;
 pub mod keys;
+pub mod kinds;
 pub mod limiter;
 pub mod lock;
 pub mod model;

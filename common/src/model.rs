@@ -217,9 +217,7 @@ impl TaskSpec {
     /// Checks every field; the message says what is wrong and what is allowed.
     pub fn validate(&self) -> Result<(), Error> {
         validate_task_id(&self.id)?;
-        if self.kind.is_empty() || self.kind.len() > 64 || self.kind.contains(char::is_whitespace) {
-            return Err(Error::invalid(format!("kind '{}' must be 1 to 64 bytes without spaces", self.kind)));
-        }
+        crate::names::validate_kind(&self.kind)?;
         if self.shards < 1 {
             return Err(Error::invalid("shards must be at least 1"));
         }

@@ -47,12 +47,22 @@ pub enum Kind {
     Schedule,
     /// A lock's name (`{P:lock:NAME}`).
     Lock,
+    /// A task's kind, the name of its handler (`kind:<k>:wait`, `kind:<k>:tasks`).
+    TaskKind,
 }
 
 impl Kind {
     /// Every kind.
-    pub const ALL: [Kind; 7] =
-        [Kind::Queue, Kind::Prefix, Kind::TaskId, Kind::NodeId, Kind::Instance, Kind::Schedule, Kind::Lock];
+    pub const ALL: [Kind; 8] = [
+        Kind::Queue,
+        Kind::Prefix,
+        Kind::TaskId,
+        Kind::NodeId,
+        Kind::Instance,
+        Kind::Schedule,
+        Kind::Lock,
+        Kind::TaskKind,
+    ];
 
     /// What the messages call it.
     pub fn label(self) -> &'static str {
@@ -64,6 +74,7 @@ impl Kind {
             Kind::Instance => "executor instance id",
             Kind::Schedule => "schedule name",
             Kind::Lock => "lock name",
+            Kind::TaskKind => "kind",
         }
     }
 
@@ -131,6 +142,11 @@ pub fn validate_prefix(prefix: &str) -> Result<()> {
 /// Checks a task id: 1 to 64 bytes of `A-Z a-z 0-9 . _ -`.
 pub fn validate_task_id(id: &str) -> Result<()> {
     Kind::TaskId.validate(id)
+}
+
+/// Checks a task's kind: 1 to 64 bytes of `A-Z a-z 0-9 . _ -`.
+pub fn validate_kind(kind: &str) -> Result<()> {
+    Kind::TaskKind.validate(kind)
 }
 
 /// Checks a node id: 1 to 64 bytes of `A-Z a-z 0-9 . _ -`.

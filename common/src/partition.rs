@@ -786,7 +786,13 @@ pub async fn drop_orphans<C: ConnectionLike + Send>(con: &mut C, layout: &Layout
             continue;
         }
         let mut pipe = redis::pipe();
+        let kinds: Vec<String> = redis::cmd("SMEMBERS").arg(pk.kinds()).query_async(con).await?;
+        for k in &kinds {
+            pipe.del(&[pk.lane_wait(k), pk.lane_tasks(k), pk.lane_marker(k)]).ignore();
+        }
         for key in [
+            pk.kinds(),
+            pk.any_kind_marker(),
             pk.meta(),
             pk.events(),
             pk.leases(),
@@ -795,9 +801,7 @@ pub async fn drop_orphans<C: ConnectionLike + Send>(con: &mut C, layout: &Layout
             pk.stalled(),
             pk.stalled_check(),
             pk.limiter(),
-            pk.wait(),
             pk.delayed(),
-            pk.tasks(),
             pk.unreported(),
             pk.running(),
             pk.finished(),

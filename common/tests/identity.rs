@@ -46,7 +46,7 @@ async fn leftovers_of_a_cleaned_task_never_become_the_new_tasks_shards() {
     assert!(left.is_empty(), "a cleaned task leaves no key: {left:?}");
     // the stale refs are put back in `wait` too, as a recovery or a lost release would
     for r in ["x:1:2", "x:1:3", "x:1:agg"] {
-        env.cmd::<()>(redis::cmd("RPUSH").arg(env.keys.wait()).arg(r)).await;
+        env.cmd::<()>(redis::cmd("RPUSH").arg(env.keys.lane_wait("noop")).arg(r)).await;
     }
 
     // the same id again, with as many shards and one attempt each
@@ -84,7 +84,7 @@ async fn a_claim_never_takes_a_held_shard_from_its_holder() {
     let r = held.shard_ref.to_string();
     // the same ref queued twice (as a lost reply's retry or a bug might leave it)
     for _ in 0..2 {
-        env.cmd::<()>(redis::cmd("LPUSH").arg(env.keys.wait()).arg(&r)).await;
+        env.cmd::<()>(redis::cmd("LPUSH").arg(env.keys.lane_wait("noop")).arg(&r)).await;
     }
     let got = env.claim("b", 0, 10, LONG_LOCK).await.shards;
     let refs: Vec<String> = got.iter().map(|c| c.shard_ref.to_string()).collect();

@@ -13,6 +13,7 @@ mod support;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
+use shardctl_common::kinds::Served;
 use shardctl_common::model::{Part, ShardRef, TaskInfo, TaskSpec, TaskState};
 use shardctl_common::scripts::{self, scripts, ClaimRequest, Claimed, Finished, FinishedAs, GiveBack, STALLED_REASON};
 use shardctl_common::{Error, ScriptCode};
@@ -77,7 +78,7 @@ async fn dispatch_of_a_million_shards_is_constant_in_keys() {
     let info = TaskInfo::from_hash("big", &t).expect("task hash parses").expect("task exists");
     assert_eq!((info.state, info.total, info.cursor), (TaskState::Running, 1_000_000, 0));
     assert!((before..=after).contains(&info.created_ms), "created at the server's time: {t:?}");
-    let runnable: Vec<String> = env.cmd(redis::cmd("ZRANGE").arg(env.keys.tasks()).arg(0).arg(-1)).await;
+    let runnable: Vec<String> = env.cmd(redis::cmd("ZRANGE").arg(env.keys.lane_tasks("noop")).arg(0).arg(-1)).await;
     assert_eq!(runnable, ["big"], "the task must be runnable");
     let created: Option<u64> = env.cmd(redis::cmd("ZSCORE").arg(env.keys.index()).arg("big")).await;
     assert_eq!(created, Some(info.created_ms), "the index must hold the task by creation time");
@@ -144,6 +145,7 @@ async fn concurrent_claimers_take_each_shard_exactly_once() {
                     seq,
                     node: "test-node",
                     ahead: 0,
+                    kinds: &Served::Every,
                 };
                 let out = scripts::claim(&mut con, &keys, &req).await.expect("claim");
                 assert!(out.shards.len() <= BATCH, "claimer {w} got {} > {BATCH}", out.shards.len());
@@ -423,6 +425,7 @@ async fn aggregation_is_enqueued_once_under_racing_completions() {
                 seq: round,
                 node: "test-node",
                 ahead: 0,
+                kinds: &Served::Every,
             };
             let out = scripts::claim(con, &env.keys, &req).await.expect("claim");
             got += out.shards.len();
@@ -731,13 +734,16 @@ async fn every_key_of_a_queue_shares_one_cluster_slot() {
     let p = env.keys.prefix().to_owned();
     let kinds = [
         "meta",
-        "tasks",
+        "kinds",
+        "kind:noop:tasks",
+        "kind:noop:wait",
+        "kind:noop:marker",
+        "kind:*:marker",
         "index",
         "task:t",
         "task:t:terminal",
         "task:t:results",
         "task:t:errors",
-        "wait",
         "delayed",
         "active",
         "leases",
@@ -747,7 +753,6 @@ async fn every_key_of_a_queue_shares_one_cluster_slot() {
         "stalled",
         "stalled-check",
         "task:t:shards",
-        "marker",
     ];
     for k in kinds {
         assert!(seen.contains(&format!("{p}{k}")), "the run never created {p}{k}; saw {seen:?}");
@@ -1065,7 +1070,15 @@ async fn completions_recorded_with_a_claim_count_once_and_the_claim_sees_them() 
         .iter()
         .map(|&(i, r)| Finished { claim: &first[i], outcome: FinishedAs::Completed(r) })
         .collect();
-    let req = ClaimRequest { count: 5, lock_ms: LONG_LOCK, token_base: "ex", seq: 2, node: NODE, ahead: 0 };
+    let req = ClaimRequest {
+        count: 5,
+        lock_ms: LONG_LOCK,
+        token_base: "ex",
+        seq: 2,
+        node: NODE,
+        ahead: 0,
+        kinds: &Served::Every,
+    };
     let (codes, claim) =
         scripts::complete_and_claim(&mut env.con, &env.keys, &items, &req).await.expect("complete and claim");
     assert_eq!(codes, [Ok(1), Ok(1), Err(ScriptCode::LockMissing)], "one code per completion, in the order given");

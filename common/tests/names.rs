@@ -26,9 +26,9 @@ type NamedKey = fn(&Keys, &str) -> String;
 /// Every key of the queue itself.
 const QUEUE_KEYS: &[(&str, QueueKey)] = &[
     ("meta", Keys::meta),
-    ("tasks", Keys::tasks),
+    ("kinds", Keys::kinds),
+    ("any_kind_marker", Keys::any_kind_marker),
     ("index", Keys::index),
-    ("wait", Keys::wait),
     ("delayed", Keys::delayed),
     ("active", Keys::active),
     ("leases", Keys::leases),
@@ -64,6 +64,9 @@ const TASK_KEYS: &[(&str, NamedKey)] = &[
 /// Every key of one node, by node id.
 const NODE_KEYS: &[(&str, NamedKey)] =
     &[("node", Keys::node), ("node_wait", Keys::node_wait), ("node_marker", Keys::node_marker)];
+/// Every key of one kind's lane, by kind.
+const KIND_KEYS: &[(&str, NamedKey)] =
+    &[("lane_wait", Keys::lane_wait), ("lane_tasks", Keys::lane_tasks), ("lane_marker", Keys::lane_marker)];
 // No key is built from an executor instance (leases are members of `leases`) nor from a shard
 // ref (per-shard state is a field of the task's `shards` hash).
 /// `Keys` methods that build no key of their own.
@@ -172,7 +175,7 @@ fn plausible() -> Vec<String> {
     let k = Home::new("p", "q").unwrap();
     let mut words: BTreeSet<String> = BTreeSet::new();
     let mut all: Vec<String> = QUEUE_KEYS.iter().map(|(_, f)| f(&k)).collect();
-    for (_, f) in TASK_KEYS.iter().chain(NODE_KEYS) {
+    for (_, f) in TASK_KEYS.iter().chain(NODE_KEYS).chain(KIND_KEYS) {
         all.push(f(&k, "t"));
     }
     all.extend(k.task_keys("t"));
@@ -287,6 +290,7 @@ impl Registry {
 #[test]
 fn no_two_entities_share_a_key_and_every_key_has_its_queues_tag() {
     let (tasks, nodes, locks) = (valid(Kind::TaskId), valid(Kind::NodeId), valid(Kind::Lock));
+    let kinds = valid(Kind::TaskKind);
     assert!(tasks.len() > 50 && nodes.len() > 50 && locks.len() > tasks.len(), "too few names to prove anything");
     for n in ["wait", "terminal", "x", "x.y", "agg", "0", "node", "leases"] {
         assert!(tasks.contains(&n.to_owned()) && nodes.contains(&n.to_owned()), "{n} is not enumerated");
@@ -336,6 +340,13 @@ fn no_two_entities_share_a_key_and_every_key_has_its_queues_tag() {
                 for (what, f) in NODE_KEYS {
                     reg.add(f(&k, n), &owner, what);
                     of_queue.push(f(&k, n));
+                }
+            }
+            for kind in &kinds {
+                let owner = format!("{queue_owner} kind {kind:?}");
+                for (what, f) in KIND_KEYS {
+                    reg.add(f(&k, kind), &owner, what);
+                    of_queue.push(f(&k, kind));
                 }
             }
             for key in &of_queue {
@@ -441,6 +452,7 @@ fn every_keys_method_is_enumerated() {
         .map(|(n, _)| *n)
         .chain(TASK_KEYS.iter().map(|(n, _)| *n))
         .chain(NODE_KEYS.iter().map(|(n, _)| *n))
+        .chain(KIND_KEYS.iter().map(|(n, _)| *n))
         .chain(NOT_KEYS.iter().copied())
         .map(str::to_owned)
         .collect();

@@ -112,7 +112,7 @@ pub async fn dispatch(
         return Ok(Dispatched { resumed, placed: 0, live: 0 });
     }
     let n = live.len();
-    crate::route::Router::new(live).route_task(con, keys, &spec.id).await?;
+    crate::route::Router::over(con, keys, live).await?.route_task(con, keys, &spec.id).await?;
     let placed: Option<u64> = con.hget(keys.task(&spec.id), "routed").await?;
     Ok(Dispatched { resumed, placed: placed.unwrap_or(0), live: n })
 }

@@ -140,7 +140,7 @@ pub async fn leave(con: &mut Conn, keys: &Home, m: &Member) -> Result<bool> {
 
 /// The live node ids, sorted: those whose last heartbeat is within their own member timeout, by
 /// the Redis server's clock (the one `join.lua` scored them with).
-pub async fn live(con: &mut Conn, keys: &Home) -> Result<Vec<String>> {
+pub async fn live<C: redis::aio::ConnectionLike + Send>(con: &mut C, keys: &Home) -> Result<Vec<String>> {
     let now = server_now_ms(con, keys).await?;
     let mut v: Vec<String> =
         redis::cmd("ZRANGEBYSCORE").arg(keys.nodes()).arg(format!("({now}")).arg("+inf").query_async(con).await?;
@@ -150,7 +150,10 @@ pub async fn live(con: &mut Conn, keys: &Home) -> Result<Vec<String>> {
 
 /// The kinds the live executors serve; `None` when nothing can be said (no executor is live,
 /// or one serves every kind, or one joined without announcing its kinds).
-pub async fn served_kinds(con: &mut Conn, keys: &Home) -> Result<Option<std::collections::BTreeSet<String>>> {
+pub async fn served_kinds<C: redis::aio::ConnectionLike + Send>(
+    con: &mut C,
+    keys: &Home,
+) -> Result<Option<std::collections::BTreeSet<String>>> {
     let live = live(con, keys).await?;
     if live.is_empty() {
         return Ok(None);

@@ -129,7 +129,7 @@ pub async fn route(con: &mut shardctl_common::conn::Conn, layout: &Layout, id: &
     }
     let mut placed = 0;
     for pk in &layout.parts {
-        placed += crate::route::Router::new(live.clone()).route_task(con, pk, id).await?;
+        placed += crate::route::Router::over(con, &layout.home, live.clone()).await?.route_task(con, pk, id).await?;
     }
     Ok((placed, live.len()))
 }

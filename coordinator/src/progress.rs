@@ -91,9 +91,9 @@ pub async fn shard_counts<C: ConnectionLike + Send>(con: &mut C, keys: &Home) ->
 /// The shard counts of one keyspace.
 async fn space_counts<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Result<ShardCounts> {
     #[allow(clippy::type_complexity)]
-    let (paused, wait, active, pinned, delayed, rerouted, runnable, routed_nodes, unrouted, scheduled): (
+    let (paused, kinds, active, pinned, delayed, rerouted, routed_nodes, unrouted, scheduled): (
         Option<String>,
-        u64,
+        Vec<String>,
         u64,
         bool,
         u64,
@@ -101,15 +101,13 @@ async fn space_counts<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Res
         Vec<String>,
         Vec<String>,
         Vec<String>,
-        Vec<String>,
     ) = redis::pipe()
         .hget(keys.meta(), "paused")
-        .llen(keys.wait())
+        .smembers(keys.kinds())
         .hlen(keys.active())
         .hexists(keys.active(), ACTIVE_PIN)
         .zcard(keys.delayed())
         .llen(keys.reroute())
-        .zrange(keys.tasks(), 0, -1)
         .smembers(keys.routed_nodes())
         .zrange(keys.unrouted(), 0, -1)
         .zrange(keys.scheduled(), 0, -1)
@@ -117,8 +115,21 @@ async fn space_counts<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Res
         .await?;
     // `active` keeps one pin field (see lua/include/lib.lua): it is not a shard
     let active = active.saturating_sub(u64::from(pinned));
-    // routed refs wait on their nodes' lists, recovered ones in `reroute`
-    let mut waiting = wait + rerouted;
+    // explicit refs wait in their kinds' lanes, routed ones on their nodes' lists, recovered
+    // routed ones in `reroute`
+    let mut waiting = rerouted;
+    let mut runnable = Vec::new();
+    if !kinds.is_empty() {
+        let mut pipe = redis::pipe();
+        for k in &kinds {
+            pipe.llen(keys.lane_wait(k)).zrange(keys.lane_tasks(k), 0, -1);
+        }
+        let lanes: Vec<(u64, Vec<String>)> = pipe.query_async(con).await?;
+        for (wait, tasks) in lanes {
+            waiting += wait;
+            runnable.extend(tasks);
+        }
+    }
     if !routed_nodes.is_empty() {
         let mut pipe = redis::pipe();
         for n in &routed_nodes {
@@ -212,6 +223,8 @@ pub struct NodeStatus {
     pub waiting: u64,
     /// Shards it holds now.
     pub active: u64,
+    /// The kinds it serves, joined by commas, or `*` for every kind.
+    pub kinds: String,
 }
 
 /// The live executors with their routed waiting and active shards.
@@ -239,6 +252,7 @@ pub async fn nodes<C: ConnectionLike + Send>(con: &mut C, keys: &Home) -> Result
             pid: get("pid").parse().ok(),
             concurrency: get("concurrency").parse().ok(),
             heartbeat_age_ms: now.saturating_sub((until as u64).saturating_sub(get("timeout_ms").parse().unwrap_or(0))),
+            kinds: get("kinds"),
             node,
             waiting,
             active: 0,

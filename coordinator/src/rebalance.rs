@@ -89,7 +89,7 @@ async fn place(con: &mut Conn, keys: &Keys, router: &mut Router, report: &mut Re
         scripts::forget(con, keys, n).await?;
     }
 
-    let signature = report.live.join(",");
+    let signature = router.signature();
     let placed: Option<String> = con.hget(keys.meta(), "placed_members").await?;
     if placed.as_deref() != Some(signature.as_str()) {
         let _: () = redis::cmd("SET")
@@ -121,14 +121,14 @@ async fn run(con: &mut Conn, keys: &Home) -> Result<RebalanceReport> {
         // nothing can be placed: unplaced tasks and reroutes wait for the first executor
         return Ok(report);
     }
-    let mut router = Router::new(report.live.clone());
+    let mut router = Router::over(con, keys, report.live.clone()).await?;
     router.keep_alive(vec![keys.rebalance_lock(), keys.rebalancing()], LOCK_TTL);
     place(con, keys, &mut router, &mut report).await?;
     // a partitioned queue: the same in each partition, over the home's membership
     // (ARCHITECTURE.md "Partitioned queues"); each has its own lists, reroutes and flag
     let layout = shardctl_common::partition::layout(con, keys).await?;
     for pk in &layout.parts {
-        let mut router = Router::new(report.live.clone());
+        let mut router = Router::over(con, keys, report.live.clone()).await?;
         router.keep_alive(vec![pk.rebalancing()], LOCK_TTL);
         let r = place(con, pk, &mut router, &mut report).await;
         let _ = con.del::<_, ()>(pk.rebalancing()).await;

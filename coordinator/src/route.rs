@@ -6,6 +6,7 @@ use std::collections::HashMap;
 
 use redis::AsyncCommands;
 use shardctl_common::conn::Conn;
+use shardctl_common::kinds::Served;
 use shardctl_common::model::{Part, ShardRef};
 use shardctl_common::ring::{Placement, Strategy};
 use shardctl_common::{scripts, Error, Keys, Result, ScriptCode};
@@ -21,16 +22,21 @@ struct TaskRouting {
     /// A share's first task index (0 for a task in one keyspace): a shard is placed by its
     /// task index, so a task's placement is the same over any number of partitions.
     base: u64,
+    /// Its kind: placed on the members that serve it.
+    kind: String,
 }
 
 /// Owners of refs under one membership; caches each task's strategy and each placement.
 pub struct Router {
     live: Vec<String>,
+    /// What each live member serves (`None`: it announced nothing, taken as every kind).
+    served: HashMap<String, Served>,
     /// Keys whose time to live is renewed after every chunk (the rebalancer's lock and flag).
     keep_alive: Vec<String>,
     keep_alive_ttl: std::time::Duration,
     tasks: HashMap<String, Option<TaskRouting>>,
-    placements: HashMap<(Strategy, u32), Placement>,
+    /// By strategy, vnodes and the members placed over.
+    placements: HashMap<(Strategy, u32, Vec<String>), Placement>,
 }
 
 impl Router {
@@ -39,10 +45,57 @@ impl Router {
         assert!(!live.is_empty(), "a router needs a member");
         Router {
             live,
+            served: HashMap::new(),
             keep_alive: Vec::new(),
             keep_alive_ttl: std::time::Duration::ZERO,
             tasks: HashMap::new(),
             placements: HashMap::new(),
+        }
+    }
+
+    /// A router over the live members `live` of `home`, each placed on only for the kinds its
+    /// membership announces (see [`Router::serving`]).
+    pub async fn over(con: &mut Conn, home: &shardctl_common::Home, live: Vec<String>) -> Result<Self> {
+        let mut pipe = redis::pipe();
+        for n in &live {
+            pipe.hget(home.node(n), "kinds");
+        }
+        let kinds: Vec<Option<String>> = pipe.query_async(con).await?;
+        let served = live.iter().zip(kinds).filter_map(|(n, k)| Some((n.clone(), Served::parse(&k?).ok()?))).collect();
+        let mut r = Router::new(live);
+        r.serving(served);
+        Ok(r)
+    }
+
+    /// The members and what each serves, as one text: a change of either re-places the lists.
+    pub fn signature(&self) -> String {
+        let each: Vec<String> = self
+            .live
+            .iter()
+            .map(|n| match self.served.get(n) {
+                Some(s) => format!("{n}={s}"),
+                None => n.clone(),
+            })
+            .collect();
+        each.join(",")
+    }
+
+    /// Places each task's shards only on the members that serve its kind (ARCHITECTURE.md "Kinds
+    /// and lanes"), as `served` says; a member not in it serves every kind. A task whose kind no
+    /// live member serves is placed over all of them: their claims move its refs to its lane.
+    pub fn serving(&mut self, served: HashMap<String, Served>) {
+        self.served = served;
+        self.placements.clear();
+    }
+
+    /// The live members that serve `kind` (all of them when none does).
+    fn members(&self, kind: &str) -> Vec<String> {
+        let v: Vec<String> =
+            self.live.iter().filter(|n| self.served.get(*n).is_none_or(|s| s.serves(kind))).cloned().collect();
+        if v.is_empty() {
+            self.live.clone()
+        } else {
+            v
         }
     }
 
@@ -69,25 +122,32 @@ impl Router {
         if let Some(t) = self.tasks.get(id) {
             return Ok(t.clone());
         }
-        let (strategy, vnodes, has_keys, base): (Option<String>, Option<u32>, Option<String>, Option<u64>) =
-            redis::cmd("HMGET")
-                .arg(keys.task(id))
-                .arg(&["strategy", "vnodes", "has_keys", "base"])
-                .query_async(con)
-                .await?;
+        #[allow(clippy::type_complexity)]
+        let (strategy, vnodes, has_keys, base, kind): (
+            Option<String>,
+            Option<u32>,
+            Option<String>,
+            Option<u64>,
+            Option<String>,
+        ) = redis::cmd("HMGET")
+            .arg(keys.task(id))
+            .arg(&["strategy", "vnodes", "has_keys", "base", "kind"])
+            .query_async(con)
+            .await?;
         let t = strategy.map(|s| TaskRouting {
             strategy: s.parse().unwrap_or(Strategy::ConsistentHash),
             vnodes: vnodes.unwrap_or(shardctl_common::ring::DEFAULT_VNODES),
             has_keys: has_keys.as_deref() == Some("1"),
             base: base.unwrap_or(0),
+            kind: kind.unwrap_or_default(),
         });
         self.tasks.insert(id.to_owned(), t.clone());
         Ok(t)
     }
 
-    fn placement(&mut self, strategy: Strategy, vnodes: u32) -> &Placement {
-        let live = &self.live;
-        self.placements.entry((strategy, vnodes)).or_insert_with(|| Placement::new(strategy, live, vnodes))
+    fn placement(&mut self, strategy: Strategy, vnodes: u32, kind: &str) -> &Placement {
+        let members = self.members(kind);
+        self.placements.entry((strategy, vnodes, members)).or_insert_with_key(|(s, v, m)| Placement::new(*s, m, *v))
     }
 
     /// The owner of every shard index in `indexes` of task `id` (`None` if the task is gone).
@@ -102,7 +162,7 @@ impl Router {
             indexes.iter().map(|i| (t.base + i).to_string()).collect()
         };
         let strategy = if t.strategy == Strategy::Pull { Strategy::ConsistentHash } else { t.strategy };
-        let p = self.placement(strategy, t.vnodes);
+        let p = self.placement(strategy, t.vnodes, &t.kind);
         Ok(Some(
             indexes
                 .iter()

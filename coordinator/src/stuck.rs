@@ -24,6 +24,13 @@ pub enum Stuck {
         /// Since the last one counted as alive, if any was ever seen.
         last_seen_ms_ago: Option<u64>,
     },
+    /// Executors are live, and none serves the task's kind: its shards wait in its lane.
+    Unserved {
+        /// The task's kind.
+        kind: String,
+        /// The kinds the live executors serve.
+        served: Vec<String>,
+    },
     /// The queue's rate limit lets no more shards start in its window.
     RateLimited {
         /// Starts allowed per window.
@@ -45,6 +52,11 @@ impl fmt::Display for Stuck {
                 f,
                 "no executor is running for this queue (the last one was seen {:.0} s ago)",
                 *ms as f64 / 1000.0
+            ),
+            Stuck::Unserved { kind, served } => write!(
+                f,
+                "no live executor serves kind '{kind}'; served: {} (start one with --kinds {kind})",
+                if served.is_empty() { "none".to_owned() } else { served.join(", ") }
             ),
             Stuck::RateLimited { max, per_ms } => {
                 write!(f, "the queue's rate limit ({max} per {per_ms} ms) lets no more shards start for now")
@@ -85,7 +97,15 @@ pub async fn reasons<C: ConnectionLike + Send>(con: &mut C, keys: &Home, t: &Tas
             out.push(Stuck::NoExecutor { last_seen_ms_ago: left.map(|l| now.saturating_sub(l)) })
         }
         Some((_, until)) if *until <= now => out.push(Stuck::NoExecutor { last_seen_ms_ago: Some(now - until) }),
-        Some(_) => {}
+        Some(_) => {
+            // live executors: do any serve the kind? (`None`: one serves every kind, or an older
+            // one announced nothing)
+            if let Some(served) = crate::membership::served_kinds(con, keys).await? {
+                if !served.contains(&t.kind) {
+                    out.push(Stuck::Unserved { kind: t.kind.clone(), served: served.into_iter().collect() });
+                }
+            }
+        }
     }
     if let (Some(max), Some(per)) = (limit_max.filter(|&m| m > 0), limit_per) {
         if limit_used.unwrap_or(0) >= max {

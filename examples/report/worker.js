@@ -50,7 +50,7 @@ async function aggregate(agg) {
 
 if (process.argv.includes('--help') || process.argv.includes('-h')) {
   console.log('the README\'s report as a Node worker\n\nusage: shardctl executor --worker "node ' + __filename +
-    '" --aggregate-worker "node ' + __filename + '"');
+    '" --kinds report --aggregate-worker "node ' + __filename + '"');
 } else {
   serve(handle, aggregate);
 }

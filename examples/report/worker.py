@@ -43,7 +43,7 @@ def aggregate(agg):
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help"):
-        print(__doc__.strip() + "\n\nusage: shardctl executor --worker 'python3 %s' --aggregate-worker 'python3 %s'"
+        print(__doc__.strip() + "\n\nusage: shardctl executor --worker 'python3 %s' --kinds report --aggregate-worker 'python3 %s'"
               % (sys.argv[0], sys.argv[0]))
         sys.exit(0)
     serve(handle, aggregate)

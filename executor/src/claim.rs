@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use shardctl_common::backoff::redis_retry;
 use shardctl_common::conn::Conn;
+use shardctl_common::kinds::Served;
 use shardctl_common::scripts::{self, ClaimRequest};
 use shardctl_common::time::now_ms;
 use tokio_util::sync::CancellationToken;
@@ -58,6 +59,7 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
             seq,
             node: &shared.cfg.node_id,
             ahead: count.saturating_sub(free),
+            kinds: shared.registry.served(),
         };
         let mut con = shared.con.clone();
         // never dropped half-way: the script may have run, and its shards would wait for the sweep
@@ -215,6 +217,18 @@ async fn pause(d: Duration, shutdown: &CancellationToken) {
     }
 }
 
+/// The markers an executor of `node` serving `served` blocks on: the queue's (`delayed`, `route`,
+/// an operator's wake-up), its node's, and its kinds' lanes' (ARCHITECTURE.md "Kinds and
+/// lanes").
+pub(crate) fn markers(keys: &shardctl_common::Keys, node: &str, served: &Served) -> Vec<String> {
+    let mut v = vec![keys.marker(), keys.node_marker(node)];
+    match served.kinds() {
+        None => v.push(keys.any_kind_marker()),
+        Some(kinds) => v.extend(kinds.iter().map(|k| keys.lane_marker(k))),
+    }
+    v
+}
+
 /// Blocks on the marker for up to `wait`. Returns the due time a `delayed` marker announced; a
 /// `route` marker wakes the membership loop for a rebalance.
 async fn wait_for_work(
@@ -239,7 +253,7 @@ async fn wait_for_work(
     // BZPOPMIN takes seconds with decimals; 0 would block forever
     let secs = wait.as_secs_f64().max(0.01);
     let mut cmd = redis::cmd("BZPOPMIN");
-    cmd.arg(shared.keys.marker()).arg(shared.keys.node_marker(&shared.cfg.node_id)).arg(secs);
+    cmd.arg(markers(&shared.keys, &shared.cfg.node_id, shared.registry.served())).arg(secs);
     let popped: Option<(String, String, f64)> = tokio::select! {
         r = cmd.query_async(con) => r?,
         _ = shutdown.cancelled() => return Ok(()),

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
 use serde_json::Value;
+use shardctl_common::kinds::Served;
 use tokio_util::sync::CancellationToken;
 
 /// A boxed, sendable future: what the traits return, so that they stay object safe.
@@ -207,7 +208,8 @@ pub trait Aggregator: Send + Sync + 'static {
 #[derive(Clone, Default)]
 pub struct Registry {
     handlers: HashMap<String, Arc<dyn Handler>>,
-    fallback: Option<Arc<dyn Handler>>,
+    fallback: Option<(Served, Arc<dyn Handler>)>,
+    served: Served,
     aggregators: HashMap<String, Arc<dyn Aggregator>>,
     fallback_aggregator: Option<Arc<dyn Aggregator>>,
 }
@@ -228,6 +230,7 @@ impl Registry {
     /// Serves `kind` with `h`.
     pub fn handler(&mut self, kind: &str, h: impl Handler) -> &mut Self {
         self.handlers.insert(kind.to_owned(), Arc::new(h));
+        self.served = self.served.union(&Served::Only(vec![kind.to_owned()]));
         self
     }
 
@@ -237,9 +240,15 @@ impl Registry {
         self
     }
 
-    /// Serves every kind that has no handler of its own (`--exec`).
-    pub fn fallback(&mut self, h: impl Handler) -> &mut Self {
-        self.fallback = Some(Arc::new(h));
+    /// Serves `kinds` (every kind, or a set) that have no handler of their own with `h`
+    /// (`--exec` or `--worker` with `--kinds`); replaces an earlier fallback.
+    pub fn fallback(&mut self, kinds: Served, h: impl Handler) -> &mut Self {
+        let mut served = Served::Only(self.handlers.keys().cloned().collect());
+        if let Served::Only(v) = &mut served {
+            v.sort();
+        }
+        self.served = served.union(&kinds);
+        self.fallback = Some((kinds, Arc::new(h)));
         self
     }
 
@@ -251,21 +260,22 @@ impl Registry {
         self
     }
 
-    /// The kinds this registry serves, sorted, joined by commas: its handlers' kinds, and `*`
-    /// when a fallback handler serves every other kind (`--exec`, `--worker`). Announced with
-    /// the executor's membership (`dispatch` checks a kind against it).
-    pub fn served_kinds(&self) -> String {
-        let mut kinds: Vec<&str> = self.handlers.keys().map(String::as_str).collect();
-        kinds.sort_unstable();
-        if self.fallback.is_some() {
-            kinds.push("*");
-        }
-        kinds.join(",")
+    /// The kinds this registry serves: its handlers' kinds and its fallback's. The executor
+    /// claims only these (ARCHITECTURE.md "Kinds and lanes") and announces them with its
+    /// membership (`dispatch` checks a kind against them).
+    pub fn served(&self) -> &Served {
+        &self.served
+    }
+
+    /// Whether `kind` has a handler of its own (not the fallback's).
+    pub fn has_own(&self, kind: &str) -> bool {
+        self.handlers.contains_key(kind)
     }
 
     /// The handler of `kind`, if any serves it.
     pub fn handler_for(&self, kind: &str) -> Option<Arc<dyn Handler>> {
-        self.handlers.get(kind).or(self.fallback.as_ref()).cloned()
+        let fallback = self.fallback.as_ref().filter(|(kinds, _)| kinds.serves(kind)).map(|(_, h)| h);
+        self.handlers.get(kind).or(fallback).cloned()
     }
 
     /// The aggregator of `kind`: its own; for a kind without a handler of its own, the fallback;

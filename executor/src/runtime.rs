@@ -213,7 +213,7 @@ impl Executor {
         let concurrency = cfg.concurrency;
         let metrics = Metrics::new(keys.queue(), &cfg.node_id);
         let routing_wanted = Arc::new(tokio::sync::Notify::new());
-        let (keys_marker, node_marker) = (keys.marker(), keys.node_marker(&cfg.node_id));
+        let markers = crate::claim::markers(&keys, &cfg.node_id, registry.served());
         let shared = Arc::new(Shared {
             cfg,
             keys,
@@ -235,7 +235,6 @@ impl Executor {
             claims: ClaimState { in_flight: AtomicU64::new(NO_CLAIM), ..Default::default() },
             beat: BeatRequests::default(),
             wake: with.and_then(|w| w.waiter.as_ref()).map(|w| {
-                let markers = vec![keys_marker.clone(), node_marker.clone()];
                 let budget = budget.clone();
                 let can_claim = Box::new(move || budget.as_ref().is_none_or(|b| b.has_free()));
                 (w.clone(), w.join(markers, routing_wanted.clone(), can_claim))

@@ -64,14 +64,19 @@ end
 -- Every key a task owns, as suffixes of `task:<id>` (the same list as Keys::task_keys).
 local TASK_SUFFIXES = { '', ':terminal', ':results', ':errors', ':keys', ':shards' }
 
--- Reads keys of task `tid` (suffixes of `task:<id>`; all of them when none are given) before a
--- script writes any of them: on a cluster, a key of a slot being migrated that is not here any
--- more aborts the script at this read, before anything was written, instead of part-way
--- (ARCHITECTURE.md "Declared keys", order of writes).
+-- Reads keys of task `tid` (suffixes of `task:<id>`; all of them when none are given, and then
+-- its kind's lane too) before a script writes any of them: on a cluster, a key of a slot being
+-- migrated that is not here any more aborts the script at this read, before anything was
+-- written, instead of part-way (ARCHITECTURE.md "Declared keys", order of writes).
+local touch_lane
 local function touch_task(prefix, tid, suffixes)
   local ks = {}
   for i, sfx in ipairs(suffixes or TASK_SUFFIXES) do ks[i] = task_key(prefix, tid, sfx) end
   rcall('EXISTS', unpack(ks))
+  if not suffixes then
+    local kind = rcall('HGET', task_key(prefix, tid, ''), 'kind')
+    if kind then touch_lane(prefix, kind) end
+  end
 end
 
 -- The hash of a task's per-shard state: `<index>:attempt`, `:fails`, `:stalled`, `:node` (and
@@ -98,11 +103,6 @@ local function call_chunked(cmd, key, args)
   end
 end
 
--- Wakes one blocked executor; the claim script passes the wake-up along while work remains.
-local function wake()
-  rcall('ZADD', K.marker, 0, '0')
-end
-
 -- Appends to the event log (best effort, capped); nothing counts from it.
 local function emit(...)
   local maxlen = rcall('HGET', K.meta, 'events_maxlen') or '10000'
@@ -124,6 +124,45 @@ local function runnable_score(priority, seq)
   return -tonumber(priority) * 4294967296 + tonumber(seq)
 end
 
+--[[
+  Lanes (ARCHITECTURE.md "Kinds and lanes"): what is ready to claim lives in the lane of its
+  task's kind, `kind:<k>:wait` (explicit refs) and `kind:<k>:tasks` (runnable pull tasks), and
+  `kind:<k>:marker` wakes the executors that serve k; `kind:*:marker` wakes those that serve
+  every kind (`*` is no name character: no kind owns it). `kinds` lists the kinds that may have
+  a lane; every push adds its kind, so a claim may drop a kind whose lane is empty. Lane keys are
+  derived from the prefix like per-node keys: in the queue's slot, unknown to the caller.
+]]
+local ANY_KIND_MARKER = 'kind:*:marker'
+
+local function lane_key(prefix, kind, what)
+  return prefix .. 'kind:' .. kind .. ':' .. what
+end
+
+-- Reads the lane keys of `kind` before a script writes them (see `touch_task`).
+touch_lane = function(prefix, kind)
+  rcall('EXISTS', lane_key(prefix, kind, 'wait'), lane_key(prefix, kind, 'tasks'), lane_key(prefix, kind, 'marker'), prefix .. ANY_KIND_MARKER)
+end
+
+-- Wakes one blocked executor that serves `kind`, and one that serves every kind.
+local function wake_lane(prefix, kind)
+  rcall('ZADD', lane_key(prefix, kind, 'marker'), 0, '0')
+  rcall('ZADD', prefix .. ANY_KIND_MARKER, 0, '0')
+end
+
+-- Appends refs (a list) to the wait of lane `kind` (at the front when `front`), and wakes it.
+local function lane_push(prefix, kind, refs, front)
+  rcall('SADD', K.kinds, kind)
+  call_chunked(front and 'LPUSH' or 'RPUSH', lane_key(prefix, kind, 'wait'), refs)
+  wake_lane(prefix, kind)
+end
+
+-- Makes pull task `tid` runnable in lane `kind`, and wakes it.
+local function lane_add_task(prefix, kind, tid, priority, seq)
+  rcall('SADD', K.kinds, kind)
+  rcall('ZADD', lane_key(prefix, kind, 'tasks'), runnable_score(priority, seq), tid)
+  wake_lane(prefix, kind)
+end
+
 -- Starts delayed tasks whose start time has come (at most 100): a pull task becomes runnable,
 -- a routed one waits in `unrouted` for a rebalancer to place it. Returns how many.
 local function start_due_tasks(prefix, now)
@@ -131,7 +170,10 @@ local function start_due_tasks(prefix, now)
   if #due == 0 then return 0 end
   -- read first: an abort at a key of a slot being migrated leaves the tasks scheduled
   local ts = {}
-  for i, tid in ipairs(due) do ts[i] = rcall('HMGET', task_key(prefix, tid, ''), 'state', 'strategy', 'priority', 'seq', 'partitions') end
+  for i, tid in ipairs(due) do
+    ts[i] = rcall('HMGET', task_key(prefix, tid, ''), 'state', 'strategy', 'priority', 'seq', 'partitions', 'kind')
+    if ts[i][6] then touch_lane(prefix, ts[i][6]) end
+  end
   call_chunked('ZREM', K.scheduled, due)
   for i, tid in ipairs(due) do
     local t = ts[i]
@@ -141,8 +183,7 @@ local function start_due_tasks(prefix, now)
         -- the home record of a task over partitions holds no shard: its shares start in their
         -- partitions (each its own delay); nothing to claim or route here
       elseif t[2] == 'pull' then
-        rcall('ZADD', K.tasks, runnable_score(t[3], t[4]), tid)
-        wake()
+        lane_add_task(prefix, t[6], tid, t[3], t[4])
       else
         rcall('ZADD', K.unrouted, now, tid)
         want_routing()
@@ -163,38 +204,44 @@ local function next_due()
 end
 
 -- Moves due retries from `delayed` (at most 1000): a routed shard's to the list of the node it
--- failed on, the others to `wait`. Returns how many.
+-- failed on, the others to their kind's lane; a ref of another incarnation goes. Returns how many.
 local function promote_due(prefix, now)
   start_due_tasks(prefix, now)
   local due = rcall('ZRANGEBYSCORE', K.delayed, '-inf', now, 'LIMIT', 0, 1000)
   if #due == 0 then return 0 end
   -- read first (where each goes), then move: an abort at a key of a slot being migrated leaves
   -- every retry in `delayed`
-  local nodes = {}
+  local nodes, kinds = {}, {}
   for i, ref in ipairs(due) do
     local tid, inc, idx = split_ref(ref)
-    local node = current(prefix, tid, inc) and rcall('HGET', shards_key(prefix, tid), idx .. ':node')
+    local t = tid and rcall('HMGET', task_key(prefix, tid, ''), 'seq', 'kind')
+    local node = t and t[1] == inc and rcall('HGET', shards_key(prefix, tid), idx .. ':node')
     if node then
       rcall('EXISTS', prefix .. 'node:' .. node .. ':wait', prefix .. 'node:' .. node .. ':marker')
+    elseif t and t[1] == inc and t[2] then
+      kinds[i] = t[2]
+      touch_lane(prefix, t[2])
     end
     nodes[i] = node
   end
   call_chunked('ZREM', K.delayed, due)
-  local plain = {}
+  local plain = {} -- kind -> refs
   for i, ref in ipairs(due) do
     local node = nodes[i]
     if node then
       rcall('RPUSH', prefix .. 'node:' .. node .. ':wait', ref)
       rcall('SADD', K.routed_nodes, node)
       rcall('ZADD', prefix .. 'node:' .. node .. ':marker', 0, '0')
-    else
-      plain[#plain + 1] = ref
+    elseif kinds[i] then
+      local l = plain[kinds[i]]
+      if not l then
+        l = {}
+        plain[kinds[i]] = l
+      end
+      l[#l + 1] = ref
     end
   end
-  if #plain > 0 then
-    call_chunked('RPUSH', K.wait, plain)
-    rcall('ZADD', K.marker, 0, '0')
-  end
+  for kind, refs in pairs(plain) do lane_push(prefix, kind, refs, false) end
   return #due
 end
 
@@ -209,21 +256,23 @@ local function holds(ref, token)
 end
 
 -- Puts a shard taken from its holder back where it can be claimed again: a routed task's shard
--- to `reroute` (the current ring places it), any other to `wait` (at the front when `front`).
+-- to `reroute` (the current ring places it), any other to its kind's lane (at the front when
+-- `front`).
 -- `attempt` is set for a lazily claimed shard, so that the next claim counts it as the second.
 -- A ref of another incarnation is not requeued (returns false).
 local function requeue(prefix, ref, front)
   local tid, inc, idx = split_ref(ref)
   if not current(prefix, tid, inc) then return false end
   touch_task(prefix, tid, { ':shards' })
+  local t = rcall('HMGET', task_key(prefix, tid, ''), 'strategy', 'kind')
+  local routed = idx ~= 'agg' and t[1] ~= 'pull'
+  if not routed then touch_lane(prefix, t[2]) end
   rcall('HSETNX', shards_key(prefix, tid), idx .. ':attempt', 1)
-  if idx ~= 'agg' and rcall('HGET', task_key(prefix, tid, ''), 'strategy') ~= 'pull' then
+  if routed then
     rcall('RPUSH', K.reroute, ref)
     want_routing()
-  elseif front then
-    rcall('LPUSH', K.wait, ref)
   else
-    rcall('RPUSH', K.wait, ref)
+    lane_push(prefix, t[2], { ref }, front)
   end
   return true
 end
@@ -231,9 +280,10 @@ end
 -- Enqueues the aggregation job of a task whose every shard is terminal (`c`: its done, failed
 -- and seq).
 local function enqueue_aggregation(prefix, tid, done, failed, seq, now)
+  local kind = rcall('HGET', task_key(prefix, tid, ''), 'kind')
+  touch_lane(prefix, kind)
   rcall('HSET', task_key(prefix, tid, ''), 'state', 'aggregating', 'aggregating_ms', now)
-  rcall('LPUSH', K.wait, tid .. ':' .. seq .. ':agg')
-  wake()
+  lane_push(prefix, kind, { tid .. ':' .. seq .. ':agg' }, true)
   emit('event', 'task_aggregating', 'task', tid, 'done', done, 'failed', failed)
 end
 
@@ -315,12 +365,14 @@ local function reopen_ended(prefix, tid)
 end
 
 -- Takes back an aggregating task's aggregation job `aref` (retry.lua, reopen.lua): it runs
--- again, so the queued job leaves `wait` (the retried shards enqueue a new one) and the running
+-- again, so the queued job leaves its lane (the retried shards enqueue a new one) and the running
 -- one loses its lock, so that its result, read before the retry, cannot end the task (its
 -- executor stops it at the next heartbeat).
 local function withdraw_aggregation(prefix, tid, aref)
+  local kind = rcall('HGET', task_key(prefix, tid, ''), 'kind')
+  touch_lane(prefix, kind)
   rcall('HSET', task_key(prefix, tid, ''), 'state', 'running')
-  rcall('LREM', K.wait, 0, aref)
+  rcall('LREM', lane_key(prefix, kind, 'wait'), 0, aref)
   rcall('ZREM', K.delayed, aref)
   if rcall('HDEL', K.active, aref) == 1 then
     rcall('SREM', K.stalled, aref)
@@ -418,8 +470,7 @@ local function create_task(prefix, tid, now, priority, start, fields)
   elseif home then
     -- nothing to claim here: its shares are runnable in their partitions
   elseif pull then
-    rcall('ZADD', K.tasks, runnable_score(priority, seq), tid)
-    wake()
+    lane_add_task(prefix, rcall('HGET', tkey, 'kind'), tid, priority, seq)
   else
     rcall('ZADD', K.unrouted, now, tid)
   end

@@ -125,7 +125,7 @@ pub(crate) async fn upkeep(ctx: &mut Ctx) -> anyhow::Result<Figures> {
     let shutdown_secs = down.elapsed().as_secs_f64();
     let mut figures = measured?;
     let still_held = held_by(&mut con, &keys, &instance).await?;
-    let waiting: u64 = redis::cmd("LLEN").arg(keys.wait()).query_async(&mut con).await?;
+    let waiting: u64 = redis::cmd("LLEN").arg(keys.lane_wait("sleep")).query_async(&mut con).await?;
     if still_held > 0 || waiting != st.released {
         bail!("after shutdown {still_held} shards are still held and {waiting} wait (released {})", st.released);
     }

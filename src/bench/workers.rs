@@ -70,12 +70,12 @@ pub(crate) async fn run(ctx: &mut Ctx) -> anyhow::Result<Figures> {
     let sleep = r#"{"ms":2}"#;
 
     let builtin = case(ctx, &[], "sleep", sleep, SLEEP_SHARDS).await?;
-    let exec = case(ctx, &["--exec", &py_exec], "py", sleep, EXEC_SHARDS).await?;
-    let worker_py = case(ctx, &["--worker", &py], "py", sleep, SLEEP_SHARDS).await?;
-    let worker_node = case(ctx, &["--worker", &node], "js", sleep, SLEEP_SHARDS).await?;
+    let exec = case(ctx, &["--exec", &py_exec, "--kinds", "py"], "py", sleep, EXEC_SHARDS).await?;
+    let worker_py = case(ctx, &["--worker", &py, "--kinds", "py"], "py", sleep, SLEEP_SHARDS).await?;
+    let worker_node = case(ctx, &["--worker", &node, "--kinds", "js"], "js", sleep, SLEEP_SHARDS).await?;
     let noop = case(ctx, &[], "noop", "null", NOOP_SHARDS).await?;
-    let noop_py = case(ctx, &["--worker", &py], "py", "null", NOOP_SHARDS).await?;
-    let noop_node = case(ctx, &["--worker", &node], "js", "null", NOOP_SHARDS).await?;
+    let noop_py = case(ctx, &["--worker", &py, "--kinds", "py"], "py", "null", NOOP_SHARDS).await?;
+    let noop_node = case(ctx, &["--worker", &node, "--kinds", "js"], "js", "null", NOOP_SHARDS).await?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(Figures::from([
         ("builtin_per_s", builtin.per_s),

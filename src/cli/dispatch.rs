@@ -71,8 +71,7 @@ pub async fn run(args: &Args, a: &DispatchArgs) -> anyhow::Result<ExitCode> {
                 ))
                 .into());
             }
-            // (claims do not filter by kind yet)
-            eprintln!("note: {said}; its shards fail on executors that do not serve it");
+            eprintln!("note: {said}; its shards wait until an executor serving it starts");
         }
     }
     let d = dispatch(&mut con, &args.keys()?, &spec, shard_keys.as_deref()).await?;

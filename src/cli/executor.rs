@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use shardctl::{Node, NodeConfig};
+use shardctl_common::kinds::Served;
 use shardctl_coordinator::membership::MembershipConfig;
 use shardctl_coordinator::sweep::{SweepConfig, DEFAULT_MAX_STALLED};
 use shardctl_executor::child::{ExecAggregator, ExecCommand, ExecHandler, DEFAULT_MAX_OUTPUT};
@@ -31,15 +32,20 @@ pub struct ExecutorArgs {
     /// free slot.
     #[arg(long, default_value_t = cfg::DEFAULT_PREFETCH)]
     pub prefetch: usize,
-    /// Run every kind that is not built in with this command (no shell): shard facts in
-    /// SHARDCTL_* variables, payload on stdin, result on stdout.
-    #[arg(long)]
+    /// Run the kinds --kinds names with this command (no shell): shard facts in SHARDCTL_*
+    /// variables, payload on stdin, result on stdout.
+    #[arg(long, requires = "kinds")]
     pub exec: Option<String>,
-    /// Run every kind that is not built in in long-lived worker processes of this command (no
-    /// shell), up to --concurrency of them, one shard at a time each, over the line protocol of
-    /// docs/handlers.md (clients/python speaks it). Instead of --exec.
-    #[arg(long, conflicts_with = "exec")]
+    /// Run the kinds --kinds names in long-lived worker processes of this command (no shell),
+    /// up to --concurrency of them, one shard at a time each, over the line protocol of
+    /// docs/handlers.md (clients/python and clients/node speak it). Instead of --exec.
+    #[arg(long, conflicts_with = "exec", requires = "kinds")]
     pub worker: Option<String>,
+    /// The kinds --exec or --worker runs, joined by commas (e.g. report,thumbs), or '*' for
+    /// every kind that is not built in. This executor claims only these and the built-in kinds:
+    /// a shard of another kind is left for an executor that serves it.
+    #[arg(long, value_parser = kinds)]
+    pub kinds: Option<Served>,
     /// Aggregate the kinds that have no built-in handler in worker processes of this command
     /// (the same protocol: an aggregate request, the shards' outcomes line by line).
     #[arg(long, conflicts_with = "aggregate_exec")]
@@ -105,8 +111,15 @@ pub async fn run(args: &Args, a: &ExecutorArgs) -> anyhow::Result<ExitCode> {
         sweep: SweepConfig { interval: a.stalled_interval, max_stalled: a.max_stalled_count },
         metrics_addr: a.metrics_addr,
     };
+    if a.kinds.is_some() && a.exec.is_none() && a.worker.is_none() {
+        return Err(shardctl_common::Error::invalid(
+            "--kinds names the kinds --exec or --worker runs; give one of them too",
+        )
+        .into());
+    }
     let registry = registry(
         Fallbacks {
+            kinds: a.kinds.clone().unwrap_or(Served::Every),
             exec: a.exec.as_deref(),
             aggregate_exec: a.aggregate_exec.as_deref(),
             worker: a.worker.as_deref(),
@@ -127,6 +140,8 @@ pub async fn run(args: &Args, a: &ExecutorArgs) -> anyhow::Result<ExitCode> {
 /// The commands that run what is not built in.
 #[derive(Default)]
 pub struct Fallbacks<'a> {
+    /// The kinds `--exec` or `--worker` runs (`--kinds`).
+    pub kinds: Served,
     /// `--exec`.
     pub exec: Option<&'a str>,
     /// `--aggregate-exec`.
@@ -146,11 +161,18 @@ pub fn registry(f: Fallbacks<'_>, max_output: usize) -> anyhow::Result<Registry>
             .map_err(|e| shardctl_common::Error::invalid(format!("--{flag}: {e}")))
     };
     let mut r = Registry::with_builtins();
+    let built_in: Vec<&String> = f.kinds.kinds().unwrap_or_default().iter().filter(|k| r.has_own(k)).collect();
+    if let (Some(k), true) = (built_in.first(), f.exec.is_some() || f.worker.is_some()) {
+        return Err(shardctl_common::Error::invalid(format!(
+            "--kinds: '{k}' is a built-in kind; --exec and --worker run kinds that are not built in"
+        ))
+        .into());
+    }
     if let Some(line) = f.exec {
-        r.fallback(ExecHandler(Arc::new(command("exec", line)?)));
+        r.fallback(f.kinds.clone(), ExecHandler(Arc::new(command("exec", line)?)));
     }
     if let Some(line) = f.worker {
-        r.fallback(WorkerHandler(worker::pool(command("worker", line)?)));
+        r.fallback(f.kinds.clone(), WorkerHandler(worker::pool(command("worker", line)?)));
     }
     if let Some(line) = f.aggregate_exec {
         r.fallback_aggregator(ExecAggregator(Arc::new(command("aggregate-exec", line)?)));
@@ -159,4 +181,9 @@ pub fn registry(f: Fallbacks<'_>, max_output: usize) -> anyhow::Result<Registry>
         r.fallback_aggregator(WorkerAggregator(worker::pool(command("aggregate-worker", line)?)));
     }
     Ok(r)
+}
+
+/// Parses `--kinds`.
+fn kinds(s: &str) -> Result<Served, String> {
+    Served::parse(s).map_err(|e| e.to_string())
 }

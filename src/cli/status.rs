@@ -55,11 +55,12 @@ pub async fn run(args: &Args, a: &StatusArgs) -> anyhow::Result<ExitCode> {
             for n in &nodes {
                 let num = |v: Option<u64>| v.map_or_else(|| "?".to_owned(), |v| v.to_string());
                 outln!(
-                    "  {} ({} pid {}, concurrency {}): {} active, {} routed waiting, heartbeat {} ms ago",
+                    "  {} ({} pid {}, concurrency {}, kinds {}): {} active, {} routed waiting, heartbeat {} ms ago",
                     n.node,
                     n.host,
                     num(n.pid),
                     num(n.concurrency),
+                    if n.kinds.is_empty() { "?" } else { &n.kinds },
                     n.active,
                     n.waiting,
                     n.heartbeat_age_ms
@@ -94,10 +95,18 @@ pub async fn run(args: &Args, a: &StatusArgs) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
+    // why it may not be moving: said, never guessed (empty when nothing is known)
+    let stuck: Vec<String> =
+        shardctl_coordinator::stuck::reasons(&mut con, &keys, &t).await?.iter().map(ToString::to_string).collect();
     if a.json {
-        outln!("{}", serde_json::to_string(&t)?);
+        let mut v = serde_json::to_value(&t)?;
+        v["stuck"] = stuck.into();
+        outln!("{v}");
     } else {
         outln!("{}", lines(std::slice::from_ref(&t))[0]);
+        for s in &stuck {
+            outln!("waiting: {s}");
+        }
         if let Some(spread) = t.spread() {
             outln!("{spread}");
         }

@@ -49,7 +49,8 @@ pub(crate) fn monitor(port: u16, prefix: &str, task: &str) -> JoinHandle<Observe
     let tkey = format!("\"{prefix}task:{task}\"");
     // per-shard state: one hash per task, fields `<index>:attempt|fails|stalled` (`agg:*`)
     let shards = format!("\"{prefix}task:{task}:shards\"");
-    let wait = format!("\"{prefix}wait\"");
+    // the tasks of a chaos round are of kind `primes`: their lane
+    let wait = format!("\"{prefix}kind:primes:wait\"");
     let active = format!("\"{prefix}active\"");
     // refs are `<task>:<incarnation>:<index|agg>`
     let any_ref = format!("\"{task}:");

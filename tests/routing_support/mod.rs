@@ -150,6 +150,7 @@ impl RoutingEnv {
             .map(String::from),
         );
         args.extend(["--exec".to_owned(), self.exec_line(), "--aggregate-exec".to_owned(), self.aggregate_line()]);
+        args.extend(["--kinds".to_owned(), "*".to_owned()]);
         args
     }
 

@@ -168,7 +168,8 @@ impl RuntimeEnv {
 
     /// The `wait` list, head first.
     pub async fn wait_list(&self) -> Vec<String> {
-        self.cmd(redis::cmd("LRANGE").arg(self.keys.wait()).arg(0).arg(-1)).await
+        let mut con = self.con.clone();
+        shardctl_common::kinds::waiting(&mut con, &self.keys).await.unwrap()
     }
 
     /// Every key of the queue matching `*<part>*`, sorted.

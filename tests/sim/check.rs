@@ -13,7 +13,9 @@
 //!   score in the past), `routed-nodes` only the executors' nodes, and lists only refs;
 //! - only current incarnations of unended tasks are held or delayed, only non-terminal shards
 //!   are held;
-//! - a task the model does not know (never dispatched, cleaned, expired) has no key at all.
+//! - a task the model does not know (never dispatched, cleaned, expired) has no key at all;
+//! - a lane's wait holds refs of its own kind only (of the current incarnations), and a lane
+//!   with refs waiting is listed in `kinds` (so that an executor serving every kind finds it).
 
 use std::collections::HashMap;
 
@@ -26,6 +28,21 @@ use super::world::World;
 use super::Outcome;
 
 impl World {
+    /// Each lane's refs are of its kind; a lane with refs is in `kinds`.
+    fn check_lanes(&self) -> Outcome {
+        for (l, lane) in self.snap.lanes.iter().enumerate() {
+            let kind = super::operators::KINDS[l];
+            ensure!(lane.is_empty() || self.snap.kinds.contains(kind), "lane {kind} holds {lane:?}, not in `kinds`");
+            for r in lane {
+                let Ok(sr) = r.parse::<ShardRef>() else { return Err(format!("lane {kind} holds a non-ref {r}")) };
+                if let Some(tm) = self.model.tasks.get(&sr.task).filter(|tm| tm.inc == sr.inc) {
+                    ensure!(tm.kind == kind, "lane {kind} holds {r} of kind {}", tm.kind);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Every invariant on the last snapshot.
     pub fn check(&self) -> Outcome {
         let mut copies: HashMap<&str, usize> = HashMap::new();
@@ -33,6 +50,7 @@ impl World {
             *copies.entry(r.as_str()).or_default() += 1;
         }
         self.check_membership()?;
+        self.check_lanes()?;
         for id in &self.ids {
             let v = &self.snap.tasks[id];
             match self.model.tasks.get(id) {

@@ -25,8 +25,9 @@ impl World {
             self.pause_or_resume().await?;
             self.settle().await?;
         }
-        if self.live_nodes().is_empty() {
-            // routed work needs a member: the first executor joins
+        if self.execs[0].member != Member::Live {
+            // routed work needs a member, and every kind an executor that serves it: the first
+            // executor, which serves every kind, joins
             self.join(0).await?;
             self.settle().await?;
         }

@@ -2,6 +2,7 @@
 //! claim token, the (ref, token) pairs it holds with the spec each runs with, its task cache,
 //! and the `cancels` count it saw last.
 
+use shardctl_common::kinds::Served;
 use shardctl_common::scripts::Claimed;
 
 use super::cache::{Spec, SpecCache};
@@ -41,6 +42,9 @@ pub struct Executor {
     pub cancels: String,
     /// A claim took its lapsed lease again: the next heartbeat compares every token.
     pub need_check: bool,
+    /// The kinds it claims: executor 0 every kind (so that the drain ends), the others one
+    /// kind, the other, or every kind.
+    pub served: Served,
 }
 
 impl Executor {
@@ -55,6 +59,10 @@ impl Executor {
             cache: SpecCache::default(),
             cancels: "0".into(),
             need_check: false,
+            served: match n % 3 {
+                0 => Served::Every,
+                k => Served::only([super::operators::KINDS[k - 1]]).expect("a kind"),
+            },
         }
     }
 

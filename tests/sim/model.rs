@@ -58,6 +58,8 @@ pub struct TaskModel {
     pub retain: bool,
     /// How its shards are handed out; a routed task's spec is kept to resume its dispatch.
     pub strategy: Strategy,
+    /// Its kind (one of `operators::KINDS`): only executors serving it may claim its shards.
+    pub kind: String,
     pub spec: Option<TaskSpec>,
     pub state: State,
     pub terminal: Vec<Option<Term>>,
@@ -79,6 +81,7 @@ impl TaskModel {
             attempts,
             nonce,
             retain,
+            kind: String::new(),
             strategy: Strategy::Pull,
             spec: None,
             state: State::Running,

@@ -15,6 +15,9 @@ use super::model::{State, TaskModel, Term};
 use super::world::World;
 use super::Outcome;
 
+/// The kinds of the simulated tasks: executors serve one, the other or every kind.
+pub const KINDS: [&str; 2] = ["sim", "sim2"];
+
 impl World {
     /// A dispatcher submits a small task under a random id of the pool.
     pub async fn dispatch(&mut self) -> Outcome {
@@ -40,7 +43,8 @@ impl World {
         let taken = self.model.tasks.contains_key(&id);
         self.model.nonce += 1;
         let nonce = self.model.nonce;
-        let mut spec = TaskSpec::new(id.as_str(), "sim", self.rng.range(1, 12));
+        let kind = KINDS[self.rng.below(KINDS.len())];
+        let mut spec = TaskSpec::new(id.as_str(), kind, self.rng.range(1, 12));
         spec.attempts = self.rng.range(1, 3) as u32;
         spec.payload = format!("{{\"n\":{nonce}}}");
         // a retention that never runs out by itself: `expire_task` plays it out
@@ -77,6 +81,7 @@ impl World {
                 self.model.last_seq = seq;
                 let mut tm = TaskModel::new(seq, spec.shards, spec.attempts, nonce, spec.retain.is_some());
                 tm.strategy = spec.strategy;
+                tm.kind = spec.kind.clone();
                 let shards = spec.shards;
                 tm.spec = routed.then_some(spec);
                 self.model.tasks.insert(id.clone(), tm);

@@ -130,7 +130,8 @@ impl World {
     /// Executor `e`'s membership heartbeat (joins, or refreshes).
     pub async fn join(&mut self, e: usize) -> Outcome {
         let (node, inst) = (self.execs[e].node.clone(), self.execs[e].instance.clone());
-        let fields = [("host", "sim".to_owned()), ("pid", e.to_string())];
+        // the kinds it serves: the ring places a task's shards on members that serve its kind
+        let fields = [("host", "sim".to_owned()), ("pid", e.to_string()), ("kinds", self.execs[e].served.to_string())];
         let r = scripts::join(&mut self.con, &self.keys, &node, &inst, MEMBER_MS, None, &fields).await;
         self.note(format!("{inst} joins as node {node} ({:?}): {r:?}", self.execs[e].member));
         ensure!(matches!(r, Ok(Ok(()))), "join of {node} by {inst} answered {r:?}");

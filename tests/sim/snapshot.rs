@@ -9,11 +9,14 @@ use shardctl_common::conn::Conn;
 use shardctl_common::keys::ACTIVE_PIN;
 use shardctl_common::Home;
 
+use super::operators::KINDS;
+
 /// Reads everything at once, as one JSON text (a reply of a few hundred values costs the
-/// debug-built client far more than the server). KEYS: active, wait, delayed, stalled, meta,
+/// debug-built client far more than the server). KEYS: active, the `kinds` set, delayed, stalled, meta,
 /// reroute, unrouted, nodes, routed-nodes, leases (ARGV: the instances after the 3 counts), then each id's
 /// `Keys::task_keys` (6 each: the task hash, terminal, results, errors, keys, shards), then one
-/// `node:<n>:wait` per node. ARGV: the number of instances, of ids, of nodes.
+/// `node:<n>:wait` per node, then each kind's lane wait (`KINDS` order). ARGV: the number of
+/// instances, of ids, of nodes.
 static SNAPSHOT: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(
         r"
@@ -31,12 +34,12 @@ local function bits(s)
   return table.concat(b)
 end
 local out = {
-  active = map(redis.call('HGETALL', KEYS[1])), wait = redis.call('LRANGE', KEYS[2], 0, -1),
+  active = map(redis.call('HGETALL', KEYS[1])), kinds = redis.call('SMEMBERS', KEYS[2]),
   delayed = redis.call('ZRANGE', KEYS[3], 0, -1), stalled = redis.call('SMEMBERS', KEYS[4]),
   cancels = redis.call('HGET', KEYS[5], 'cancels') or '0', leases = {}, tasks = {},
   reroute = redis.call('LRANGE', KEYS[6], 0, -1), unrouted = redis.call('ZRANGE', KEYS[7], 0, -1),
   nodes = map(redis.call('ZRANGE', KEYS[8], 0, -1, 'WITHSCORES')), routed_nodes = redis.call('SMEMBERS', KEYS[9]),
-  lists = {},
+  lists = {}, lanes = {},
 }
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -57,6 +60,9 @@ end
 for i = 1, tonumber(ARGV[3]) do
   out.lists[i] = redis.call('LRANGE', KEYS[k], 0, -1)
   k = k + 1
+end
+for i = k, #KEYS do
+  out.lanes[#out.lanes + 1] = redis.call('LRANGE', KEYS[i], 0, -1)
 end
 return cjson.encode(out)
 ",
@@ -114,7 +120,12 @@ impl TaskView {
 pub struct Snapshot {
     /// `active` without its pin: ref -> token.
     pub active: HashMap<String, String>,
+    /// Every lane's wait, one after the other (`KINDS` order).
     pub wait: Vec<String>,
+    /// Each kind's lane wait, in `KINDS` order.
+    pub lanes: Vec<Vec<String>>,
+    /// The `kinds` set.
+    pub kinds: HashSet<String>,
     pub delayed: Vec<String>,
     pub stalled: HashSet<String>,
     /// `meta.cancels`.
@@ -139,7 +150,7 @@ impl Snapshot {
     pub async fn read(con: &mut Conn, keys: &Home, ids: &[String], instances: &[String], nodes: &[String]) -> Snapshot {
         // one read-only script: one round trip, and a view of one instant
         let mut inv = SNAPSHOT.prepare_invoke();
-        inv.key(keys.active()).key(keys.wait()).key(keys.delayed()).key(keys.stalled()).key(keys.meta());
+        inv.key(keys.active()).key(keys.kinds()).key(keys.delayed()).key(keys.stalled()).key(keys.meta());
         inv.key(keys.reroute()).key(keys.unrouted()).key(keys.nodes()).key(keys.routed_nodes());
         inv.key(keys.leases());
         inv.arg(instances.len()).arg(ids.len()).arg(nodes.len());
@@ -154,13 +165,16 @@ impl Snapshot {
         for n in nodes {
             inv.key(keys.node_wait(n));
         }
+        for k in KINDS {
+            inv.key(keys.lane_wait(k));
+        }
         let text: String = inv.invoke_async(con).await.expect("snapshot script");
         let v: Json = serde_json::from_str(&text).expect("snapshot JSON");
         let mut active = map(&v["active"]);
         active.remove(ACTIVE_PIN);
         let mut s = Snapshot {
             active,
-            wait: list(&v["wait"]),
+            kinds: list(&v["kinds"]).into_iter().collect(),
             delayed: list(&v["delayed"]),
             stalled: list(&v["stalled"]).into_iter().collect(),
             cancels: v["cancels"].as_str().expect("cancels").to_owned(),
@@ -173,6 +187,10 @@ impl Snapshot {
         for (n, node) in nodes.iter().enumerate() {
             s.lists.push((node.clone(), list(&v["lists"][n])));
         }
+        for n in 0..KINDS.len() {
+            s.lanes.push(list(&v["lanes"][n]));
+        }
+        s.wait = s.lanes.concat();
         for (n, i) in instances.iter().enumerate() {
             s.leases.insert(i.clone(), v["leases"][n] == 1);
             if v["leases"][n] == 2 {

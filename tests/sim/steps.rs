@@ -98,7 +98,9 @@ impl World {
         let inst = self.execs[e].instance.clone();
         let node = self.execs[e].node.clone();
         let token = format!("{inst}:{seq}");
-        let req = ClaimRequest { count, lock_ms: LOCK_MS, token_base: &inst, seq, node: &node, ahead: 0 };
+        let served = self.execs[e].served.clone();
+        let req =
+            ClaimRequest { count, lock_ms: LOCK_MS, token_base: &inst, seq, node: &node, ahead: 0, kinds: &served };
         let out = scripts::claim(&mut self.con, &self.keys, &req).await.map_err(|e| format!("claim: {e}"))?;
         let refs: Vec<String> = out.shards.iter().map(|c| c.shard_ref.to_string()).collect();
         let how = if lost { " (reply lost)" } else { "" };
@@ -118,6 +120,8 @@ impl World {
         let mut seen = HashSet::new();
         for c in &out.shards {
             self.check_claimed(c, &token, &mut seen)?;
+            let kind = &self.model.tasks[&c.shard_ref.task].kind;
+            ensure!(served.serves(kind), "{token}, serving {served}, claimed {} of kind {kind}", c.shard_ref);
         }
         if !out.shards.is_empty() {
             let had = self.snap.leases[&inst];

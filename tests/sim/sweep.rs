@@ -52,8 +52,10 @@ impl World {
                 "a throttled sweep ran with no expired lease (held by expired holders: {expired_held})"
             );
             self.refresh().await;
-            self.canonical_requeue_order(&pre.wait, false).await?;
-            self.canonical_requeue_order(&pre.reroute, true).await?;
+            for lane in 0..pre.lanes.len() {
+                self.canonical_requeue_order(&pre.lanes[lane], Some(lane)).await?;
+            }
+            self.canonical_requeue_order(&pre.reroute, None).await?;
             ensure!(self.snap.expired.is_empty(), "the sweep left expired leases {:?}", self.snap.expired);
             let mut confirmed: Vec<&String> = pre
                 .active
@@ -128,9 +130,13 @@ impl World {
     /// the server's random hash seed: at the back of `wait`, and the aggregation jobs of tasks
     /// whose last shard it failed at the front. Sorting what it added at either end keeps a
     /// seed's replay step for step (no order among recovered refs is promised).
-    /// Likewise for `reroute` (`reroute`: true), where it puts recovered refs of routed tasks.
-    async fn canonical_requeue_order(&mut self, before: &[String], reroute: bool) -> Outcome {
-        let wait = if reroute { &self.snap.reroute } else { &self.snap.wait };
+    /// Likewise for `reroute` (`lane`: None), where it puts recovered refs of routed tasks.
+    async fn canonical_requeue_order(&mut self, before: &[String], lane: Option<usize>) -> Outcome {
+        let reroute = lane.is_none();
+        let wait = match lane {
+            None => &self.snap.reroute,
+            Some(l) => &self.snap.lanes[l],
+        };
         let at = (0..=wait.len().saturating_sub(before.len())).find(|&k| wait[k..].starts_with(before));
         let Some(k) = at else {
             return Err(format!(
@@ -144,12 +150,16 @@ impl World {
         back.sort();
         let all: Vec<String> = front.into_iter().chain(before.iter().cloned()).chain(back).collect();
         if all != *wait {
-            let key = if reroute { self.keys.reroute() } else { self.keys.wait() };
-            replace_list(&mut self.con, &key, &all).await?;
-            if reroute {
-                self.snap.reroute = all;
-            } else {
-                self.snap.wait = all;
+            match lane {
+                None => {
+                    replace_list(&mut self.con, &self.keys.reroute(), &all).await?;
+                    self.snap.reroute = all;
+                }
+                Some(l) => {
+                    replace_list(&mut self.con, &self.keys.lane_wait(super::operators::KINDS[l]), &all).await?;
+                    self.snap.lanes[l] = all;
+                    self.snap.wait = self.snap.lanes.concat();
+                }
             }
         }
         Ok(())

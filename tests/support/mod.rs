@@ -188,6 +188,10 @@ impl<R> Cli<R> {
             "2s",
         ]);
         args.extend_from_slice(extra);
+        // a test not about kinds lets its --exec or --worker serve every kind
+        if (extra.contains(&"--exec") || extra.contains(&"--worker")) && !extra.contains(&"--kinds") {
+            args.extend_from_slice(&["--kinds", "*"]);
+        }
         self.background(node, &args)
     }
 

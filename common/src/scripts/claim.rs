@@ -74,6 +74,8 @@ pub struct ClaimRequest<'a> {
     /// Under a queue rate limit the claim takes only the others, so that the limit counts starts:
     /// with none startable now it claims nothing and says [`ClaimOutcome::busy`].
     pub ahead: usize,
+    /// The kinds served: only their lanes are read (ARCHITECTURE.md "Kinds and lanes").
+    pub kinds: &'a crate::kinds::Served,
 }
 
 /// Claims up to `req.count` shards under one token, and renews the executor's lease.
@@ -109,10 +111,15 @@ pub async fn complete_and_claim<C: ConnectionLike + Send>(
 }
 
 /// How many arguments [`claim_args`] passes.
-const CLAIM_ARGC: usize = 5;
+const CLAIM_ARGC: usize = 6;
 
 fn claim_args(inv: &mut ScriptInvocation<'_>, keys: &Keys, req: &ClaimRequest<'_>, token: &str) {
-    inv.arg(keys.prefix()).arg(req.count).arg(req.lock_ms).arg(token).arg(req.count.saturating_sub(req.ahead));
+    inv.arg(keys.prefix())
+        .arg(req.count)
+        .arg(req.lock_ms)
+        .arg(token)
+        .arg(req.count.saturating_sub(req.ahead))
+        .arg(req.kinds.to_string());
 }
 
 fn parse_claim(v: &[Value], token: &str) -> Result<ClaimOutcome> {

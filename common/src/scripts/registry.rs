@@ -110,9 +110,8 @@ pub fn queue_key(keys: &Keys, name: &str, at: &KeyArgs<'_>) -> std::result::Resu
     let node = || need(at.node, "node id");
     Ok(match name {
         "meta" => keys.meta(),
-        "tasks" => keys.tasks(),
         "index" => keys.index(),
-        "wait" => keys.wait(),
+        "kinds" => keys.kinds(),
         "delayed" => keys.delayed(),
         "active" => keys.active(),
         "leases" => keys.leases(),

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use shardctl_common::conn::open;
 use shardctl_common::conn::Conn;
+use shardctl_common::kinds::Served;
 use shardctl_common::model::TaskSpec;
 use shardctl_common::scripts::{self, ClaimOutcome, ClaimRequest, Claimed, Finished, FinishedAs, SweepReport};
 use shardctl_common::{Home, ScriptCode};
@@ -65,7 +66,7 @@ impl ScriptEnv {
     /// Claims up to `count` shards as executor instance `base`, all under the one token
     /// `<base>:<seq>`; renews the lease of `<base>` for `lock_ms`.
     pub async fn claim(&mut self, base: &str, seq: u64, count: usize, lock_ms: u64) -> ClaimOutcome {
-        let req = ClaimRequest { count, lock_ms, token_base: base, seq, node: NODE, ahead: 0 };
+        let req = ClaimRequest { count, lock_ms, token_base: base, seq, node: NODE, ahead: 0, kinds: &Served::Every };
         scripts::claim(&mut self.con, &self.keys, &req).await.expect("claim")
     }
 
@@ -132,8 +133,7 @@ impl ScriptEnv {
 
     /// The `wait` list, head first.
     pub async fn wait_list(&mut self) -> Vec<String> {
-        let key = self.keys.wait();
-        self.cmd(redis::cmd("LRANGE").arg(key).arg(0).arg(-1)).await
+        shardctl_common::kinds::waiting(&mut self.con, &self.keys).await.unwrap()
     }
 
     /// The shards held in the `active` hash (its fields but the pin), sorted.
