@@ -72,9 +72,18 @@ if every then
   lanes = rcall('SMEMBERS', K.kinds)
   table.sort(lanes)
 else
-  for k in string.gmatch(ARGV[6] or '', '[^,]+') do lanes[#lanes + 1] = k end
+  for k in string.gmatch(ARGV[6] or '', '[^,]+') do
+    -- each lane once: a lane read twice would hand out its cursor's indexes twice
+    if not served[k] then
+      lanes[#lanes + 1] = k
+      served[k] = true
+    end
+  end
 end
 for _, k in ipairs(lanes) do served[k] = true end
+-- read first: every served lane's keys, markers included, before the first write below
+-- (ARCHITECTURE.md "Declared keys", order of writes; lane keys are derived)
+for _, k in ipairs(lanes) do touch_lane(prefix, k) end
 
 local limit_max, rnow = tonumber(m[2] or '0'), 0
 if limit_max > 0 then
@@ -237,8 +246,9 @@ while n < count do
   local tid = heads[li][1]
   rank[li] = rank[li] + 1
   local tkey = task_key(prefix, tid, '')
-  local t = rcall('HMGET', tkey, 'cursor', 'total', 'seq', 'inc')
-  if not t[1] then
+  local t = rcall('HMGET', tkey, 'cursor', 'total', 'seq', 'inc', 'kind')
+  if not t[1] or (t[5] and t[5] ~= lanes[li]) then
+    -- gone, or an entry left by an earlier task of this id of another kind: not this lane's
     exhausted[#exhausted + 1] = { li, tid }
   else
     local cursor, total = tonumber(t[1]), tonumber(t[2])

@@ -76,6 +76,7 @@ local per_shard_events = rcall('HGET', K.meta, 'events_completions') == '1'
 -- read first: every key of a task this call may write, before the first write (an abort at a
 -- key of a slot being migrated then leaves the shards held and nothing counted)
 local tasks = {}
+local lanes_read = {}
 for gi, g in ipairs(groups) do
   local tid, first, last, inc = g[1], g[2], g[3], g[4]
   local any, agg, kept, state = false, false, false, false
@@ -97,8 +98,12 @@ for gi, g in ipairs(groups) do
       -- the aggregation job ends the task: its retention touches every key of it
       if agg then sfx = nil end
       touch_task(prefix, tid, sfx)
-      -- the last shards enqueue the aggregation job in the task's lane
-      if sfx and tonumber(t[3]) + tonumber(t[4]) + (last - first + 1) >= tonumber(t[2]) then touch_lane(prefix, t[5]) end
+      -- the last shard enqueues the aggregation job in the task's lane (whichever group of
+      -- the call it is in): every task's lane is read, once per call
+      if sfx and not lanes_read[t[5]] then
+        touch_lane(prefix, t[5])
+        lanes_read[t[5]] = true
+      end
     end
   end
 end

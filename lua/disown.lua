@@ -2,7 +2,7 @@
   Gives back shards held under this executor's tokens that the executor does not know: the
   reply of the claim that took them never reached it (a connection dropped, Redis restarted, a
   reply timed out), and its live lease would keep them held forever. Each goes to the front of
-  `wait`, or for a routed task to `reroute`, as a release would; only if the given token still
+  its lane's wait, or for a routed task to `reroute`, as a release would; only if the given token still
   holds it.
 
   KEYS[1] active  hash ref -> token

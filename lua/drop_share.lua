@@ -28,7 +28,8 @@ local t = rcall('HMGET', K.task, 'home_inc', 'home_seq')
 if (t[1] or t[2] or '') ~= ARGV[3] then return 0 end
 if ARGV[3] == '' and (rcall('HGET', task_key(prefix, tid, ':keys'), 'inc') or '') ~= (ARGV[4] or '') then return 0 end
 local kind = rcall('HGET', K.task, 'kind')
-rcall('DEL', unpack(task_keys(prefix, tid)))
+-- the lane first: its key is derived (an abort at it writes nothing)
 if kind then rcall('ZREM', lane_key(prefix, kind, 'tasks'), tid) end
+rcall('DEL', unpack(task_keys(prefix, tid)))
 for _, z in ipairs({ K.index, K.unreported, K.finished, K.running, K.expiring }) do rcall('ZREM', z, tid) end
 return 1

@@ -54,6 +54,10 @@ if fire <= last then return 0 end
 -- written, so that an abort at a key of a slot being migrated leaves the fire time unhandled
 local prev = run == '1' and overlap == 'skip' and rcall('HGET', K.schedule_state, name .. ':task')
 local prev_state = prev and rcall('HGET', task_key(prefix, prev, ''), 'state')
+-- and the lane of the task's kind (create_task writes it last)
+for i = 9, #ARGV - 1, 2 do
+  if ARGV[i] == 'kind' and string.match(ARGV[i + 1], '^[A-Za-z0-9._-]+$') then touch_lane(prefix, ARGV[i + 1]) end
+end
 rcall('HSET', K.schedule_state, name .. ':last', fire)
 if run ~= '1' then
   emit('event', 'schedule_missed', 'schedule', name, 'fire_ms', fire)

@@ -1,5 +1,5 @@
 --[[
-  Moves due retries from `delayed` to `wait` (a routed shard's to its node's list) and wakes
+  Moves due retries from `delayed` to their lanes' waits (a routed shard's to its node's list) and wakes
   executors (the coordinator's duty; claims
   promote too, so this only matters while every executor is busy or asleep).
 

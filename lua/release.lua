@@ -1,6 +1,6 @@
 --[[
   Gives claimed shards back without failing them (graceful shutdown, or shards an executor
-  claimed ahead and will not start soon), each only if its token still holds it: to `wait`,
+  claimed ahead and will not start soon), each only if its token still holds it: to its lane's wait,
   claimable at once (at its front, or at its back behind aggregation jobs and retries), or, for
   a routed task, to `reroute` for the current ring to place. The next claim raises `attempt` (it
   counts claims); `fails` is left alone. A shard that never started (claimed ahead) has its
@@ -13,7 +13,7 @@
   KEYS[4] reroute list where released refs of routed tasks go
   KEYS[5] marker  zset wakes blocked executors
   ARGV[1] key prefix  `{P:Q}:`
-  ARGV[2] `front` (a started shard, to the front of `wait`), `unstarted` (never started, to the
+  ARGV[2] `front` (a started shard, to the front of its lane's wait), `unstarted` (never started, to the
           front) or `back` (never started, to the back)
   ARGV[3..] groups of 2: ref, token
 

@@ -62,6 +62,8 @@ else
   end
 end
 if #forget == 0 and state ~= 'running' then return 0 end
+-- read first: the lane the aggregation job may leave
+touch_task_lane(prefix, tid)
 local round = to
 if to > 0 then rcall('HSET', tkey, 'round', to) else round = rcall('HINCRBY', tkey, 'round', 1) end
 local again = 0

@@ -32,6 +32,8 @@ if (t[1] or t[5]) ~= inc or not t[4] or t[3] == 'cancelled' then return 0 end
 if tonumber(round) > tonumber(t[2] or '0') then return 2 end
 -- a delayed home (`--delay`) counts too: its shares start at about its start time
 if (t[2] or '0') ~= round or (t[3] ~= 'running' and t[3] ~= 'delayed') then return 0 end
+-- read first: the lane the aggregation job may go to
+touch_task_lane(prefix, tid)
 local counted = rcall('HMGET', K.task, 'part:' .. p, 'round:' .. p)
 if counted[1] then
   -- counted before in this round (or by a record without its round): nothing to count

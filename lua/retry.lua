@@ -57,6 +57,8 @@ for _, idx in ipairs(rcall('HKEYS', task_key(prefix, tid, ':errors'))) do
 end
 local agg_again = #again == 0 and state == 'failed' and t[4] ~= false
 if #again == 0 and not agg_again then return 0 end
+-- read first: the lane its shards or its aggregation job go to
+touch_task_lane(prefix, tid)
 rcall('HSET', tkey, 'retried_ms', now)
 
 if ended then reopen_ended(prefix, tid) end

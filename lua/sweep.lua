@@ -12,7 +12,7 @@
     refs the last full sweep marked that are still held by a holder without a live lease, then
     mark the held refs whose holder has no entry now.
 
-  A stalled ref goes back to `wait` (a routed task's to `reroute`) with its stalled count raised,
+  A stalled ref goes back to its lane's wait (a routed task's to `reroute`) with its stalled count raised,
   or past max_stalled fails for good with `reason`.
 
   KEYS[1]  stalled-check string PX the throttle of the full sweep

@@ -29,6 +29,8 @@ local t = rcall('HMGET', K.task, 'inc', 'state', 'part:' .. p, 'seq')
 if (t[1] or t[4]) ~= inc or t[2] ~= 'aggregating' or not t[3] then return 0 end
 local aref = tid .. ':' .. t[4] .. ':agg'
 if rcall('HGET', K.active, aref) ~= ARGV[5] then return 0 end
+-- read first: the lane the aggregation job may leave
+touch_task_lane(prefix, tid)
 local d, f = string.match(t[3], '^(%d+)/(%d+)$')
 rcall('HINCRBY', K.task, 'done', 0 - tonumber(d))
 rcall('HINCRBY', K.task, 'failed', 0 - tonumber(f))

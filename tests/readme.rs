@@ -23,8 +23,11 @@ fn run(script: &str, redis: &TestRedis) -> (String, String) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let bin = Path::new(env!("CARGO_BIN_EXE_shardctl")).parent().unwrap().to_owned();
     let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    // a failing command ends the script: its background jobs are stopped too, or they would
+    // hold its output open and the test would hang instead of failing
+    let script = format!("trap 's=$?; kill $(jobs -p) 2>/dev/null || true; exit $s' EXIT\n{script}");
     let out = Command::new("bash")
-        .args(["-e", "-c", script])
+        .args(["-e", "-c", &script])
         .current_dir(root)
         .env("PATH", path)
         .env("SHARDCTL_REDIS", redis.url())

@@ -69,6 +69,14 @@ impl Keys {
     pub fn errors(&self, id: &str) -> String {
         self.key(&format!("task:{id}:errors"))
     }
+    /// List: refs a version before lanes queued; moved to lanes by `move_legacy.lua`.
+    pub fn legacy_wait(&self) -> String {
+        self.key("wait")
+    }
+    /// Zset: runnable tasks a version before lanes queued; moved to lanes by `move_legacy.lua`.
+    pub fn legacy_tasks(&self) -> String {
+        self.key("tasks")
+    }
     /// Set: the kinds that may have a lane (ARCHITECTURE.md "Kinds and lanes").
     pub fn kinds(&self) -> String {
         self.key("kinds")

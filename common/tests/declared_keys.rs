@@ -15,6 +15,7 @@ const LIB: &str = include_str!("../../lua/include/lib.lua");
 /// prefix in Lua).
 const QUEUE_LEVEL: &[&str] = &[
     "meta",
+    "kinds",
     "tasks",
     "index",
     "wait",

@@ -27,6 +27,8 @@ type NamedKey = fn(&Keys, &str) -> String;
 const QUEUE_KEYS: &[(&str, QueueKey)] = &[
     ("meta", Keys::meta),
     ("kinds", Keys::kinds),
+    ("legacy_wait", Keys::legacy_wait),
+    ("legacy_tasks", Keys::legacy_tasks),
     ("any_kind_marker", Keys::any_kind_marker),
     ("index", Keys::index),
     ("delayed", Keys::delayed),

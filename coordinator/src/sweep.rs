@@ -75,6 +75,14 @@ async fn run_in(
                         tracing::info!(recovered = r.recovered, failed = r.failed, "stalled sweep");
                     }
                     on_report(r);
+                    // an older version's queue (ARCHITECTURE.md "Kinds and lanes"): into lanes
+                    match scripts::move_legacy(&mut con, &keys).await {
+                        Ok(0) => {}
+                        Ok(n) => {
+                            tracing::info!(moved = n, "moved refs and tasks queued by an older version to their lanes")
+                        }
+                        Err(e) => tracing::warn!("moving an older version's queue failed: {e}"),
+                    }
                     let removed = match &home {
                         Some(home) => shardctl_common::control::clean(&mut con, home, None).await,
                         None => shardctl_common::control::clean_in(&mut con, &keys, None).await,

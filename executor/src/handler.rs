@@ -267,6 +267,15 @@ impl Registry {
         &self.served
     }
 
+    /// Every kind it serves is a name ([`shardctl_common::names::validate_kind`]): a kind
+    /// becomes part of its lane's keys, and claims list kinds joined by commas.
+    pub fn check(&self) -> shardctl_common::Result<()> {
+        for k in self.served.kinds().unwrap_or_default() {
+            shardctl_common::names::validate_kind(k)?;
+        }
+        Ok(())
+    }
+
     /// Whether `kind` has a handler of its own (not the fallback's).
     pub fn has_own(&self, kind: &str) -> bool {
         self.handlers.contains_key(kind)

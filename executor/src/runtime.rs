@@ -207,6 +207,7 @@ impl Executor {
         let budget = with.map(|w| w.budget.clone());
 
         cfg.validate().map_err(shardctl_common::Error::Invalid)?;
+        registry.check()?;
         let con = endpoint.manager().await?;
         let node_id: Arc<str> = Arc::from(cfg.node_id.as_str());
         let token_base = cfg.instance.clone();

@@ -143,6 +143,13 @@ touch_lane = function(prefix, kind)
   rcall('EXISTS', lane_key(prefix, kind, 'wait'), lane_key(prefix, kind, 'tasks'), lane_key(prefix, kind, 'marker'), prefix .. ANY_KIND_MARKER)
 end
 
+-- Reads the lane keys of task `tid`'s kind (none without a record) before a script writes any
+-- key: a single-task script calls it before its first write.
+local function touch_task_lane(prefix, tid)
+  local kind = rcall('HGET', task_key(prefix, tid, ''), 'kind')
+  if kind then touch_lane(prefix, kind) end
+end
+
 -- Wakes one blocked executor that serves `kind`, and one that serves every kind.
 local function wake_lane(prefix, kind)
   rcall('ZADD', lane_key(prefix, kind, 'marker'), 0, '0')
@@ -423,11 +430,17 @@ local function create_task(prefix, tid, now, priority, start, fields)
   -- 2^32 bits; |priority| <= 10^6 keeps the score below 2^53; a duration is at most 100 years
   -- (common::time::MAX_DURATION), so `now` plus it is an exact integer PEXPIRE takes
   if math.abs(priority) > 1000000 or start - now > MAX_DURATION_MS then return -8 end
+  local kind
   for i = 1, #fields - 1, 2 do
     local f, v = fields[i], tonumber(fields[i + 1])
     if f == 'total' and (not v or v > 4294967296) then return -8 end
     if (f == 'retain_ms' or f == 'shard_timeout_ms') and (not v or v < 0 or v > MAX_DURATION_MS) then return -8 end
+    if f == 'kind' then kind = fields[i + 1] end
   end
+  -- a kind is a name (common::names): it becomes part of its lane's keys
+  if not kind or not string.match(kind, '^[A-Za-z0-9._-]+$') or #kind > 64 then return -8 end
+  -- read first: its lane, written last (ARCHITECTURE.md "Declared keys", order of writes)
+  touch_lane(prefix, kind)
   -- whatever an earlier incarnation of this id left (its keys expire one by one, or an abort
   -- part-way left some): never part of the new task. `:keys` is the dispatcher's, written first.
   rcall('DEL', task_key(prefix, tid, ':terminal'), task_key(prefix, tid, ':results'), task_key(prefix, tid, ':errors'), task_key(prefix, tid, ':shards'))

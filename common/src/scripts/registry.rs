@@ -112,6 +112,8 @@ pub fn queue_key(keys: &Keys, name: &str, at: &KeyArgs<'_>) -> std::result::Resu
         "meta" => keys.meta(),
         "index" => keys.index(),
         "kinds" => keys.kinds(),
+        "wait" => keys.legacy_wait(),
+        "tasks" => keys.legacy_tasks(),
         "delayed" => keys.delayed(),
         "active" => keys.active(),
         "leases" => keys.leases(),
@@ -270,6 +272,7 @@ registry!(
     layout,
     unretire,
     uncount,
+    move_legacy,
 );
 
 /// The registry.

@@ -69,7 +69,15 @@ pub async fn sweep<C: ConnectionLike + Send>(
     })
 }
 
-/// Moves due retries from `delayed` to `wait`; returns how many.
+/// Moves what a version before lanes queued (`wait`, `tasks`) into the lanes of its kinds
+/// (`move_legacy.lua`); returns how many refs and tasks moved. Every sweep loop calls it.
+pub async fn move_legacy<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Result<u64> {
+    let n: i64 = scripts().move_legacy.keyed(keys, &KeyArgs::default()).arg(keys.prefix()).invoke_async(con).await?;
+    Ok(n.max(0) as u64)
+}
+
+/// Moves due retries from `delayed` to their lanes (a routed one's to its node's list); returns
+/// how many.
 pub async fn promote<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Result<u64> {
     let n: i64 = scripts().promote.keyed(keys, &KeyArgs::default()).arg(keys.prefix()).invoke_async(con).await?;
     Ok(n.max(0) as u64)

@@ -8,6 +8,7 @@
 mod pool;
 mod process;
 
+use std::fmt::Write as _;
 use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
@@ -17,7 +18,7 @@ use crate::handler::{AggregateContext, Aggregator, BoxFuture, Handler, ShardCont
 
 pub use pool::Pool;
 pub use pool::{FAILED_STARTS, MAX_PAUSE};
-pub use process::{CANCEL_GRACE, HELLO_TIMEOUT, PROTOCOL};
+pub use process::{Request, CANCEL_GRACE, HELLO_TIMEOUT, PROTOCOL};
 
 /// The workers of `--worker CMD` (or `--aggregate-worker CMD`).
 pub fn pool(cmd: ExecCommand) -> Arc<Pool> {
@@ -31,17 +32,7 @@ impl Handler for WorkerHandler {
     fn run(&self, ctx: ShardContext) -> BoxFuture<Result<Value, ShardError>> {
         let pool = self.0.clone();
         Box::pin(async move {
-            let mut request = Map::new();
-            request.insert("type".into(), "shard".into());
-            request.insert("task_id".into(), ctx.task_id.clone().into());
-            request.insert("kind".into(), ctx.kind.clone().into());
-            request.insert("index".into(), ctx.index.into());
-            request.insert("total".into(), ctx.total.into());
-            request.insert("start".into(), ctx.range.start.into());
-            request.insert("end".into(), ctx.range.end.into());
-            request.insert("key".into(), ctx.key.clone().into());
-            request.insert("attempt".into(), ctx.attempt.into());
-            request.insert("payload".into(), payload(&ctx.payload));
+            let request = shard_request(&ctx);
             let label = format!("{} shard {}", ctx.task_id, ctx.index);
             ask(&pool, &ctx.node_id, request, None, &label).await
         })
@@ -65,6 +56,7 @@ impl Aggregator for WorkerAggregator {
             request.insert("failed".into(), ctx.failed.into());
             request.insert("attempt".into(), ctx.attempt.into());
             request.insert("payload".into(), payload(&ctx.payload));
+            let request = Request::from_map(request);
             let results = ctx.results.clone();
             let mut outcomes = results.iter().map(|o| {
                 let v = match &o.result {
@@ -89,7 +81,7 @@ impl Aggregator for WorkerAggregator {
 async fn ask(
     pool: &Arc<Pool>,
     node_id: &str,
-    request: Map<String, Value>,
+    request: Request,
     follow: Option<&mut (dyn Iterator<Item = Map<String, Value>> + Send)>,
     label: &str,
 ) -> Result<Value, ShardError> {
@@ -139,6 +131,32 @@ impl Drop for Held {
             _ => self.pool.retire(w, "its request was cut short"),
         }
     }
+}
+
+/// A shard's request, written straight into its line (no JSON tree per shard), the payload as
+/// its own text when that is JSON on one line.
+fn shard_request(ctx: &ShardContext) -> Request {
+    let mut s = String::with_capacity(160 + ctx.payload.len() + ctx.key.len());
+    let quoted = |s: &mut String, v: &str| s.push_str(&Value::from(v).to_string());
+    s.push_str(r#"{"type":"shard","task_id":"#);
+    quoted(&mut s, &ctx.task_id);
+    s.push_str(r#","kind":"#);
+    quoted(&mut s, &ctx.kind);
+    let _ = write!(
+        s,
+        r#","index":{},"total":{},"start":{},"end":{},"key":"#,
+        ctx.index, ctx.total, ctx.range.start, ctx.range.end
+    );
+    quoted(&mut s, &ctx.key);
+    let _ = write!(s, r#","attempt":{},"payload":"#, ctx.attempt);
+    let p = ctx.payload.trim();
+    let raw = !p.is_empty() && !p.contains(['\n', '\r']) && serde_json::from_str::<serde::de::IgnoredAny>(p).is_ok();
+    if raw {
+        s.push_str(p);
+    } else {
+        s.push_str(&payload(&ctx.payload).to_string());
+    }
+    Request::from_open_object(s)
 }
 
 /// The task payload as JSON (`null` when none; text that is not JSON as a string).

@@ -161,16 +161,15 @@ impl Worker {
     /// asks the worker to stop ([`Worker::cancel`]) if the request was sent whole.
     pub async fn ask(
         &mut self,
-        mut request: serde_json::Map<String, Value>,
+        request: Request,
         follow: Option<&mut (dyn Iterator<Item = serde_json::Map<String, Value>> + Send)>,
         label: &str,
     ) -> Result<Value, Failure> {
         self.next_id += 1;
         let id = self.next_id;
         self.set_running(label);
-        request.insert("id".into(), id.into());
         let sent = async {
-            self.write(&Value::Object(request)).await?;
+            self.write_line(request.with_id(id)).await?;
             if let Some(follow) = follow {
                 for mut line in follow {
                     line.insert("id".into(), id.into());
@@ -184,16 +183,24 @@ impl Worker {
             return Err(self.with_death(f).await);
         }
         self.in_flight = Some(id);
+        // each line parsed once: a late answer to an earlier request is passed over
         let reply = loop {
             let line = self.lines.recv().await.unwrap_or(Line::Closed);
-            match &line {
-                // a late answer to an earlier request: passed over
-                Line::Text(t) if is_stale(t, id - 1) => continue,
-                _ => break line,
+            let Line::Text(text) = line else { break Err(line) };
+            match serde_json::from_str::<Value>(&text) {
+                Ok(Value::Object(v)) if v.get("id").and_then(Value::as_u64).is_some_and(|i| i < id) => continue,
+                Ok(Value::Object(v)) => break Ok((v, text)),
+                _ => break Err(Line::Text(text)),
             }
         };
         self.in_flight = None;
-        let out = self.reply(reply, id).await;
+        let out = match reply {
+            Ok((v, text)) => Self::reply(v, &text, id),
+            Err(Line::Text(text)) => {
+                Err(Failure::fatal(format!("worker wrote a line outside the protocol: {}", clip(&text))))
+            }
+            Err(other) => Err(Failure::fatal(self.gone(other, "while running the shard").await)),
+        };
         self.set_running("(idle)");
         out
     }
@@ -208,18 +215,16 @@ impl Worker {
     async fn write(&mut self, v: &Value) -> Result<(), Failure> {
         let mut line = serde_json::to_vec(v).expect("JSON to memory");
         line.push(b'\n');
+        self.write_line(line).await
+    }
+
+    async fn write_line(&mut self, line: Vec<u8>) -> Result<(), Failure> {
         let stdin = self.stdin.as_mut().ok_or_else(|| Failure::fatal("worker's stdin is closed"))?;
         stdin.write_all(&line).await.map_err(|e| Failure::fatal(format!("writing to the worker: {e}")))
     }
 
-    async fn reply(&mut self, line: Line, id: u64) -> Result<Value, Failure> {
-        let text = match line {
-            Line::Text(t) => t,
-            other => return Err(Failure::fatal(self.gone(other, "while running the shard").await)),
-        };
-        let Ok(Value::Object(mut v)) = serde_json::from_str::<Value>(&text) else {
-            return Err(Failure::fatal(format!("worker wrote a line outside the protocol: {}", clip(&text))));
-        };
+    /// The answer of reply `v` (the line `text`) to request `id`.
+    fn reply(mut v: serde_json::Map<String, Value>, text: &str, id: u64) -> Result<Value, Failure> {
         if v.get("id").and_then(Value::as_u64) != Some(id) {
             return Err(Failure::fatal(format!("worker answered request {} while {id} ran", clip_value(&v["id"]))));
         }
@@ -234,7 +239,7 @@ impl Worker {
                 // stored as the shard's reason: its last 2 KiB, as for `--exec`'s stderr
                 Err(Failure { reason: tail_of(&why, STDERR_TAIL), keep: true })
             }
-            _ => Err(Failure::fatal(format!("worker wrote a reply of unknown type: {}", clip(&text)))),
+            _ => Err(Failure::fatal(format!("worker wrote a reply of unknown type: {}", clip(text)))),
         }
     }
 
@@ -318,6 +323,31 @@ fn describe(st: std::process::ExitStatus) -> String {
         (Some(c), _) => format!("exited with status {c}"),
         (None, Some(s)) => format!("was killed by signal {s}"),
         _ => "exited".to_owned(),
+    }
+}
+
+/// A request's JSON object without its closing brace: [`Worker::ask`] adds its id.
+pub struct Request(String);
+
+impl Request {
+    /// `m` (not empty) as a request.
+    pub fn from_map(m: serde_json::Map<String, Value>) -> Self {
+        debug_assert!(!m.is_empty());
+        let mut s = Value::Object(m).to_string();
+        s.pop();
+        Request(s)
+    }
+
+    /// From the text of an object without its closing brace, not empty: `{"type":"shard",...`.
+    pub fn from_open_object(s: String) -> Self {
+        debug_assert!(s.starts_with('{') && s.len() > 1);
+        Request(s)
+    }
+
+    fn with_id(self, id: u64) -> Vec<u8> {
+        let mut line = self.0.into_bytes();
+        line.extend_from_slice(format!(",\"id\":{id}}}\n").as_bytes());
+        line
     }
 }
 
