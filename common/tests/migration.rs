@@ -171,3 +171,38 @@ async fn a_promotion_aborted_by_a_migrating_slot_leaves_the_delayed_task_schedul
         redis::cmd("ZRANGE").arg(keys.lane_tasks("noop")).arg(0).arg(-1).query_async(&mut con).await.unwrap();
     assert!(runnable.contains(&"d".to_owned()), "{runnable:?}");
 }
+
+/// A dispatch while its slot migrates writes nothing: its declared keys (the new task's record
+/// is missing on the source) refuse it before it runs, and its lane, derived, is read before
+/// its first write too (`create_task`), for a caller that reached the script.
+#[tokio::test]
+async fn a_dispatch_during_a_migration_writes_nothing() {
+    let cluster = TestCluster::start(3);
+    let keys = Home::new("shardctl", "mig-lane").unwrap();
+    let slot = cluster.keyslot(&keys.meta());
+    let mut con = node(cluster.owner(slot)).await;
+    // a task of the kind before: its lane's keys exist
+    let mut first = TaskSpec::new("a", "noop", 2);
+    first.retain = None;
+    scripts::dispatch(&mut con, &keys, &first).await.unwrap();
+    busy(&mut con, &keys).await;
+    let (from, to) = start_migrating(&cluster, slot);
+    // the lane's `tasks` moves first: a dispatch of that kind would write it last
+    cluster.move_keys(from, to, &[keys.lane_tasks("noop")]);
+    let mut spec = TaskSpec::new("b", "noop", 2);
+    spec.retain = None;
+    let r = scripts::dispatch(&mut con, &keys, &spec).await;
+    assert!(r.is_err(), "the dispatch must be refused before its first write: {r:?}");
+    // the migration finishes: nothing of the aborted dispatch moved with the slot
+    cluster.migrate_slot(slot, to);
+    let mut con = node(to).await;
+    let n: u64 = redis::cmd("EXISTS").arg(keys.task("b")).query_async(&mut con).await.unwrap();
+    assert_eq!(n, 0, "the aborted dispatch left a task record that no claim would read");
+    let indexed: Option<f64> = redis::cmd("ZSCORE").arg(keys.index()).arg("b").query_async(&mut con).await.unwrap();
+    assert!(indexed.is_none());
+    // the dispatch again, on the new owner: the task is runnable
+    scripts::dispatch(&mut con, &keys, &spec).await.unwrap();
+    let runnable: Vec<String> =
+        redis::cmd("ZRANGE").arg(keys.lane_tasks("noop")).arg(0).arg(-1).query_async(&mut con).await.unwrap();
+    assert_eq!(runnable, ["a", "b"]);
+}
