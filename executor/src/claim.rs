@@ -52,6 +52,8 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
         // those beyond the free run slots wait for one: under a rate limit they are not claimed
         let free = shared.starts.free();
         let seq = shared.claims.seq.fetch_add(1, Ordering::Relaxed);
+        // a paused worker command's kinds wait for another executor or the pause's end
+        let claimable = shared.registry.claimable();
         let req = ClaimRequest {
             count,
             lock_ms: shared.cfg.lock_duration.as_millis() as u64,
@@ -59,7 +61,7 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
             seq,
             node: &shared.cfg.node_id,
             ahead: count.saturating_sub(free),
-            kinds: shared.registry.served(),
+            kinds: &claimable,
         };
         let mut con = shared.con.clone();
         // never dropped half-way: the script may have run, and its shards would wait for the sweep

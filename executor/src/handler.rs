@@ -160,6 +160,13 @@ pub fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 pub trait Handler: Send + Sync + 'static {
     /// Runs one shard; the value is its result (JSON).
     fn run(&self, ctx: ShardContext) -> BoxFuture<Result<Value, ShardError>>;
+
+    /// Whether it cannot take shards for now (a worker command that keeps dying at start is
+    /// paused): the executor then claims none of the kinds only it serves, which wait for
+    /// another executor or the end of the pause instead of failing here.
+    fn paused(&self) -> bool {
+        false
+    }
 }
 
 /// One shard's end, as the aggregator sees it.
@@ -267,6 +274,19 @@ impl Registry {
         &self.served
     }
 
+    /// The kinds to claim now: [`Registry::served`], less the fallback's while it is paused
+    /// ([`Handler::paused`]).
+    pub fn claimable(&self) -> std::borrow::Cow<'_, Served> {
+        match &self.fallback {
+            Some((_, h)) if h.paused() => {
+                let mut own: Vec<String> = self.handlers.keys().cloned().collect();
+                own.sort();
+                std::borrow::Cow::Owned(Served::Only(own))
+            }
+            _ => std::borrow::Cow::Borrowed(&self.served),
+        }
+    }
+
     /// Every kind it serves is a name ([`shardctl_common::names::validate_kind`]): a kind
     /// becomes part of its lane's keys, and claims list kinds joined by commas.
     pub fn check(&self) -> shardctl_common::Result<()> {
@@ -292,5 +312,48 @@ impl Registry {
     pub fn aggregator_for(&self, kind: &str) -> Arc<dyn Aggregator> {
         let fallback = self.fallback_aggregator.as_ref().filter(|_| !self.handlers.contains_key(kind));
         self.aggregators.get(kind).or(fallback).cloned().unwrap_or_else(|| Arc::new(crate::builtin::Summary))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Switch(std::sync::atomic::AtomicBool);
+
+    impl Handler for Arc<Switch> {
+        fn run(&self, _ctx: ShardContext) -> BoxFuture<Result<Value, ShardError>> {
+            Box::pin(async { Ok(Value::Null) })
+        }
+        fn paused(&self) -> bool {
+            self.0.load(Ordering::SeqCst)
+        }
+    }
+
+    #[test]
+    fn a_paused_fallback_s_kinds_are_not_claimed_until_it_resumes() {
+        let switch = Arc::new(Switch(std::sync::atomic::AtomicBool::new(false)));
+        let mut r = Registry::with_builtins();
+        r.fallback(Served::parse("report,thumbs").unwrap(), switch.clone());
+        assert_eq!(r.served().to_string(), "fail,noop,primes,report,sleep,thumbs");
+        assert_eq!(r.claimable().to_string(), "fail,noop,primes,report,sleep,thumbs");
+        switch.0.store(true, Ordering::SeqCst);
+        assert_eq!(r.claimable().to_string(), "fail,noop,primes,sleep", "the built-in kinds go on");
+        // what it serves is what it announces, paused or not
+        assert_eq!(r.served().to_string(), "fail,noop,primes,report,sleep,thumbs");
+        switch.0.store(false, Ordering::SeqCst);
+        assert_eq!(r.claimable().to_string(), "fail,noop,primes,report,sleep,thumbs");
+        r.fallback(Served::Every, switch.clone());
+        assert_eq!(r.claimable().to_string(), "*");
+        switch.0.store(true, Ordering::SeqCst);
+        assert_eq!(r.claimable().to_string(), "fail,noop,primes,sleep");
+    }
+
+    #[test]
+    fn a_kind_that_is_no_name_is_refused() {
+        let mut r = Registry::with_builtins();
+        assert!(r.check().is_ok());
+        r.handler("a,b", crate::builtin::Noop);
+        assert!(r.check().unwrap_err().to_string().contains("kind 'a,b'"));
     }
 }

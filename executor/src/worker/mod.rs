@@ -29,6 +29,10 @@ pub fn pool(cmd: ExecCommand) -> Arc<Pool> {
 pub struct WorkerHandler(pub Arc<Pool>);
 
 impl Handler for WorkerHandler {
+    fn paused(&self) -> bool {
+        self.0.paused()
+    }
+
     fn run(&self, ctx: ShardContext) -> BoxFuture<Result<Value, ShardError>> {
         let pool = self.0.clone();
         Box::pin(async move {

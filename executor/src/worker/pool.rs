@@ -87,6 +87,11 @@ impl Pool {
         }
     }
 
+    /// Whether starts are paused now (the command kept dying at start).
+    pub fn paused(&self) -> bool {
+        self.deaths.lock().unwrap().not_before.is_some_and(|t| Instant::now() < t)
+    }
+
     /// Gives back a worker that behaved.
     pub fn give_back(&self, w: Worker) {
         let mut idle = self.idle.lock().unwrap();
@@ -117,7 +122,7 @@ impl Pool {
             d.not_before = Some(Instant::now() + pause);
             tracing::error!(
                 command = %self.cmd.program(),
-                "worker command keeps dying at start ({} times in a row), next start in {pause:?}: {why}",
+                "worker command keeps dying at start ({} times in a row), next start in {pause:?}; its kinds are not claimed until then: {why}",
                 d.in_a_row
             );
         }
