@@ -10,7 +10,6 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde_json::Value;
 use support::Cli;
 
 fn python_lib() -> String {
