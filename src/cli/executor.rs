@@ -46,11 +46,12 @@ pub struct ExecutorArgs {
     /// a shard of another kind is left for an executor that serves it.
     #[arg(long, value_parser = kinds)]
     pub kinds: Option<Served>,
-    /// Aggregate the kinds that have no built-in handler in worker processes of this command
-    /// (the same protocol: an aggregate request, the shards' outcomes line by line).
+    /// Aggregate the kinds --kinds names (those with no built-in handler) in worker processes
+    /// of this command (the same protocol: an aggregate request, the shards' outcomes line by
+    /// line).
     #[arg(long, conflicts_with = "aggregate_exec")]
     pub aggregate_worker: Option<String>,
-    /// Aggregate the kinds that have no built-in handler (those --exec runs) with this command:
+    /// Aggregate the kinds --kinds names (those --exec runs, with no built-in handler) with this command:
     /// shard outcomes as JSON lines on stdin, the task result on stdout. Built-in kinds keep
     /// their own aggregation (primes: the count; noop, sleep, fail: the summary of counts).
     #[arg(long)]
