@@ -77,8 +77,14 @@ impl Aggregator for Total {
             let (mut words, mut lines) = (0, 0);
             for o in ctx.results.iter() {
                 let r = o.result.as_ref().map_err(|e| ShardError(format!("shard {} failed: {e}", o.index)))?;
-                words += r["words"].as_u64().unwrap_or(0);
-                lines += r["lines"].as_u64().unwrap_or(0);
+                // a result this aggregator cannot read is refused, never counted as 0
+                let count = |field: &str| {
+                    r[field]
+                        .as_u64()
+                        .ok_or_else(|| ShardError(format!("shard {} returned {r}, not word counts", o.index)))
+                };
+                words += count("words")?;
+                lines += count("lines")?;
             }
             Ok(json!({ "words": words, "lines": lines, "shards": ctx.total }))
         })
