@@ -296,6 +296,54 @@ fn the_python_library_passes_its_own_tests() {
     assert!(err.contains("Ran 10 tests"), "{err}");
 }
 
+/// `pip install ./clients/python` as its README says, into a fresh virtualenv (pip fetches the
+/// build backend, setuptools, from the Python registry): the module imports from the install,
+/// outside the checkout.
+#[test]
+fn the_python_package_installs_with_pip() {
+    let dir = tempdir("pip");
+    let venv = dir.join("venv");
+    let run = |cmd: &mut std::process::Command| {
+        let out = cmd.output().expect("runs");
+        let said =
+            format!("{cmd:?}\n{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "{said}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    run(std::process::Command::new("python3").args(["-m", "venv"]).arg(&venv));
+    run(std::process::Command::new(venv.join("bin/pip")).args(["install", "--quiet"]).arg(python_lib()));
+    let file = run(std::process::Command::new(venv.join("bin/python"))
+        .args(["-c", "import shardctl_worker; print(shardctl_worker.__file__); print(callable(shardctl_worker.serve))"])
+        .current_dir(&dir)
+        .env_remove("PYTHONPATH"));
+    assert!(file.starts_with(venv.to_str().unwrap()) && file.trim_end().ends_with("True"), "{file}");
+}
+
+/// `npm install ./clients/node` links the folder into `node_modules` (npm's own rule for a local
+/// folder); done by hand here, so that no npm is needed: the package resolves by its name and
+/// its `main`, with no dependency to fetch.
+#[test]
+fn the_node_package_resolves_by_its_name_once_installed() {
+    let dir = tempdir("npm");
+    let modules = dir.join("node_modules");
+    std::fs::create_dir_all(&modules).unwrap();
+    std::os::unix::fs::symlink(format!("{}/clients/node", env!("CARGO_MANIFEST_DIR")), modules.join("shardctl-worker"))
+        .unwrap();
+    let out = std::process::Command::new("node")
+        .args(["-e", "const w = require('shardctl-worker'); console.log(typeof w.serve)"])
+        .current_dir(&dir)
+        .output()
+        .expect("node runs");
+    let said = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && said.starts_with("function"), "{said}");
+    let pkg: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(format!("{}/clients/node/package.json", env!("CARGO_MANIFEST_DIR"))).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(pkg["name"], "shardctl-worker");
+    assert!(pkg.get("dependencies").is_none(), "no dependencies: {pkg}");
+}
+
 #[test]
 fn the_node_library_passes_its_own_tests() {
     let out = std::process::Command::new("node")

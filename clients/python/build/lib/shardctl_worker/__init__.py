@@ -1,0 +1,222 @@
+"""Run shardctl shards in a long-lived Python process: the ``--worker`` protocol, version 1.
+
+``serve(handler, aggregator=None)`` says hello on stdout, then answers the executor's requests
+one at a time: ``handler(shard)`` for a shard, ``aggregator(aggregation)`` for an aggregation.
+A handler returns any JSON-able value; an exception fails the attempt with its message. A
+cancel (the shard's lock lost, its task cancelled, its timeout passed) sets
+``shard.cancelled()``; the executor kills the worker if it does not answer within 2 s.
+
+While ``serve`` runs, ``sys.stdout`` is stderr and stdin is ``/dev/null``: the real stdin and
+stdout carry the protocol only, so neither a stray ``print`` nor a subprocess can break it.
+Write nothing to stdout before ``serve`` (the executor expects the hello first). The shards'
+largest result is ``SHARDCTL_MAX_RESULT_BYTES``. Standard library only.
+"""
+
+import json
+import os
+import queue
+import sys
+import threading
+from collections import namedtuple
+
+__all__ = ["serve", "Shard", "Aggregation", "Outcome", "PROTOCOL"]
+
+PROTOCOL = 1
+
+Outcome = namedtuple("Outcome", ["shard", "result", "error"])
+Outcome.__doc__ = "One shard's outcome: its result, or (error not None) why it failed for good."
+
+
+class Shard:
+    """One shard: ``task_id``, ``kind``, ``index``, ``total``, ``start``, ``end`` (its items are
+    ``range(start, end)``), ``key``, ``attempt`` (1 on the first), ``payload`` (the task's JSON
+    payload, parsed; None when it has none)."""
+
+    __slots__ = ("task_id", "kind", "index", "total", "start", "end", "key", "attempt", "payload", "_cancel")
+
+    def __init__(self, msg, cancel):
+        self.task_id = msg.get("task_id")
+        self.kind = msg.get("kind")
+        self.index = msg.get("index")
+        self.total = msg.get("total")
+        self.start = msg.get("start")
+        self.end = msg.get("end")
+        self.key = msg.get("key")
+        self.attempt = msg.get("attempt")
+        self.payload = msg.get("payload")
+        self._cancel = cancel
+
+    def cancelled(self):
+        """True once the executor asked this shard to stop."""
+        return self._cancel.is_set()
+
+    def __repr__(self):
+        return "Shard(task_id=%r, kind=%r, index=%r, start=%r, end=%r, attempt=%r)" % (
+            self.task_id, self.kind, self.index, self.start, self.end, self.attempt)
+
+
+class Aggregation:
+    """One aggregation: ``task_id``, ``kind``, ``total``, ``done``, ``failed``, ``attempt``,
+    ``payload``, and ``outcomes``, an iterator of ``Outcome(shard, result, error)`` in shard
+    order. The library reads the outcome lines as they come (a cancel must get through), so
+    they are buffered while the aggregator is slower than the pipe."""
+
+    def __init__(self, msg, lines, cancel):
+        self.task_id = msg.get("task_id")
+        self.kind = msg.get("kind")
+        self.total = msg.get("total")
+        self.done = msg.get("done")
+        self.failed = msg.get("failed")
+        self.attempt = msg.get("attempt")
+        self.payload = msg.get("payload")
+        self._lines = lines
+        self._cancel = cancel
+        self._ended = False
+
+    def cancelled(self):
+        """True once the executor asked this aggregation to stop."""
+        return self._cancel.is_set()
+
+    @property
+    def outcomes(self):
+        while not self._ended:
+            m = self._lines.get()
+            if m is None or m.get("type") == "end":
+                self._ended = True
+                return
+            yield Outcome(m.get("shard"), m.get("result"), m.get("error"))
+
+    def _drain(self):
+        for _ in self.outcomes:
+            pass
+
+
+class _Channel:
+    """The protocol's stdout, and the reader of its stdin (a thread of its own, so that a
+    cancel arrives while a handler runs)."""
+
+    def __init__(self, inp, out):
+        self._out = out
+        self._lock = threading.Lock()
+        self.requests = queue.Queue()
+        self._current = None  # (id, cancel event, follow-up queue or None)
+        self._state = threading.Lock()
+        threading.Thread(target=self._read, args=(inp,), daemon=True).start()
+
+    def send(self, msg):
+        # NaN and Infinity are not JSON: refused here (a ValueError), not sent
+        line = json.dumps(msg, separators=(",", ":"), ensure_ascii=False, allow_nan=False) + "\n"
+        with self._lock:
+            self._out.write(line)
+            self._out.flush()
+
+    def begin(self, rid, cancel, follow):
+        with self._state:
+            self._current = (rid, cancel, follow)
+
+    def finish(self, rid):
+        with self._state:
+            # (the next request may have been registered already)
+            if self._current is not None and self._current[0] == rid:
+                self._current = None
+
+    def _read(self, inp):
+        for raw in inp:
+            if isinstance(raw, bytes):
+                raw = raw.decode("utf-8", errors="replace")
+            raw = raw.strip()
+            if not raw:
+                continue
+            try:
+                msg = json.loads(raw)
+            except ValueError:
+                sys.stderr.write("shardctl_worker: a line that is not JSON from the executor: %r\n" % raw[:200])
+                continue
+            kind = msg.get("type")
+            if kind in ("shard", "aggregate"):
+                cancel = threading.Event()
+                follow = queue.Queue() if kind == "aggregate" else None
+                # registered before the request is handed over: its follow-up lines and a
+                # cancel may come before the main thread starts it
+                self.begin(msg.get("id"), cancel, follow)
+                self.requests.put((msg, cancel, follow))
+            elif kind in ("outcome", "end"):
+                with self._state:
+                    cur = self._current
+                if cur and cur[2] is not None and cur[0] == msg.get("id"):
+                    cur[2].put(msg)
+            elif kind == "cancel":
+                with self._state:
+                    cur = self._current
+                if cur and cur[0] == msg.get("id"):
+                    cur[1].set()
+                    if cur[2] is not None:
+                        cur[2].put(None)
+        self.requests.put(None)
+
+
+def _reason(e):
+    text = str(e)
+    return "%s: %s" % (type(e).__name__, text) if text else type(e).__name__
+
+
+def serve(handler, aggregator=None, stdin=None, stdout=None):
+    """Answers the executor's requests until it closes stdin, then returns.
+
+    ``handler(shard)`` runs each shard (a :class:`Shard`); ``aggregator(aggregation)`` (an
+    :class:`Aggregation`) each aggregation, if given. Each returns a JSON-able value; an
+    exception fails the attempt with its type and message.
+    """
+    if stdout is None:
+        # the protocol keeps the real stdout; fd 1 becomes stderr, so that neither a print() in
+        # a handler nor a subprocess it starts can write into the protocol
+        sys.stdout.flush()
+        out = os.fdopen(os.dup(1), "w", encoding="utf-8")
+        os.dup2(2, 1)
+    else:
+        out = stdout
+    if stdin is None:
+        # likewise the protocol keeps the real stdin (read as UTF-8 whatever the locale); fd 0
+        # becomes /dev/null, so that a subprocess cannot read the executor's requests
+        inp = os.fdopen(os.dup(0), "rb")
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+    else:
+        inp = stdin
+    saved = sys.stdout
+    sys.stdout = sys.stderr
+    try:
+        ch = _Channel(inp, out)
+        ch.send({"type": "hello", "protocol": PROTOCOL})
+        while True:
+            item = ch.requests.get()
+            if item is None:
+                return
+            msg, cancel, follow = item
+            rid = msg.get("id")
+            try:
+                if msg["type"] == "shard":
+                    result = handler(Shard(msg, cancel))
+                else:
+                    if aggregator is None:
+                        raise RuntimeError("this worker has no aggregator")
+                    agg = Aggregation(msg, follow, cancel)
+                    try:
+                        result = aggregator(agg)
+                    finally:
+                        agg._drain()
+                if cancel.is_set():
+                    reply = {"type": "error", "id": rid, "error": "cancelled"}
+                else:
+                    reply = {"type": "result", "id": rid, "result": result}
+                try:
+                    ch.send(reply)
+                except (TypeError, ValueError) as e:
+                    ch.send({"type": "error", "id": rid, "error": "the result is not JSON: %s" % e})
+            except Exception as e:  # a handler's failure fails the attempt, not the worker
+                ch.send({"type": "error", "id": rid, "error": "cancelled" if cancel.is_set() else _reason(e)})
+            finally:
+                ch.finish(rid)
+    finally:
+        sys.stdout = saved
