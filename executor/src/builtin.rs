@@ -6,13 +6,7 @@
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::handler::{AggregateContext, Aggregator, BoxFuture, Handler, Registry, ShardContext, ShardError};
-
-/// Registers every built-in kind.
-pub fn register(r: &mut Registry) {
-    r.handler("primes", Primes).aggregator("primes", PrimesTotal);
-    r.handler("noop", Noop).handler("sleep", Sleep).handler("fail", Fail);
-}
+use crate::handler::{AggregateContext, Aggregator, BoxFuture, Handler, ShardContext, ShardError};
 
 /// Counts the primes in `[start, end)` with a segmented sieve.
 pub fn count_primes(start: u64, end: u64) -> u64 {

@@ -6,8 +6,10 @@
 //!
 //! # Layout
 //! - [`config`]: settings, defaults, validation.
-//! - [`handler`]: the [`Handler`] and [`Aggregator`] traits, their contexts, the [`Registry`].
+//! - [`handler`]: the [`Handler`] and [`Aggregator`] traits and their contexts.
 //! - [`builtin`]: the kinds `primes`, `noop`, `sleep`, `fail` and the summary aggregator.
+//! - [`registry`]: the [`Registry`] of which handler serves which kind (the built-ins and
+//!   yours), and the kinds an executor claims.
 //! - [`child`]: `--exec` / `--aggregate-exec`, one process per shard.
 //! - [`worker`]: `--worker` / `--aggregate-worker`, long-lived processes of any language over a
 //!   line protocol (docs/handlers.md).
@@ -57,6 +59,7 @@ pub mod handler;
 mod heartbeat;
 pub mod metrics;
 mod outbox;
+pub mod registry;
 mod report;
 mod run;
 mod runtime;
@@ -69,8 +72,8 @@ pub mod worker;
 
 pub use config::ExecutorConfig;
 pub use handler::{
-    run_cpu, run_cpu_of, AggregateContext, Aggregator, BoxFuture, Handler, Registry, ShardContext, ShardError,
-    ShardOutcome,
+    run_cpu, run_cpu_of, AggregateContext, Aggregator, BoxFuture, Handler, ShardContext, ShardError, ShardOutcome,
 };
+pub use registry::Registry;
 pub use runtime::{Executor, Sharing};
 pub use stats::{Stats, StatsSnapshot};

@@ -15,8 +15,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::ExecutorConfig;
-use crate::handler::Registry;
 use crate::metrics::Metrics;
+use crate::registry::Registry;
 use crate::stats::{Stats, StatsSnapshot};
 use crate::tasks::TaskCache;
 

@@ -326,7 +326,7 @@ fn describe(st: std::process::ExitStatus) -> String {
     }
 }
 
-/// A request's JSON object without its closing brace: [`Worker::ask`] adds its id.
+/// A request's JSON object without its closing brace: `Worker::ask` adds its id.
 pub struct Request(String);
 
 impl Request {
