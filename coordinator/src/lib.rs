@@ -25,6 +25,7 @@
 //! - [`daemon`]: `shardctl coordinator`: maintenance every refresh, schedules, progress for the
 //!   metrics.
 //! - [`metrics`]: the Prometheus metrics (names, descriptions, publishing the progress gauges).
+//! - [`snapshot`]: one reading of a queue's progress for those gauges.
 //!
 //! # Example
 //! ```
@@ -45,6 +46,7 @@ pub mod presence;
 pub mod progress;
 pub mod rebalance;
 pub mod route;
+pub mod snapshot;
 pub mod stuck;
 pub mod sweep;
 pub mod wait;

@@ -20,7 +20,7 @@
 
 use metrics::{describe_counter, describe_gauge, Counter, Label};
 
-use crate::daemon::Snapshot;
+use crate::snapshot::Snapshot;
 
 /// Counter: stalled shards put back to be claimed again by this process's sweeps.
 pub const STALLED_RECOVERED: &str = "shardctl_stalled_recovered_total";
