@@ -9,7 +9,7 @@ use shardctl_coordinator::{presence, progress, stuck};
 use std::collections::HashMap;
 use std::ops::RangeInclusive;
 
-use super::http::Reply;
+use super::reply::Reply;
 use super::Dashboard;
 
 /// The query parameters each read takes; any other is refused (400).

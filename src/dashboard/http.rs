@@ -11,6 +11,7 @@ use hyper::body::{Bytes, Incoming};
 use hyper::header::HeaderValue;
 use hyper::{Method, Request, Response, StatusCode};
 
+use super::reply::Reply;
 use super::{api, Dashboard};
 
 /// Every response's policy: nothing but this server's own script, style and API.
@@ -42,25 +43,6 @@ pub async fn connection(stream: tokio::net::TcpStream, dashboard: Arc<Dashboard>
     // past its lifetime the connection is dropped (closed) with its pending request
     if let Ok(Err(e)) = tokio::time::timeout(CONNECTION_LIFETIME, served).await {
         tracing::debug!("dashboard connection: {e}");
-    }
-}
-
-/// A response: status, content type, body.
-pub struct Reply {
-    pub status: u16,
-    pub content_type: &'static str,
-    pub body: Bytes,
-}
-
-impl Reply {
-    /// A JSON reply.
-    pub fn json(status: u16, body: impl Into<Bytes>) -> Self {
-        Reply { status, content_type: "application/json", body: body.into() }
-    }
-
-    /// An error as `{"error": message}`.
-    pub fn error(status: u16, message: impl std::fmt::Display) -> Self {
-        Reply::json(status, serde_json::json!({ "error": message.to_string() }).to_string())
     }
 }
 

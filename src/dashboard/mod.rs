@@ -7,6 +7,7 @@
 //! - `http.rs`: requests and responses: routing by method and path, the security headers, the
 //!   token check, the query string.
 //! - `api.rs`: each API endpoint, a read or an action on the queue.
+//! - `reply.rs`: what a route answers (status, content type, body), used by both.
 //! - `reads.rs`: the shared read cache (one Redis read per request key and second, whatever the
 //!   number of viewers).
 //! - `assets/`: `index.html`, `app.js`, `app.css`.
@@ -14,6 +15,7 @@
 mod api;
 mod http;
 mod reads;
+mod reply;
 
 use std::net::SocketAddr;
 use std::path::Path;
