@@ -310,8 +310,13 @@ fn the_python_package_installs_with_pip() {
         assert!(out.status.success(), "{said}");
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
+    // a copy: setuptools builds in the package's folder (build/, *.egg-info), which must stay
+    // out of the checkout
+    let src = dir.join("src");
+    run(std::process::Command::new("cp").arg("-r").arg(python_lib()).arg(&src));
+    let _ = std::fs::remove_dir_all(src.join("tests"));
     run(std::process::Command::new("python3").args(["-m", "venv"]).arg(&venv));
-    run(std::process::Command::new(venv.join("bin/pip")).args(["install", "--quiet"]).arg(python_lib()));
+    run(std::process::Command::new(venv.join("bin/pip")).args(["install", "--quiet"]).arg(&src));
     let file = run(std::process::Command::new(venv.join("bin/python"))
         .args(["-c", "import shardctl_worker; print(shardctl_worker.__file__); print(callable(shardctl_worker.serve))"])
         .current_dir(&dir)
