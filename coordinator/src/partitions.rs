@@ -127,9 +127,12 @@ pub async fn route(con: &mut shardctl_common::conn::Conn, layout: &Layout, id: &
     if live.is_empty() {
         return Ok((0, 0));
     }
+    let served = crate::route::served(con, &layout.home, &live).await?;
     let mut placed = 0;
     for pk in &layout.parts {
-        placed += crate::route::Router::over(con, &layout.home, live.clone()).await?.route_task(con, pk, id).await?;
+        let mut router = crate::route::Router::new(live.clone());
+        router.serving(served.clone());
+        placed += router.route_task(con, pk, id).await?;
     }
     Ok((placed, live.len()))
 }

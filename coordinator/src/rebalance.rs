@@ -121,14 +121,18 @@ async fn run(con: &mut Conn, keys: &Home) -> Result<RebalanceReport> {
         // nothing can be placed: unplaced tasks and reroutes wait for the first executor
         return Ok(report);
     }
-    let mut router = Router::over(con, keys, report.live.clone()).await?;
+    // what each member serves, read once for the home and every partition
+    let served = crate::route::served(con, keys, &report.live).await?;
+    let mut router = Router::new(report.live.clone());
+    router.serving(served.clone());
     router.keep_alive(vec![keys.rebalance_lock(), keys.rebalancing()], LOCK_TTL);
     place(con, keys, &mut router, &mut report).await?;
     // a partitioned queue: the same in each partition, over the home's membership
     // (ARCHITECTURE.md "Partitioned queues"); each has its own lists, reroutes and flag
     let layout = shardctl_common::partition::layout(con, keys).await?;
     for pk in &layout.parts {
-        let mut router = Router::over(con, keys, report.live.clone()).await?;
+        let mut router = Router::new(report.live.clone());
+        router.serving(served.clone());
         router.keep_alive(vec![pk.rebalancing()], LOCK_TTL);
         let r = place(con, pk, &mut router, &mut report).await;
         let _ = con.del::<_, ()>(pk.rebalancing()).await;

@@ -26,6 +26,17 @@ struct TaskRouting {
     kind: String,
 }
 
+/// What each of the live members `live` of `home` announces it serves (a member that announced
+/// nothing, or something unreadable, is left out: it serves every kind).
+pub async fn served(con: &mut Conn, home: &shardctl_common::Home, live: &[String]) -> Result<HashMap<String, Served>> {
+    let mut pipe = redis::pipe();
+    for n in live {
+        pipe.hget(home.node(n), "kinds");
+    }
+    let kinds: Vec<Option<String>> = pipe.query_async(con).await?;
+    Ok(live.iter().zip(kinds).filter_map(|(n, k)| Some((n.clone(), Served::parse(&k?).ok()?))).collect())
+}
+
 /// Owners of refs under one membership; caches each task's strategy and each placement.
 pub struct Router {
     live: Vec<String>,
@@ -56,12 +67,7 @@ impl Router {
     /// A router over the live members `live` of `home`, each placed on only for the kinds its
     /// membership announces (see [`Router::serving`]).
     pub async fn over(con: &mut Conn, home: &shardctl_common::Home, live: Vec<String>) -> Result<Self> {
-        let mut pipe = redis::pipe();
-        for n in &live {
-            pipe.hget(home.node(n), "kinds");
-        }
-        let kinds: Vec<Option<String>> = pipe.query_async(con).await?;
-        let served = live.iter().zip(kinds).filter_map(|(n, k)| Some((n.clone(), Served::parse(&k?).ok()?))).collect();
+        let served = served(con, home, &live).await?;
         let mut r = Router::new(live);
         r.serving(served);
         Ok(r)
