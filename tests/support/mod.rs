@@ -221,22 +221,40 @@ impl Cli {
     }
 
     /// Runs `args`, expecting a rejection: exit `code`, `needle` in stderr, nothing on stdout and
-    /// no key created or removed (but the stalled sweeps' `stalled-check` marks, which running
-    /// executors set on their own schedule).
+    /// no key created or removed (but what running executors write on their own schedule: the
+    /// stalled sweeps' `stalled-check` marks, the `rebalance-lock` and `meta.placed_members`).
     pub fn rejects(&self, args: &[&str], code: i32, needle: &str) -> Out {
-        let before = self.keys_but_sweep_marks();
+        let before = self.keys_but_background();
         let out = self.run(args);
         assert_eq!(out.code(), code, "shardctl {args:?}: {out:?}");
         assert!(out.stderr.contains(needle), "shardctl {args:?}: stderr lacks {needle:?}: {out:?}");
         assert!(out.stdout.trim().is_empty(), "shardctl {args:?}: a rejection printed on stdout: {out:?}");
-        assert_eq!(self.keys_but_sweep_marks(), before, "shardctl {args:?} wrote to redis: {out:?}");
+        assert_eq!(self.keys_but_background(), before, "shardctl {args:?} wrote to redis: {out:?}");
         out
     }
 
-    /// Every key of the server but the stalled sweeps' marks.
-    fn keys_but_sweep_marks(&self) -> std::collections::BTreeSet<String> {
+    /// Every key of the server but those running executors write on their own schedule; the
+    /// queue's `meta` is listed with its fields but `placed_members` (absent when that is all).
+    fn keys_but_background(&self) -> std::collections::BTreeSet<String> {
         let all: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut self.con()).expect("KEYS");
-        all.into_iter().filter(|k| !k.ends_with(":stalled-check")).collect()
+        let meta = self.key("meta");
+        let mut keys = std::collections::BTreeSet::new();
+        for key in all {
+            if key.ends_with(":stalled-check") || key.ends_with(":rebalance-lock") {
+                continue;
+            }
+            if key != meta {
+                keys.insert(key);
+                continue;
+            }
+            let fields: Vec<String> = redis::cmd("HKEYS").arg(&key).query(&mut self.con()).expect("HKEYS");
+            let mut fields: Vec<String> = fields.into_iter().filter(|f| f != "placed_members").collect();
+            fields.sort();
+            if !fields.is_empty() {
+                keys.insert(format!("{key} {}", fields.join(",")));
+            }
+        }
+        keys
     }
 }
 
