@@ -9,14 +9,14 @@
 //! - [`locked`]: running a command under a distributed lock (`shardctl lock`).
 //! - [`dashboard`]: the coordinator's web dashboard and its JSON API.
 //! - [`json`]: the JSON shapes shared by `--json` outputs and the dashboard's API.
-//! - [`bench`](mod@bench): the performance benchmark (`shardctl bench`): scenarios against targets, and
-//!   BullMQ on the same Redis.
 //! - The crates underneath, re-exported: [`common`] (keys, scripts, model, connections),
 //!   [`executor`] (the runtime, handlers, built-in kinds), [`coordinator`] (dispatch, sweep,
 //!   membership, progress, the coordinator daemon).
 //!
 //! The `shardctl` binary (`src/main.rs`, `src/cli/`) parses arguments and prints; it calls
-//! these crates for everything else.
+//! these crates for everything else, and the `shardctl-bench` crate (`bench/`) for `shardctl
+//! bench`. Both come with the default feature `cli`; an embedding program takes this library
+//! with `default-features = false` and builds neither.
 //!
 //! # Example
 //! A node running a handler of your own beside the built-in kinds, until SIGINT or SIGTERM:
@@ -40,7 +40,6 @@
 //! ```
 #![warn(missing_docs)]
 
-pub mod bench;
 pub mod dashboard;
 pub mod json;
 pub mod locked;

@@ -6,7 +6,8 @@
 //!
 //! # Layout
 //! The library half of the package (`src/lib.rs`: `shardctl::Node`, the metrics exporter, the
-//! benchmark) is what this binary runs; here are argument parsing and printing.
+//! dashboard) and the `shardctl-bench` crate (`bench/`) are what this binary runs; here are
+//! argument parsing and printing.
 //! - `cli/mod.rs`: the argument model (clap derive; its doc comments are the `--help` text).
 //! - `cli/dispatch.rs`, `cli/executor.rs`, `cli/coordinator.rs`, `cli/status.rs`, `cli/wait.rs`,
 //!   `cli/watch.rs`, `cli/config.rs`, `cli/bench.rs`, `cli/demo.rs`, `cli/lock.rs`,

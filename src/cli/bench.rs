@@ -1,11 +1,11 @@
 //! `shardctl bench`: its flags, the private redis-server, and the report printed
-//! ([`shardctl::bench`] measures).
+//! ([`shardctl_bench`] measures).
 
 use std::process::ExitCode;
 
-use anyhow::bail;
+use anyhow::{bail, Context};
 use clap::{Parser, ValueEnum};
-use shardctl::bench::{self, Options, Scenario};
+use shardctl_bench::{self as bench, Options, Scenario};
 use tokio_util::sync::CancellationToken;
 
 use super::{exit, redis_server::RedisServer, Args};
@@ -45,7 +45,8 @@ pub async fn run(args: &Args, a: &BenchArgs) -> anyhow::Result<ExitCode> {
     if a.no_bullmq {
         scenarios.retain(|&s| s != Scenario::Bullmq);
     }
-    let opts = Options { shards: a.shards, runs: a.runs, scenarios };
+    let exe = std::env::current_exe().context("finding this program to start executors")?;
+    let opts = Options { shards: a.shards, runs: a.runs, scenarios, exe };
     let interrupted = CancellationToken::new();
     shardctl_executor::shutdown::cancel_on_signal(interrupted.clone());
     let given = args.given_redis()?;

@@ -16,8 +16,7 @@ const CLOCK_TICKS: f64 = 100.0;
 /// Starts `shardctl executor --node-id <node> <extra>` on the bench's queue, with `--log error`
 /// and every other flag at its default. Killed when dropped.
 pub(crate) fn executor(ctx: &Ctx, node: &str, extra: &[&str]) -> anyhow::Result<Child> {
-    let exe = std::env::current_exe().context("finding this program to start executors")?;
-    Command::new(exe)
+    Command::new(&ctx.exe)
         .args(["--redis", &ctx.url, "--prefix", &ctx.prefix, "--queue", &ctx.queue, "--log", "error"])
         .args(["executor", "--node-id", node])
         .args(extra)

@@ -18,7 +18,7 @@ pub(crate) const CAP: u64 = 200_000;
 const DIR: &str = "/tmp/shardctl-bullmq";
 /// What npm installs (BullMQ 6 takes its Redis driver as an optional peer).
 const PACKAGES: [&str; 2] = ["bullmq@6", "ioredis@5"];
-const SCRIPT: &str = include_str!("../../bench/bullmq/bench.js");
+const SCRIPT: &str = include_str!("../bullmq/bench.js");
 /// Concurrency of BullMQ's worker.
 const CONCURRENCY: u32 = 200;
 

@@ -169,11 +169,11 @@ async fn one(ctx: &Ctx, cluster: &Cluster, k: u32) -> anyhow::Result<Vec<(&'stat
     let mut con = endpoint.manager().await?;
     let keys = Home::new(&ctx.prefix, &ctx.queue)?;
     shardctl_common::partition::set_count(&mut con, &keys, k, true).await?;
-    let exe = std::env::current_exe().context("finding this program to start executors")?;
+    let exe = &ctx.exe;
     let mut execs = Vec::new();
     for i in 0..EXECUTORS {
         execs.push(
-            Command::new(&exe)
+            Command::new(exe)
                 .args(["--redis", &cluster.url(), "--prefix", &ctx.prefix, "--queue", &ctx.queue, "--log", "error"])
                 .args(["executor", "--node-id", &format!("bench-cluster-{i}")])
                 .stdin(Stdio::null())

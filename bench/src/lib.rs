@@ -1,7 +1,8 @@
 //! The performance benchmark behind `shardctl bench`: the scenarios below, measured on one
 //! redis-server whose database starts empty. Each scenario runs [`Options::runs`] times on a
 //! freshly flushed database; the [`Report`]'s table shows medians, each against its target.
-//! Progress goes to stderr as it runs.
+//! Progress goes to stderr as it runs. Executors run as processes of the `shardctl` program
+//! named by [`Options::exe`] (the binary passes itself).
 //!
 //! - `e2e`: N no-op pull shards, one executor process with default flags, from dispatch to the
 //!   task's `completed` state; Redis's CPU and the executor process's.
@@ -31,8 +32,8 @@
 //!
 //! # Layout
 //! One file per scenario group (`queue`: e2e and dispatch; `holding`: idle and upkeep; `primes`,
-//! `small`, `rss`, `pickup`, `failover`, `cluster`, `bullmq`, `workers`), `process` (executor processes of this
-//! binary), `stats` (Redis `INFO` figures), `table` (medians against targets).
+//! `small`, `rss`, `pickup`, `failover`, `cluster`, `bullmq`, `workers`), `process` (executor processes of
+//! [`Options::exe`]), `stats` (Redis `INFO` figures), `table` (medians against targets).
 
 mod bullmq;
 mod cluster;
@@ -49,6 +50,7 @@ pub mod table;
 mod workers;
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 use clap::ValueEnum;
 use serde_json::json;
@@ -64,6 +66,8 @@ pub struct Options {
     pub runs: u32,
     /// The scenarios, in table order.
     pub scenarios: Vec<Scenario>,
+    /// The `shardctl` program the bench starts as executor processes.
+    pub exe: PathBuf,
 }
 
 /// One scenario of the bench.
@@ -130,6 +134,8 @@ pub(crate) struct Ctx {
     pub queue: String,
     pub keys: Home,
     pub shards: u64,
+    /// The `shardctl` program started as executor processes ([`Options::exe`]).
+    pub exe: PathBuf,
 }
 
 /// What a bench measured.
@@ -230,6 +236,7 @@ pub async fn run(url: &str, given: bool, prefix: &str, queue: &str, opts: &Optio
         prefix: prefix.to_owned(),
         queue: queue.to_owned(),
         shards: opts.shards,
+        exe: opts.exe.clone(),
     };
     let mut notes = Vec::new();
     if tracking.is_some() {

@@ -63,7 +63,7 @@ pub(crate) async fn run(ctx: &mut Ctx) -> anyhow::Result<Figures> {
         std::fs::write(&p, body)?;
         Ok(p)
     };
-    let clients = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients");
+    let clients = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../clients"));
     let py = format!("python3 {} {}", write("w.py", PY)?.display(), clients.join("python").display());
     let node = format!("node {} {}", write("w.js", NODE)?.display(), clients.join("node").display());
     let py_exec = format!("python3 {}", write("exec.py", PY_EXEC)?.display());
