@@ -28,7 +28,7 @@ mod cli;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let args = match cli::Args::parse_with_env() {
+    let args = match cli::Cli::parse_with_env() {
         Ok(args) => args,
         Err(e) => {
             let _ = e.print();
@@ -49,8 +49,8 @@ fn main() -> ExitCode {
     match rt.block_on(cli::run(args)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {}", cli::describe(&e));
-            ExitCode::from(cli::exit_code(&e))
+            eprintln!("error: {}", cli::exit::describe(&e));
+            ExitCode::from(cli::exit::exit_code(&e))
         }
     }
 }

@@ -10,7 +10,7 @@ use anyhow::{bail, Context};
 use serde::Deserialize;
 use tokio::process::Command;
 
-use super::{Ctx, Figures};
+use super::scenario::{Ctx, Figures};
 
 /// Most jobs BullMQ gets (its rate is steady well before).
 pub(crate) const CAP: u64 = 200_000;

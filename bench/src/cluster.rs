@@ -14,7 +14,8 @@ use shardctl_common::Home;
 use shardctl_coordinator::dispatch::{create_task, new_task_id};
 use tokio::process::{Child, Command};
 
-use super::{process, stats, Ctx, Figures};
+use super::scenario::{Ctx, Figures};
+use super::{process, stats};
 
 /// Masters of the cluster.
 const MASTERS: usize = 3;

@@ -12,7 +12,8 @@ use shardctl_common::model::TaskSpec;
 use shardctl_coordinator::dispatch::{create_task, new_task_id};
 use tokio::process::Child;
 
-use super::{process, stats, Ctx, Figures};
+use super::scenario::{Ctx, Figures};
+use super::{process, stats};
 
 /// Shards the killed executor holds.
 const SHARDS: u64 = 4;

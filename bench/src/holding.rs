@@ -14,7 +14,8 @@ use shardctl_executor::config::DEFAULT_BLOCK_TIMEOUT;
 use shardctl_executor::{Executor, ExecutorConfig, Registry};
 use tokio_util::sync::CancellationToken;
 
-use super::{stats, Ctx, Figures};
+use super::scenario::{Ctx, Figures};
+use super::stats;
 
 /// Idle executors.
 const IDLE: usize = 100;

@@ -44,99 +44,19 @@ mod primes;
 mod process;
 mod queue;
 mod rss;
+mod scenario;
 mod small;
 mod stats;
 pub mod table;
 mod workers;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
-use clap::ValueEnum;
 use serde_json::json;
-use shardctl_common::conn::Conn;
 use shardctl_common::{conn, Home};
 
-/// What to measure.
-#[derive(Debug, Clone)]
-pub struct Options {
-    /// Shards of the end-to-end and dispatch scenarios (BullMQ gets at most 200,000 jobs).
-    pub shards: u64,
-    /// Runs of each scenario; the table shows the medians.
-    pub runs: u32,
-    /// The scenarios, in table order.
-    pub scenarios: Vec<Scenario>,
-    /// The `shardctl` program the bench starts as executor processes.
-    pub exe: PathBuf,
-}
-
-/// One scenario of the bench.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
-pub enum Scenario {
-    /// End-to-end no-op throughput, one executor.
-    E2e,
-    /// Pull dispatch: O(1).
-    DispatchPull,
-    /// Consistent-hash dispatch over 8 live executors.
-    DispatchRouted,
-    /// Real work: coordination overhead against a plain program.
-    Primes,
-    /// Small shards, default flags: 20,000 shards vs 1 shard.
-    Small,
-    /// 100 idle executors.
-    Idle,
-    /// One executor holding 10,000 shards.
-    Upkeep,
-    /// Executor process RSS, idle and with 10,000 shards in flight.
-    Rss,
-    /// Dispatch → claim latency of an idle executor.
-    Pickup,
-    /// A SIGKILLed executor's shards held elsewhere.
-    Failover,
-    /// A private 3-master cluster: 1 partition against 3.
-    Cluster,
-    /// BullMQ's best case on the same Redis.
-    Bullmq,
-    /// Handlers in Python and Node: `--worker` and `--exec` against a built-in kind.
-    Workers,
-}
-
-impl Scenario {
-    /// Its name on the command line and in the table.
-    pub fn name(self) -> &'static str {
-        match self {
-            Scenario::E2e => "e2e",
-            Scenario::DispatchPull => "dispatch-pull",
-            Scenario::DispatchRouted => "dispatch-routed",
-            Scenario::Primes => "primes",
-            Scenario::Small => "small",
-            Scenario::Idle => "idle",
-            Scenario::Upkeep => "upkeep",
-            Scenario::Rss => "rss",
-            Scenario::Pickup => "pickup",
-            Scenario::Failover => "failover",
-            Scenario::Cluster => "cluster",
-            Scenario::Bullmq => "bullmq",
-            Scenario::Workers => "workers",
-        }
-    }
-}
-
-/// The named figures of one run of one scenario.
-pub type Figures = BTreeMap<&'static str, f64>;
-
-/// What every scenario works with.
-pub(crate) struct Ctx {
-    pub url: String,
-    pub endpoint: shardctl_common::conn::Endpoint,
-    pub con: Conn,
-    pub prefix: String,
-    pub queue: String,
-    pub keys: Home,
-    pub shards: u64,
-    /// The `shardctl` program started as executor processes ([`Options::exe`]).
-    pub exe: PathBuf,
-}
+use scenario::Ctx;
+pub use scenario::{Figures, Options, Scenario};
 
 /// What a bench measured.
 pub struct Report {

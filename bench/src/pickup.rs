@@ -26,7 +26,8 @@ use shardctl_common::scripts::scripts;
 use shardctl_coordinator::dispatch::{create_task, new_task_id};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{process, stats, Ctx, Figures};
+use super::scenario::{Ctx, Figures};
+use super::{process, stats};
 
 /// Latencies measured per run.
 const SAMPLES: usize = 250;

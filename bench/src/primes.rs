@@ -13,7 +13,8 @@ use shardctl_common::split::shard_range;
 use shardctl_coordinator::dispatch::{create_task, new_task_id};
 use shardctl_executor::builtin::count_primes;
 
-use super::{process, stats, Ctx, Figures};
+use super::scenario::{Ctx, Figures};
+use super::{process, stats};
 
 const ITEMS: u64 = 200_000_000;
 const SHARDS: u64 = 2000;

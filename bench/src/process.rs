@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::process::{Child, Command};
 
-use super::Ctx;
+use super::scenario::Ctx;
 
 /// USER_HZ, the unit of `utime`/`stime` in /proc: 100 on every Linux (what `getconf CLK_TCK`
 /// says; libc's `sysconf` would need a dependency for one constant).

@@ -8,7 +8,8 @@ use shardctl_common::ring::Strategy;
 use shardctl_coordinator::dispatch::{create_task, dispatch, new_task_id};
 use shardctl_coordinator::membership::{self, Member, MembershipConfig};
 
-use super::{process, stats, Ctx, Figures};
+use super::scenario::{Ctx, Figures};
+use super::{process, stats};
 
 /// Live members of the routed dispatch.
 const ROUTED_MEMBERS: usize = 8;

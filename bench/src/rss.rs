@@ -9,7 +9,8 @@ use shardctl_common::keys::ACTIVE_PIN;
 use shardctl_common::model::TaskSpec;
 use shardctl_coordinator::dispatch::{create_task, new_task_id};
 
-use super::{process, stats, Ctx, Figures};
+use super::scenario::{Ctx, Figures};
+use super::{process, stats};
 
 /// Shards in flight.
 const IN_FLIGHT: u64 = 10_000;

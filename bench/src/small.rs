@@ -15,7 +15,8 @@ use shardctl_common::model::TaskSpec;
 use shardctl_coordinator::dispatch::{create_task, new_task_id};
 use shardctl_executor::builtin::count_primes;
 
-use super::{process, stats, Ctx, Figures};
+use super::scenario::{Ctx, Figures};
+use super::{process, stats};
 
 const ITEMS: u64 = 200_000_000;
 const SHARDS: u64 = 20_000;

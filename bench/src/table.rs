@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::{Figures, Scenario};
+use super::scenario::{Figures, Scenario};
 
 /// One line of the table.
 #[derive(Debug, Clone, Serialize)]

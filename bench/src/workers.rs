@@ -16,7 +16,8 @@ use anyhow::{ensure, Context};
 use shardctl_common::model::TaskSpec;
 use shardctl_coordinator::dispatch::{create_task, new_task_id};
 
-use super::{process, stats, Ctx, Figures};
+use super::scenario::{Ctx, Figures};
+use super::{process, stats};
 
 const SLEEP_SHARDS: u64 = 2_000;
 const EXEC_SHARDS: u64 = 200;

@@ -8,7 +8,7 @@ use clap::{Parser, ValueEnum};
 use shardctl_bench::{self as bench, Options, Scenario};
 use tokio_util::sync::CancellationToken;
 
-use super::{exit, redis_server::RedisServer, Args};
+use super::{args::Args, exit, redis_server::RedisServer};
 
 #[derive(Debug, Parser)]
 #[command(after_help = "\

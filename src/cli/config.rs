@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use shardctl_common::control;
 
-use super::{connect, Args};
+use super::args::{connect, Args};
 
 #[derive(Debug, Parser)]
 pub struct ConfigArgs {

@@ -7,7 +7,7 @@ use clap::Parser;
 use shardctl_common::control::{self, RateLimit};
 use shardctl_common::{Error, ScriptCode};
 
-use super::{connect, duration, Args};
+use super::args::{connect, duration, Args};
 
 #[derive(Debug, Parser)]
 pub struct TaskIdArg {
@@ -37,7 +37,7 @@ pub struct LimitArgs {
 }
 
 pub async fn cancel(args: &Args, a: &TaskIdArg) -> anyhow::Result<ExitCode> {
-    let id = super::task_id(&a.task)?;
+    let id = super::args::task_id(&a.task)?;
     let (_, mut con) = connect(args).await?;
     let stopped = control::cancel(&mut con, &args.keys()?, id).await?;
     outln!("task {id} cancelled: {stopped} running shards are told to stop at their executors' next heartbeat");
@@ -45,7 +45,7 @@ pub async fn cancel(args: &Args, a: &TaskIdArg) -> anyhow::Result<ExitCode> {
 }
 
 pub async fn retry(args: &Args, a: &TaskIdArg) -> anyhow::Result<ExitCode> {
-    let id = super::task_id(&a.task)?;
+    let id = super::args::task_id(&a.task)?;
     let (_, mut con) = connect(args).await?;
     let keys = args.keys()?;
     let before = shardctl_coordinator::progress::task(&mut con, &keys, id).await?;

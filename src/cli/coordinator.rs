@@ -10,7 +10,7 @@ use shardctl_coordinator::daemon::{self, DaemonConfig};
 use shardctl_coordinator::sweep::{SweepConfig, DEFAULT_MAX_STALLED};
 use tokio_util::sync::CancellationToken;
 
-use super::{connect, duration, Args};
+use super::args::{connect, duration, Args};
 
 #[derive(Debug, Parser)]
 pub struct CoordinatorArgs {

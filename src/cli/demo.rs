@@ -15,7 +15,7 @@ use shardctl_executor::builtin::count_primes;
 use shardctl_executor::{ExecutorConfig, Registry};
 use tokio_util::sync::CancellationToken;
 
-use super::{redis_server::RedisServer, Args};
+use super::{args::Args, redis_server::RedisServer};
 
 #[derive(Debug, Parser)]
 pub struct DemoArgs {

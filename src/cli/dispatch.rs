@@ -8,8 +8,8 @@ use shardctl_common::ring::Strategy;
 use shardctl_common::Error;
 use shardctl_coordinator::dispatch::{dispatch, new_task_id};
 
+use super::args::{connect, duration, Args};
 use super::task_args::TaskArgs;
-use super::{connect, duration, Args};
 
 #[derive(Debug, Parser)]
 pub struct DispatchArgs {

@@ -15,7 +15,7 @@ use shardctl_executor::config::{self as cfg, ExecutorConfig};
 use shardctl_executor::worker::{self, WorkerAggregator, WorkerHandler};
 use shardctl_executor::Registry;
 
-use super::{duration, Args};
+use super::args::{duration, Args};
 
 #[derive(Debug, Parser)]
 pub struct ExecutorArgs {

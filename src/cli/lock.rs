@@ -14,8 +14,8 @@ use shardctl::locked::{self, signal_name, AnyLock, Ended, Locked};
 use shardctl_common::lock::{LockKeys, RedisLock, Redlock};
 use shardctl_common::{conn, Error};
 
+use super::args::{duration, Args};
 use super::exit;
-use super::{duration, Args};
 
 /// The exit codes, as `shardctl lock --help` shows them (checked against [`exit`] by a test).
 pub const EXIT_HELP: &str = "\
@@ -60,7 +60,7 @@ pub async fn run(args: &Args, a: &LockArgs) -> anyhow::Result<ExitCode> {
     let code = match run_locked(args, a).await {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {}", super::describe(&e));
+            eprintln!("error: {}", super::exit::describe(&e));
             exit::FAILED
         }
     };

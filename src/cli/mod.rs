@@ -1,22 +1,23 @@
 //! The argument model and the dispatch to one file per command.
 
-/// `println!` that survives a closed stdout: see [`write_stdout`].
+/// `println!` that survives a closed stdout: see [`stdout::write_stdout`].
 macro_rules! outln {
     () => {
-        $crate::cli::write_stdout(format_args!(""), true)
+        $crate::cli::stdout::write_stdout(format_args!(""), true)
     };
     ($($t:tt)*) => {
-        $crate::cli::write_stdout(format_args!($($t)*), true)
+        $crate::cli::stdout::write_stdout(format_args!($($t)*), true)
     };
 }
 
 /// `print!` that survives a closed stdout.
 macro_rules! out {
     ($($t:tt)*) => {
-        $crate::cli::write_stdout(format_args!($($t)*), false)
+        $crate::cli::stdout::write_stdout(format_args!($($t)*), false)
     };
 }
 
+mod args;
 mod bar;
 mod bench;
 mod config;
@@ -33,15 +34,16 @@ mod results;
 mod ring;
 mod schedule;
 mod status;
+pub mod stdout;
 mod task_args;
 mod wait;
 mod watch;
 
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use shardctl_common::Home;
+
+pub use args::Args;
 
 /// Split one large batch task into shards and run them on many machines through Redis.
 ///
@@ -49,112 +51,43 @@ use shardctl_common::Home;
 /// SHARDCTL_QUEUE, SHARDCTL_LOG, SHARDCTL_LOG_FORMAT); the command line wins.
 #[derive(Debug, Parser)]
 #[command(name = "shardctl", version, about, propagate_version = true)]
-pub struct Args {
-    /// Redis URL: `redis://[user:password@]host:port[/db]`, `rediss://…` for TLS, or a cluster
-    /// `redis+cluster://[user:password@]host:port,host:port` (`rediss+cluster://` for TLS).
-    /// Default: SHARDCTL_REDIS, else redis://127.0.0.1:6379.
-    #[arg(long, global = true, value_name = "URL", help_heading = GLOBAL)]
-    pub redis: Option<String>,
-    /// Read the Redis URL from this file (its first line), so a password stays out of the
-    /// process list; takes the place of `--redis` (and of SHARDCTL_REDIS).
-    #[arg(long, global = true, value_name = "FILE", help_heading = GLOBAL)]
-    pub redis_url_file: Option<std::path::PathBuf>,
-    /// Queue name: executors serve one queue. Default: SHARDCTL_QUEUE, else `default`.
-    #[arg(long, global = true, value_name = "NAME", default_value = "default", hide_default_value = true,
-          value_parser = queue_name, help_heading = GLOBAL)]
-    pub queue: String,
-    /// Prefix of every Redis key.
-    #[arg(long, global = true, default_value = "shardctl", value_parser = key_prefix, help_heading = GLOBAL)]
-    pub prefix: String,
-    /// Log filter (error, warn, info, debug, or per module); logs go to stderr. Default:
-    /// SHARDCTL_LOG, else info for executor and coordinator, warn for the rest.
-    #[arg(long, global = true, value_name = "FILTER", help_heading = GLOBAL)]
-    pub log: Option<String>,
-    /// Log lines as text, or as one JSON object per line (`json`: time, level, message and
-    /// each field under its name, for a log shipper). Default: SHARDCTL_LOG_FORMAT, else text.
-    #[arg(long, global = true, value_enum, default_value = "text", hide_default_value = true,
-          help_heading = GLOBAL)]
-    pub log_format: LogFormat,
+pub struct Cli {
+    #[command(flatten)]
+    pub args: Args,
     #[command(subcommand)]
     pub command: Command,
 }
 
-/// The heading of the options every command takes.
-const GLOBAL: &str = "Global options";
-
-impl Args {
+impl Cli {
     /// Parses the command line, then takes each global option not given on it from its
     /// environment variable. Read by hand, not by clap's `env`: clap counts an option taken from
     /// the environment as given, and prints it in the usage line of every error.
-    pub fn parse_with_env() -> Result<Args, clap::Error> {
+    pub fn parse_with_env() -> Result<Cli, clap::Error> {
         use clap::{CommandFactory, FromArgMatches};
-        let matches = Args::command().try_get_matches()?;
-        let mut args = Args::from_arg_matches(&matches)?;
+        let matches = Cli::command().try_get_matches()?;
+        let mut cli = Cli::from_arg_matches(&matches)?;
+        let args = &mut cli.args;
         let from_env = |id: &str, var: &str| -> Option<String> {
             if matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine) {
                 return None;
             }
             std::env::var(var).ok().filter(|v| !v.is_empty())
         };
-        let bad = |var: &str, e: String| {
-            Args::command().error(clap::error::ErrorKind::ValueValidation, format!("{var}: {e}"))
-        };
+        let bad =
+            |var: &str, e: String| Cli::command().error(clap::error::ErrorKind::ValueValidation, format!("{var}: {e}"));
         // the file takes the place of SHARDCTL_REDIS
         if args.redis_url_file.is_none() {
             args.redis = args.redis.take().or_else(|| from_env("redis", "SHARDCTL_REDIS"));
         }
         if let Some(q) = from_env("queue", "SHARDCTL_QUEUE") {
-            args.queue = queue_name(&q).map_err(|e| bad("SHARDCTL_QUEUE", e))?;
+            args.queue = args::queue_name(&q).map_err(|e| bad("SHARDCTL_QUEUE", e))?;
         }
         args.log = args.log.take().or_else(|| from_env("log", "SHARDCTL_LOG"));
         if let Some(f) = from_env("log_format", "SHARDCTL_LOG_FORMAT") {
-            args.log_format = <LogFormat as clap::ValueEnum>::from_str(&f, true)
+            args.log_format = <args::LogFormat as clap::ValueEnum>::from_str(&f, true)
                 .map_err(|_| bad("SHARDCTL_LOG_FORMAT", format!("'{f}' is not text or json")))?;
         }
-        Ok(args)
-    }
-}
-
-/// How log lines are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
-    /// `TIME LEVEL message field=value …`, coloured on a terminal.
-    Text,
-    /// One JSON object per line: `timestamp`, `level`, `fields` (`message` and each field).
-    Json,
-}
-
-/// The default Redis URL.
-pub const DEFAULT_REDIS: &str = "redis://127.0.0.1:6379";
-
-impl Args {
-    /// The Redis URL given by `--redis` or `--redis-url-file`, if any. An unreadable or empty
-    /// file is bad usage (exit 2); the error names the file, never its content.
-    pub(crate) fn given_redis(&self) -> anyhow::Result<Option<String>> {
-        let Some(path) = &self.redis_url_file else { return Ok(self.redis.clone()) };
-        // the file overrides SHARDCTL_REDIS (not taken then), but both on the command line is
-        // a mistake
-        if self.redis.is_some() {
-            return Err(shardctl_common::Error::invalid("give --redis or --redis-url-file, not both").into());
-        }
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            shardctl_common::Error::invalid(format!("cannot read --redis-url-file {}: {e}", path.display()))
-        })?;
-        match text.lines().next().map(str::trim).filter(|l| !l.is_empty()) {
-            Some(url) => Ok(Some(url.to_owned())),
-            None => Err(shardctl_common::Error::invalid(format!(
-                "--redis-url-file {} holds no URL on its first line",
-                path.display()
-            ))
-            .into()),
-        }
-    }
-    fn redis_url(&self) -> anyhow::Result<String> {
-        Ok(self.given_redis()?.unwrap_or_else(|| DEFAULT_REDIS.to_owned()))
-    }
-    /// The queue's keys; clap has checked both names already, `Keys::new` checks them again.
-    fn keys(&self) -> anyhow::Result<Home> {
-        Ok(Home::new(&self.prefix, &self.queue)?)
+        Ok(cli)
     }
 }
 
@@ -204,24 +137,10 @@ pub enum Command {
     Bench(bench::BenchArgs),
 }
 
-fn queue_name(s: &str) -> Result<String, String> {
-    shardctl_common::names::validate_queue(s).map_err(|e| e.to_string())?;
-    Ok(s.to_owned())
-}
-
-fn key_prefix(s: &str) -> Result<String, String> {
-    shardctl_common::names::validate_prefix(s).map_err(|e| e.to_string())?;
-    Ok(s.to_owned())
-}
-
-/// Parses durations such as `500ms`, `5s`, `2m`.
-pub fn duration(s: &str) -> Result<Duration, String> {
-    shardctl_common::time::parse_duration(s)
-}
-
 /// Installs the log subscriber; a filter that does not parse is refused (bad usage).
-pub fn init_logging(args: &Args) -> Result<(), String> {
-    let default = match args.command {
+pub fn init_logging(cli: &Cli) -> Result<(), String> {
+    let args = &cli.args;
+    let default = match cli.command {
         Command::Executor(_) | Command::Coordinator(_) => "info",
         _ => "warn",
     };
@@ -232,14 +151,15 @@ pub fn init_logging(args: &Args) -> Result<(), String> {
     use std::io::IsTerminal;
     let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false);
     match args.log_format {
-        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
-        LogFormat::Json => logs.json().with_ansi(false).init(),
+        args::LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+        args::LogFormat::Json => logs.json().with_ansi(false).init(),
     }
     Ok(())
 }
 
-pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
-    match &args.command {
+pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let args = cli.args;
+    match &cli.command {
         Command::Dispatch(a) => dispatch::run(&args, a).await,
         Command::Executor(a) => executor::run(&args, a).await,
         Command::Coordinator(a) => coordinator::run(&args, a).await,
@@ -262,74 +182,16 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// The message of an error for the terminal: Redis's refusals of authentication and
-/// permission (repeated once per pipelined command) become one sentence that says what to do.
-pub fn describe(e: &anyhow::Error) -> String {
-    let text = format!("{e:#}");
-    if text.contains("NOAUTH") {
-        return "redis requires authentication: put the user and password in the URL \
-                (redis://user:password@host:port), best through --redis-url-file F"
-            .into();
-    }
-    if text.contains("NoPerm") || text.contains("NOPERM") {
-        // redis's own words name the command or key; once, not once per pipelined command
-        let said = text.split("error: ").nth(1).and_then(|s| s.split(')').next()).unwrap_or("");
-        return format!(
-            "the redis user lacks a permission shardctl needs (a command, or the keys ~{{PREFIX:*): \
-             see docs/operations.md, 'Production Redis', for the minimal ACL (redis said: {said})"
-        );
-    }
-    text
-}
-
 /// The exit code of a command line clap refused: clap's own (2; 0 for --help), except for
 /// `shardctl lock`, whose own failures must not look like its command's exit codes.
 pub fn usage_exit_code(e: &clap::Error) -> u8 {
     use clap::CommandFactory;
     if e.use_stderr() {
         // parsed again, as far as it goes, only to learn which subcommand was meant
-        let meant = Args::command().ignore_errors(true).try_get_matches().ok();
+        let meant = Cli::command().ignore_errors(true).try_get_matches().ok();
         if meant.as_ref().and_then(|m| m.subcommand_name()) == Some("lock") {
             return exit::FAILED;
         }
     }
     e.exit_code().clamp(0, 255) as u8
-}
-
-/// Bad input exits 2, everything else 1 (`lock` maps its own: see [`exit`]).
-pub fn exit_code(e: &anyhow::Error) -> u8 {
-    match e.downcast_ref::<shardctl_common::Error>() {
-        Some(shardctl_common::Error::Invalid(_) | shardctl_common::Error::Refused { .. }) => exit::USAGE,
-        _ => exit::ERROR,
-    }
-}
-
-/// Checks a task id given on the command line: one that cannot exist is bad usage.
-pub fn task_id(id: &str) -> anyhow::Result<&str> {
-    shardctl_common::names::validate_task_id(id)?;
-    Ok(id)
-}
-
-/// Connects a manager, with the URL (password hidden) in the error.
-pub async fn connect(args: &Args) -> anyhow::Result<(shardctl_common::conn::Endpoint, shardctl_common::conn::Conn)> {
-    let endpoint = shardctl_common::conn::open(&args.redis_url()?)?;
-    let con = endpoint.manager().await?;
-    Ok((endpoint, con))
-}
-
-/// Writes to stdout (and a newline when `line`). `shardctl status | head -1`: when the reader
-/// went away (the write fails with `BrokenPipe`), that is no error of ours, so end quietly with
-/// 0 as a filter would; any other failure to write stdout (a full disk) exits 1 with a message.
-/// Rust ignores SIGPIPE, and turning it back on would take `unsafe` code.
-pub fn write_stdout(args: std::fmt::Arguments<'_>, line: bool) {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    let written = out.write_fmt(args).and_then(|()| if line { out.write_all(b"\n") } else { Ok(()) });
-    if let Err(e) = written.and_then(|()| if line { Ok(()) } else { out.flush() }) {
-        if e.kind() == std::io::ErrorKind::BrokenPipe {
-            std::process::exit(0);
-        }
-        eprintln!("error: writing to stdout: {e}");
-        std::process::exit(exit::ERROR.into());
-    }
 }

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use shardctl_common::control;
 
-use super::{connect, Args};
+use super::args::{connect, Args};
 
 pub async fn run(args: &Args, paused: bool) -> anyhow::Result<ExitCode> {
     let (_, mut con) = connect(args).await?;

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use shardctl_common::share::{self, Stored};
 
-use super::{connect, Args};
+use super::args::{connect, Args};
 
 /// Shards read per page.
 const PAGE: u64 = 1000;
@@ -19,7 +19,7 @@ pub struct ResultsArgs {
 }
 
 pub async fn run(args: &Args, a: &ResultsArgs) -> anyhow::Result<ExitCode> {
-    super::task_id(&a.task)?;
+    super::args::task_id(&a.task)?;
     let (_, mut con) = connect(args).await?;
     let home = args.keys()?;
     let t = shardctl_coordinator::progress::task(&mut con, &home, &a.task).await?;

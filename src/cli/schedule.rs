@@ -10,8 +10,8 @@ use shardctl_common::schedule::{self, Misfire, Overlap, Schedule, DEFAULT_MISFIR
 use shardctl_common::time::{now_ms, server_now_ms};
 use shardctl_common::Error;
 
+use super::args::{connect, duration, Args};
 use super::task_args::TaskArgs;
-use super::{connect, duration, Args};
 
 #[derive(Debug, Parser)]
 pub struct ScheduleArgs {

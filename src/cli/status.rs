@@ -6,7 +6,7 @@ use clap::Parser;
 use shardctl_common::model::TaskInfo;
 use shardctl_coordinator::progress;
 
-use super::{connect, Args};
+use super::args::{connect, Args};
 
 #[derive(Debug, Parser)]
 pub struct StatusArgs {
@@ -22,7 +22,7 @@ pub struct StatusArgs {
 
 pub async fn run(args: &Args, a: &StatusArgs) -> anyhow::Result<ExitCode> {
     if let Some(id) = &a.task {
-        super::task_id(id)?;
+        super::args::task_id(id)?;
     }
     let (_, mut con) = connect(args).await?;
     let keys = args.keys()?;

@@ -8,7 +8,7 @@ use shardctl_common::model::{TaskSpec, DEFAULT_ATTEMPTS};
 use shardctl_common::ring::{Strategy, DEFAULT_VNODES};
 use shardctl_common::Error;
 
-use super::duration;
+use super::args::duration;
 
 #[derive(Debug, Clone, ClapArgs)]
 pub struct TaskArgs {

@@ -9,7 +9,8 @@ use shardctl_common::model::{TaskInfo, TaskState};
 use shardctl_coordinator::stuck::Stuck;
 use shardctl_coordinator::wait::wait_explained;
 
-use super::{bar::Bar, connect, duration, exit, Args};
+use super::args::{connect, duration, Args};
+use super::{bar::Bar, exit};
 
 #[derive(Debug, Parser)]
 pub struct WaitArgs {
@@ -24,7 +25,7 @@ pub struct WaitArgs {
 }
 
 pub async fn run(args: &Args, a: &WaitArgs) -> anyhow::Result<ExitCode> {
-    super::task_id(&a.task)?;
+    super::args::task_id(&a.task)?;
     let (_, mut con) = connect(args).await?;
     wait_or_interrupt(&mut con, args, &a.task, a.timeout, a.json).await
 }

@@ -6,7 +6,7 @@ use clap::Parser;
 use redis::streams::{StreamReadOptions, StreamReadReply};
 use redis::AsyncCommands;
 
-use super::{connect, Args};
+use super::args::{connect, Args};
 
 #[derive(Debug, Parser)]
 pub struct WatchArgs {
@@ -26,7 +26,7 @@ pub struct WatchArgs {
 
 pub async fn run(args: &Args, a: &WatchArgs) -> anyhow::Result<ExitCode> {
     if let Some(t) = &a.task {
-        super::task_id(t)?;
+        super::args::task_id(t)?;
     }
     let (endpoint, mut plain) = connect(args).await?;
     let keys = args.keys()?;

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::ops::RangeInclusive;
 
 use super::reply::Reply;
-use super::Dashboard;
+use super::settings::Dashboard;
 
 /// The query parameters each read takes; any other is refused (400).
 pub fn params(path: &[&str]) -> &'static [&'static str] {

@@ -11,8 +11,9 @@ use hyper::body::{Bytes, Incoming};
 use hyper::header::HeaderValue;
 use hyper::{Method, Request, Response, StatusCode};
 
+use super::api;
 use super::reply::Reply;
-use super::{api, Dashboard};
+use super::settings::Dashboard;
 
 /// Every response's policy: nothing but this server's own script, style and API.
 pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \

@@ -3,7 +3,8 @@
 //! it reads and at what cost, the token, the headers) are in ARCHITECTURE.md, "Dashboard".
 //!
 //! # Layout
-//! - `mod.rs`: [`Dashboard`] (its settings) and [`serve`], the listener loop.
+//! - `mod.rs`: [`serve`], the listener loop.
+//! - `settings.rs`: [`Dashboard`] (its settings) and [`read_token`].
 //! - `http.rs`: requests and responses: routing by method and path, the security headers, the
 //!   token check, the query string.
 //! - `api.rs`: each API endpoint, a read or an action on the queue.
@@ -16,52 +17,15 @@ mod api;
 mod http;
 mod reads;
 mod reply;
+mod settings;
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::Arc;
 
-use shardctl_common::conn::Conn;
-use shardctl_common::{Error, Home, Result};
+use shardctl_common::{Error, Result};
 use tokio_util::sync::CancellationToken;
 
-/// A dashboard of one queue.
-pub struct Dashboard {
-    con: Conn,
-    keys: Home,
-    /// The action token; `None`: read-only.
-    token: Option<String>,
-    reads: reads::Reads,
-    /// The `Host` values answered (set when listening on loopback); `None`: any.
-    hosts: Option<Vec<String>>,
-}
-
-impl Dashboard {
-    /// A dashboard reading `keys`' queue through `con`; actions need `token` (none: read-only).
-    pub fn new(con: Conn, keys: Home, token: Option<String>) -> Self {
-        Dashboard { con, keys, token, reads: reads::Reads::new(), hosts: None }
-    }
-
-    /// Whether actions are refused (no token configured).
-    pub fn read_only(&self) -> bool {
-        self.token.is_none()
-    }
-}
-
-/// Reads the action token from `path`: its first line, at least 16 characters (a token that
-/// short is guessable), printable ASCII.
-pub fn read_token(path: &Path) -> Result<String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| Error::invalid(format!("cannot read the token file {}: {e}", path.display())))?;
-    let token = text.lines().next().map(str::trim).unwrap_or_default();
-    if token.len() < 16 || !token.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(Error::invalid(format!(
-            "the token file {} must hold a token of at least 16 printable ASCII characters on its first line",
-            path.display()
-        )));
-    }
-    Ok(token.to_owned())
-}
+pub use settings::{read_token, Dashboard};
 
 /// Connections served at once; more wait to be accepted.
 const MAX_CONNECTIONS: usize = 256;

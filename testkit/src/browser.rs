@@ -1,7 +1,7 @@
 //! A headless Chromium driven over WebDriver: a private `chromedriver` on a free port (killed on
 //! drop) and a [`fantoccini`] session against it. Chromium and chromedriver are the Debian
 //! packages `chromium` and `chromium-driver`; without them [`Browser::start`] returns `None`
-//! outside CI and fails the test under `CI=true` ([`crate::tool_available`]).
+//! outside CI and fails the test under `CI=true` ([`crate::machine::tool_available`]).
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -20,14 +20,14 @@ pub struct Browser {
 impl Browser {
     /// Starts chromedriver and a headless Chromium session (a 1280×1000 window).
     pub async fn start() -> Option<Browser> {
-        if !crate::tool_available(
+        if !crate::machine::tool_available(
             "chromedriver",
             &["--version"],
             "the dashboard's browser tests (Debian: chromium-driver)",
         ) {
             return None;
         }
-        let port = crate::free_port();
+        let port = crate::machine::free_port();
         let mut cmd = Command::new("chromedriver");
         cmd.arg(format!("--port={port}")).stdout(Stdio::null());
         let driver = Process::spawn(cmd, "chromedriver");

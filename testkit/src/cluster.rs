@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::{free_port, temp_dir};
+use crate::machine::{free_port, temp_dir};
 
 /// A private Redis Cluster, killed on drop.
 pub struct TestCluster {

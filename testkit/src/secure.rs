@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::{free_port, temp_dir};
+use crate::machine::{free_port, temp_dir};
 
 /// A redis-server behind a password and ACL users, optionally TLS only; killed on drop.
 pub struct SecureRedis {
@@ -173,7 +173,7 @@ impl SecureRedis {
 impl Drop for SecureRedis {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            crate::print_log_tail(self.port, &self.log());
+            crate::machine::print_log_tail(self.port, &self.log());
         }
         self.stop();
         let _ = std::fs::remove_dir_all(&self.dir);
