@@ -307,6 +307,7 @@ fn median_figures(runs: &[Figures]) -> Figures {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::ValueEnum;
 
     #[test]
     fn medians_of_odd_and_even_runs() {
