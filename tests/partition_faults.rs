@@ -403,7 +403,7 @@ async fn a_refused_retry_of_a_share_leaves_its_round() {
     let pk = layout.parts[0].clone();
     shardctl_common::control::cancel_in(&mut con, &pk, "c").await.unwrap();
     let before: Option<String> = redis::cmd("HGET").arg(pk.task("c")).arg("round").query_async(&mut con).await.unwrap();
-    let r = shardctl_common::control::retry_in_round(&mut con, &pk, "c", Some(7)).await;
+    let r = shardctl_common::retry::retry_in_round(&mut con, &pk, "c", Some(7)).await;
     assert!(r.is_err(), "a cancelled share is not retried: {r:?}");
     let after: Option<String> = redis::cmd("HGET").arg(pk.task("c")).arg("round").query_async(&mut con).await.unwrap();
     assert_eq!(before, after, "a refused retry writes nothing");

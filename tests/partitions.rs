@@ -495,7 +495,11 @@ async fn a_share_counted_while_a_retry_reads_is_retried_not_stranded() {
         .unwrap();
     assert_eq!((state.as_str(), done, failed, p1.as_deref(), p2), ("running", 2, 0, Some("2/0"), None));
     // the whole retry then ends the task with every shard done
-    assert_eq!(partition::retry(&mut con, &home, "x").await.unwrap(), 2, "the failed share's shards run again");
+    assert_eq!(
+        shardctl_common::retry::retry(&mut con, &home, "x").await.unwrap(),
+        2,
+        "the failed share's shards run again"
+    );
     run_share(&mut con, &layout.parts[1], 3, false).await;
     assert_eq!(shardctl_coordinator::partitions::report_pending(&mut con, &layout).await.unwrap(), 1);
     let (state, done): (String, u64) =
@@ -1147,6 +1151,10 @@ async fn a_share_created_after_a_cancel_is_cancelled_and_a_round_retries_once() 
     shardctl_coordinator::partitions::report_pending(&mut con, &layout).await.unwrap();
     let round = scripts::reopen(&mut con, &home, "f", None, &[1, 2]).await.unwrap();
     assert_eq!(round, 1);
-    assert_eq!(partition::resume_retries(&mut con, &layout, "f", 1).await.unwrap(), 4);
-    assert_eq!(partition::resume_retries(&mut con, &layout, "f", 1).await.unwrap(), 0, "retried twice in one round");
+    assert_eq!(shardctl_common::retry::resume_retries(&mut con, &layout, "f", 1).await.unwrap(), 4);
+    assert_eq!(
+        shardctl_common::retry::resume_retries(&mut con, &layout, "f", 1).await.unwrap(),
+        0,
+        "retried twice in one round"
+    );
 }

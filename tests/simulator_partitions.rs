@@ -178,7 +178,7 @@ impl Sim {
                 r.map(|_| ()).map_err(|e| format!("clean: {e}"))
             }
             9 => {
-                let r = control::retry(&mut self.con, &self.layout.home, &id).await;
+                let r = shardctl_common::retry::retry(&mut self.con, &self.layout.home, &id).await;
                 self.note(format!("#{n} retry {id}: {r:?}"));
                 // now and then the home's master fails over to a replica that never saw the
                 // retry's reopen, while the shares keep their retry (they run a round ahead)

@@ -1,4 +1,4 @@
-//! Controls over tasks and queues once dispatched: cancel, retry, clean, pause and resume, the
+//! Controls over tasks and queues once dispatched: cancel, clean, pause and resume, the
 //! queue's settings, and the queue-wide rate limit the claim script enforces. Each is one script
 //! call (or a few hash writes).
 
@@ -11,35 +11,6 @@ use crate::error::{Error, Result, ScriptCode};
 use crate::home::Home;
 use crate::keys::Keys;
 use crate::scripts::{scripts, KeyArgs};
-
-pub(crate) fn refused(id: &str, code: i64, what: &str) -> Error {
-    match ScriptCode::from_code(code) {
-        Some(ScriptCode::TaskMissing) => Error::NoTask(id.to_owned()),
-        Some(c @ ScriptCode::TaskEnded) if what == "cancel" => {
-            Error::refused(c, format!("task '{id}' already ended: nothing to cancel"))
-        }
-        Some(c @ ScriptCode::TaskEnded) => {
-            Error::refused(c, format!("task '{id}' was cancelled: dispatch it again instead"))
-        }
-        Some(c @ ScriptCode::ResultsDiscarded) => Error::refused(
-            c,
-            format!(
-                "task '{id}' kept no per-shard results (keep_results false) and has ended: the results of its \
-                 completed shards are gone, so its aggregation cannot run again; dispatch it again instead"
-            ),
-        ),
-        Some(c @ ScriptCode::LayoutChanged) => Error::refused(
-            c,
-            format!(
-                "task '{id}' ran over partitions the queue no longer has (`config --partitions` changed them, or \
-                 they were re-placed over the cluster's masters since): no executor serves them now; dispatch it \
-                 again instead"
-            ),
-        ),
-        Some(c) => Error::refused(c, format!("cannot {what} task '{id}': {c}")),
-        None => Error::Protocol(format!("unexpected reply {code} to {what}")),
-    }
-}
 
 /// Cancels task `id`: nothing of it is claimed again, its running shards are stopped at their
 /// executors' next heartbeat, and it ends `cancelled` without aggregation. Returns how many
@@ -91,40 +62,7 @@ pub async fn cancel_in<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &
         .invoke_async(con)
         .await?;
     if code < 0 {
-        return Err(refused(id, code, "cancel"));
-    }
-    Ok(code as u64)
-}
-
-/// Runs the failed shards of task `id` again (or its failed aggregation); aggregation follows
-/// once every shard is terminal. Returns how many shards go again (1 for an aggregation alone);
-/// 0 when nothing had failed.
-pub async fn retry<C: ConnectionLike + Send>(con: &mut C, keys: &Home, id: &str) -> Result<u64> {
-    crate::names::validate_task_id(id)?;
-    crate::partition::retry(con, keys, id).await
-}
-
-/// `retry.lua` on task `id` of one keyspace.
-pub(crate) async fn retry_here<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, id: &str) -> Result<u64> {
-    retry_in_round(con, keys, id, None).await
-}
-
-/// `retry.lua` on task `id` of one keyspace; a share of a partitioned task with the home's new
-/// `round` (the share takes it in the same call, and is not retried twice in one round).
-pub async fn retry_in_round<C: ConnectionLike + Send>(
-    con: &mut C,
-    keys: &Keys,
-    id: &str,
-    round: Option<u64>,
-) -> Result<u64> {
-    let mut inv = scripts().retry.keyed(keys, &KeyArgs { task: Some(id), ..Default::default() });
-    inv.arg(keys.prefix()).arg(id);
-    if let Some(r) = round {
-        inv.arg(r);
-    }
-    let code: i64 = inv.invoke_async(con).await?;
-    if code < 0 {
-        return Err(refused(id, code, "retry"));
+        return Err(crate::error::refused(id, code, "cancel"));
     }
     Ok(code as u64)
 }
@@ -135,10 +73,10 @@ pub async fn retry_in_round<C: ConnectionLike + Send>(
 pub async fn clean<C: ConnectionLike + Send>(con: &mut C, home: &Home, older_than: Option<Duration>) -> Result<u64> {
     let removed = clean_in(con, home, older_than).await?;
     // a partitioned queue: the shares of the tasks removed go too
-    let layout = crate::partition::layout(con, home).await?;
+    let layout = crate::partition::layout::layout(con, home).await?;
     // (or was: its retired partitions are emptied the same way)
     if removed > 0 || older_than.is_some() {
-        crate::partition::drop_orphans(con, &layout).await?;
+        crate::partition::layout::drop_orphans(con, &layout).await?;
     }
     Ok(removed)
 }
@@ -185,7 +123,7 @@ pub async fn set_limit<C: ConnectionLike + Send + Sync>(
 ) -> Result<()> {
     // a partitioned queue's limit is split evenly over its partitions (each claims in its own
     // slot): ⌈max / K⌉ each, so together they start at most max + K - 1 per window
-    let mut layout = crate::partition::layout(con, keys).await?;
+    let mut layout = crate::partition::layout::layout(con, keys).await?;
     loop {
         let k = layout.count() as u64;
         for pk in &layout.parts {
@@ -205,9 +143,9 @@ pub async fn set_limit<C: ConnectionLike + Send + Sync>(
 async fn again<C: ConnectionLike + Send>(
     con: &mut C,
     keys: &Home,
-    layout: &crate::partition::Layout,
-) -> Result<Option<crate::partition::Layout>> {
-    let now = crate::partition::layout(con, keys).await?;
+    layout: &crate::partition::layout::Layout,
+) -> Result<Option<crate::partition::layout::Layout>> {
+    let now = crate::partition::layout::layout(con, keys).await?;
     Ok((now != *layout).then_some(now))
 }
 
@@ -262,7 +200,7 @@ pub async fn limit<C: ConnectionLike + Send>(con: &mut C, keys: &Home) -> Result
 /// running shards go on and finish.
 pub async fn pause<C: ConnectionLike + Send>(con: &mut C, keys: &Home) -> Result<()> {
     // the home last: `status` reads it, and says paused only once every partition is
-    let mut layout = crate::partition::layout(con, keys).await?;
+    let mut layout = crate::partition::layout::layout(con, keys).await?;
     loop {
         for k in layout.parts.iter().chain([keys.keys()]) {
             let () = redis::cmd("HSET").arg(k.meta()).arg("paused").arg(1).query_async(con).await?;
@@ -276,7 +214,7 @@ pub async fn pause<C: ConnectionLike + Send>(con: &mut C, keys: &Home) -> Result
 
 /// Resumes a paused queue and wakes its blocked executors at once (each passes the wake-up on).
 pub async fn resume<C: ConnectionLike + Send>(con: &mut C, keys: &Home) -> Result<()> {
-    let mut layout = crate::partition::layout(con, keys).await?;
+    let mut layout = crate::partition::layout::layout(con, keys).await?;
     loop {
         for k in &layout.parts {
             let () = redis::cmd("HDEL").arg(k.meta()).arg("paused").query_async(con).await?;
@@ -316,9 +254,9 @@ pub async fn queue_settings<C: ConnectionLike + Send>(
     let meta = keys.meta();
     // a partitioned queue logs in every partition too (shard events happen there)
     let layout = if events_maxlen.is_some() || events_completions.is_some() {
-        crate::partition::layout(con, keys).await?
+        crate::partition::layout::layout(con, keys).await?
     } else {
-        crate::partition::Layout { home: keys.clone(), parts: Vec::new() }
+        crate::partition::layout::Layout { home: keys.clone(), parts: Vec::new() }
     };
     for k in layout.parts.iter().chain([keys.keys()]) {
         if let Some(n) = events_maxlen {

@@ -209,3 +209,33 @@ mod tests {
         assert!(!ScriptCode::TaskMissing.is_lock_lost());
     }
 }
+
+/// The error for script code `code` (< 0) refusing to `what` task `id`.
+pub(crate) fn refused(id: &str, code: i64, what: &str) -> Error {
+    match ScriptCode::from_code(code) {
+        Some(ScriptCode::TaskMissing) => Error::NoTask(id.to_owned()),
+        Some(c @ ScriptCode::TaskEnded) if what == "cancel" => {
+            Error::refused(c, format!("task '{id}' already ended: nothing to cancel"))
+        }
+        Some(c @ ScriptCode::TaskEnded) => {
+            Error::refused(c, format!("task '{id}' was cancelled: dispatch it again instead"))
+        }
+        Some(c @ ScriptCode::ResultsDiscarded) => Error::refused(
+            c,
+            format!(
+                "task '{id}' kept no per-shard results (keep_results false) and has ended: the results of its \
+                 completed shards are gone, so its aggregation cannot run again; dispatch it again instead"
+            ),
+        ),
+        Some(c @ ScriptCode::LayoutChanged) => Error::refused(
+            c,
+            format!(
+                "task '{id}' ran over partitions the queue no longer has (`config --partitions` changed them, or \
+                 they were re-placed over the cluster's masters since): no executor serves them now; dispatch it \
+                 again instead"
+            ),
+        ),
+        Some(c) => Error::refused(c, format!("cannot {what} task '{id}': {c}")),
+        None => Error::Protocol(format!("unexpected reply {code} to {what}")),
+    }
+}

@@ -12,8 +12,9 @@
 //! - [`home`]: a queue's home keyspace, the one type functions that need the home take; a
 //!   partition's keys are made from it.
 //! - [`scripts`]: the registry of Lua scripts (one per atomic operation) and their typed calls.
-//! - [`control`]: cancel, retry and clean tasks; pause and resume; the queue's settings; the
+//! - [`control`]: cancel and clean tasks; pause and resume; the queue's settings; the
 //!   queue-wide rate limit.
+//! - [`retry`]: a task's failed shards run again, over each of its partitions in one round.
 //! - [`cron`]: cron expressions and their fire times in IANA time zones.
 //! - [`lock`]: distributed locks, single Redis and Redlock, with fencing tokens, and the one
 //!   renewal loop (`watchdog`).
@@ -27,7 +28,9 @@
 //! - [`schedule`]: cron schedules fired once per fire time by any number of coordinators.
 //! - [`ring`]: consistent hashing with virtual nodes, the static strategies, `ring simulate`.
 //! - [`split`]: balanced item ranges of shards.
-//! - [`partition`]: the tags of a partitioned queue's partitions, chosen from the slot map.
+//! - [`partition`]: a queue's partitions: their [`Layout`](partition::Layout) (`layout`), their
+//!   tags chosen over a cluster's masters (`placement`), a task's shares created at dispatch
+//!   (`spread`).
 //! - [`share`]: the share-reading rule (a share is its task's only under its home's `inc`).
 //! - [`slot`]: Redis Cluster hash slots of keys.
 //! - [`backoff`]: retry delays (fixed or exponential, with jitter): the one retry policy and the
@@ -63,6 +66,7 @@ pub mod model;
 pub mod names;
 pub mod partition;
 pub mod redis_url;
+pub mod retry;
 pub mod ring;
 pub mod schedule;
 pub mod scripts;

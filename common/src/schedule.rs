@@ -234,14 +234,14 @@ impl Schedule {
         // on a partitioned queue the script adds the queue's current layout to the record
         let code: i64 = inv.invoke_async(con).await?;
         if code == 1 {
-            let layout = crate::partition::task_layout(con, keys, &id).await?;
+            let layout = crate::partition::layout::task_layout(con, keys, &id).await?;
             // its shares (none to create for a task of one partition: its home record is its share)
             let h: std::collections::HashMap<String, String> =
                 redis::cmd("HGETALL").arg(keys.task(&id)).query_async(con).await?;
             if let Some(t) = crate::model::TaskInfo::from_hash(&id, &h)? {
-                let spec = crate::partition::spec_of(&t, self.priority);
+                let spec = crate::partition::spread::spec_of(&t, self.priority);
                 // under the dispatch lease its record was created with (its nonce the token)
-                crate::partition::create_shares(con, &layout, &spec, &t.inc, &nonce, None).await?;
+                crate::partition::spread::create_shares(con, &layout, &spec, &t.inc, &nonce, None).await?;
             }
         }
         Ok(match code {

@@ -68,7 +68,7 @@ pub async fn of<C: ConnectionLike + Send>(con: &mut C, home: &Home, t: &TaskInfo
     if t.partitions <= 1 {
         return Ok(vec![ShareAt { keys: home.keys().clone(), part: 0, base: 0, size: t.total }]);
     }
-    let layout = crate::partition::task_layout(con, home, &t.task_id).await?;
+    let layout = crate::partition::layout::task_layout(con, home, &t.task_id).await?;
     let k = layout.count();
     Ok(layout
         .parts
@@ -76,7 +76,7 @@ pub async fn of<C: ConnectionLike + Send>(con: &mut C, home: &Home, t: &TaskInfo
         .enumerate()
         .map(|(i, keys)| {
             let part = i as u32 + 1;
-            let (base, size) = crate::partition::share_range(part, k, t.total);
+            let (base, size) = crate::partition::layout::share_range(part, k, t.total);
             ShareAt { keys, part, base, size }
         })
         .filter(|s| s.size > 0)

@@ -32,7 +32,7 @@ async fn a_retry_while_the_aggregation_runs_voids_that_aggregation() {
     let stale = env.claim("b", 0, 1, LONG_LOCK).await.shards.remove(0);
     assert!(stale.shard_ref.is_aggregate());
     // ... when the failed shard is retried, and completes at once
-    assert_eq!(control::retry(&mut env.con, &env.keys, "t").await.unwrap(), 1);
+    assert_eq!(shardctl_common::retry::retry(&mut env.con, &env.keys, "t").await.unwrap(), 1);
     assert_eq!(env.field("t", "state").await.as_deref(), Some("running"));
     let again = env.claim("a", 1, 1, LONG_LOCK).await.shards.remove(0);
     assert_eq!(again.shard_ref.to_string(), "t:1:2");
@@ -60,7 +60,7 @@ async fn a_retry_before_the_aggregation_is_claimed_leaves_one_aggregation_job() 
     assert_eq!(env.complete(&c[0], "1").await, Ok(1));
     assert_eq!(env.fail(&c[1], 0, "boom").await, Ok(1));
     assert_eq!(env.wait_list().await, ["t:1:agg"]);
-    assert_eq!(control::retry(&mut env.con, &env.keys, "t").await.unwrap(), 1);
+    assert_eq!(shardctl_common::retry::retry(&mut env.con, &env.keys, "t").await.unwrap(), 1);
     assert_eq!(env.wait_list().await, ["t:1:1"], "the queued aggregation no longer applies");
     let again = env.claim("a", 1, 2, LONG_LOCK).await.shards;
     assert_eq!(again.len(), 1);
@@ -189,7 +189,7 @@ async fn a_retry_while_the_aggregation_waits_out_its_backoff_leaves_one_aggregat
     let agg = env.claim("a", 2, 1, LONG_LOCK).await.shards;
     assert!(agg[0].shard_ref.is_aggregate());
     assert_eq!(env.fail(&agg[0], 60_000, "agg down").await, Ok(2), "the aggregation waits to retry");
-    assert_eq!(control::retry(&mut env.con, &env.keys, "z").await.unwrap(), 1);
+    assert_eq!(shardctl_common::retry::retry(&mut env.con, &env.keys, "z").await.unwrap(), 1);
     let shard = env.claim("b", 0, 4, LONG_LOCK).await.shards;
     assert_eq!(shard.len(), 1);
     assert_eq!(env.complete(&shard[0], "1").await, Ok(1));

@@ -338,7 +338,7 @@ pub async fn reconcile_page<C: ConnectionLike + Send>(
         }
         // a retry cut short after its home record was reopened: its shares run again now
         let round = row[2].as_deref().and_then(|r| r.parse().ok()).unwrap_or(0);
-        let again = shardctl_common::partition::resume_retries(con, layout, &id, round).await?;
+        let again = shardctl_common::retry::resume_retries(con, layout, &id, round).await?;
         if again > 0 {
             tracing::info!(task = %id, shards = again, "a retry cut short was completed");
         }

@@ -49,7 +49,7 @@ pub async fn retry(args: &Args, a: &TaskIdArg) -> anyhow::Result<ExitCode> {
     let (_, mut con) = connect(args).await?;
     let keys = args.keys()?;
     let before = shardctl_coordinator::progress::task(&mut con, &keys, id).await?;
-    let retried = control::retry(&mut con, &keys, id).await.map_err(|e| match e.script_code() {
+    let retried = shardctl_common::retry::retry(&mut con, &keys, id).await.map_err(|e| match e.script_code() {
         // say which flag the task was dispatched with
         Some(c @ ScriptCode::ResultsDiscarded) => {
             Error::refused(c, format!("{e} (it was dispatched with --keep-results false)"))

@@ -52,7 +52,9 @@ pub async fn act(d: &Dashboard, path: &[&str]) -> Reply {
             Err(e) => return e,
         },
         ["tasks", id, "retry"] => match checked(id) {
-            Ok(id) => control::retry(&mut con, &d.keys, id).await.map(|n| json!({ "task_id": id, "again": n })),
+            Ok(id) => {
+                shardctl_common::retry::retry(&mut con, &d.keys, id).await.map(|n| json!({ "task_id": id, "again": n }))
+            }
             Err(e) => return e,
         },
         _ => return Reply::error(404, format!("no action /api/{}", path.join("/"))),

@@ -123,7 +123,7 @@ impl World {
             let failed = tm.count(Term::Failed);
             (tm.state, if failed > 0 { failed } else { u64::from(tm.state == State::Failed) })
         });
-        let r = control::retry(&mut self.con, &self.keys, id).await;
+        let r = shardctl_common::retry::retry(&mut self.con, &self.keys, id).await;
         self.note(format!("retry {id} ({expected:?}): {r:?}"));
         match (expected, r) {
             (None, Err(Error::NoTask(_))) => Ok(()),

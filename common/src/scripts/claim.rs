@@ -10,30 +10,10 @@ use crate::error::{Error, Result};
 use crate::keys::Keys;
 use crate::model::{Part, ShardRef};
 
-use super::*;
-
-/// One shard handed to an executor by [`claim`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Claimed {
-    /// Which shard.
-    pub shard_ref: ShardRef,
-    /// The token that holds its lock.
-    pub token: String,
-    /// Claims of this shard so far, this one included (1 on the first).
-    pub attempt: u32,
-    /// Failed attempts so far.
-    pub fails: u32,
-    /// Its task record's incarnation id at the claim (`inc`, `<seq>.<nonce>`; empty for a record
-    /// written before it had one): what the executor's task cache compares, whole.
-    pub task_inc: Arc<str>,
-}
-
-impl Claimed {
-    /// True when the shard may have state in `task:<id>:shards` to remove with it.
-    pub fn has_state(&self) -> bool {
-        self.shard_ref.is_aggregate() || self.attempt > 1 || self.fails > 0
-    }
-}
+use super::claimed::Claimed;
+use super::decode::{codes, int, string, ItemCodes};
+use super::finish::{completion_argc, completion_args, Finished};
+use super::registry::*;
 
 /// What one claim call returned.
 #[derive(Debug, Clone, Default)]

@@ -8,7 +8,9 @@ use crate::error::{Error, Result};
 use crate::keys::Keys;
 use crate::model::Part;
 
-use super::*;
+use super::claimed::Claimed;
+use super::decode::{codes, ItemCodes};
+use super::registry::*;
 
 /// A finished attempt, as reported by an executor.
 #[derive(Debug, Clone)]

@@ -4,7 +4,7 @@ use redis::aio::ConnectionLike;
 
 use crate::error::Result;
 
-use super::*;
+use super::registry::*;
 
 /// Deletes `key` if `token` still holds it; true when it did.
 pub async fn unlock<C: ConnectionLike + Send>(con: &mut C, key: &str, token: &str) -> Result<bool> {

@@ -4,6 +4,7 @@
 //!
 //! # Layout
 //! - `registry`: [`Lua`], the registry of every script ([`scripts`]), declared keys.
+//! - `claimed`: [`Claimed`], a shard as its executor holds it.
 //! - `claim`: claims (with completions riding on them) and the heartbeat.
 //! - `finish`: completions, failures, give-backs.
 //! - `task`: creating a task.
@@ -14,6 +15,7 @@
 //! - `decode`: reply decoding.
 
 mod claim;
+mod claimed;
 mod decode;
 mod finish;
 mod locks;
@@ -24,6 +26,7 @@ mod task;
 mod upkeep;
 
 pub use claim::*;
+pub use claimed::Claimed;
 pub use decode::ItemCodes;
 pub use finish::*;
 pub use locks::*;
@@ -32,6 +35,3 @@ pub use partition::*;
 pub use registry::*;
 pub use task::*;
 pub use upkeep::*;
-
-use decode::{code_result, codes, int, string};
-use finish::{completion_argc, completion_args};

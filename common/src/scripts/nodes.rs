@@ -6,7 +6,8 @@ use redis::Value;
 use crate::error::{Error, Result};
 use crate::keys::Keys;
 
-use super::*;
+use super::decode::{code_result, int, string};
+use super::registry::*;
 
 /// Places shards `[from, from + owners.len())` of a routed task: `owners[i]` is the node of shard
 /// `from + i`. Returns the new placement cursor; [`ScriptCode::RouteMoved`](crate::ScriptCode::RouteMoved) when `from` is stale.

@@ -8,7 +8,7 @@ use crate::error::Result;
 use crate::home::Home;
 use crate::keys::Keys;
 
-use super::*;
+use super::registry::*;
 
 /// What a share reports to its home.
 #[derive(Debug, Clone, PartialEq, Eq)]

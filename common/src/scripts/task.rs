@@ -6,7 +6,7 @@ use crate::error::{Error, Result, ScriptCode};
 use crate::keys::Keys;
 use crate::model::TaskSpec;
 
-use super::*;
+use super::registry::*;
 
 /// Creates a task (its times are the Redis server's). Fails with [`ScriptCode::TaskExists`](crate::ScriptCode::TaskExists)
 /// when the id is taken.

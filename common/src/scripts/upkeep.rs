@@ -6,7 +6,7 @@ use redis::aio::ConnectionLike;
 use crate::error::{Error, Result};
 use crate::keys::Keys;
 
-use super::*;
+use super::registry::*;
 
 /// How long executor `instance`'s lease has left by the server's clock; `None` when it has none or
 /// it expired (its shards are the sweep's).
