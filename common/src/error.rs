@@ -184,32 +184,6 @@ impl fmt::Display for ScriptCode {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_code_maps() {
-        assert_eq!(ScriptCode::from_code(1), None);
-        assert_eq!(ScriptCode::from_code(0), None);
-        assert_eq!(ScriptCode::from_code(-1), Some(ScriptCode::LockMissing));
-        assert_eq!(ScriptCode::from_code(-2), Some(ScriptCode::LockMismatch));
-        assert_eq!(ScriptCode::from_code(-3), Some(ScriptCode::TaskMissing));
-        assert_eq!(ScriptCode::from_code(-4), Some(ScriptCode::TaskExists));
-        assert_eq!(ScriptCode::from_code(-5), Some(ScriptCode::NodeAlive));
-        assert_eq!(ScriptCode::from_code(-6), Some(ScriptCode::RouteMoved));
-        assert_eq!(ScriptCode::from_code(-7), Some(ScriptCode::HeadChanged));
-        assert_eq!(ScriptCode::from_code(-8), Some(ScriptCode::InvalidSpec));
-        assert_eq!(ScriptCode::from_code(-9), Some(ScriptCode::TaskEnded));
-        assert_eq!(ScriptCode::from_code(-10), Some(ScriptCode::ResultsDiscarded));
-        assert_eq!(ScriptCode::from_code(-11), Some(ScriptCode::NotDueYet));
-        assert_eq!(ScriptCode::from_code(-12), Some(ScriptCode::LayoutChanged));
-        assert_eq!(ScriptCode::from_code(-13), Some(ScriptCode::Unknown(-13)));
-        assert!(ScriptCode::LockMissing.is_lock_lost() && ScriptCode::LockMismatch.is_lock_lost());
-        assert!(!ScriptCode::TaskMissing.is_lock_lost());
-    }
-}
-
 /// The error for script code `code` (< 0) refusing to `what` task `id`.
 pub(crate) fn refused(id: &str, code: i64, what: &str) -> Error {
     match ScriptCode::from_code(code) {
@@ -237,5 +211,31 @@ pub(crate) fn refused(id: &str, code: i64, what: &str) -> Error {
         ),
         Some(c) => Error::refused(c, format!("cannot {what} task '{id}': {c}")),
         None => Error::Protocol(format!("unexpected reply {code} to {what}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_maps() {
+        assert_eq!(ScriptCode::from_code(1), None);
+        assert_eq!(ScriptCode::from_code(0), None);
+        assert_eq!(ScriptCode::from_code(-1), Some(ScriptCode::LockMissing));
+        assert_eq!(ScriptCode::from_code(-2), Some(ScriptCode::LockMismatch));
+        assert_eq!(ScriptCode::from_code(-3), Some(ScriptCode::TaskMissing));
+        assert_eq!(ScriptCode::from_code(-4), Some(ScriptCode::TaskExists));
+        assert_eq!(ScriptCode::from_code(-5), Some(ScriptCode::NodeAlive));
+        assert_eq!(ScriptCode::from_code(-6), Some(ScriptCode::RouteMoved));
+        assert_eq!(ScriptCode::from_code(-7), Some(ScriptCode::HeadChanged));
+        assert_eq!(ScriptCode::from_code(-8), Some(ScriptCode::InvalidSpec));
+        assert_eq!(ScriptCode::from_code(-9), Some(ScriptCode::TaskEnded));
+        assert_eq!(ScriptCode::from_code(-10), Some(ScriptCode::ResultsDiscarded));
+        assert_eq!(ScriptCode::from_code(-11), Some(ScriptCode::NotDueYet));
+        assert_eq!(ScriptCode::from_code(-12), Some(ScriptCode::LayoutChanged));
+        assert_eq!(ScriptCode::from_code(-13), Some(ScriptCode::Unknown(-13)));
+        assert!(ScriptCode::LockMissing.is_lock_lost() && ScriptCode::LockMismatch.is_lock_lost());
+        assert!(!ScriptCode::TaskMissing.is_lock_lost());
     }
 }
