@@ -425,3 +425,146 @@ fn no_production_file_is_over_400_lines() {
         .collect();
     assert!(long.is_empty(), "over {MAX_LINES} lines:\n{}", long.join("\n"));
 }
+
+/// The map and the design notes: ARCHITECTURE.md and `docs/design/*.md`.
+fn design_docs() -> Vec<PathBuf> {
+    let mut docs = vec![Path::new(ROOT).join("ARCHITECTURE.md")];
+    let dir = Path::new(ROOT).join("docs/design");
+    let mut design: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    design.sort();
+    docs.extend(design);
+    docs
+}
+
+/// The extensions of the files a doc cites.
+const CITED: &[&str] =
+    &["rs", "lua", "md", "toml", "json", "js", "mjs", "py", "yml", "yaml", "sh", "txt", "html", "css", "png"];
+
+/// Whether `name` is defined in `text`, a file of type `ext`.
+fn defines(text: &str, ext: &str, name: &str) -> bool {
+    let patterns: Vec<String> = if ext == "lua" {
+        ["function {}(", "local function {}(", "local {} =", "local {},", ", {} ="]
+            .iter()
+            .map(|p| p.replace("{}", name))
+            .collect()
+    } else {
+        ["fn", "struct", "enum", "trait", "type", "const", "static", "mod", "macro_rules!"]
+            .iter()
+            .map(|kw| format!("{kw} {name}"))
+            .collect()
+    };
+    patterns.iter().any(|p| {
+        text.match_indices(p.as_str()).any(|(at, _)| {
+            let before = text[..at].chars().next_back();
+            let after = text[at + p.len()..].chars().next();
+            let word = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_');
+            !word(before) && (ext == "lua" || !word(after))
+        })
+    })
+}
+
+/// What is wrong with the citations of `doc`: every `path/to/file.ext` in backticks exists (a
+/// path from the repository root), every `path::name` is defined in its file, every relative
+/// link leads to a file.
+fn citation_problems(doc: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(doc).unwrap();
+    let root_files = ["ARCHITECTURE.md", "CHANGELOG.md", "README.md", "Cargo.toml", "Cargo.lock"];
+    let mut problems = Vec::new();
+    let mut fenced = false;
+    for (n, line) in text.lines().enumerate() {
+        let at = format!("{}:{}", rel(doc), n + 1);
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced {
+            continue;
+        }
+        for (i, span) in line.split('`').enumerate() {
+            if i % 2 == 0 {
+                continue;
+            }
+            let (path, name) = match span.split_once("::") {
+                Some((p, n)) => (p, Some(n)),
+                None => (span, None),
+            };
+            let Some(ext) = path.rsplit_once('.').map(|(_, e)| e) else { continue };
+            let looks_like_path = path.chars().all(|c| c.is_alphanumeric() || "_.-/".contains(c));
+            if !CITED.contains(&ext) || !looks_like_path {
+                continue;
+            }
+            if !path.contains('/') && !root_files.contains(&path) {
+                problems.push(format!("{at}: `{span}` is not a path from the repository root"));
+                continue;
+            }
+            let file = Path::new(ROOT).join(path);
+            let Ok(body) =
+                std::fs::read_to_string(&file).or_else(|e| if file.is_dir() { Ok(String::new()) } else { Err(e) })
+            else {
+                if !file.exists() {
+                    problems.push(format!("{at}: `{span}`: no file {path}"));
+                }
+                continue;
+            };
+            if let Some(name) = name {
+                let plain = !name.is_empty() && name.chars().all(|c| c.is_alphanumeric() || c == '_');
+                if !plain {
+                    problems.push(format!("{at}: `{span}`: cite one name after the file"));
+                } else if !defines(&body, ext, name) {
+                    problems.push(format!("{at}: `{span}`: {path} defines no {name}"));
+                }
+            }
+        }
+        let mut rest = line;
+        while let Some(open) = rest.find("](") {
+            rest = &rest[open + 2..];
+            let Some(close) = rest.find(')') else { break };
+            let target = rest[..close].split('#').next().unwrap_or_default();
+            if !target.is_empty() && !target.contains("://") && !doc.parent().unwrap().join(target).exists() {
+                problems.push(format!("{at}: link to {target}, which does not exist"));
+            }
+        }
+    }
+    problems
+}
+
+#[test]
+fn the_design_docs_cite_only_what_exists() {
+    let docs = design_docs();
+    assert!(docs.len() >= 8, "{docs:?}");
+    let problems: Vec<String> = docs.iter().flat_map(|d| citation_problems(d)).collect();
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn the_citation_check_sees_a_missing_file_and_an_undefined_name() {
+    let dir = std::env::temp_dir().join(format!("shardctl-cite-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let doc = dir.join("d.md");
+    std::fs::write(
+        &doc,
+        "`tests/house.rs::defines` and `lua/claim.lua` are here; `tests/house.rs::nothing_by_that_name`,\n\
+         `tests/gone.rs`, `house.rs` and [a link](nowhere.md) are not.\n```\n`tests/fenced.rs`\n```\n",
+    )
+    .unwrap();
+    let problems = citation_problems(&doc);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(problems.len(), 4, "{problems:#?}");
+    for needle in ["nothing_by_that_name", "gone.rs", "`house.rs` is not a path", "nowhere.md"] {
+        assert!(problems.iter().any(|p| p.contains(needle)), "{needle}: {problems:#?}");
+    }
+}
+
+#[test]
+fn architecture_md_is_a_map_of_at_most_300_lines() {
+    let text = std::fs::read_to_string(Path::new(ROOT).join("ARCHITECTURE.md")).unwrap();
+    let lines = text.lines().count();
+    assert!(lines <= 300, "ARCHITECTURE.md has {lines} lines: move detail to docs/design/");
+    for heading in ["## Glossary", "## Crates", "## Invariants", "## Where to read more"] {
+        assert!(text.contains(heading), "ARCHITECTURE.md lacks {heading}");
+    }
+}

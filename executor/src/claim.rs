@@ -18,8 +18,8 @@ use shardctl_common::scripts::{self, ClaimRequest};
 use shardctl_common::time::now_ms;
 use tokio_util::sync::CancellationToken;
 
-use crate::runtime::{Held, Shared, NO_CLAIM};
-use crate::starts::Waiting;
+use crate::shared::{Held, Shared, NO_CLAIM};
+use crate::slots::Waiting;
 use crate::stats::Stats;
 
 /// Most completions a claim call records: they add ~1 µs each to the claim's time in Redis.
@@ -139,7 +139,7 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
                     }
                     // set from the map, not counted up and down: a ref claimed again while its
                     // old claim is still held replaces it
-                    crate::starts::publish_in_flight(&shared, held.len());
+                    shared.publish_in_flight(held.len());
                 }
                 // in claim order: those that fit start now, the others when a running shard ends
                 crate::starts::push(&shared, claimed);

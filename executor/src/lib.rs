@@ -13,13 +13,20 @@
 //! - [`child`]: `--exec` / `--aggregate-exec`, one process per shard.
 //! - [`worker`]: `--worker` / `--aggregate-worker`, long-lived processes of any language over a
 //!   line protocol (docs/handlers.md).
-//! - `runtime`: the [`Executor`], its shared state and its shutdown order.
+//! - `shared`: `Shared`, the state every part of a runtime shares; defined below them all, it
+//!   imports none of them (the loops import it).
+//! - `runtime`: the [`Executor`]: it builds the shared state, starts the loops, and orders the
+//!   shutdown.
 //! - `claim`: batched claims ahead of free slots, blocking on the marker.
-//! - `starts`: the run slots, and the claimed shards waiting for one in claim order.
+//! - `slots`: the run slots' state, and the claimed shards waiting for one in claim order; the
+//!   budget that a node's runtimes (partitions) share.
+//! - `starts`: starting waiting shards in free slots, and trimming what is held ahead.
 //! - `ahead`: how many shards to claim ahead, from observed run and claim times.
 //! - `run`: one shard: handler lookup, panics, cancellation, result limits.
 //! - `heartbeat`: the batched lock extension and lost-lock cancellation.
+//! - `cancels`: the queue's cancellation count as the heartbeat knows it.
 //! - `waiter`: one blocking connection for the runtimes of a node on one server (partitions).
+//! - `outcome`: how an attempt ended, and its report waiting to be recorded.
 //! - `outbox`: outcomes waiting to be recorded, taken by the reporter or by the next claim
 //!   (completions and a claim in one script call).
 //! - `report`: batched completion (an outcome waits up to 5 ms for others), failure (with
@@ -52,6 +59,7 @@
 mod aggregate;
 mod ahead;
 pub mod builtin;
+mod cancels;
 pub mod child;
 mod claim;
 pub mod config;
@@ -59,11 +67,14 @@ pub mod handler;
 mod heartbeat;
 pub mod metrics;
 mod outbox;
+mod outcome;
 pub mod registry;
 mod report;
 mod run;
 mod runtime;
+mod shared;
 pub mod shutdown;
+mod slots;
 mod starts;
 pub mod stats;
 mod tasks;

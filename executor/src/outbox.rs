@@ -5,7 +5,7 @@
 
 use std::sync::Mutex;
 
-use crate::report::{Outcome, Report};
+use crate::outcome::{Outcome, Report};
 
 #[derive(Default)]
 pub(crate) struct Outbox {

@@ -13,36 +13,9 @@ use shardctl_common::scripts::{self, Claimed, Finished, FinishedAs, GiveBack};
 use shardctl_common::ScriptCode;
 use tokio_util::sync::CancellationToken;
 
-use crate::handler::ShardError;
-use crate::runtime::Shared;
+use crate::outcome::{Outcome, Report};
+use crate::shared::Shared;
 use crate::stats::Stats;
-
-/// How one attempt ended.
-#[derive(Debug)]
-pub(crate) enum Outcome {
-    /// Success; the JSON text of the result (empty for none).
-    Completed(String),
-    /// Failure with its reason.
-    Failed(ShardError),
-    /// Shutdown: give the shard back, claimable at once.
-    Release,
-    /// Claimed ahead, never started (shutdown): give it back to the front, the claim undone.
-    Unstarted,
-    /// Claimed ahead and not started: give it back behind the aggregation jobs and retries, the
-    /// claim undone.
-    GiveBack,
-    /// The lock was lost: nothing to record.
-    Dropped,
-}
-
-#[derive(Debug)]
-pub(crate) struct Report {
-    pub(crate) claim: Claimed,
-    pub(crate) outcome: Outcome,
-    /// A call carrying it may have reached Redis, its reply lost (a connection error): a
-    /// completion then refused as lock-less may be that call's own (see [`lost_replies`]).
-    pub(crate) sent: bool,
-}
 
 /// Most reports recorded by one call.
 pub(crate) const MAX_BATCH: usize = 512;
@@ -99,7 +72,7 @@ pub(crate) fn forget(shared: &Shared, batch: Vec<Report>) {
             held.remove(&r.claim.shard_ref);
         }
     }
-    crate::starts::publish_in_flight(shared, held.len());
+    shared.publish_in_flight(held.len());
 }
 
 /// The completions of `batch` (every report in it a completion), as the scripts take them.

@@ -11,12 +11,12 @@ use shardctl_common::split::shard_range;
 use tokio_util::sync::CancellationToken;
 
 use crate::handler::{panic_message, AggregateContext, BoxFuture, ShardContext, ShardError};
-use crate::report::{Outcome, Report};
-use crate::runtime::Shared;
+use crate::outcome::{Outcome, Report};
+use crate::shared::Shared;
 use crate::tasks::TaskMeta;
 
 /// Runs one shard in its slot (freed, and the next shard started, when this ends).
-pub(crate) async fn shard(shared: Arc<Shared>, claim: Claimed, cancel: CancellationToken, slot: crate::starts::Slot) {
+pub(crate) async fn shard(shared: Arc<Shared>, claim: Claimed, cancel: CancellationToken, slot: crate::slots::Slot) {
     let mut unreported = Unreported { shared: &shared, claim: Some(claim), cancel: &cancel };
     // one line per shard at debug (`--log debug`): started, and ended with its time and outcome
     let debug = tracing::enabled!(tracing::Level::DEBUG);
