@@ -15,6 +15,18 @@ use std::path::{Path, PathBuf};
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 const MAX_LINES: usize = 400;
 
+/// Files still over [`MAX_LINES`], each with the length it may not pass while it waits to be
+/// split (issue 25): the list only shrinks.
+const LONG_FOR_NOW: &[(&str, usize)] = &[
+    ("bench/src/table.rs", 411),
+    ("common/src/model.rs", 475),
+    ("common/src/schedule.rs", 403),
+    ("coordinator/src/inspect.rs", 589),
+    ("coordinator/src/partitions.rs", 482),
+    ("executor/src/worker/process.rs", 452),
+    ("lua/include/lib.lua", 493),
+];
+
 /// The crates: their root files (the `shardctl` package has two: the library and the binary).
 const CRATES: &[&str] = &[
     "common/src/lib.rs",
@@ -420,9 +432,21 @@ fn no_production_file_is_over_400_lines() {
     let long: Vec<String> = files
         .iter()
         .map(|p| (p, std::fs::read_to_string(p).unwrap().lines().count()))
-        .filter(|(_, n)| *n > MAX_LINES)
+        .filter(|(p, n)| {
+            let limit = LONG_FOR_NOW.iter().find(|(f, _)| *f == rel(p)).map_or(MAX_LINES, |(_, l)| *l);
+            *n > limit
+        })
         .map(|(p, n)| format!("{}: {n} lines", rel(p)))
         .collect();
+    // a file split below the limit leaves the list
+    let shrunk: Vec<&str> = LONG_FOR_NOW
+        .iter()
+        .filter(|(f, _)| {
+            std::fs::read_to_string(Path::new(ROOT).join(f)).map_or(true, |t| t.lines().count() <= MAX_LINES)
+        })
+        .map(|(f, _)| *f)
+        .collect();
+    assert!(shrunk.is_empty(), "now at most {MAX_LINES} lines or gone: take them out of LONG_FOR_NOW: {shrunk:?}");
     assert!(long.is_empty(), "over {MAX_LINES} lines:\n{}", long.join("\n"));
 }
 
