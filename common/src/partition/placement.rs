@@ -48,7 +48,7 @@ pub async fn slot_owners<C: ConnectionLike + Send>(
     Ok(Some((masters, out)))
 }
 
-/// Sets the queue's partition count to `k` (1 to [`MAX_PARTITIONS`]) and returns the layout.
+/// Sets the queue's partition count to `k` (1 to [`MAX_PARTITIONS`](super::layout::MAX_PARTITIONS)) and returns the layout.
 /// The tags are chosen from the slot map of the cluster `con` reaches when `on_cluster` (one
 /// server: salt 0, and no `CLUSTER` command is sent). Refused while a task dispatched over
 /// partitions is unfinished: its shares must be served where they are (`layout.lua`, the only

@@ -67,7 +67,7 @@ pub async fn claim<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, req: &Cla
     parse_claim(&v, &token)
 }
 
-/// Records `completed` (every item a completion; codes as [`finish`]'s) and then claims as
+/// Records `completed` (every item a completion; codes as [`finish`](super::finish::finish)'s) and then claims as
 /// [`claim`] does, in one script call (`complete.lua` then `claim.lua`, atomically).
 pub async fn complete_and_claim<C: ConnectionLike + Send>(
     con: &mut C,
