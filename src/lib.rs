@@ -9,6 +9,8 @@
 //! - [`locked`]: running a command under a distributed lock (`shardctl lock`).
 //! - [`dashboard`]: the coordinator's web dashboard and its JSON API.
 //! - [`json`]: the JSON shapes shared by `--json` outputs and the dashboard's API.
+//! - [`text`]: the plain-text shapes of the CLI's outputs (a task's line, a queue's summary,
+//!   an event, a schedule, the failure reasons of a task).
 //! - The crates underneath, re-exported: [`common`] (keys, scripts, model, connections),
 //!   [`executor`] (the runtime, handlers, built-in kinds), [`coordinator`] (dispatch, sweep,
 //!   membership, progress, the coordinator daemon).
@@ -45,6 +47,7 @@ pub mod json;
 pub mod locked;
 pub mod metrics;
 pub mod node;
+pub mod text;
 
 pub use node::{Node, NodeConfig};
 pub use shardctl_common::model::TaskSpec;

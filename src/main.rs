@@ -16,7 +16,6 @@
 //! - `cli/task_args.rs`: the options describing a task, shared by `dispatch` and `schedule add`.
 //! - `cli/ring.rs`: `ring simulate`.
 //! - `cli/bar.rs`: the progress bar.
-//! - `cli/redis_server.rs`: a private redis-server for the demo.
 //!
 //! Exit codes: 0 success, 1 error, 2 bad usage, 3 the task ended with failed shards or a failed
 //! aggregation, 4 the task was cancelled (`wait`), 128 + n a wait stopped by signal n.

@@ -33,7 +33,8 @@
 //! # Layout
 //! One file per scenario group (`queue`: e2e and dispatch; `holding`: idle and upkeep; `primes`,
 //! `small`, `rss`, `pickup`, `failover`, `cluster`, `bullmq`, `workers`), `process` (executor processes of
-//! [`Options::exe`]), `stats` (Redis `INFO` figures), `table` (medians against targets).
+//! [`Options::exe`]), `stats` (Redis `INFO` figures), `table` (medians against targets),
+//! [`redis_server`] (the private server of `shardctl bench` and `shardctl demo`).
 
 mod bullmq;
 mod cluster;
@@ -43,6 +44,7 @@ mod pickup;
 mod primes;
 mod process;
 mod queue;
+pub mod redis_server;
 mod rss;
 mod scenario;
 mod small;

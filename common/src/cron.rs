@@ -173,6 +173,14 @@ pub fn zone(name: &str) -> Result<TimeZone, Error> {
     })
 }
 
+/// Time `ms` (Unix milliseconds) in zone `tz`, to the second (`2026-12-01 03:00:00 CET`); the
+/// milliseconds as they are for a zone that is not known.
+pub fn show(ms: u64, tz: &str) -> String {
+    let Ok(z) = zone(tz) else { return ms.to_string() };
+    let ts = Timestamp::from_millisecond(ms as i64).unwrap_or(Timestamp::UNIX_EPOCH);
+    ts.to_zoned(z).strftime("%Y-%m-%d %H:%M:%S %Z").to_string()
+}
+
 fn ts_ms(ms: u64) -> Timestamp {
     Timestamp::from_millisecond(ms as i64).unwrap_or(Timestamp::MAX)
 }

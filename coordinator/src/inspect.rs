@@ -1,6 +1,6 @@
-//! Bounded reads for a dashboard: a page of tasks, a page of a task's failed shards, the tail of
-//! the event log, and a task's shard map. Each read costs what it returns, never the number of
-//! shards or of finished tasks (ARCHITECTURE.md, "Dashboard").
+//! Bounded reads for a dashboard: a page of tasks, a page of a task's failed shards, and a
+//! task's shard map (the event log's tail: [`crate::events::newest`]). Each read costs what it
+//! returns, never the number of shards or of finished tasks (docs/design/dashboard.md).
 
 use redis::aio::ConnectionLike;
 use serde::Serialize;
@@ -503,87 +503,4 @@ async fn hscan_fields<C: ConnectionLike + Send>(
         }
         cursor = next;
     }
-}
-
-/// The newest `count` events of the queue's log (newest first), each as its id and fields. On a
-/// partitioned queue the partitions' per-shard events (`shard_*`) are merged in, each shard at
-/// its task index (its share's `base` added), as `watch` shows them: K + 1 reads of `count`
-/// events, and one read per task met in a partition.
-pub async fn events_tail<C: ConnectionLike + Send>(
-    con: &mut C,
-    keys: &Home,
-    count: u64,
-) -> Result<Vec<(String, Vec<(String, String)>)>> {
-    let count = count.clamp(1, MAX_PAGE);
-    let mut out = newest(con, keys, count).await?;
-    let layout = shardctl_common::partition::layout(con, keys).await?;
-    for (p, pk) in layout.parts.iter().enumerate() {
-        let mut bases: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
-        for (id, mut fields) in newest(con, pk, count).await? {
-            let Some(task) = share_event_task(&fields) else { continue };
-            let base = match bases.get(&task) {
-                Some(b) => *b,
-                None => {
-                    let b: Option<u64> = redis::cmd("HGET").arg(pk.task(&task)).arg("base").query_async(con).await?;
-                    *bases.entry(task).or_insert(b.unwrap_or(0))
-                }
-            };
-            as_task_event(&mut fields, p as u32 + 1, base);
-            out.push((id, fields));
-        }
-    }
-    // newest first across the logs (ids are `<ms>-<seq>`; the home's alone are so already)
-    let order = |id: &str| {
-        let (ms, n) = id.split_once('-').unwrap_or((id, "0"));
-        (ms.parse::<u64>().unwrap_or(0), n.parse::<u64>().unwrap_or(0))
-    };
-    out.sort_by_key(|(id, _)| std::cmp::Reverse(order(id)));
-    out.truncate(count as usize);
-    Ok(out)
-}
-
-/// The task of a partition's event that the queue's log shows as its own: a per-shard event
-/// (`shard_*`). `None` for the others (a share's own dispatch or end: the home logs the
-/// task's).
-pub fn share_event_task(fields: &[(String, String)]) -> Option<String> {
-    let field = |name: &str| fields.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
-    field("event").filter(|e| e.starts_with("shard_"))?;
-    Some(field("task").unwrap_or_default())
-}
-
-/// Makes a per-shard event of partition `part`'s log (1-based) one of the queue's: its shard
-/// at the task's index (`base`, the share's first, plus the share's index) and a field
-/// `partition` naming the log, since an id is unique within one log only (`partition` and `id`
-/// together are unique).
-pub fn as_task_event(fields: &mut Vec<(String, String)>, part: u32, base: u64) {
-    for (k, v) in fields.iter_mut() {
-        if k == "shard" {
-            if let Ok(i) = v.parse::<u64>() {
-                *v = (base + i).to_string();
-            }
-        }
-    }
-    fields.push(("partition".to_owned(), part.to_string()));
-}
-
-/// The newest `count` entries of `keys`' event log, newest first.
-async fn newest<C: ConnectionLike + Send>(
-    con: &mut C,
-    keys: &Keys,
-    count: u64,
-) -> Result<Vec<(String, Vec<(String, String)>)>> {
-    let reply: redis::streams::StreamRangeReply =
-        redis::cmd("XREVRANGE").arg(keys.events()).arg("+").arg("-").arg("COUNT").arg(count).query_async(con).await?;
-    Ok(reply
-        .ids
-        .into_iter()
-        .map(|e| {
-            let fields = e
-                .map
-                .iter()
-                .map(|(k, v)| (k.clone(), redis::from_redis_value_ref::<String>(v).unwrap_or_default()))
-                .collect();
-            (e.id, fields)
-        })
-        .collect())
 }

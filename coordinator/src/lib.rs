@@ -17,8 +17,10 @@
 //! - [`partitions`]: tasks over a partitioned queue: dispatch as a home record and shares, the
 //!   report of ended shares to the home, orphaned shares removed.
 //! - [`progress`]: one task's state and counts, a queue's counts, failed shards.
-//! - [`inspect`]: bounded reads for the dashboard: task pages, reason pages, the event log's
-//!   tail, a task's shard map.
+//! - [`inspect`]: bounded reads for the dashboard: task pages, reason pages, a task's shard
+//!   map.
+//! - [`events`]: the event log read as one over the partitions: its newest events, or followed
+//!   live (`shardctl watch`).
 //! - [`wait`]: waiting for a task to end, with a progress callback.
 //! - [`stuck`]: why a task is not moving (paused, delayed, no executor, rate limit).
 //! - [`presence`]: coordinators announcing themselves (`status` lists them).
@@ -36,6 +38,7 @@
 
 pub mod daemon;
 pub mod dispatch;
+pub mod events;
 pub mod firing;
 pub mod inspect;
 pub mod liveness;

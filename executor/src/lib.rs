@@ -11,6 +11,8 @@
 //! - [`registry`]: the [`Registry`] of which handler serves which kind (the built-ins and
 //!   yours), and the kinds an executor claims.
 //! - [`child`]: `--exec` / `--aggregate-exec`, one process per shard.
+//! - [`commands`]: a registry whose kinds not built in are run by commands (`--exec`,
+//!   `--worker` and their aggregators).
 //! - [`worker`]: `--worker` / `--aggregate-worker`, long-lived processes of any language over a
 //!   line protocol (docs/handlers.md).
 //! - `shared`: `Shared`, the state every part of a runtime shares; defined below them all, it
@@ -62,6 +64,7 @@ pub mod builtin;
 mod cancels;
 pub mod child;
 mod claim;
+pub mod commands;
 pub mod config;
 pub mod handler;
 mod heartbeat;

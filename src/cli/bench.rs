@@ -8,7 +8,9 @@ use clap::{Parser, ValueEnum};
 use shardctl_bench::{self as bench, Options, Scenario};
 use tokio_util::sync::CancellationToken;
 
-use super::{args::Args, exit, redis_server::RedisServer};
+use shardctl_bench::redis_server::RedisServer;
+
+use super::{args::Args, exit};
 
 #[derive(Debug, Parser)]
 #[command(after_help = "\

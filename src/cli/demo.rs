@@ -15,7 +15,9 @@ use shardctl_executor::builtin::count_primes;
 use shardctl_executor::{ExecutorConfig, Registry};
 use tokio_util::sync::CancellationToken;
 
-use super::{args::Args, redis_server::RedisServer};
+use shardctl_bench::redis_server::RedisServer;
+
+use super::args::Args;
 
 #[derive(Debug, Parser)]
 pub struct DemoArgs {

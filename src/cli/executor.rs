@@ -2,7 +2,6 @@
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
@@ -10,10 +9,9 @@ use shardctl::{Node, NodeConfig};
 use shardctl_common::kinds::Served;
 use shardctl_coordinator::membership::MembershipConfig;
 use shardctl_coordinator::sweep::{SweepConfig, DEFAULT_MAX_STALLED};
-use shardctl_executor::child::{ExecAggregator, ExecCommand, ExecHandler, DEFAULT_MAX_OUTPUT};
+use shardctl_executor::child::DEFAULT_MAX_OUTPUT;
+use shardctl_executor::commands::Commands;
 use shardctl_executor::config::{self as cfg, ExecutorConfig};
-use shardctl_executor::worker::{self, WorkerAggregator, WorkerHandler};
-use shardctl_executor::Registry;
 
 use super::args::{duration, Args};
 
@@ -118,16 +116,14 @@ pub async fn run(args: &Args, a: &ExecutorArgs) -> anyhow::Result<ExitCode> {
         )
         .into());
     }
-    let registry = registry(
-        Fallbacks {
-            kinds: a.kinds.clone().unwrap_or(Served::Every),
-            exec: a.exec.as_deref(),
-            aggregate_exec: a.aggregate_exec.as_deref(),
-            worker: a.worker.as_deref(),
-            aggregate_worker: a.aggregate_worker.as_deref(),
-        },
-        a.max_result_bytes,
-    )?;
+    let commands = Commands {
+        kinds: a.kinds.clone().unwrap_or(Served::Every),
+        exec: a.exec.clone(),
+        aggregate_exec: a.aggregate_exec.clone(),
+        worker: a.worker.clone(),
+        aggregate_worker: a.aggregate_worker.clone(),
+    };
+    let registry = commands.registry(a.max_result_bytes)?;
     let endpoint = shardctl_common::conn::open(&args.redis_url()?)?;
     // refused at once while another live executor holds this node id
     let node = Node::start(endpoint, args.keys()?, config, registry).await?;
@@ -136,52 +132,6 @@ pub async fn run(args: &Args, a: &ExecutorArgs) -> anyhow::Result<ExitCode> {
         Err(e @ shardctl_common::Error::Refused { .. }) => Err(anyhow::anyhow!("stopped: {e}")),
         Err(e) => Err(e.into()),
     }
-}
-
-/// The commands that run what is not built in.
-#[derive(Default)]
-pub struct Fallbacks<'a> {
-    /// The kinds `--exec` or `--worker` runs (`--kinds`).
-    pub kinds: Served,
-    /// `--exec`.
-    pub exec: Option<&'a str>,
-    /// `--aggregate-exec`.
-    pub aggregate_exec: Option<&'a str>,
-    /// `--worker`.
-    pub worker: Option<&'a str>,
-    /// `--aggregate-worker`.
-    pub aggregate_worker: Option<&'a str>,
-}
-
-/// The built-in kinds, plus `--exec` / `--worker` and `--aggregate-exec` / `--aggregate-worker`
-/// for everything else.
-pub fn registry(f: Fallbacks<'_>, max_output: usize) -> anyhow::Result<Registry> {
-    let command = |flag: &str, line: &str| {
-        ExecCommand::parse(line, max_output)
-            .and_then(|c| c.check_runnable().map(|()| c))
-            .map_err(|e| shardctl_common::Error::invalid(format!("--{flag}: {e}")))
-    };
-    let mut r = Registry::with_builtins();
-    let built_in: Vec<&String> = f.kinds.kinds().unwrap_or_default().iter().filter(|k| r.has_own(k)).collect();
-    if let (Some(k), true) = (built_in.first(), f.exec.is_some() || f.worker.is_some()) {
-        return Err(shardctl_common::Error::invalid(format!(
-            "--kinds: '{k}' is a built-in kind; --exec and --worker run kinds that are not built in"
-        ))
-        .into());
-    }
-    if let Some(line) = f.exec {
-        r.fallback(f.kinds.clone(), ExecHandler(Arc::new(command("exec", line)?)));
-    }
-    if let Some(line) = f.worker {
-        r.fallback(f.kinds.clone(), WorkerHandler(worker::pool(command("worker", line)?)));
-    }
-    if let Some(line) = f.aggregate_exec {
-        r.fallback_aggregator(ExecAggregator(Arc::new(command("aggregate-exec", line)?)));
-    }
-    if let Some(line) = f.aggregate_worker {
-        r.fallback_aggregator(WorkerAggregator(worker::pool(command("aggregate-worker", line)?)));
-    }
-    Ok(r)
 }
 
 /// Parses `--kinds`.

@@ -29,7 +29,6 @@ mod executor;
 pub mod exit;
 mod lock;
 mod pause;
-mod redis_server;
 mod results;
 mod ring;
 mod schedule;

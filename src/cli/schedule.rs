@@ -132,7 +132,7 @@ async fn run_add(args: &Args, a: &AddArgs) -> anyhow::Result<ExitCode> {
     let now = server_now_ms(&mut con, args.keys()?.keys()).await?;
     let s = Schedule::new(&a.name, &a.cron, &a.tz, a.overlap, a.misfire, grace, &spec, now)?;
     schedule::add(&mut con, &args.keys()?, &s, a.replace).await?;
-    let next = s.next_after(now).map_or_else(|| "never".to_owned(), |t| show(t, &s.tz));
+    let next = s.next_after(now).map_or_else(|| "never".to_owned(), |t| shardctl_common::cron::show(t, &s.tz));
     outln!("schedule {} added: '{}' in {}; next fire {next}", s.name, s.cron, s.tz);
     if shardctl_coordinator::presence::live(&mut con, &args.keys()?).await?.is_empty() {
         eprintln!(
@@ -156,27 +156,7 @@ async fn run_list(args: &Args, json: bool) -> anyhow::Result<ExitCode> {
         outln!("no schedules");
     }
     for (s, st) in &all {
-        let field = |f: &str| s.fields.iter().find(|(k, _)| k == f).map_or("?", |(_, v)| v.as_str()).to_owned();
-        outln!(
-            "{}  '{}' {}  {} × {} shards  overlap {}, misfire {}  next {}  last {} ({})",
-            s.name,
-            s.cron,
-            s.tz,
-            field("kind"),
-            field("total"),
-            s.overlap.as_str(),
-            s.misfire.as_str(),
-            st.next_fire_ms.map_or_else(|| "never".to_owned(), |t| show(t, &s.tz)),
-            st.last_fire_ms.map_or_else(|| "-".to_owned(), |t| show(t, &s.tz)),
-            st.last_task.as_deref().unwrap_or("no task"),
-        );
+        outln!("{}", shardctl::text::schedule(s, st));
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// A time in the schedule's zone, to the second.
-fn show(ms: u64, tz: &str) -> String {
-    let Ok(z) = shardctl_common::cron::zone(tz) else { return ms.to_string() };
-    let ts = jiff::Timestamp::from_millisecond(ms as i64).unwrap_or(jiff::Timestamp::UNIX_EPOCH);
-    ts.to_zoned(z).strftime("%Y-%m-%d %H:%M:%S %Z").to_string()
 }

@@ -94,20 +94,8 @@ async fn print_reasons(con: &mut Conn, args: &Args, t: &TaskInfo) -> anyhow::Res
     let id = &t.task_id;
     if t.failed <= SUMMARY_MAX_FAILED {
         let failed = shardctl_coordinator::progress::failed_shards(con, &args.keys()?, id).await?;
-        let mut by_reason: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
-        for (_, why) in &failed {
-            *by_reason.entry(why.as_str()).or_default() += 1;
-        }
-        let mut top: Vec<(&str, u64)> = by_reason.into_iter().collect();
-        top.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
-        let more = top.len().saturating_sub(TOP_REASONS);
-        outln!(
-            "failures by reason{}:",
-            if more > 0 { format!(" (the {TOP_REASONS} most frequent)") } else { String::new() }
-        );
-        for (why, n) in top.into_iter().take(TOP_REASONS) {
-            let why = why.lines().next().unwrap_or_default();
-            outln!("  {n:>7} × {why}");
+        for l in shardctl::text::top_reasons(&failed, TOP_REASONS) {
+            outln!("{l}");
         }
     }
     outln!("each failed shard: `shardctl status {id} --failed`");
@@ -127,23 +115,7 @@ pub fn print_final(t: &TaskInfo, json: bool) {
         outln!("{}", serde_json::to_string(t).expect("json"));
         return;
     }
-    let took = |from: u64| t.finished_ms.unwrap_or(from).saturating_sub(from) as f64 / 1000.0;
-    let time = match t.retried_ms {
-        Some(r) => format!("in {:.2}s since the retry ({:.2}s since dispatch)", took(r), took(t.created_ms)),
-        None => format!("in {:.2}s", took(t.created_ms)),
-    };
-    outln!(
-        "task {} {}: {} of {} shards done, {} failed, {time}",
-        t.task_id,
-        t.state.as_str(),
-        t.done,
-        t.total,
-        t.failed
-    );
-    if let Some(r) = &t.result {
-        outln!("result: {r}");
-    }
-    if let Some(e) = &t.aggregation_error {
-        outln!("aggregation failed: {e}");
+    for l in shardctl::text::ended(t) {
+        outln!("{l}");
     }
 }

@@ -195,6 +195,6 @@ async fn schedules(d: &Dashboard) -> Result<Value, Reply> {
 async fn events(d: &Dashboard, query: &HashMap<String, String>) -> Result<Value, Reply> {
     let count = number(query, "count", 50, 1..=inspect::MAX_PAGE)?;
     let mut con = d.con.clone();
-    let tail = inspect::events_tail(&mut con, &d.keys, count).await.map_err(failure)?;
+    let tail = shardctl_coordinator::events::newest(&mut con, &d.keys, count).await.map_err(failure)?;
     Ok(Value::Array(tail.iter().map(|(id, f)| crate::json::event(id, f)).collect()))
 }

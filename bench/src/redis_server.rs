@@ -1,4 +1,5 @@
-//! A private redis-server for the demo: a free port, nothing on disk, killed on drop.
+//! A private redis-server for `shardctl bench` and `shardctl demo`: a free port, nothing on
+//! disk, killed on drop.
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -6,8 +7,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
+/// A redis-server child process, killed (and its directory removed) on drop.
 pub struct RedisServer {
     child: Child,
+    /// Its URL.
     pub url: String,
     dir: std::path::PathBuf,
 }
@@ -25,6 +28,7 @@ impl RedisServer {
         Ok((Some(server), url))
     }
 
+    /// Starts one on a free loopback port, and waits until it answers (at most 10 s).
     pub fn start() -> anyhow::Result<Self> {
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let dir = std::env::temp_dir().join(format!("shardctl-demo-{}", std::process::id()));

@@ -1,0 +1,170 @@
+//! The plain-text shapes of the CLI's outputs, for a program that shows a task or a queue the
+//! way `shardctl` does: a task's progress line, a queue's summary, an ended task, its most
+//! frequent failure reasons, an event of the log, a schedule.
+
+use std::collections::HashMap;
+
+use shardctl_common::model::TaskInfo;
+use shardctl_common::schedule::{Schedule, ScheduleState};
+use shardctl_common::time::now_ms;
+use shardctl_coordinator::progress::{NodeStatus, QueueCounts};
+
+/// One line per task, its columns as wide as the longest id and kind among them: a bar, counts,
+/// rate and ETA (from the average rate since dispatch; after a `retry`, the time since it and no
+/// rate, the counts holding what ran before it).
+pub fn task_lines(tasks: &[TaskInfo]) -> Vec<String> {
+    let id_w = tasks.iter().map(|t| t.task_id.chars().count()).max().unwrap_or(0);
+    let kind_w = tasks.iter().map(|t| t.kind.chars().count()).max().unwrap_or(0);
+    tasks.iter().map(|t| task_line(t, id_w, kind_w)).collect()
+}
+
+fn task_line(t: &TaskInfo, id_w: usize, kind_w: usize) -> String {
+    const WIDTH: usize = 24;
+    let finished = t.done + t.failed;
+    let frac = if t.total == 0 { 1.0 } else { finished as f64 / t.total as f64 };
+    let filled = ((frac * WIDTH as f64).round() as usize).min(WIDTH);
+    let bar = format!("{}{}", "#".repeat(filled), "-".repeat(WIDTH - filled));
+    let now = now_ms();
+    let secs = t.finished_ms.unwrap_or(now).saturating_sub(t.retried_ms.unwrap_or(t.created_ms)) as f64 / 1000.0;
+    let rate = if secs > 0.0 && t.retried_ms.is_none() { finished as f64 / secs } else { 0.0 };
+    // a delayed task: when it starts
+    let starts_in = t.start_ms.filter(|&s| s > now && !t.state.is_finished()).map(|s| s - now);
+    let eta = match (t.state.is_finished(), t.retried_ms, starts_in) {
+        (false, None, Some(s)) => format!("starts in {}", human_secs(s as f64 / 1000.0)),
+        (true, None, _) => format!("took {}", human_secs(secs)),
+        (true, Some(_), _) => format!("took {} since the retry", human_secs(secs)),
+        (false, Some(_), _) => format!("retried {} ago", human_secs(secs)),
+        (false, None, None) if rate > 0.0 => format!("eta {}", human_secs((t.total - finished) as f64 / rate)),
+        (false, None, None) => "eta ?".to_owned(),
+    };
+    let rate = if t.retried_ms.is_none() && starts_in.is_none() { format!(" {rate:.0}/s") } else { String::new() };
+    format!(
+        "{:<id_w$}  {:<kind_w$}  {:<11} [{bar}] {:>5.1}% {finished}/{} ({} failed){rate} {eta}",
+        t.task_id,
+        t.kind,
+        t.state.as_str(),
+        frac * 100.0,
+        t.total,
+        t.failed,
+    )
+}
+
+fn human_secs(s: f64) -> String {
+    match s {
+        s if s < 60.0 => format!("{s:.1}s"),
+        s if s < 3600.0 => format!("{}m{:02}s", (s / 60.0) as u64, (s % 60.0) as u64),
+        s => format!("{}h{:02}m", (s / 3600.0) as u64, ((s % 3600.0) / 60.0) as u64),
+    }
+}
+
+/// A queue's summary: its counts, its tasks by state and the recent ones, its live executors
+/// and coordinators.
+pub fn queue(q: &QueueCounts, nodes: &[NodeStatus], coordinators: &[String]) -> Vec<String> {
+    let paused = if q.paused { " (paused)" } else { "" };
+    let mut out = vec![format!("queue {}{paused}: {} waiting, {} active, {} delayed", q.queue, q.waiting, q.active, q.delayed)];
+    let mut states: Vec<_> = q.tasks.iter().collect();
+    states.sort();
+    let states: Vec<String> = states.iter().map(|(s, n)| format!("{n} {s}")).collect();
+    out.push(format!("tasks: {}", if states.is_empty() { "none".into() } else { states.join(", ") }));
+    out.extend(task_lines(&q.recent).into_iter().map(|l| format!("  {l}")));
+    out.push(format!("executors: {}", if nodes.is_empty() { "none live" } else { "" }));
+    let num = |v: Option<u64>| v.map_or_else(|| "?".to_owned(), |v| v.to_string());
+    for n in nodes {
+        out.push(format!(
+            "  {} ({} pid {}, concurrency {}, kinds {}): {} active, {} routed waiting, heartbeat {} ms ago",
+            n.node,
+            n.host,
+            num(n.pid),
+            num(n.concurrency),
+            if n.kinds.is_empty() { "?" } else { &n.kinds },
+            n.active,
+            n.waiting,
+            n.heartbeat_age_ms
+        ));
+    }
+    out.push(match coordinators {
+        [] => "coordinators: none live (schedules do not fire without one)".to_owned(),
+        names => format!("coordinators: {}", names.join(", ")),
+    });
+    out
+}
+
+/// An ended task: its state, counts and time, then its result or its aggregation's failure.
+pub fn ended(t: &TaskInfo) -> Vec<String> {
+    let took = |from: u64| t.finished_ms.unwrap_or(from).saturating_sub(from) as f64 / 1000.0;
+    let time = match t.retried_ms {
+        Some(r) => format!("in {:.2}s since the retry ({:.2}s since dispatch)", took(r), took(t.created_ms)),
+        None => format!("in {:.2}s", took(t.created_ms)),
+    };
+    let (id, state) = (&t.task_id, t.state.as_str());
+    let mut out = vec![format!("task {id} {state}: {} of {} shards done, {} failed, {time}", t.done, t.total, t.failed)];
+    out.extend(outcome(t));
+    out
+}
+
+/// A task's result, or its aggregation's failure (none while neither is known).
+pub fn outcome(t: &TaskInfo) -> Vec<String> {
+    let result = t.result.as_ref().map(|r| format!("result: {r}"));
+    result.into_iter().chain(t.aggregation_error.as_ref().map(|e| format!("aggregation failed: {e}"))).collect()
+}
+
+/// The `top` most frequent reasons among failed shards (index, reason), with their counts, most
+/// frequent first; each reason's first line.
+pub fn top_reasons(failed: &[(u64, String)], top: usize) -> Vec<String> {
+    let mut by_reason: HashMap<&str, u64> = HashMap::new();
+    for (_, why) in failed {
+        *by_reason.entry(why.as_str()).or_default() += 1;
+    }
+    let mut ranked: Vec<(&str, u64)> = by_reason.into_iter().collect();
+    ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let more = if ranked.len() > top { format!(" (the {top} most frequent)") } else { String::new() };
+    let mut out = vec![format!("failures by reason{more}:")];
+    for (why, n) in ranked.into_iter().take(top) {
+        out.push(format!("  {n:>7} × {}", why.lines().next().unwrap_or_default()));
+    }
+    out
+}
+
+/// An event of the log: its time (UTC, to the millisecond), its name, then its fields.
+pub fn event(id: &str, fields: &[(String, String)]) -> String {
+    let ms: u64 = id.split('-').next().and_then(|m| m.parse().ok()).unwrap_or(0);
+    let t = humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms));
+    let event = fields.iter().find(|(k, _)| k == "event").map_or("?", |(_, v)| v.as_str());
+    let rest: Vec<String> = fields.iter().filter(|(k, _)| k != "event").map(|(k, v)| format!("{k}={v}")).collect();
+    format!("{t} {event:<18} {}", rest.join(" "))
+}
+
+/// A schedule with its last and next fire times, in its zone.
+pub fn schedule(s: &Schedule, st: &ScheduleState) -> String {
+    let field = |f: &str| s.fields.iter().find(|(k, _)| k == f).map_or("?", |(_, v)| v.as_str());
+    let show = |t: u64| shardctl_common::cron::show(t, &s.tz);
+    format!(
+        "{}  '{}' {}  {} × {} shards  overlap {}, misfire {}  next {}  last {} ({})",
+        s.name,
+        s.cron,
+        s.tz,
+        field("kind"),
+        field("total"),
+        s.overlap.as_str(),
+        s.misfire.as_str(),
+        st.next_fire_ms.map_or_else(|| "never".to_owned(), show),
+        st.last_fire_ms.map_or_else(|| "-".to_owned(), show),
+        st.last_task.as_deref().unwrap_or("no task"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_are_counted_most_frequent_first() {
+        let failed: Vec<(u64, String)> =
+            [(0, "b"), (1, "a\nline two"), (2, "a\nline two"), (3, "c")].map(|(i, r)| (i, r.to_owned())).into();
+        let lines = top_reasons(&failed, 2);
+        assert_eq!(lines[0], "failures by reason (the 2 most frequent):");
+        assert_eq!(lines[1], "        2 × a");
+        assert_eq!(lines[2], "        1 × b");
+        assert_eq!(lines.len(), 3);
+    }
+}
