@@ -1,8 +1,10 @@
 //! The JSON shapes shared by the CLI's `--json` outputs and the dashboard's API (documented by
 //! the schemas in docs/schemas): fields stored as text in Redis given their JSON types, an event
-//! of the log, a schedule with its progress.
+//! of the log, a schedule with its progress, a queue's settings.
 
 use serde_json::{json, Map, Value};
+use shardctl_common::control::QueueSettings;
+use shardctl_common::partition::Layout;
 use shardctl_common::schedule::{Schedule, ScheduleState};
 
 /// A field stored as text in Redis, as JSON of its type: the counts, sizes, times and ids that
@@ -74,4 +76,18 @@ pub fn schedule(s: &Schedule, st: &ScheduleState) -> Value {
     v["fields"] = Value::Object(fields);
     v["state"] = serde_json::to_value(st).unwrap_or(Value::Null);
     v
+}
+
+/// A queue's settings (`shardctl config --json`).
+pub fn settings(queue: &str, s: &QueueSettings, layout: &Layout, masters: Option<&[String]>) -> Value {
+    let tags: Vec<&str> = layout.parts.iter().map(|p| p.tag()).collect();
+    json!({
+        "queue": queue,
+        "events_maxlen": s.events_maxlen,
+        "events_completions": s.events_completions,
+        "paused": s.paused,
+        "partitions": layout.count(),
+        "partition_tags": tags,
+        "partition_masters": masters,
+    })
 }

@@ -5,6 +5,8 @@
 //! # Layout
 //! - [`node`]: [`Node`], an executor node assembled from a handler registry and a config
 //!   (executor runtime, membership and rebalancing, stalled sweep, metrics, graceful shutdown).
+//! - [`coordinate`]: [`Coordinator`], a queue's coordinator assembled from a config (the
+//!   daemon's upkeep, its metrics, the dashboard).
 //! - [`metrics`]: the Prometheus exporter (`GET /metrics`).
 //! - [`locked`]: running a command under a distributed lock (`shardctl lock`).
 //! - [`dashboard`]: the coordinator's web dashboard and its JSON API.
@@ -42,6 +44,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod coordinate;
 pub mod dashboard;
 pub mod json;
 pub mod locked;
@@ -49,6 +52,7 @@ pub mod metrics;
 pub mod node;
 pub mod text;
 
+pub use coordinate::{Coordinator, CoordinatorConfig};
 pub use node::{Node, NodeConfig};
 pub use shardctl_common::model::TaskSpec;
 pub use shardctl_common::{Error, Home, Keys, Result};

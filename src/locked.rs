@@ -6,15 +6,16 @@
 //! - a lost lock SIGKILLs the group at once;
 //! - the lock is released (compare and delete) once nothing of the group is left.
 //!
-//! [`run`] returns how it ended ([`Ended`]); the caller says it and picks an exit code.
+//! [`run`] returns how it ended ([`Ended`]); [`Ended::said`] gives what to say of it and the
+//! exit code `shardctl lock` ends with ([`exit`]).
 
 use std::ffi::OsString;
 use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use shardctl_common::lock::{watchdog, Lease, RedisLock, Redlock};
-use shardctl_common::Result;
+use shardctl_common::lock::{watchdog, Lease, LockKeys, RedisLock, Redlock};
+use shardctl_common::{conn, Error, Result};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
@@ -26,7 +27,45 @@ pub enum AnyLock {
     Red(Redlock),
 }
 
+/// The exit codes of `shardctl lock` for its own outcomes. It passes its command's exit status
+/// through, so, like timeout(1) and env(1), it takes codes a command rarely uses (123 to 127,
+/// 128 + n).
+pub mod exit {
+    /// The lock stayed held by another past `--wait`; the command did not run.
+    pub const NOT_ACQUIRED: u8 = 123;
+    /// The lock was lost while the command ran (or while it was being stopped): its process
+    /// group was killed.
+    pub const LOCK_LOST: u8 = 124;
+    /// shardctl itself failed: bad usage or input, Redis unreachable, any other error.
+    pub const FAILED: u8 = 125;
+    /// The command was found but could not be started (permission, not executable).
+    pub const CANNOT_INVOKE: u8 = 126;
+    /// The command was not found.
+    pub const NOT_FOUND: u8 = 127;
+    /// shardctl was stopped by signal `n` (SIGINT, SIGTERM, SIGHUP), or the command was killed
+    /// by signal `n` (as a shell reports it): 128 + n.
+    pub const SIGNAL_BASE: u8 = 128;
+}
+
 impl AnyLock {
+    /// Lock `name` under `prefix` with time to live `ttl`: on the Redis of `url`, or, when
+    /// `redlock` names servers (at least 3), Redlock over them (a server down at start still
+    /// counts against the quorum: each is connected lazily).
+    pub async fn open(url: &str, prefix: &str, name: &str, ttl: Duration, redlock: &[String]) -> Result<AnyLock> {
+        let keys = LockKeys::new(prefix, name)?;
+        if ttl < Duration::from_millis(30) {
+            return Err(Error::invalid("--ttl must be at least 30ms"));
+        }
+        if redlock.is_empty() {
+            return Ok(AnyLock::One(RedisLock::new(conn::open(url)?.manager().await?, keys, ttl)));
+        }
+        if redlock.len() < 3 {
+            return Err(Error::invalid("--redlock needs at least 3 independent servers"));
+        }
+        let servers = redlock.iter().map(|url| conn::open(url)?.lazy()).collect::<Result<Vec<_>>>()?;
+        Ok(AnyLock::Red(Redlock::new(servers, keys, ttl)))
+    }
+
     async fn acquire(&self, wait: Duration) -> Result<Option<Lease>> {
         match self {
             AnyLock::One(l) => l.acquire(wait).await,
@@ -70,6 +109,53 @@ pub enum Ended {
     Signalled(u8),
     /// The lock was lost; the command's group was killed.
     Lost,
+}
+
+impl Ended {
+    /// What to say on stderr of how the run of `cmd` ended (nothing when the command ended by
+    /// itself), and the exit code: one of [`exit`], or the command's own.
+    pub fn said(&self, cmd: &Locked) -> (Option<String>, u8) {
+        use std::os::unix::process::ExitStatusExt;
+        let name = &cmd.name;
+        let program = cmd.command.first().map(|p| p.to_string_lossy()).unwrap_or_default();
+        match self {
+            Ended::SignalledWhileWaiting(sig) => (
+                Some(format!(
+                    "shardctl lock '{name}': SIG{} while waiting for the lock: the command did not run",
+                    signal_name(*sig)
+                )),
+                exit::SIGNAL_BASE + sig,
+            ),
+            Ended::NotAcquired => (
+                Some(format!(
+                    "shardctl lock '{name}': the lock is held by another (waited {:?}): the command did not run",
+                    cmd.wait
+                )),
+                exit::NOT_ACQUIRED,
+            ),
+            Ended::CannotStart(e) => (
+                Some(format!("shardctl lock '{name}': cannot start '{program}': {e}")),
+                if e.kind() == std::io::ErrorKind::NotFound { exit::NOT_FOUND } else { exit::CANNOT_INVOKE },
+            ),
+            Ended::Exited(status) => match (status.code(), status.signal()) {
+                (Some(c), _) => (None, c.clamp(0, 255) as u8),
+                (None, Some(s)) => (None, exit::SIGNAL_BASE.saturating_add(s.clamp(0, 127) as u8)),
+                (None, None) => (None, exit::FAILED),
+            },
+            Ended::WaitFailed(e) => (Some(format!("error: lock '{name}': waiting for the command: {e}")), exit::FAILED),
+            Ended::Signalled(sig) => (
+                Some(format!(
+                    "shardctl lock '{name}': SIG{}: the command's process group was stopped and the lock released",
+                    signal_name(*sig)
+                )),
+                exit::SIGNAL_BASE + sig,
+            ),
+            Ended::Lost => (
+                Some(format!("error: lock '{name}' was lost while the command ran: its process group was killed")),
+                exit::LOCK_LOST,
+            ),
+        }
+    }
 }
 
 /// Takes `lock`, runs the command under it, releases it; see the module's text.

@@ -1,10 +1,12 @@
 //! The plain-text shapes of the CLI's outputs, for a program that shows a task or a queue the
 //! way `shardctl` does: a task's progress line, a queue's summary, an ended task, its most
-//! frequent failure reasons, an event of the log, a schedule.
+//! frequent failure reasons, an event of the log, a schedule, a queue's settings.
 
 use std::collections::HashMap;
 
+use shardctl_common::control::QueueSettings;
 use shardctl_common::model::TaskInfo;
+use shardctl_common::partition::Layout;
 use shardctl_common::schedule::{Schedule, ScheduleState};
 use shardctl_common::time::now_ms;
 use shardctl_coordinator::progress::{NodeStatus, QueueCounts};
@@ -61,7 +63,8 @@ fn human_secs(s: f64) -> String {
 /// and coordinators.
 pub fn queue(q: &QueueCounts, nodes: &[NodeStatus], coordinators: &[String]) -> Vec<String> {
     let paused = if q.paused { " (paused)" } else { "" };
-    let mut out = vec![format!("queue {}{paused}: {} waiting, {} active, {} delayed", q.queue, q.waiting, q.active, q.delayed)];
+    let mut out =
+        vec![format!("queue {}{paused}: {} waiting, {} active, {} delayed", q.queue, q.waiting, q.active, q.delayed)];
     let mut states: Vec<_> = q.tasks.iter().collect();
     states.sort();
     let states: Vec<String> = states.iter().map(|(s, n)| format!("{n} {s}")).collect();
@@ -97,7 +100,8 @@ pub fn ended(t: &TaskInfo) -> Vec<String> {
         None => format!("in {:.2}s", took(t.created_ms)),
     };
     let (id, state) = (&t.task_id, t.state.as_str());
-    let mut out = vec![format!("task {id} {state}: {} of {} shards done, {} failed, {time}", t.done, t.total, t.failed)];
+    let mut out =
+        vec![format!("task {id} {state}: {} of {} shards done, {} failed, {time}", t.done, t.total, t.failed)];
     out.extend(outcome(t));
     out
 }
@@ -151,6 +155,25 @@ pub fn schedule(s: &Schedule, st: &ScheduleState) -> String {
         st.last_fire_ms.map_or_else(|| "-".to_owned(), show),
         st.last_task.as_deref().unwrap_or("no task"),
     )
+}
+
+/// A queue's settings (`shardctl config`): the event log, paused, its partitions (and on a
+/// cluster the master of each).
+pub fn settings(queue: &str, s: &QueueSettings, layout: &Layout, masters: Option<&[String]>) -> Vec<String> {
+    let tags: Vec<&str> = layout.parts.iter().map(|p| p.tag()).collect();
+    let mut out = vec![
+        format!("queue {queue}"),
+        format!("events_maxlen      {}{}", s.events_maxlen, if s.events_maxlen == 0 { " (events off)" } else { "" }),
+        format!("events_completions {}", if s.events_completions { "on" } else { "off" }),
+        format!("paused             {}", s.paused),
+        format!(
+            "partitions         {}{}",
+            layout.count(),
+            if tags.is_empty() { String::new() } else { format!(" ({})", tags.join(" ")) }
+        ),
+    ];
+    out.extend(masters.map(|m| format!("partition masters  {}", m.join(" "))));
+    out
 }
 
 #[cfg(test)]

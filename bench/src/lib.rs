@@ -31,11 +31,12 @@
 
 //!
 //! # Layout
-//! One file per scenario group (`queue`: e2e and dispatch; `holding`: idle and upkeep; `primes`,
+//! `args` ([`BenchArgs`], the command's flags); one file per scenario group (`queue`: e2e and dispatch; `holding`: idle and upkeep; `primes`,
 //! `small`, `rss`, `pickup`, `failover`, `cluster`, `bullmq`, `workers`), `process` (executor processes of
 //! [`Options::exe`]), `stats` (Redis `INFO` figures), `table` (medians against targets),
 //! [`redis_server`] (the private server of `shardctl bench` and `shardctl demo`).
 
+mod args;
 mod bullmq;
 mod cluster;
 mod failover;
@@ -57,6 +58,7 @@ use std::collections::BTreeMap;
 use serde_json::json;
 use shardctl_common::{conn, Home};
 
+pub use args::BenchArgs;
 use scenario::Ctx;
 pub use scenario::{Figures, Options, Scenario};
 

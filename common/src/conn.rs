@@ -44,6 +44,18 @@ impl std::fmt::Debug for Endpoint {
     }
 }
 
+/// The Redis URL held on the first line of a file (so that a password stays out of the process
+/// list: `--redis-url-file`). An unreadable file, or one with no URL, is bad input; the error
+/// names the file, never its content.
+pub fn url_from_file(path: &std::path::Path) -> Result<String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::invalid(format!("cannot read --redis-url-file {}: {e}", path.display())))?;
+    match text.lines().next().map(str::trim).filter(|l| !l.is_empty()) {
+        Some(url) => Ok(url.to_owned()),
+        None => Err(Error::invalid(format!("--redis-url-file {} holds no URL on its first line", path.display()))),
+    }
+}
+
 /// Opens an endpoint for `url`, one server or a `redis+cluster://` list of seed nodes (see
 /// [`crate::redis_url`]). Nothing is sent yet.
 pub fn open(url: &str) -> Result<Endpoint> {

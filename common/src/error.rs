@@ -184,6 +184,27 @@ impl fmt::Display for ScriptCode {
     }
 }
 
+/// Redis's refusals of authentication and permission (repeated once per pipelined command), as
+/// one sentence that says what to do; `None` for any other error's text.
+pub fn explain(text: &str) -> Option<String> {
+    if text.contains("NOAUTH") {
+        return Some(
+            "redis requires authentication: put the user and password in the URL \
+             (redis://user:password@host:port), best through --redis-url-file F"
+                .into(),
+        );
+    }
+    if text.contains("NoPerm") || text.contains("NOPERM") {
+        // redis's own words name the command or key; once, not once per pipelined command
+        let said = text.split("error: ").nth(1).and_then(|s| s.split(')').next()).unwrap_or("");
+        return Some(format!(
+            "the redis user lacks a permission shardctl needs (a command, or the keys ~{{PREFIX:*): \
+             see docs/operations.md, 'Production Redis', for the minimal ACL (redis said: {said})"
+        ));
+    }
+    None
+}
+
 /// The error for script code `code` (< 0) refusing to `what` task `id`.
 pub(crate) fn refused(id: &str, code: i64, what: &str) -> Error {
     match ScriptCode::from_code(code) {

@@ -50,7 +50,7 @@ impl Home {
 
     /// The prefix and queue names the home was made of.
     pub fn names(&self) -> (&str, &str) {
-        let tag = &self.keys.prefix()[1..self.keys.prefix().len() - 2];
+        let tag = self.keys.tag();
         let queue = self.keys.queue();
         (&tag[..tag.len() - queue.len() - 1], queue)
     }

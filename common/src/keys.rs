@@ -41,6 +41,11 @@ impl Keys {
         &self.prefix
     }
 
+    /// The hash tag of every key of the keyspace: `P:Q` of `{P:Q}:`, a slot's name on a cluster.
+    pub fn tag(&self) -> &str {
+        self.prefix.strip_prefix('{').and_then(|p| p.strip_suffix("}:")).unwrap_or(&self.prefix)
+    }
+
     fn key(&self, suffix: &str) -> String {
         format!("{}{suffix}", self.prefix)
     }

@@ -1,8 +1,9 @@
 //! Dispatch of a pull task: validate, then one script call that stores the task hash and puts
-//! the task in the runnable set. O(1) in time and Redis memory whatever the shard count.
+//! the task in the runnable set. O(1) in time and Redis memory whatever the shard count. Also
+//! the reading of what a task is dispatched with: a payload file, a keys file.
 
 use redis::aio::ConnectionLike;
-use shardctl_common::model::TaskSpec;
+use shardctl_common::model::{TaskSpec, MAX_PAYLOAD_BYTES};
 use shardctl_common::time::now_ms;
 use shardctl_common::{scripts, Error, Home, Result, ScriptCode};
 
@@ -115,4 +116,39 @@ pub async fn dispatch(
     crate::route::Router::over(con, keys, live).await?.route_task(con, keys, &spec.id).await?;
     let placed: Option<u64> = con.hget(keys.task(&spec.id), "routed").await?;
     Ok(Dispatched { resumed, placed: placed.unwrap_or(0), live: n })
+}
+
+/// The routing keys of a keys file (`dispatch --keys-file`): one per non-empty line, a trailing
+/// `\r` removed; a file with none is refused.
+pub fn read_keys_file(path: &std::path::Path) -> Result<Vec<String>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::invalid(format!("cannot read keys file {}: {e}", path.display())))?;
+    let keys: Vec<String> =
+        text.lines().map(|l| l.trim_end_matches('\r')).filter(|l| !l.is_empty()).map(str::to_owned).collect();
+    if keys.is_empty() {
+        return Err(Error::invalid(format!("keys file {} has no keys", path.display())));
+    }
+    Ok(keys)
+}
+
+/// A task's payload read from a file (`-`: stdin), at most [`MAX_PAYLOAD_BYTES`] of UTF-8 (read
+/// up to one byte past the limit, never more).
+pub fn read_payload_file(path: &std::path::Path) -> Result<String> {
+    use std::io::Read;
+    let limit = MAX_PAYLOAD_BYTES as u64 + 1;
+    let mut buf = Vec::new();
+    let read = if path.as_os_str() == "-" {
+        std::io::stdin().take(limit).read_to_end(&mut buf)
+    } else {
+        std::fs::File::open(path).and_then(|f| f.take(limit).read_to_end(&mut buf))
+    };
+    read.map_err(|e| Error::invalid(format!("cannot read payload file {}: {e}", path.display())))?;
+    if buf.len() as u64 == limit {
+        return Err(Error::invalid(format!(
+            "payload file {} is over the limit of {} bytes (1 MiB)",
+            path.display(),
+            limit - 1
+        )));
+    }
+    String::from_utf8(buf).map_err(|_| Error::invalid("payload file is not UTF-8"))
 }

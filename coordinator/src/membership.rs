@@ -172,6 +172,21 @@ pub async fn served_kinds<C: redis::aio::ConnectionLike + Send>(
     Ok(Some(served))
 }
 
+/// `None` while a live executor may serve `kind` (or nothing can be said: see [`served_kinds`]),
+/// else what to say: "no live executor serves kind 'prime'; served: primes, report".
+pub async fn unserved<C: redis::aio::ConnectionLike + Send>(
+    con: &mut C,
+    keys: &Home,
+    kind: &str,
+) -> Result<Option<String>> {
+    let Some(served) = served_kinds(con, keys).await? else { return Ok(None) };
+    if served.contains(kind) {
+        return Ok(None);
+    }
+    let list = served.iter().map(String::as_str).collect::<Vec<_>>().join(", ");
+    Ok(Some(format!("no live executor serves kind '{kind}'; served: {list}")))
+}
+
 /// Refreshes the heartbeat every `cfg.heartbeat` and rebalances after each, until `stop`; a
 /// notification of `wake` rebalances at once (routed work is waiting), trying again shortly
 /// while another process holds the rebalance lock (it may have passed the waiting work by).

@@ -60,17 +60,7 @@ impl Args {
         if self.redis.is_some() {
             return Err(shardctl_common::Error::invalid("give --redis or --redis-url-file, not both").into());
         }
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            shardctl_common::Error::invalid(format!("cannot read --redis-url-file {}: {e}", path.display()))
-        })?;
-        match text.lines().next().map(str::trim).filter(|l| !l.is_empty()) {
-            Some(url) => Ok(Some(url.to_owned())),
-            None => Err(shardctl_common::Error::invalid(format!(
-                "--redis-url-file {} holds no URL on its first line",
-                path.display()
-            ))
-            .into()),
-        }
+        Ok(Some(shardctl_common::conn::url_from_file(path)?))
     }
     pub(crate) fn redis_url(&self) -> anyhow::Result<String> {
         Ok(self.given_redis()?.unwrap_or_else(|| DEFAULT_REDIS.to_owned()))

@@ -42,36 +42,15 @@ pub async fn run(args: &Args, a: &ConfigArgs) -> anyhow::Result<ExitCode> {
         Some(k) => shardctl_common::partition::set_count(&mut con, &keys, k, endpoint.is_cluster()).await?,
         None => shardctl_common::partition::layout(&mut con, &keys).await?,
     };
-    let tags: Vec<String> = layout.parts.iter().map(|p| p.prefix()[1..p.prefix().len() - 2].to_owned()).collect();
     // on a cluster, where each partition lies now
     let masters: Option<Vec<String>> =
         if endpoint.is_cluster() { shardctl_common::partition::masters_of(&mut con, &layout).await? } else { None };
     let s = control::queue_settings(&mut con, &keys, a.events_maxlen, a.events_completions).await?;
     if a.json {
-        outln!(
-            "{}",
-            serde_json::json!({
-                "queue": args.queue,
-                "events_maxlen": s.events_maxlen,
-                "events_completions": s.events_completions,
-                "paused": s.paused,
-                "partitions": layout.count(),
-                "partition_tags": tags,
-                "partition_masters": masters,
-            })
-        );
+        outln!("{}", shardctl::json::settings(&args.queue, &s, &layout, masters.as_deref()));
     } else {
-        outln!("queue {}", args.queue);
-        outln!("events_maxlen      {}{}", s.events_maxlen, if s.events_maxlen == 0 { " (events off)" } else { "" });
-        outln!("events_completions {}", if s.events_completions { "on" } else { "off" });
-        outln!("paused             {}", s.paused);
-        outln!(
-            "partitions         {}{}",
-            layout.count(),
-            if tags.is_empty() { String::new() } else { format!(" ({})", tags.join(" ")) }
-        );
-        if let Some(m) = &masters {
-            outln!("partition masters  {}", m.join(" "));
+        for l in shardctl::text::settings(&args.queue, &s, &layout, masters.as_deref()) {
+            outln!("{l}");
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -1,14 +1,13 @@
 //! `shardctl coordinator`: the maintenance duties and the progress metrics of one queue, until
 //! SIGINT or SIGTERM.
 
-use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use shardctl_coordinator::daemon::{self, DaemonConfig};
+use shardctl::coordinate::{Coordinator, CoordinatorConfig, Listen};
+use shardctl_coordinator::daemon::DaemonConfig;
 use shardctl_coordinator::sweep::{SweepConfig, DEFAULT_MAX_STALLED};
-use tokio_util::sync::CancellationToken;
 
 use super::args::{connect, duration, Args};
 
@@ -19,13 +18,13 @@ pub struct CoordinatorArgs {
     /// taken (a second coordinator on the host), it runs without them and says so; an address
     /// given here must be free.
     #[arg(long, value_parser = addr_or_off)]
-    pub metrics_addr: Option<MetricsAddr>,
+    pub metrics_addr: Option<Listen>,
     /// Serve the web dashboard on this address; `off` for none. Default 127.0.0.1:8080
     /// (loopback: give 0.0.0.0:PORT to serve other hosts, then with --ui-token-file and behind a
     /// proxy with TLS). When the default is taken (a second coordinator on the host), it runs
     /// without one and says so; an address given here must be free.
     #[arg(long, value_parser = addr_or_off)]
-    pub ui_addr: Option<MetricsAddr>,
+    pub ui_addr: Option<Listen>,
     /// Allow the dashboard's actions (pause, resume, cancel, retry) to requests carrying the token
     /// held on this file's first line (at least 16 characters); without it the dashboard is
     /// read-only.
@@ -49,68 +48,27 @@ pub struct CoordinatorArgs {
     pub max_stalled_count: u32,
 }
 
-/// Where the dashboard listens unless told otherwise.
-pub const DEFAULT_UI_ADDR: &str = "127.0.0.1:8080";
-
-/// A listener's address (metrics, dashboard), or none (`off`).
-#[derive(Debug, Clone, Copy)]
-pub struct MetricsAddr(Option<SocketAddr>);
-
-fn addr_or_off(s: &str) -> Result<MetricsAddr, String> {
+fn addr_or_off(s: &str) -> Result<Listen, String> {
     if s == "off" {
-        return Ok(MetricsAddr(None));
+        return Ok(Listen::Off);
     }
-    s.parse().map(|a| MetricsAddr(Some(a))).map_err(|e| format!("'{s}': {e} (an address like 127.0.0.1:9465, or off)"))
+    s.parse().map(Listen::At).map_err(|e| format!("'{s}': {e} (an address like 127.0.0.1:9465, or off)"))
 }
 
 pub async fn run(args: &Args, a: &CoordinatorArgs) -> anyhow::Result<ExitCode> {
-    let cfg = DaemonConfig {
-        refresh: a.refresh,
-        finished_retention: a.finished_retention,
-        sweep: SweepConfig { interval: a.stalled_interval, max_stalled: a.max_stalled_count },
+    let defaults = CoordinatorConfig::default();
+    let cfg = CoordinatorConfig {
+        daemon: DaemonConfig {
+            refresh: a.refresh,
+            finished_retention: a.finished_retention,
+            sweep: SweepConfig { interval: a.stalled_interval, max_stalled: a.max_stalled_count },
+        },
+        metrics: a.metrics_addr.unwrap_or(defaults.metrics),
+        dashboard: a.ui_addr.unwrap_or(defaults.dashboard),
+        ui_token: a.ui_token_file.as_deref().map(shardctl::dashboard::read_token).transpose()?,
     };
-    cfg.validate().map_err(shardctl_common::Error::Invalid)?;
-    let token = a.ui_token_file.as_deref().map(shardctl::dashboard::read_token).transpose()?;
+    let coordinator = Coordinator::new(cfg)?;
     let (_, con) = connect(args).await?;
-    let metrics = a
-        .metrics_addr
-        .unwrap_or(MetricsAddr(Some(shardctl::metrics::DEFAULT_COORDINATOR_ADDR.parse().expect("an address"))));
-    if let MetricsAddr(Some(addr)) = metrics {
-        match shardctl::metrics::install(addr, Some(cfg.gauge_idle_timeout())) {
-            Ok(()) => {}
-            Err(e) if a.metrics_addr.is_none() => {
-                tracing::warn!("no metrics: {e} (another coordinator on this host? --metrics-addr picks an address)")
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-    let (stop, now) = (CancellationToken::new(), CancellationToken::new());
-    let ui = a.ui_addr.unwrap_or(MetricsAddr(Some(DEFAULT_UI_ADDR.parse().expect("an address"))));
-    if let MetricsAddr(Some(addr)) = ui {
-        let read_only = token.is_none();
-        let dashboard = shardctl::dashboard::Dashboard::new(con.clone(), args.keys()?, token);
-        match shardctl::dashboard::serve(addr, dashboard, stop.clone()).await {
-            Ok(at) => {
-                let how = if read_only { "read-only: no --ui-token-file" } else { "actions need the token" };
-                tracing::info!("dashboard on http://{at}/ ({how})");
-            }
-            Err(e) if a.ui_addr.is_none() => {
-                tracing::warn!("no dashboard: {e} (another coordinator on this host? --ui-addr picks an address)")
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-    let what = "the round of upkeep under way (sweep, promotions, rebalance, schedule firing) ends, \
-                then this coordinator leaves the coordinators set";
-    shardctl_executor::shutdown::cancel_on_signals(stop.clone(), now.clone(), what.to_owned());
-    tracing::info!(queue = %args.queue, refresh = ?cfg.refresh, retention = ?cfg.finished_retention, "coordinator started");
-    let lapse = shardctl_coordinator::presence::lifetime(cfg.refresh);
-    tokio::select! {
-        () = daemon::run(con, args.keys()?, cfg, stop) => tracing::info!("coordinator stopped"),
-        () = now.cancelled() => tracing::warn!(
-            "coordinator stopped at once: its entry in the coordinators set lapses within {}",
-            humantime::format_duration(lapse)
-        ),
-    }
+    coordinator.run_until_signal(con, args.keys()?).await?;
     Ok(ExitCode::SUCCESS)
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::Parser;
 use shardctl_common::ring::Strategy;
 use shardctl_common::Error;
-use shardctl_coordinator::dispatch::{dispatch, new_task_id};
+use shardctl_coordinator::dispatch::{dispatch, new_task_id, read_keys_file};
 
 use super::args::{connect, duration, Args};
 use super::task_args::TaskArgs;
@@ -40,7 +40,7 @@ pub struct DispatchArgs {
 }
 
 pub async fn run(args: &Args, a: &DispatchArgs) -> anyhow::Result<ExitCode> {
-    let shard_keys = a.keys_file.as_deref().map(read_keys).transpose()?;
+    let shard_keys = a.keys_file.as_deref().map(read_keys_file).transpose()?;
     let shards = match (&shard_keys, a.task.shards) {
         (Some(k), Some(n)) if k.len() as u64 != n => {
             return Err(Error::invalid(format!("--shards {n} but the keys file has {} keys", k.len())).into())
@@ -61,18 +61,12 @@ pub async fn run(args: &Args, a: &DispatchArgs) -> anyhow::Result<ExitCode> {
     }
     let (_, mut con) = connect(args).await?;
     // a kind no live executor serves would wait forever: a typo (`prime`) is said at once
-    if let Some(served) = shardctl_coordinator::membership::served_kinds(&mut con, &args.keys()?).await? {
-        if !served.contains(&spec.kind) {
-            let list = served.iter().map(String::as_str).collect::<Vec<_>>().join(", ");
-            let said = format!("no live executor serves kind '{}'; served: {list}", spec.kind);
-            if !a.unserved {
-                return Err(Error::invalid(format!(
-                    "{said} (start an executor that serves it, or give --unserved to queue it anyway)"
-                ))
-                .into());
-            }
-            eprintln!("note: {said}; its shards wait until an executor serving it starts");
+    if let Some(said) = shardctl_coordinator::membership::unserved(&mut con, &args.keys()?, &spec.kind).await? {
+        if !a.unserved {
+            let what = "start an executor that serves it, or give --unserved to queue it anyway";
+            return Err(Error::invalid(format!("{said} ({what})")).into());
         }
+        eprintln!("note: {said}; its shards wait until an executor serving it starts");
     }
     let d = dispatch(&mut con, &args.keys()?, &spec, shard_keys.as_deref()).await?;
     if a.delay.is_some_and(|d| !d.is_zero()) {
@@ -97,16 +91,4 @@ pub async fn run(args: &Args, a: &DispatchArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     super::wait::wait_or_interrupt(&mut con, args, &spec.id, a.timeout, a.json).await
-}
-
-/// One key per non-empty line (trailing `\r` removed).
-fn read_keys(path: &std::path::Path) -> anyhow::Result<Vec<String>> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| Error::invalid(format!("cannot read keys file {}: {e}", path.display())))?;
-    let keys: Vec<String> =
-        text.lines().map(|l| l.trim_end_matches('\r')).filter(|l| !l.is_empty()).map(str::to_owned).collect();
-    if keys.is_empty() {
-        return Err(Error::invalid(format!("keys file {} has no keys", path.display())).into());
-    }
-    Ok(keys)
 }

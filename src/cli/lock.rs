@@ -2,17 +2,14 @@
 //! Redis, or Redlock with `--redlock`), renewed while it runs, with the fencing token exported as
 //! `SHARDCTL_FENCING_TOKEN`.
 //!
-//! The running is the library's ([`shardctl::locked`]); here are the flags, the locks built from
-//! them, and each outcome said and turned into an exit code ([`exit`]; the command's own exit
-//! code is passed through).
+//! Its flags are here; the lock, the run and what is said of each outcome with its exit code
+//! are the library's ([`shardctl::locked`]; the command's own exit code is passed through).
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use shardctl::locked::{self, signal_name, AnyLock, Ended, Locked};
-use shardctl_common::lock::{LockKeys, RedisLock, Redlock};
-use shardctl_common::{conn, Error};
+use shardctl::locked::{self, AnyLock, Locked};
 
 use super::args::{duration, Args};
 use super::exit;
@@ -68,84 +65,26 @@ pub async fn run(args: &Args, a: &LockArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn run_locked(args: &Args, a: &LockArgs) -> anyhow::Result<u8> {
-    let keys = LockKeys::new(&args.prefix, &a.name)?;
-    if a.ttl < Duration::from_millis(30) {
-        return Err(Error::invalid("--ttl must be at least 30ms").into());
-    }
-    let lock = if a.redlock.is_empty() {
-        let endpoint = conn::open(&args.redis_url()?)?;
-        AnyLock::One(RedisLock::new(endpoint.manager().await?, keys, a.ttl))
-    } else {
-        if a.redlock.len() < 3 {
-            return Err(Error::invalid("--redlock needs at least 3 independent servers").into());
-        }
-        let mut servers = Vec::new();
-        for url in &a.redlock {
-            // a server down at start still counts against the quorum: connect lazily
-            let endpoint = conn::open(url)?;
-            servers.push(endpoint.lazy()?);
-        }
-        AnyLock::Red(Redlock::new(servers, keys, a.ttl))
-    };
+    // the URL is read only for a lock on one Redis
+    let url = if a.redlock.is_empty() { args.redis_url()? } else { String::new() };
+    let lock = AnyLock::open(&url, &args.prefix, &a.name, a.ttl, &a.redlock).await?;
     let cmd = Locked {
         name: a.name.clone(),
         command: a.command.iter().map(Into::into).collect(),
         wait: a.wait,
         kill_after: a.kill_after,
     };
-    let name = &a.name;
-    Ok(match locked::run(lock, &cmd).await? {
-        Ended::SignalledWhileWaiting(sig) => {
-            eprintln!(
-                "shardctl lock '{name}': SIG{} while waiting for the lock: the command did not run",
-                signal_name(sig)
-            );
-            exit::SIGNAL_BASE + sig
-        }
-        Ended::NotAcquired => {
-            eprintln!(
-                "shardctl lock '{name}': the lock is held by another (waited {:?}): the command did not run",
-                a.wait
-            );
-            exit::NOT_ACQUIRED
-        }
-        Ended::CannotStart(e) => {
-            eprintln!("shardctl lock '{name}': cannot start '{}': {e}", a.command[0]);
-            if e.kind() == std::io::ErrorKind::NotFound {
-                exit::NOT_FOUND
-            } else {
-                exit::CANNOT_INVOKE
-            }
-        }
-        Ended::Exited(status) => {
-            use std::os::unix::process::ExitStatusExt;
-            match (status.code(), status.signal()) {
-                (Some(c), _) => c.clamp(0, 255) as u8,
-                (None, Some(s)) => exit::SIGNAL_BASE.saturating_add(s.clamp(0, 127) as u8),
-                (None, None) => exit::FAILED,
-            }
-        }
-        Ended::WaitFailed(e) => {
-            eprintln!("error: lock '{name}': waiting for the command: {e}");
-            exit::FAILED
-        }
-        Ended::Signalled(sig) => {
-            eprintln!(
-                "shardctl lock '{name}': SIG{}: the command's process group was stopped and the lock released",
-                signal_name(sig)
-            );
-            exit::SIGNAL_BASE + sig
-        }
-        Ended::Lost => {
-            eprintln!("error: lock '{name}' was lost while the command ran: its process group was killed");
-            exit::LOCK_LOST
-        }
-    })
+    let (said, code) = locked::run(lock, &cmd).await?.said(&cmd);
+    if let Some(said) = said {
+        eprintln!("{said}");
+    }
+    Ok(code)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use shardctl::locked::exit;
 
     #[test]
     fn the_help_states_every_exit_code() {

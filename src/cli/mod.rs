@@ -133,7 +133,7 @@ pub enum Command {
     Config(config::ConfigArgs),
     /// Measure throughput, Redis CPU, commands and memory per shard on a private redis-server,
     /// against the performance targets and, where Node.js is installed, BullMQ.
-    Bench(bench::BenchArgs),
+    Bench(shardctl_bench::BenchArgs),
 }
 
 /// Installs the log subscriber; a filter that does not parse is refused (bad usage).

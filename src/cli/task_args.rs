@@ -89,26 +89,11 @@ impl TaskArgs {
         })
     }
 
-    /// The payload from `--payload` or `--payload-file` (read up to one byte past the limit).
+    /// The payload from `--payload` or `--payload-file`.
     fn payload(&self) -> anyhow::Result<String> {
-        use std::io::Read;
-        let Some(path) = &self.payload_file else { return Ok(self.payload.clone()) };
-        let limit = shardctl_common::model::MAX_PAYLOAD_BYTES as u64 + 1;
-        let mut buf = Vec::new();
-        let read = if path.as_os_str() == "-" {
-            std::io::stdin().take(limit).read_to_end(&mut buf)
-        } else {
-            std::fs::File::open(path).and_then(|f| f.take(limit).read_to_end(&mut buf))
-        };
-        read.map_err(|e| Error::invalid(format!("cannot read payload file {}: {e}", path.display())))?;
-        if buf.len() as u64 == limit {
-            return Err(Error::invalid(format!(
-                "payload file {} is over the limit of {} bytes (1 MiB)",
-                path.display(),
-                limit - 1
-            ))
-            .into());
+        match &self.payload_file {
+            Some(path) => Ok(shardctl_coordinator::dispatch::read_payload_file(path)?),
+            None => Ok(self.payload.clone()),
         }
-        String::from_utf8(buf).map_err(|_| Error::invalid("payload file is not UTF-8").into())
     }
 }

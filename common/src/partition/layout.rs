@@ -74,7 +74,7 @@ pub async fn task_layout<C: ConnectionLike + Send>(con: &mut C, home: &Home, id:
 
 /// The tags of `layout`'s partitions, space-separated (as stored).
 pub fn tags_of(layout: &Layout) -> String {
-    layout.parts.iter().map(|p| p.prefix()[1..p.prefix().len() - 2].to_owned()).collect::<Vec<_>>().join(" ")
+    layout.parts.iter().map(|p| p.tag().to_owned()).collect::<Vec<_>>().join(" ")
 }
 
 /// The layout stored as `k` and `tags` (space-separated).
@@ -192,7 +192,7 @@ pub async fn drop_orphans<C: ConnectionLike + Send>(con: &mut C, layout: &Layout
             pipe.del(key).ignore();
         }
         let () = pipe.query_async(con).await?;
-        crate::scripts::unretire(con, &layout.home, &pk.prefix()[1..pk.prefix().len() - 2]).await?;
+        crate::scripts::unretire(con, &layout.home, pk.tag()).await?;
     }
     Ok(removed)
 }
