@@ -26,6 +26,8 @@
   ARGV[2] task id
 
   Returns how many running shards were stopped, or -3 (task missing), -9 (task already ended).
+
+  include: chunked, clock, finish, lanes, task
 ]]
 local prefix, tid, now = ARGV[1], ARGV[2], now_ms()
 local t = rcall('HMGET', K.task, 'state', 'kind')

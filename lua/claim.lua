@@ -1,7 +1,7 @@
 --[[
   Claims up to `count` shards for one executor, all under one token `<instance>:<seq>` (one token
   per claim call: a shard is never claimed twice by one call), of the kinds the executor serves
-  only (ARCHITECTURE.md "Kinds and lanes"). Order: explicit refs in the served lanes' waits
+  only (docs/design/lanes.md). Order: explicit refs in the served lanes' waits
   (released and aggregation jobs at the front, recovered and due retries at the back; the lane
   to start at turns with the claim's seq), then refs routed to this node (one of a kind not
   served goes to its lane's wait), then fresh indexes from the cursors of the served lanes'
@@ -44,13 +44,15 @@
   one task (consecutive indexes from its cursor, attempt 1, no fails) is one quadruple
   { first ref, -k, 0, inc } (the reply and its parsing cost nothing per shard). `inc` is the
   task record's incarnation id (`<seq>.<nonce>`; '' for a record written before it had one):
-  the executor's task cache compares it whole (ARCHITECTURE.md "Identity"). `next` is 0 when shards were claimed, -2
+  the executor's task cache compares it whole (docs/design/identity.md). `next` is 0 when shards were claimed, -2
   when the queue is paused, -3 when the queue has a rate limit and start_now is 0 (the limit
   counts starts: nothing is claimed ahead under it), else how many ms from now the earliest
   delayed ref or task is due, or the rate limit frees a slot (at least 1), or -1 if none.
   `flags`: 1 when this claim had to take the executor's lease again (it had expired: the
   executor must check which of its shards are still its own, see extend.lua), plus 2 when the
   queue has a rate limit (the executor gives back what it holds ahead).
+
+  include: chunked, due, hold, lanes, task
 ]]
 local prefix, count, lock_ms, token = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local start_now = tonumber(ARGV[5])
@@ -82,7 +84,7 @@ else
 end
 for _, k in ipairs(lanes) do served[k] = true end
 -- read first: every served lane's keys, markers included, before the first write below
--- (ARCHITECTURE.md "Declared keys", order of writes; lane keys are derived)
+-- (docs/design/declared-keys.md, order of writes; lane keys are derived)
 for _, k in ipairs(lanes) do touch_lane(prefix, k) end
 
 local limit_max, rnow = tonumber(m[2] or '0'), 0
@@ -122,7 +124,7 @@ local on, hn, n = 2, 0, 0
 -- so that one call never keeps Redis busy for long
 local junk_left = 1000
 
--- Plan, then commit (ARCHITECTURE.md "Declared keys", order of writes): the refs to take are
+-- Plan, then commit (docs/design/declared-keys.md, order of writes): the refs to take are
 -- decided by reads alone, the writes they need are listed, and only then made. A read of a key
 -- of a slot being migrated aborts the script before anything was popped or handed out.
 local attempts = {} -- { key, field, value }: attempt numbers of explicit refs with state

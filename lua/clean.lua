@@ -14,6 +14,8 @@
   earlier one's keys expired) is stale: it leaves the list and the task stays.
 
   Returns { entries read, tasks removed }.
+
+  include: clock, lanes, task
 ]]
 local prefix, now, older, limit = ARGV[1], now_ms(), tonumber(ARGV[2]), tonumber(ARGV[3])
 local cutoff = -1

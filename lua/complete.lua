@@ -2,7 +2,7 @@
   Completes claimed shards (and aggregation jobs), each only if its token still holds it; a batch
   costs a handful of commands per task, not per shard. A shard is counted once: the terminal
   bitmap decides (BITFIELD returns each old bit). The last terminal shard of a task enqueues
-  `<task>:agg`; completing that records the result.
+  `<task>:<seq>:agg`; completing that records the result.
 
   A shard of another incarnation (its task's `seq` is not the one given), past the task's total,
   or of a task gone is refused (-3) and let go. Writes come in an order that an abort part-way
@@ -17,7 +17,7 @@
   KEYS[5]  finished   zset   ended tasks, by end time
   KEYS[6]  meta       hash   queue metadata (paused, seq, cancels, limits, events_maxlen)
   KEYS[7]  running    zset   tasks not finished
-  KEYS[8]  kinds      set    kinds that may have a lane (ARCHITECTURE.md "Kinds and lanes")
+  KEYS[8]  kinds      set    kinds that may have a lane (docs/design/lanes.md)
   KEYS[9]  unreported zset   (a partition's) shares ended, not yet counted in the home
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2..] groups: task id, seq (its incarnation), token, m, `p` or `f`, then m entries: for
@@ -27,6 +27,8 @@
 
   Returns one code per shard, in the order given: 1 counted, 0 already terminal (finished
   twice), -1 lock missing, -2 lock mismatch, -3 task missing (or another incarnation).
+
+  include: chunked, clock, events, finish, lanes, task
 ]]
 local prefix, now = ARGV[1], now_ms()
 

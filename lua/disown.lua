@@ -6,7 +6,7 @@
   holds it.
 
   KEYS[1] active  hash ref -> token
-  KEYS[2] kinds   set  kinds that may have a lane (ARCHITECTURE.md "Kinds and lanes")
+  KEYS[2] kinds   set  kinds that may have a lane (docs/design/lanes.md)
   KEYS[3] reroute list
   KEYS[4] stalled set  a given-back ref loses its stall mark
   KEYS[5] marker  zset wakes blocked executors
@@ -14,6 +14,8 @@
   ARGV[2..] ref, token pairs
 
   Returns how many shards were given back.
+
+  include: hold
 ]]
 local prefix = ARGV[1]
 local n = 0

@@ -5,7 +5,7 @@
   or the coordinator starts it (lib.lua start_due_tasks); blocked executors learn the time.
 
   KEYS[1]  task:<id>          hash   the task (must not exist)
-  KEYS[2]  kinds              set    kinds that may have a lane (ARCHITECTURE.md "Kinds and lanes")
+  KEYS[2]  kinds              set    kinds that may have a lane (docs/design/lanes.md)
   KEYS[3]  index              zset   every task, by creation time (status, clean)
   KEYS[4]  meta               hash   queue metadata; `seq` orders submissions
   KEYS[5]  unrouted           zset   routed tasks not yet fully placed
@@ -28,6 +28,8 @@
   Returns 1, or -4 (task exists), -8 (invalid spec: over 2^32 shards or |priority| > 10^6),
   -12 (a home record over partitions whose `partition_tags` are no longer the queue's).
   The work is lib.lua create_task (schedules create tasks the same way, see fire.lua).
+
+  include: clock, create
 ]]
 local fields = {}
 for i = 5, #ARGV do fields[#fields + 1] = ARGV[i] end

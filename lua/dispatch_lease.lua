@@ -1,6 +1,6 @@
 --[[
   The lease under which one dispatcher at a time creates the shares of a task over partitions
-  (ARCHITECTURE.md, "One task, one identity across slots"). The home record holds it:
+  (docs/design/partitions.md). The home record holds it:
   `dispatcher` (the holder's token; the creator's is the record's nonce) and `dispatch_until`
   (server time), until `dispatched` is set once every share exists. Only for the incarnation
   the caller read: a home removed or dispatched again meanwhile is not touched (a plain HSET
@@ -21,6 +21,8 @@
 
   Returns 1 granted (or complete already), 0 the home is gone or another incarnation, -1
   refused: the lease is another's (live, for `take`) or has lapsed (for `renew`).
+
+  include: clock
 ]]
 local mode, token, now = ARGV[2], ARGV[3], now_ms()
 local t = rcall('HMGET', K.task, 'inc', 'seq', 'dispatched', 'dispatcher', 'dispatch_until')

@@ -1,6 +1,6 @@
 --[[
   Removes the share of task `id` in a partition whose home record is gone or is another
-  incarnation (ARCHITECTURE.md "Partitioned queues"), only if the share is still the one that
+  incarnation (docs/design/partitions.md), only if the share is still the one that
   was judged an orphan (its `home_inc` unchanged): a share of the same id dispatched again
   meanwhile stays. Keys a dispatcher wrote for a share it never created (it died before) are
   removed the same way, guarded by the `inc` field the dispatcher wrote in them.
@@ -22,6 +22,8 @@
   ARGV[4] with no share, the `inc` field of its keys as read (empty: none)
 
   Returns 1 removed, 0 left (it changed since).
+
+  include: lanes, task
 ]]
 local prefix, tid = ARGV[1], ARGV[2]
 local t = rcall('HMGET', K.task, 'home_inc', 'home_seq')

@@ -1,5 +1,5 @@
 --[[
-  Ends a share as its home ended (ARCHITECTURE.md, "Multi-slot operations", End): once the
+  Ends a share as its home ended (docs/design/partitions-repair.md, End): once the
   home record recorded the aggregation, each share of the same incarnation leaves
   `aggregating` for the home's final state and drops its per-shard results unless the task
   keeps them (the home's own end does the same in the home, end_task in lib.lua). Its keys stay
@@ -14,6 +14,8 @@
 
   Returns 1 ended, 0 not this incarnation's share or not aggregating (ended before, or running
   again: the home's count of it is then forgotten by the aggregation, not here).
+
+  include: clock, task
 ]]
 local prefix, tid = ARGV[1], ARGV[2]
 local t = rcall('HMGET', K.task, 'home_inc', 'state', 'keep_results', 'home_seq')

@@ -20,6 +20,8 @@
   negated for a shard of a cancelled task (none when all is kept), or status -1 when the lease
   expired or tasks were cancelled and no pairs were given (call again with them, in `check`
   mode).
+
+  include: clock, task
 ]]
 local inst, lock_ms, mode, seen = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local now = now_ms()

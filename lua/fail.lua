@@ -12,7 +12,7 @@
   KEYS[7]  marker     zset   wakes blocked executors
   KEYS[8]  meta       hash   queue metadata (paused, seq, cancels, limits, events_maxlen)
   KEYS[9]  running    zset   tasks not finished
-  KEYS[10] kinds      set    kinds that may have a lane (ARCHITECTURE.md "Kinds and lanes")
+  KEYS[10] kinds      set    kinds that may have a lane (docs/design/lanes.md)
   KEYS[11] unreported zset   (a partition's) shares ended, not yet counted in the home
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] node        the failing executor's node: a routed shard's retry goes back to it
@@ -24,6 +24,8 @@
 
   Returns one code per group: 2 retry scheduled, 1 failed for good (counted), 0 failed for good
   but already terminal, -1 lock missing, -2 lock mismatch, -3 task missing.
+
+  include: clock, events, finish, hold, lanes, task
 ]]
 local prefix, now, node = ARGV[1], now_ms(), ARGV[2]
 local codes = {}

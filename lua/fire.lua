@@ -20,7 +20,7 @@
   KEYS[13] meta               hash   queue metadata (paused, seq, cancels, limits, events_maxlen)
   KEYS[14] running            zset   tasks not finished
   KEYS[15] scheduled          zset   delayed tasks, by start time
-  KEYS[16] kinds              set    kinds that may have a lane (ARCHITECTURE.md "Kinds and lanes")
+  KEYS[16] kinds              set    kinds that may have a lane (docs/design/lanes.md)
   KEYS[17] unrouted           zset   routed tasks not fully placed
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] name
@@ -40,6 +40,8 @@
 
   Returns 1 task created, 0 already handled, -11 not due yet, 2 skipped (missed), 3 skipped (overlap), or a
   create_task refusal (-4 task exists, -8 invalid spec: the fire time still counts as handled).
+
+  include: clock, create, events, lanes, task
 ]]
 local prefix, name, fire, run, overlap, tid = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6]
 local stored = rcall('HGET', K.schedules, name)

@@ -21,6 +21,8 @@
   Returns { 1 } (joined or refreshed), or { -5, host, pid, age_ms, instance, proc, left_ms } of
   the live holder (age: since its last heartbeat; proc: its process identity, `boot|pidns|start`;
   left_ms: until it counts as departed).
+
+  include: clock
 ]]
 local node, instance, now, timeout = ARGV[1], ARGV[2], now_ms(), tonumber(ARGV[3])
 local replace = ARGV[4]

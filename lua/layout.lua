@@ -1,6 +1,6 @@
 --[[
   Sets the queue's partition layout (`shardctl config --partitions`), the only writer of it
-  (ARCHITECTURE.md, "Changing the layout"): a compare-and-set against the tags the caller read,
+  (docs/design/partitions-repair.md): a compare-and-set against the tags the caller read,
   refused while a task over partitions is unfinished (its shares must be served where they
   are). create_task (lib.lua) refuses a home record over tags other than the current ones, so
   with this script no unfinished share ever lies in a retired partition.
@@ -17,6 +17,8 @@
 
   Returns {1} set (or would be), {-12} the layout changed since it was read, {-13, task id}
   that task runs over partitions.
+
+  include: task
 ]]
 local prefix = ARGV[1]
 if (rcall('HGET', K.meta, 'partition_tags') or '') ~= ARGV[2] then return {-12} end

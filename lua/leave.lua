@@ -10,6 +10,8 @@
   ARGV[2] instance
 
   Returns 1 when removed, 0 when another instance holds the id.
+
+  include: clock
 ]]
 if rcall('HGET', K.node, 'instance') ~= ARGV[2] then return 0 end
 rcall('ZREM', K.nodes, ARGV[1])

@@ -7,6 +7,8 @@
   ARGV[2] rate        tokens per second (may be fractional)
 
   Returns { granted (1/0), wait_ms until a token is there when refused, the time decided at (Redis's clock, ms) }.
+
+  include: clock
 ]]
 local capacity, rate, now = tonumber(ARGV[1]), tonumber(ARGV[2]), now_ms()
 local b = rcall('HMGET', K.bucket, 'tokens', 'ts')

@@ -6,6 +6,8 @@
   ARGV[2] window_ms
 
   Returns { granted (1/0), wait_ms until the next window when refused, the time decided at (Redis's clock, ms) }.
+
+  include: clock
 ]]
 local max, window, now = tonumber(ARGV[1]), tonumber(ARGV[2]), now_ms()
 local n = math.floor(now / window)

@@ -8,6 +8,8 @@
   ARGV[3] grant id    unique per request
 
   Returns { granted (1/0), wait_ms until the oldest grant leaves the window when refused, the time decided at (Redis's clock, ms) }.
+
+  include: clock
 ]]
 local max, window, now = tonumber(ARGV[1]), tonumber(ARGV[2]), now_ms()
 rcall('ZREMRANGEBYSCORE', K.log, '-inf', now - window)

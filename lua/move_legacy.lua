@@ -1,5 +1,5 @@
 --[[
-  Moves what a version before lanes (ARCHITECTURE.md "Kinds and lanes") queued into the lanes:
+  Moves what a version before lanes (docs/design/lanes.md) queued into the lanes:
   refs of the queue-wide `wait` list to their kind's lane wait, tasks of the queue-wide `tasks`
   zset to their kind's lane `tasks` (same score). At most 1000 of each per call; a ref of
   another incarnation, or of a task gone, is dropped. Run by every sweep loop once per full
@@ -12,6 +12,8 @@
   ARGV[1] key prefix  `{P:Q}:`
 
   Returns how many refs and tasks were moved.
+
+  include: lanes, task
 ]]
 local prefix = ARGV[1]
 local refs = rcall('LRANGE', K.wait, 0, 999)

@@ -4,7 +4,7 @@
   promote too, so this only matters while every executor is busy or asleep).
 
   KEYS[1] delayed      zset   ref -> due time
-  KEYS[2] kinds        set    kinds that may have a lane (ARCHITECTURE.md "Kinds and lanes")
+  KEYS[2] kinds        set    kinds that may have a lane (docs/design/lanes.md)
   KEYS[3] events       stream the event log
   KEYS[4] marker       zset   wakes blocked executors
   KEYS[5] meta         hash   queue metadata (paused, seq, cancels, limits, events_maxlen)
@@ -14,5 +14,7 @@
   ARGV[1] key prefix  `{P:Q}:`
 
   Returns how many were moved (at most 1000 per call).
+
+  include: clock, due
 ]]
 return promote_due(ARGV[1], now_ms())

@@ -9,6 +9,8 @@
   ARGV[1] key prefix  `{P:Q}:` (the `node:<n>` hashes are derived from it: one per node)
 
   Returns { departed node ids..., '', live node ids... } (both sorted by score).
+
+  include: clock
 ]]
 local prefix, now = ARGV[1], now_ms()
 local out = rcall('ZRANGEBYSCORE', K.nodes, '-inf', now, 'WITHSCORES')

@@ -9,7 +9,7 @@
 
   KEYS[1] active  hash ref -> token
   KEYS[2] stalled set
-  KEYS[3] kinds   set  kinds that may have a lane (ARCHITECTURE.md "Kinds and lanes")
+  KEYS[3] kinds   set  kinds that may have a lane (docs/design/lanes.md)
   KEYS[4] reroute list where released refs of routed tasks go
   KEYS[5] marker  zset wakes blocked executors
   ARGV[1] key prefix  `{P:Q}:`
@@ -18,6 +18,8 @@
   ARGV[3..] groups of 2: ref, token
 
   Returns one code per group: 1 released, -1 lock missing, -2 lock mismatch.
+
+  include: hold, task
 ]]
 local prefix, front, undo = ARGV[1], ARGV[2] ~= 'back', ARGV[2] ~= 'front'
 local codes = {}

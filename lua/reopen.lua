@@ -1,6 +1,5 @@
 --[[
-  Reopens the home record of a task over partitions for `retry` (ARCHITECTURE.md "Partitioned
-  queues"): raises its `round`, forgets the counts of the shares given or chosen (their
+  Reopens the home record of a task over partitions for `retry` (docs/design/partitions.md): raises its `round`, forgets the counts of the shares given or chosen (their
   `part:<p>` fields go and their counts leave `done` and `failed`), and makes it `running` again.
   The caller then retries every share not counted in the home in its partition, after setting
   its `round` to the one returned; a report of the round before is refused from now on. A retry cut short after this script is
@@ -36,8 +35,9 @@
 
   Returns the new round, 0 (nothing to forget), or -3 (task missing), -9 (task cancelled), -10
   (its results were not kept), -12 (its partitions are no longer the queue's: a change of the
-  layout since it ran; no executor would serve its shares, ARCHITECTURE.md "Changing the
-  layout").
+  layout since it ran; no executor would serve its shares, docs/design/partitions-repair.md).
+
+  include: clock, events, finish, lanes
 ]]
 local prefix, tid, now, to = ARGV[1], ARGV[2], now_ms(), tonumber(ARGV[3])
 local tkey = K.task

@@ -1,6 +1,6 @@
 --[[
   Counts one partition's ended share of a task in the task's home record, once
-  (ARCHITECTURE.md "Partitioned queues"): the field `part:<p>` (and `round:<p>`, the round it
+  (docs/design/partitions.md): the field `part:<p>` (and `round:<p>`, the round it
   was counted in) is set only by the first report of a round, and only that call adds the
   share's final counts to the home's `done` and `failed` (a count of an older round is replaced). When every
   share is counted the home's counts reach its total and the aggregation job is enqueued in the
@@ -9,7 +9,7 @@
   the partition's write and this one loses nothing and counts nothing twice.
 
   KEYS[1] task:<id> hash   the home record
-  KEYS[2] kinds     set    kinds that may have a lane (ARCHITECTURE.md "Kinds and lanes")
+  KEYS[2] kinds     set    kinds that may have a lane (docs/design/lanes.md)
   KEYS[3] meta      hash   queue metadata (events_maxlen)
   KEYS[4] events    stream the event log
   ARGV[1] key prefix  `{P:Q}:` (the home's)
@@ -24,6 +24,8 @@
   that no longer takes it: nothing to count, acknowledge it), 2 the share ran in a round ahead
   of the home's (the home's master lost a `reopen.lua` its shares kept: the caller reopens the
   home to that round for this partition, then reports again), -3 the home record is gone.
+
+  include: clock, events, finish, lanes
 ]]
 local prefix, tid, inc, p, round = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local t = rcall('HMGET', K.task, 'inc', 'round', 'state', 'partitions', 'seq')

@@ -7,7 +7,7 @@
   stops expiring. `retried_ms` records when (a waiter's time counts from it).
 
   KEYS[1]  task:<id>          hash
-  KEYS[2]  kinds              set    kinds that may have a lane (ARCHITECTURE.md "Kinds and lanes")
+  KEYS[2]  kinds              set    kinds that may have a lane (docs/design/lanes.md)
   KEYS[3]  task:<id>:terminal bitmap of this task
   KEYS[4]  task:<id>:results  hash   of this task
   KEYS[5]  task:<id>:errors   hash   of this task
@@ -31,6 +31,8 @@
   Returns how many shards (or 1 for the aggregation) go again: 0 when nothing failed, or -3
   (task missing), -9 (task cancelled), -10 (its results were not kept: aggregation would miss
   them).
+
+  include: chunked, clock, events, finish, hold, lanes, task
 ]]
 local prefix, tid, now = ARGV[1], ARGV[2], now_ms()
 local tkey = K.task

@@ -18,7 +18,7 @@
   KEYS[1]  stalled-check string PX the throttle of the full sweep
   KEYS[2]  stalled       set    candidates of the last full sweep
   KEYS[3]  active        hash   ref -> token `<instance>:<seq>`
-  KEYS[4]  kinds         set    kinds that may have a lane (ARCHITECTURE.md "Kinds and lanes")
+  KEYS[4]  kinds         set    kinds that may have a lane (docs/design/lanes.md)
   KEYS[5]  reroute       list   recovered refs of routed tasks (placed by the current ring)
   KEYS[6]  events        stream the event log
   KEYS[7]  expiring      zset   ended tasks with a retention, by expiry time
@@ -36,6 +36,8 @@
   Returns { ran, recovered, failed, marked, next }: ran is 1 when either pass ran (0: nothing
   expired and the full sweep was throttled), next is how many ms from now the earliest live
   lease expires (-1: none).
+
+  include: chunked, clock, events, finish, hold, lanes, task
 ]]
 local prefix, now, interval, max_stalled, reason = ARGV[1], now_ms(), ARGV[2], tonumber(ARGV[3]), ARGV[4]
 

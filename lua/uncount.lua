@@ -5,8 +5,7 @@
   reconciliation creates it again). Its `part:<p>` field goes, its counts leave `done` and
   `failed`, and the task is `running` again, its aggregation job withdrawn (the one calling
   this is refused when it reports). When the share ends again, report.lua counts it anew, and
-  the aggregation is enqueued once every share is counted again (ARCHITECTURE.md "Partitioned
-  queues", reconciliation).
+  the aggregation is enqueued once every share is counted again (docs/design/partitions.md, reconciliation).
 
   KEYS[1] task:<id>        hash   the home record
   KEYS[2] task:<id>:shards hash   of this task (the aggregation job's state)
@@ -23,6 +22,8 @@
 
   Returns 1 forgotten, 0 nothing to forget (another incarnation, not aggregating, not counted,
   or the caller no longer holds the aggregation job).
+
+  include: events, finish, lanes
 ]]
 local prefix, tid, inc, p = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local t = rcall('HMGET', K.task, 'inc', 'state', 'part:' .. p, 'seq')

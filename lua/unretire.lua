@@ -1,7 +1,7 @@
 --[[
   Forgets a retired partition once `clean` removed its keys: takes its tag out of the home's
   `retired_tags`, atomically against layout.lua (which adds the tags a change retires, and
-  never chooses a tag still listed; ARCHITECTURE.md "Changing the layout").
+  never chooses a tag still listed; docs/design/partitions-repair.md).
 
   KEYS[1] meta hash  queue metadata: `retired_tags`
   ARGV[1] the tag

@@ -4,7 +4,7 @@
 //! running), the Prometheus exporter if asked, and the graceful shutdown (running shards drain
 //! for the grace time, the rest are given back, the node leaves and its routed list moves on).
 //! A change of the queue's partitions re-forms the runtimes: the same drain, without leaving
-//! (ARCHITECTURE.md, "Changing the layout").
+//! (docs/design/partitions-repair.md).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -62,7 +62,7 @@ struct Build {
 
 /// The executor runtimes of one layout: the home's alone, or on a partitioned queue one per
 /// keyspace (the home for aggregation jobs, each partition) sharing the run slots, the
-/// counters, and on one server one blocking connection (ARCHITECTURE.md, "Partitioned queues").
+/// counters, and on one server one blocking connection (docs/design/partitions.md).
 struct Runtimes {
     home: Executor,
     partitions: Vec<Executor>,
@@ -264,7 +264,7 @@ impl Node {
         // following the layout
         let sweepers = vec![
             tokio::spawn(sweep::run(con.clone(), keys.clone(), sweep.clone(), stop.clone(), |_| {})),
-            tokio::spawn(shardctl_coordinator::partitions::upkeep(con.clone(), keys.clone(), sweep, stop.clone())),
+            tokio::spawn(shardctl_coordinator::partition::upkeep(con.clone(), keys.clone(), sweep, stop.clone())),
         ];
         let members = {
             let (con, keys, member, stop, shutdown) =

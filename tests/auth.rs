@@ -11,10 +11,10 @@ mod support;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use shardctl_testkit::tool_available;
 use shardctl_testkit::SecureRedis;
+use shardctl_testkit::{eventually, tool_available};
 use support::{shardctl, Cli};
 
 /// The rules of the minimal ACL user, exactly as docs/operations.md "Production Redis" gives
@@ -46,40 +46,39 @@ fn free_addr() -> String {
     shardctl_testkit::free_addr()
 }
 
+/// The whole answer to an HTTP `request` sent to `addr`, or why there is none.
+fn answer(addr: &str, request: &str) -> Result<String, String> {
+    let mut s = TcpStream::connect(addr).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(request.as_bytes()).map_err(|e| e.to_string())?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).map_err(|e| e.to_string())?;
+    Ok(buf)
+}
+
 /// `GET /metrics`, polled until it answers (a guard, not a timing).
 fn scrape(addr: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(mut s) = TcpStream::connect(addr) {
-            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-            s.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).unwrap();
-            let mut buf = String::new();
-            if s.read_to_string(&mut buf).is_ok() && buf.contains("shardctl_") {
-                return buf;
-            }
+    eventually(&format!("metrics on {addr}"), Duration::from_secs(30), || {
+        let buf = answer(addr, &format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n"))?;
+        if buf.contains("shardctl_") {
+            Ok(buf)
+        } else {
+            Err("no shardctl_ series yet".to_owned())
         }
-        assert!(Instant::now() < deadline, "no metrics on {addr}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    })
 }
 
 /// `GET path` of the dashboard on `addr`: the whole response, once it answers (a guard, not a
 /// timing).
 fn get(addr: &str, path: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(mut s) = TcpStream::connect(addr) {
-            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-            s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes())
-                .unwrap();
-            let mut buf = String::new();
-            if s.read_to_string(&mut buf).is_ok() && !buf.is_empty() {
-                return buf;
-            }
+    eventually(&format!("the dashboard on {addr}"), Duration::from_secs(30), || {
+        let buf = answer(addr, &format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"))?;
+        if buf.is_empty() {
+            Err("an empty answer".to_owned())
+        } else {
+            Ok(buf)
         }
-        assert!(Instant::now() < deadline, "no dashboard on {addr}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    })
 }
 
 /// Everything an operator runs, as the minimal ACL user, through `--redis-url-file`; asserts the
@@ -131,11 +130,10 @@ fn run_everything(server: SecureRedis, env: Option<(&str, String)>) {
     let failed = f["task_id"].as_str().unwrap();
     cli.ok(&["retry", failed]);
     assert_eq!(cli.run(&["wait", failed, "--json"]).code(), 3);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !coordinator.log().contains("schedule fired") {
-        assert!(Instant::now() < deadline, "the schedule never fired: {}", coordinator.log());
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    eventually("the schedule to fire", Duration::from_secs(30), || {
+        let log = coordinator.log();
+        log.contains("schedule fired").then_some(()).ok_or(log)
+    });
 
     let mut shown = vec![
         cli.ok(&["status"]),

@@ -12,7 +12,7 @@
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 use shardctl_testkit::TestCluster;
@@ -58,11 +58,7 @@ fn task_json(cli: &Cli<&TestCluster>, id: &str) -> Value {
 }
 
 fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + GUARD;
-    while !ok() {
-        assert!(Instant::now() < deadline, "hung waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    shardctl_testkit::eventually(what, GUARD, || ok().then_some(()).ok_or("not yet"))
 }
 
 /// Every key of queue `q` found on any node: (node port, key).
@@ -221,7 +217,7 @@ fn a_queue_whose_master_dies_finishes_exactly_on_the_promoted_replica() {
     assert_eq!(promoted.0, promoted.1, "{promoted:?}");
 }
 
-/// A queue over 3 partitions (ARCHITECTURE.md "Partitioned queues"): the master of a partition
+/// A queue over 3 partitions (docs/design/partitions.md): the master of a partition
 /// (not the home's) dies mid-run and its replica is promoted; the writes it had not replicated
 /// are lost, their shards run again, and the task still ends exactly, counted once.
 #[test]

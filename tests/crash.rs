@@ -5,14 +5,15 @@
 //! exact, that every shard was counted once and none failed, that the task was aggregated once,
 //! and that nothing is left behind (no shard held in `active`, no shard state, nothing waiting).
 //!
-//! A third round dispatches the task with `--strategy consistent-hash` (ARCHITECTURE.md "Routing and rebalancing"): shards
+//! A third round dispatches the task with `--strategy consistent-hash` (docs/design/routing.md):
+//! shards
 //! wait on their owners' lists, a dead or frozen node's shards move to their new owners, and every
 //! executor started to replace one joins the ring. Its executors beat their membership every
 //! 200 ms and count as gone after 1 s, so that failover keeps pace with the schedule; it also
 //! checks that nothing is left on the node lists, in `reroute` or unplaced.
 //!
-//! Other rounds run on a 3-master Redis Cluster, over partitions (ARCHITECTURE.md "Partitioned
-//! queues"), and one over partitions with a replica per master runs two tasks: each loses a
+//! Other rounds run on a 3-master Redis Cluster, over partitions (docs/design/partitions.md), and
+//! one over partitions with a replica per master runs two tasks: each loses a
 //! master mid-run (a partition's, then the home's), its replica promoted after it was cut off
 //! for 500 ms (the master's last writes lost), and the partition count is changed between them
 //! (`tests/chaos/failover.rs`).
@@ -125,7 +126,7 @@ fn crash_round_on_a_cluster() {
     crash_round(5, Setup { on_cluster: true, ..pull("crash_round_on_a_cluster") });
 }
 
-/// The round over 3 partitions of one redis-server (ARCHITECTURE.md "Partitioned queues"):
+/// The round over 3 partitions of one redis-server (docs/design/partitions.md):
 /// the shares run, report and are counted in the home once, whatever is killed where.
 #[test]
 fn crash_round_over_partitions() {
@@ -145,8 +146,8 @@ fn crash_round_over_partitions_on_a_cluster() {
     crash_round(7, Setup { partitions: 3, on_cluster: true, ..pull("crash_round_over_partitions_on_a_cluster") });
 }
 
-/// Over partitions on a 3-master cluster with a replica per master (ARCHITECTURE.md
-/// "Partitioned queues", reconciliation): the first task, over 3 partitions, loses the master of
+/// Over partitions on a 3-master cluster with a replica per master (docs/design/partitions.md,
+/// reconciliation): the first task, over 3 partitions, loses the master of
 /// a partition other than the home's mid-run; the count is then changed to 4 (refused while the
 /// first task ran), and the second task loses the home's master (on 4 partitions over 3
 /// masters, a partition's too). The dying master's replica is cut off from it 500 ms before:

@@ -392,7 +392,7 @@ fn the_api_bounds_what_clients_can_make_it_do() {
     assert!(closed.is_ok(), "the connection was not closed: {closed:?}");
 }
 
-/// A task over partitions (ARCHITECTURE.md "Partitioned queues") through the API: its shard map
+/// A task over partitions (docs/design/partitions.md) through the API: its shard map
 /// has its failed shards in their cells, and its reasons, paged partition after partition, and
 /// the events, merged from the partitions' logs, carry the task's own indexes.
 #[test]

@@ -5,7 +5,7 @@
 #[allow(dead_code)]
 mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use shardctl_testkit::TestRedis;
 use support::{Cli, Out, Process};
@@ -67,11 +67,10 @@ fn pause_stops_claims_running_shards_finish_and_resume_restarts_at_once() {
     let url = r.url();
     ok(&url, "pz", &["dispatch", "--kind", "sleep", "--payload", r#"{"ms":300}"#, "--shards", "40", "--task-id", "t"]);
     let _e = executor(&url, "pz", &["--concurrency", "4"]);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while done(&url, "pz", "t").0 < 4 {
-        assert!(Instant::now() < deadline, "no progress");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    shardctl_testkit::eventually("progress", Duration::from_secs(20), || {
+        let (done, _) = done(&url, "pz", "t");
+        (done >= 4).then_some(()).ok_or(format!("{done} done"))
+    });
     assert!(ok(&url, "pz", &["pause"]).contains("paused"));
     // what was running finishes; nothing new starts
     std::thread::sleep(Duration::from_millis(1200));

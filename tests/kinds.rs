@@ -1,4 +1,4 @@
-//! Kinds go only where they are served (ARCHITECTURE.md "Kinds and lanes"), with real executor
+//! Kinds go only where they are served (docs/design/lanes.md), with real executor
 //! processes and Python workers: two executors serving different kinds on one queue each get
 //! their own kind's shards only, so each task's result is exact; a kind nobody serves is refused
 //! at dispatch, or, queued anyway, waits (saying why) until an executor serving it starts.

@@ -10,9 +10,9 @@ mod support;
 use std::io::BufRead;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use shardctl_testkit::{signal, TestRedis};
+use shardctl_testkit::{eventually, signal, TestRedis};
 use support::BIN;
 
 fn lock(redis: &str, args: &[&str]) -> std::process::Output {
@@ -36,14 +36,7 @@ fn group_alive(pgid: u32) -> bool {
 }
 
 fn wait_for_exit(child: &mut Child, what: &str) -> ExitStatus {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            return s;
-        }
-        assert!(Instant::now() < deadline, "{what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    eventually(what, Duration::from_secs(60), || child.try_wait().unwrap().ok_or("still running"))
 }
 
 /// Starts `shardctl lock` with its stdout read line by line on a thread; returns the process,
@@ -107,11 +100,10 @@ fn a_held_lock_excludes_another_holder() {
     let url = r.url();
     let mut holder =
         Command::new(BIN).args(["--redis", &url, "lock", "busy", "--ttl", "2s", "--", "sleep", "3"]).spawn().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !redis::cmd("EXISTS").arg("{shardctl:lock:busy}").query::<bool>(&mut r.con()).unwrap() {
-        assert!(Instant::now() < deadline, "the holder never took the lock");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    eventually("the holder to take the lock", Duration::from_secs(10), || {
+        let held: bool = redis::cmd("EXISTS").arg("{shardctl:lock:busy}").query(&mut r.con()).unwrap();
+        held.then_some(()).ok_or("not held")
+    });
     let other = lock(&url, &["busy", "--wait", "200ms", "--", "true"]);
     assert_eq!(other.status.code(), Some(123), "the lock not had within --wait: {}", text(&other));
     assert!(text(&other).contains("held by another"), "{}", text(&other));
@@ -151,12 +143,10 @@ fn sigterm_stops_the_commands_whole_group_and_releases_the_lock() {
         start_holder(&url, &["L9", "--ttl", "1s", "--kill-after", "60s", "--", "sh", "-c", script]);
     signal(holder.id(), "TERM");
     // sh ends at SIGTERM; the sleep that ignores it keeps the group, and the lock, alive
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::path::Path::new(&format!("/proc/{pgid}")).exists() {
+    eventually("the command (sh) to end at SIGTERM", Duration::from_secs(30), || {
         assert!(holder.try_wait().unwrap().is_none(), "shardctl exited while the command's group still ran");
-        assert!(Instant::now() < deadline, "the command (sh) did not end at SIGTERM");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        (!std::path::Path::new(&format!("/proc/{pgid}")).exists()).then_some(()).ok_or("sh runs")
+    });
     // longer than the TTL: the lock must be renewed while the group is being stopped
     std::thread::sleep(Duration::from_millis(1500));
     assert!(holder.try_wait().unwrap().is_none(), "shardctl exited while the command's group still ran");

@@ -20,7 +20,6 @@ use shardctl_common::partition::{self, Layout};
 use shardctl_common::scripts::{self, ClaimRequest, Finished, FinishedAs, Lease, LeaseAsk};
 use shardctl_common::share::{self, Counted};
 use shardctl_common::{Home, Keys};
-use shardctl_coordinator::partitions;
 use shardctl_testkit::{eventually, TestRedis};
 use support::Cli;
 
@@ -291,11 +290,11 @@ async fn an_aggregation_refuses_a_share_whose_results_were_dropped() {
     let (mut con, layout) = queue(&redis, "dropped").await;
     let mut spec = TaskSpec::new("d", "noop", 4);
     spec.keep_results = false;
-    partitions::dispatch(&mut con, &layout, &spec).await.unwrap();
+    shardctl_coordinator::partition::dispatch(&mut con, &layout, &spec).await.unwrap();
     for pk in &layout.parts {
         run_share(&mut con, pk, 1).await;
     }
-    partitions::report_pending(&mut con, &layout).await.unwrap();
+    shardctl_coordinator::partition::report_pending(&mut con, &layout).await.unwrap();
     let t = shardctl_coordinator::progress::task(&mut con, &layout.home, "d").await.unwrap();
     let shares = share::of(&mut con, &layout.home, &t).await.unwrap();
     assert_eq!(shares.len(), 2);
@@ -319,11 +318,11 @@ async fn a_stalled_share_creator_never_removes_a_newer_tasks_share() {
     let redis = TestRedis::start();
     let (mut con, layout) = queue(&redis, "stalled").await;
     let spec = TaskSpec::new("x", "noop", 4);
-    partitions::dispatch(&mut con, &layout, &spec).await.unwrap();
+    shardctl_coordinator::partition::dispatch(&mut con, &layout, &spec).await.unwrap();
     let old = share::home_inc_of(&mut con, &layout.home, "x").await.unwrap().unwrap();
     shardctl_common::control::cancel(&mut con, &layout.home, "x").await.unwrap();
     shardctl_common::control::clean(&mut con, &layout.home, Some(Duration::ZERO)).await.unwrap();
-    partitions::dispatch(&mut con, &layout, &spec).await.unwrap();
+    shardctl_coordinator::partition::dispatch(&mut con, &layout, &spec).await.unwrap();
     let new = share::home_inc_of(&mut con, &layout.home, "x").await.unwrap().unwrap();
     assert_ne!(old, new);
     // the stalled creator of the old incarnation wakes
@@ -377,7 +376,7 @@ async fn ask(con: &mut redis::aio::MultiplexedConnection, home: &Home, inc: &str
 async fn a_share_recreated_after_a_retry_takes_its_homes_round() {
     let redis = TestRedis::start();
     let (mut con, layout) = queue(&redis, "recreated-round").await;
-    partitions::dispatch(&mut con, &layout, &TaskSpec::new("r", "noop", 4)).await.unwrap();
+    shardctl_coordinator::partition::dispatch(&mut con, &layout, &TaskSpec::new("r", "noop", 4)).await.unwrap();
     let (home, pk) = (layout.home.clone(), layout.parts[1].clone());
     // the home was retried into round 3 meanwhile, and the share's partition lost it whole
     let () = redis::cmd("HSET").arg(home.task("r")).arg("round").arg(3).query_async(&mut con).await.unwrap();
@@ -388,7 +387,7 @@ async fn a_share_recreated_after_a_retry_takes_its_homes_round() {
     for set in [pk.index(), pk.lane_tasks("noop")] {
         let () = redis::cmd("ZREM").arg(set).arg("r").query_async(&mut con).await.unwrap();
     }
-    partitions::reconcile(&mut con, &layout).await.unwrap();
+    shardctl_coordinator::partition::reconcile(&mut con, &layout).await.unwrap();
     let round: Option<u64> = redis::cmd("HGET").arg(pk.task("r")).arg("round").query_async(&mut con).await.unwrap();
     assert_eq!(round, Some(3), "the recreated share runs in its home's round");
 }
@@ -399,7 +398,7 @@ async fn a_share_recreated_after_a_retry_takes_its_homes_round() {
 async fn a_refused_retry_of_a_share_leaves_its_round() {
     let redis = TestRedis::start();
     let (mut con, layout) = queue(&redis, "refused-retry").await;
-    partitions::dispatch(&mut con, &layout, &TaskSpec::new("c", "noop", 4)).await.unwrap();
+    shardctl_coordinator::partition::dispatch(&mut con, &layout, &TaskSpec::new("c", "noop", 4)).await.unwrap();
     let pk = layout.parts[0].clone();
     shardctl_common::control::cancel_in(&mut con, &pk, "c").await.unwrap();
     let before: Option<String> = redis::cmd("HGET").arg(pk.task("c")).arg("round").query_async(&mut con).await.unwrap();
@@ -416,7 +415,7 @@ async fn a_refused_retry_of_a_share_leaves_its_round() {
 async fn a_count_of_an_older_round_is_replaced_by_the_newer_report() {
     let redis = TestRedis::start();
     let (mut con, layout) = queue(&redis, "older-count").await;
-    partitions::dispatch(&mut con, &layout, &TaskSpec::new("o", "noop", 4)).await.unwrap();
+    shardctl_coordinator::partition::dispatch(&mut con, &layout, &TaskSpec::new("o", "noop", 4)).await.unwrap();
     let home = layout.home.clone();
     let inc = share::home_inc_of(&mut con, &home, "o").await.unwrap().unwrap();
     // share 1 was counted 1/1 in round 1; the home is in round 2 now
@@ -444,7 +443,7 @@ async fn a_keyed_share_whose_keys_are_incomplete_cancels_its_task() {
     spec.strategy = shardctl_common::ring::Strategy::ConsistentHash;
     spec.has_keys = true;
     let keys: Vec<String> = (0..4).map(|i| format!("user-{i}")).collect();
-    partitions::dispatch_keyed(&mut con, &layout, &spec, &keys).await.unwrap();
+    shardctl_coordinator::partition::dispatch_keyed(&mut con, &layout, &spec, &keys).await.unwrap();
     let (home, pk) = (layout.home.clone(), layout.parts[1].clone());
     // the share's record is gone, and one of its two keys with it
     let () = redis::cmd("DEL").arg(pk.task("k")).query_async(&mut con).await.unwrap();
@@ -453,7 +452,7 @@ async fn a_keyed_share_whose_keys_are_incomplete_cancels_its_task() {
     }
     let () = redis::cmd("HDEL").arg(pk.shard_keys("k")).arg(1).query_async(&mut con).await.unwrap();
     let () = redis::cmd("HSET").arg(home.task("k")).arg("created_ms").arg(1).query_async(&mut con).await.unwrap();
-    partitions::reconcile(&mut con, &layout).await.unwrap();
+    shardctl_coordinator::partition::reconcile(&mut con, &layout).await.unwrap();
     let state: String = redis::cmd("HGET").arg(home.task("k")).arg("state").query_async(&mut con).await.unwrap();
     assert_eq!(state, "cancelled", "a keyed share is never run without its keys");
 }

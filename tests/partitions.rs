@@ -1,4 +1,4 @@
-//! Partitioned queues (ARCHITECTURE.md "Partitioned queues"): a task split over K partitions of
+//! Partitioned queues (docs/design/partitions.md): a task split over K partitions of
 //! one queue, each share in a hash slot of its own, counted one level up in the home exactly
 //! once. The crash rounds over partitions (with SIGKILL, SIGSTOP and SIGTERM, on one server and
 //! on a 3-master cluster) are in tests/crash.rs; this file checks the rest through the binary
@@ -273,7 +273,7 @@ async fn a_report_lost_between_two_slots_is_repeated_and_counted_once() {
     let home = Home::new("shardctl", "lost-report").unwrap();
     let layout: Layout = partition::set_count(&mut con, &home, 2, false).await.unwrap();
     let spec = TaskSpec::new("r", "noop", 5);
-    shardctl_coordinator::partitions::dispatch(&mut con, &layout, &spec).await.unwrap();
+    shardctl_coordinator::partition::dispatch(&mut con, &layout, &spec).await.unwrap();
     // run every shard of both shares by hand, as an executor would, and "die" before reporting
     for pk in &layout.parts {
         run_share(&mut con, pk, 1, false).await;
@@ -313,8 +313,8 @@ async fn a_report_lost_between_two_slots_is_repeated_and_counted_once() {
     }
     assert_eq!(home_state().await, ("running".into(), 3, vec![]));
     // the repeat: share 1 counts nothing more (and is acknowledged), share 2 counts now
-    assert_eq!(shardctl_coordinator::partitions::report_pending(&mut con, &layout).await.unwrap(), 1);
-    assert_eq!(shardctl_coordinator::partitions::report_pending(&mut con, &layout).await.unwrap(), 0);
+    assert_eq!(shardctl_coordinator::partition::report_pending(&mut con, &layout).await.unwrap(), 1);
+    assert_eq!(shardctl_coordinator::partition::report_pending(&mut con, &layout).await.unwrap(), 0);
     for pk in &layout.parts {
         let n: u64 = redis::cmd("ZCARD").arg(pk.unreported()).query_async(&mut con).await.unwrap();
         assert_eq!(n, 0, "acknowledged");
@@ -333,16 +333,16 @@ async fn a_count_lost_in_the_home_after_its_acknowledgement_is_reported_again() 
     let mut con = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
     let home = Home::new("shardctl", "lost-count").unwrap();
     let layout: Layout = partition::set_count(&mut con, &home, 2, false).await.unwrap();
-    shardctl_coordinator::partitions::dispatch(&mut con, &layout, &TaskSpec::new("r", "noop", 4)).await.unwrap();
+    shardctl_coordinator::partition::dispatch(&mut con, &layout, &TaskSpec::new("r", "noop", 4)).await.unwrap();
     let pk = &layout.parts[0];
     run_share(&mut con, pk, 1, false).await;
-    assert_eq!(shardctl_coordinator::partitions::report_pending(&mut con, &layout).await.unwrap(), 1);
+    assert_eq!(shardctl_coordinator::partition::report_pending(&mut con, &layout).await.unwrap(), 1);
     // the home's master failed over and its replica had not received the count
     let () = redis::cmd("HDEL").arg(home.task("r")).arg("part:1").query_async(&mut con).await.unwrap();
     let () = redis::cmd("HSET").arg(home.task("r")).arg("done").arg(0).query_async(&mut con).await.unwrap();
-    assert_eq!(shardctl_coordinator::partitions::report_pending(&mut con, &layout).await.unwrap(), 0, "acknowledged");
-    assert_eq!(shardctl_coordinator::partitions::reconcile(&mut con, &layout).await.unwrap(), 1);
-    assert_eq!(shardctl_coordinator::partitions::reconcile(&mut con, &layout).await.unwrap(), 0);
+    assert_eq!(shardctl_coordinator::partition::report_pending(&mut con, &layout).await.unwrap(), 0, "acknowledged");
+    assert_eq!(shardctl_coordinator::partition::reconcile(&mut con, &layout).await.unwrap(), 1);
+    assert_eq!(shardctl_coordinator::partition::reconcile(&mut con, &layout).await.unwrap(), 0);
     let done: u64 = redis::cmd("HGET").arg(home.task("r")).arg("done").query_async(&mut con).await.unwrap();
     assert_eq!(done, 2, "share 1's two shards, counted once");
 }
@@ -477,11 +477,11 @@ async fn a_share_counted_while_a_retry_reads_is_retried_not_stranded() {
     let layout: Layout = partition::set_count(&mut con, &home, 2, false).await.unwrap();
     let mut spec = TaskSpec::new("x", "fail", 4);
     spec.attempts = 1;
-    shardctl_coordinator::partitions::dispatch(&mut con, &layout, &spec).await.unwrap();
+    shardctl_coordinator::partition::dispatch(&mut con, &layout, &spec).await.unwrap();
     run_share(&mut con, &layout.parts[0], 1, false).await;
     run_share(&mut con, &layout.parts[1], 1, true).await;
     // both counted (what the retry read had the second uncounted): the aggregation is enqueued
-    assert_eq!(shardctl_coordinator::partitions::report_pending(&mut con, &layout).await.unwrap(), 2);
+    assert_eq!(shardctl_coordinator::partition::report_pending(&mut con, &layout).await.unwrap(), 2);
     let state: String = redis::cmd("HGET").arg(home.task("x")).arg("state").query_async(&mut con).await.unwrap();
     assert_eq!(state, "aggregating");
     // the retry's reopen, chosen by the script: the failed share's count goes, the task runs
@@ -501,7 +501,7 @@ async fn a_share_counted_while_a_retry_reads_is_retried_not_stranded() {
         "the failed share's shards run again"
     );
     run_share(&mut con, &layout.parts[1], 3, false).await;
-    assert_eq!(shardctl_coordinator::partitions::report_pending(&mut con, &layout).await.unwrap(), 1);
+    assert_eq!(shardctl_coordinator::partition::report_pending(&mut con, &layout).await.unwrap(), 1);
     let (state, done): (String, u64) =
         redis::cmd("HMGET").arg(home.task("x")).arg(&["state", "done"]).query_async(&mut con).await.unwrap();
     assert_eq!((state.as_str(), done), ("aggregating", 4));
@@ -522,12 +522,12 @@ async fn a_retry_cut_short_is_completed_by_the_reconciliation() {
     let layout: Layout = partition::set_count(&mut con, &home, 2, false).await.unwrap();
     let mut spec = TaskSpec::new("r", "fail", 4);
     spec.attempts = 1;
-    shardctl_coordinator::partitions::dispatch(&mut con, &layout, &spec).await.unwrap();
+    shardctl_coordinator::partition::dispatch(&mut con, &layout, &spec).await.unwrap();
     // every shard fails for good; both shares end and are counted
     for pk in &layout.parts {
         run_share(&mut con, pk, 1, true).await;
     }
-    assert_eq!(shardctl_coordinator::partitions::report_pending(&mut con, &layout).await.unwrap(), 2);
+    assert_eq!(shardctl_coordinator::partition::report_pending(&mut con, &layout).await.unwrap(), 2);
     // the aggregation runs and records the failure
     let req = ClaimRequest {
         count: 1,
@@ -556,7 +556,7 @@ async fn a_retry_cut_short_is_completed_by_the_reconciliation() {
     let old = ShareReport { task: "r".into(), home_inc: inc, part: 1, round: 0, done: 0, failed: 2 };
     assert_eq!(scripts::report(&mut con, &home, &old).await.unwrap(), Reported::Already);
     // the reconciliation retries both shares in round 1: their shards are claimable again
-    shardctl_coordinator::partitions::reconcile(&mut con, &layout).await.unwrap();
+    shardctl_coordinator::partition::reconcile(&mut con, &layout).await.unwrap();
     for pk in &layout.parts {
         let (state, round): (String, u64) =
             redis::cmd("HMGET").arg(pk.task("r")).arg(&["state", "round"]).query_async(&mut con).await.unwrap();
@@ -568,7 +568,7 @@ async fn a_retry_cut_short_is_completed_by_the_reconciliation() {
     for pk in &layout.parts {
         run_share(&mut con, pk, 3, false).await;
     }
-    assert_eq!(shardctl_coordinator::partitions::report_pending(&mut con, &layout).await.unwrap(), 2);
+    assert_eq!(shardctl_coordinator::partition::report_pending(&mut con, &layout).await.unwrap(), 2);
     let (state, done, failed): (String, u64, u64) =
         redis::cmd("HMGET").arg(home.task("r")).arg(&["state", "done", "failed"]).query_async(&mut con).await.unwrap();
     assert_eq!((state.as_str(), done, failed), ("aggregating", 4, 0));
@@ -730,7 +730,7 @@ fn an_executor_started_before_the_partitions_aggregates_over_them() {
 }
 
 /// Running executors follow every change of the partition count without a restart
-/// (ARCHITECTURE.md, "Changing the layout"): each task dispatched after a change runs over the
+/// (docs/design/partitions-repair.md): each task dispatched after a change runs over the
 /// new partitions with no executor started since, and a task running in the home across a
 /// change ends exactly (its running shards drain, the rest are claimed again by the re-formed
 /// runtimes). Before, executors served the layout they started with: a task over partitions
@@ -795,7 +795,7 @@ async fn a_task_is_never_created_over_partitions_a_change_retired() {
     let two = partition::set_count(&mut con, &home, 2, false).await.unwrap();
     partition::set_count(&mut con, &home, 3, false).await.unwrap();
     let spec = TaskSpec::new("late", "noop", 9);
-    let err = shardctl_coordinator::partitions::dispatch(&mut con, &two, &spec).await.unwrap_err();
+    let err = shardctl_coordinator::partition::dispatch(&mut con, &two, &spec).await.unwrap_err();
     assert!(matches!(err, shardctl_common::Error::Script(shardctl_common::ScriptCode::LayoutChanged)), "{err:?}");
     let exists: bool = redis::cmd("EXISTS").arg(home.task("late")).query_async(&mut con).await.unwrap();
     assert!(!exists, "a refused dispatch left a record");
@@ -823,11 +823,11 @@ async fn keyed_shares_replace_leftovers_with_their_own_keys() {
     spec.strategy = shardctl_common::ring::Strategy::ConsistentHash;
     spec.has_keys = true;
     let old: Vec<String> = (0..5).map(|i| format!("old-{i}")).collect();
-    shardctl_coordinator::partitions::dispatch_keyed(&mut con, &layout, &spec, &old).await.unwrap();
+    shardctl_coordinator::partition::dispatch_keyed(&mut con, &layout, &spec, &old).await.unwrap();
     // the home record goes, its shares stay (a removal cut short)
     let () = redis::cmd("DEL").arg(home.task("k")).query_async(&mut con).await.unwrap();
     let new: Vec<String> = (0..5).map(|i| format!("new-{i}")).collect();
-    shardctl_coordinator::partitions::dispatch_keyed(&mut con, &layout, &spec, &new).await.unwrap();
+    shardctl_coordinator::partition::dispatch_keyed(&mut con, &layout, &spec, &new).await.unwrap();
     // shares of 3 and 2 shards: their own keys at their own indexes
     for (pk, want) in layout.parts.iter().zip([&new[..3], &new[3..]]) {
         let keys: std::collections::HashMap<String, String> =
@@ -842,7 +842,7 @@ async fn keyed_shares_replace_leftovers_with_their_own_keys() {
         assert_eq!(first, want[0]);
     }
     // without its keys, a keyed task is refused
-    let err = shardctl_coordinator::partitions::dispatch(&mut con, &layout, &spec).await.unwrap_err();
+    let err = shardctl_coordinator::partition::dispatch(&mut con, &layout, &spec).await.unwrap_err();
     assert!(err.to_string().contains("dispatched with its keys"), "{err}");
 }
 
@@ -855,7 +855,7 @@ async fn the_reconciliation_recreates_lost_shares_and_completes_lost_cancels() {
     let mut con = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
     let home = Home::new("shardctl", "lost-share").unwrap();
     let layout: Layout = partition::set_count(&mut con, &home, 2, false).await.unwrap();
-    shardctl_coordinator::partitions::dispatch(&mut con, &layout, &TaskSpec::new("m", "noop", 4)).await.unwrap();
+    shardctl_coordinator::partition::dispatch(&mut con, &layout, &TaskSpec::new("m", "noop", 4)).await.unwrap();
     let pk = &layout.parts[1];
     for k in pk.task_keys("m") {
         let () = redis::cmd("DEL").arg(k).query_async(&mut con).await.unwrap();
@@ -872,12 +872,12 @@ async fn the_reconciliation_recreates_lost_shares_and_completes_lost_cancels() {
         .await
         .unwrap();
     let () = redis::cmd("HSET").arg(home.task("m")).arg("created_ms").arg(1).query_async(&mut con).await.unwrap();
-    shardctl_coordinator::partitions::reconcile(&mut con, &layout).await.unwrap();
+    shardctl_coordinator::partition::reconcile(&mut con, &layout).await.unwrap();
     let n: u64 = redis::cmd("EXISTS").arg(pk.task("m")).query_async(&mut con).await.unwrap();
     assert_eq!(n, 0);
     // its lease lapsed (its dispatcher died): created again, for the same incarnation, runnable
     let () = redis::cmd("HSET").arg(home.task("m")).arg("dispatch_until").arg(1).query_async(&mut con).await.unwrap();
-    shardctl_coordinator::partitions::reconcile(&mut con, &layout).await.unwrap();
+    shardctl_coordinator::partition::reconcile(&mut con, &layout).await.unwrap();
     let (total, base, home_inc): (u64, u64, String) =
         redis::cmd("HMGET").arg(pk.task("m")).arg(&["total", "base", "home_inc"]).query_async(&mut con).await.unwrap();
     let inc = shardctl_common::share::home_inc_of(&mut con, &home, "m").await.unwrap().unwrap();
@@ -887,7 +887,7 @@ async fn the_reconciliation_recreates_lost_shares_and_completes_lost_cancels() {
     assert!(runnable.is_some());
     // a cancel whose home write was lost: the share is cancelled, the home still running
     shardctl_common::control::cancel_in(&mut con, &layout.parts[0], "m").await.unwrap();
-    shardctl_coordinator::partitions::reconcile(&mut con, &layout).await.unwrap();
+    shardctl_coordinator::partition::reconcile(&mut con, &layout).await.unwrap();
     let state: String = redis::cmd("HGET").arg(home.task("m")).arg("state").query_async(&mut con).await.unwrap();
     assert_eq!(state, "cancelled");
     let state: String = redis::cmd("HGET").arg(pk.task("m")).arg("state").query_async(&mut con).await.unwrap();
@@ -1102,7 +1102,7 @@ async fn a_leftover_share_of_an_earlier_task_does_not_touch_a_new_one() {
     let mut con = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
     let home = Home::new("shardctl", "leftover").unwrap();
     let layout: Layout = partition::set_count(&mut con, &home, 3, false).await.unwrap();
-    shardctl_coordinator::partitions::dispatch(&mut con, &layout, &TaskSpec::new("y", "noop", 3)).await.unwrap();
+    shardctl_coordinator::partition::dispatch(&mut con, &layout, &TaskSpec::new("y", "noop", 3)).await.unwrap();
     shardctl_common::control::cancel(&mut con, &home, "y").await.unwrap();
     // the home record goes, its shares' removal is cut short
     for k in home.task_keys("y") {
@@ -1112,10 +1112,10 @@ async fn a_leftover_share_of_an_earlier_task_does_not_touch_a_new_one() {
         let () = redis::cmd("ZREM").arg(z).arg("y").query_async(&mut con).await.unwrap();
     }
     // a new y of 2 shards: no share in partition 3, whose leftover (cancelled) share goes
-    shardctl_coordinator::partitions::dispatch(&mut con, &layout, &TaskSpec::new("y", "noop", 2)).await.unwrap();
+    shardctl_coordinator::partition::dispatch(&mut con, &layout, &TaskSpec::new("y", "noop", 2)).await.unwrap();
     let n: u64 = redis::cmd("EXISTS").arg(layout.parts[2].task("y")).query_async(&mut con).await.unwrap();
     assert_eq!(n, 0, "the leftover share in partition 3 was removed");
-    shardctl_coordinator::partitions::reconcile(&mut con, &layout).await.unwrap();
+    shardctl_coordinator::partition::reconcile(&mut con, &layout).await.unwrap();
     let state: String = redis::cmd("HGET").arg(home.task("y")).arg("state").query_async(&mut con).await.unwrap();
     assert_eq!(state, "running", "the new task was cancelled by its predecessor's share");
 }
@@ -1144,11 +1144,11 @@ async fn a_share_created_after_a_cancel_is_cancelled_and_a_round_retries_once() 
     // shares once
     let mut spec = TaskSpec::new("f", "fail", 4);
     spec.attempts = 1;
-    shardctl_coordinator::partitions::dispatch(&mut con, &layout, &spec).await.unwrap();
+    shardctl_coordinator::partition::dispatch(&mut con, &layout, &spec).await.unwrap();
     for pk in &layout.parts {
         run_share(&mut con, pk, 1, true).await;
     }
-    shardctl_coordinator::partitions::report_pending(&mut con, &layout).await.unwrap();
+    shardctl_coordinator::partition::report_pending(&mut con, &layout).await.unwrap();
     let round = scripts::reopen(&mut con, &home, "f", None, &[1, 2]).await.unwrap();
     assert_eq!(round, 1);
     assert_eq!(shardctl_common::retry::resume_retries(&mut con, &layout, "f", 1).await.unwrap(), 4);

@@ -1,5 +1,5 @@
-//! Routed tasks against real redis-server processes (issue 3, ARCHITECTURE.md "Routing and
-//! rebalancing"): shards reach the node their placement names, a task dispatched with no live
+//! Routed tasks against real redis-server processes (issue 3, docs/design/routing.md): shards reach
+//! the node their placement names, a task dispatched with no live
 //! executor waits unplaced for the first one,
 //! a SIGKILLed node loses no shard and only its shards move, a joining node takes over its share
 //! of the waiting shards, the aggregation fires once, a dispatch cut short is completed by running

@@ -1,6 +1,6 @@
 //! The executor runtime in process, against a real redis-server: claiming, running handlers
 //! (Rust and child processes), retries, failures, graceful shutdown, lost locks, a Redis restart
-//! and the recovery of a dead executor's shards (ARCHITECTURE.md "Lock protocol"). Each test has
+//! and the recovery of a dead executor's shards (docs/design/lock-protocol.md). Each test has
 //! its own server; timings are small, and only states and counts are asserted, never elapsed times.
 
 #[path = "runtime_support/mod.rs"]

@@ -1,4 +1,4 @@
-//! The protocol simulator over partitions (ARCHITECTURE.md "Partitioned queues", "The protocol
+//! The protocol simulator over partitions (docs/design/partitions.md, "The protocol
 //! simulator"): seeded random executors claim, complete and fail shards in the shares of tasks
 //! spread over 3 partitions of one queue, on a real redis-server with the real scripts; the
 //! cross-slot report of an ended share is cut between its two slots (counted in the home, never
@@ -54,7 +54,6 @@ use shardctl_common::model::{Part, TaskSpec};
 use shardctl_common::partition::{self, share_range, Layout};
 use shardctl_common::scripts::{self, ClaimRequest, Claimed, Finished, FinishedAs, ShareReport};
 use shardctl_common::{control, Home, Keys};
-use shardctl_coordinator::partitions;
 use shardctl_testkit::TestRedis;
 
 #[path = "psim/aggregate.rs"]
@@ -190,7 +189,7 @@ impl Sim {
             }
             10 => self.cut_retry(&id).await,
             11 => {
-                let r = partitions::reconcile(&mut self.con, &self.layout).await;
+                let r = shardctl_coordinator::partition::reconcile(&mut self.con, &self.layout).await;
                 self.note(format!("#{n} reconcile: {r:?}"));
                 r.map(|_| ()).map_err(|e| format!("reconcile: {e}"))
             }
@@ -217,7 +216,7 @@ impl Sim {
         spec.keep_results = !self.rng.chance(25);
         self.nonce += 1;
         spec.payload = format!("{{\"n\":{}}}", self.nonce);
-        let r = partitions::dispatch(&mut self.con, &self.layout, &spec).await;
+        let r = shardctl_coordinator::partition::dispatch(&mut self.con, &self.layout, &spec).await;
         self.note(format!(
             "dispatch {id} ({shards} shards, {} attempts, keep results {}): {r:?}",
             spec.attempts, spec.keep_results
@@ -327,7 +326,9 @@ impl Sim {
             }
             return Ok(());
         }
-        let n = partitions::report_pending(&mut self.con, &self.layout).await.map_err(|e| format!("report: {e}"))?;
+        let n = shardctl_coordinator::partition::report_pending(&mut self.con, &self.layout)
+            .await
+            .map_err(|e| format!("report: {e}"))?;
         self.note(format!("reports pending: {n} counted"));
         Ok(())
     }
@@ -615,8 +616,10 @@ impl Sim {
                     self.finish(None, 0, false).await?;
                 }
             }
-            partitions::report_pending(&mut self.con, &self.layout).await.map_err(|e| e.to_string())?;
-            partitions::reconcile(&mut self.con, &self.layout).await.map_err(|e| e.to_string())?;
+            shardctl_coordinator::partition::report_pending(&mut self.con, &self.layout)
+                .await
+                .map_err(|e| e.to_string())?;
+            shardctl_coordinator::partition::reconcile(&mut self.con, &self.layout).await.map_err(|e| e.to_string())?;
             self.check().await?;
             let mut open = Vec::new();
             for i in 0..IDS {

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::ValueEnum;
 
-use crate::{Options, Scenario};
+use crate::scenario::{Options, Scenario};
 
 /// The flags of `shardctl bench` (the binary flattens them into its command line).
 #[derive(Debug, clap::Parser)]

@@ -1,4 +1,4 @@
-//! The `cluster` scenario (ARCHITECTURE.md "Partitioned queues"): a private Redis Cluster of 3
+//! The `cluster` scenario (docs/design/partitions.md): a private Redis Cluster of 3
 //! masters on free ports, started here (`redis-server --cluster-enabled yes`, slots assigned
 //! with `CLUSTER ADDSLOTSRANGE`, no `redis-cli` needed); the same N-shard no-op task through two
 //! executor processes, once on a queue of 1 partition and once of 3. For each: throughput, and

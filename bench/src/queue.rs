@@ -67,7 +67,7 @@ pub(crate) async fn e2e(ctx: &mut Ctx) -> anyhow::Result<Figures> {
         let start = Instant::now();
         let t = shardctl_coordinator::progress::task(&mut con, &keys, &spec.id).await?;
         let map =
-            shardctl_coordinator::inspect::shard_map(&mut con, &keys, &t, shardctl_coordinator::inspect::MAX_CELLS)
+            shardctl_coordinator::shard_map::shard_map(&mut con, &keys, &t, shardctl_coordinator::shard_map::MAX_CELLS)
                 .await?;
         let sent = serde_json::to_string(&map)?.len();
         f.insert("map_ms", start.elapsed().as_secs_f64() * 1e3);

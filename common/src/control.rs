@@ -229,7 +229,7 @@ pub async fn resume<C: ConnectionLike + Send>(con: &mut C, keys: &Home) -> Resul
     wake_all(con, keys).await
 }
 
-/// The event log's cap when none is set: the same number as `emit` in `lua/include/lib.lua`
+/// The event log's cap when none is set: the same number as `emit` in `lua/include/events.lua`
 /// (a test checks they agree).
 pub const DEFAULT_EVENTS_MAXLEN: u64 = 10_000;
 
@@ -280,8 +280,8 @@ pub async fn queue_settings<C: ConnectionLike + Send>(
 mod tests {
     #[test]
     fn the_default_events_cap_is_the_scripts_own() {
-        let lib = include_str!("../../lua/include/lib.lua");
+        let lib = include_str!("../../lua/include/events.lua");
         let want = format!("rcall('HGET', K.meta, 'events_maxlen') or '{}'", super::DEFAULT_EVENTS_MAXLEN);
-        assert!(lib.contains(&want), "lib.lua's emit must default to {}", super::DEFAULT_EVENTS_MAXLEN);
+        assert!(lib.contains(&want), "events.lua's emit must default to {}", super::DEFAULT_EVENTS_MAXLEN);
     }
 }

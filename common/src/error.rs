@@ -104,7 +104,7 @@ impl Error {
     }
 }
 
-/// The small negative integers the Lua scripts return (see `lua/include/lib.lua`).
+/// The small negative integers the Lua scripts return (listed in `lua/include/README.md`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ScriptCode {

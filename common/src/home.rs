@@ -1,6 +1,6 @@
 //! A queue's home: the keyspace under the queue's own hash tag `{P:Q}`, the truth of every
-//! task record, of the queue's settings and of the partition layout (ARCHITECTURE.md, "One task,
-//! one identity across slots"). A partition's keyspace is a plain [`Keys`], made only from its
+//! task record, of the queue's settings and of the partition layout (docs/design/partitions.md). A
+//! partition's keyspace is a plain [`Keys`], made only from its
 //! home ([`Home::partition`]); nothing turns a [`Keys`] into a [`Home`], so a function that takes
 //! the home (a report, a reopen, the dispatch lease, a task's shares) cannot be handed a
 //! partition.
@@ -32,7 +32,7 @@ impl Home {
         &self.keys
     }
 
-    /// The keys of one partition of this queue (ARCHITECTURE.md, "Partitioned queues"): the
+    /// The keys of one partition of this queue (docs/design/partitions.md): the
     /// same names under the partition's hash tag `tag` (stored in the home `meta`, made by
     /// [`crate::partition::tag`]). `Error::Invalid` for a tag that is not one of this queue's
     /// partitions: `<P>:<Q>@<p>.<salt>`.

@@ -1,5 +1,5 @@
-//! What identifies one incarnation of a task across slots (ARCHITECTURE.md, "One task, one
-//! identity across slots"): `inc` = `<seq>.<nonce>`, the slot's submission counter beside 64
+//! What identifies one incarnation of a task across slots (docs/design/partitions.md): `inc` =
+//! `<seq>.<nonce>`, the slot's submission counter beside 64
 //! random bits the dispatcher draws, so that a slot rolled back by a failover (its `meta.seq`
 //! handed out again) never reissues an incarnation; and the lease under which a dispatch over
 //! partitions writes its shares.

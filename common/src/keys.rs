@@ -6,7 +6,7 @@ use crate::error::Result;
 use crate::names;
 
 /// The one field of the `active` hash that is not a shard: it keeps the hash in hashtable
-/// encoding (see `lua/include/lib.lua`).
+/// encoding (see `lua/include/hold.lua`).
 pub const ACTIVE_PIN: &str = "~pin";
 
 /// The key names of one queue under one prefix.
@@ -82,7 +82,7 @@ impl Keys {
     pub fn legacy_tasks(&self) -> String {
         self.key("tasks")
     }
-    /// Set: the kinds that may have a lane (ARCHITECTURE.md "Kinds and lanes").
+    /// Set: the kinds that may have a lane (docs/design/lanes.md).
     pub fn kinds(&self) -> String {
         self.key("kinds")
     }
@@ -222,7 +222,7 @@ impl Keys {
         self.key("unreported")
     }
 
-    /// Every key a task owns (for removal; the same list as `task_keys` in lua/include/lib.lua).
+    /// Every key a task owns (for removal; the same list as `task_keys` in lua/include/task.lua).
     pub fn task_keys(&self, id: &str) -> [String; 6] {
         [self.task(id), self.terminal(id), self.results(id), self.errors(id), self.shard_keys(id), self.shards(id)]
     }

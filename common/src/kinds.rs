@@ -1,4 +1,4 @@
-//! The kinds an executor serves (ARCHITECTURE.md "Kinds and lanes"): its claims read only
+//! The kinds an executor serves (docs/design/lanes.md): its claims read only
 //! those kinds' lanes, and its membership announces them. And the lanes, as readers see them.
 
 use std::fmt;

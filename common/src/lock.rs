@@ -157,29 +157,23 @@ pub trait Renewable {
     fn key(&self) -> &str;
 }
 
-impl Renewable for RedisLock {
-    fn renew(&self, lease: &Lease) -> impl std::future::Future<Output = Result<bool>> + Send {
-        self.extend(lease)
-    }
-    fn ttl(&self) -> Duration {
-        self.ttl
-    }
-    fn key(&self) -> &str {
-        &self.keys.lock
-    }
+/// Both locks renew by `extend`, with their `ttl` and `keys.lock`: one impl for each.
+macro_rules! renewable {
+    ($($lock:ty),*) => {$(
+        impl Renewable for $lock {
+            fn renew(&self, lease: &Lease) -> impl std::future::Future<Output = Result<bool>> + Send {
+                self.extend(lease)
+            }
+            fn ttl(&self) -> Duration {
+                self.ttl
+            }
+            fn key(&self) -> &str {
+                &self.keys.lock
+            }
+        }
+    )*};
 }
-
-impl Renewable for Redlock {
-    fn renew(&self, lease: &Lease) -> impl std::future::Future<Output = Result<bool>> + Send {
-        self.extend(lease)
-    }
-    fn ttl(&self) -> Duration {
-        self.ttl
-    }
-    fn key(&self) -> &str {
-        &self.keys.lock
-    }
-}
+renewable!(RedisLock, Redlock);
 
 /// The one renewal loop of a held lock: renews `lease` every third of the TTL until `stop`
 /// resolves (`Ok`: still held). [`Error::LockLost`] as soon as the lock is lost: a renewal

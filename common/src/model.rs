@@ -31,7 +31,7 @@ pub use crate::names::{validate_task_id, MAX_TASK_ID_LEN};
 pub enum Part {
     /// Shard number i (0-based).
     Shard(u64),
-    /// The aggregation job `<task>:agg`.
+    /// The aggregation job `<task>:<seq>:agg`.
     Aggregate,
 }
 
@@ -280,7 +280,7 @@ impl TaskSpec {
             ("priority", self.priority.to_string()),
             ("keep_results", u8::from(self.keep_results).to_string()),
             ("retain_ms", self.retain.map_or(0, |d| d.as_millis() as u64).to_string()),
-            // each record its own incarnation id (ARCHITECTURE.md, "One task, one identity")
+            // each record its own incarnation id (docs/design/partitions.md)
             ("nonce", crate::incarnation::nonce()),
         ]
     }
@@ -353,8 +353,8 @@ pub struct TaskInfo {
     pub payload: String,
 }
 
-/// What makes a task record one partition's share of a partitioned task (ARCHITECTURE.md,
-/// "Partitioned queues"): its shards are the task's `base .. base + total`.
+/// What makes a task record one partition's share of a partitioned task
+/// (docs/design/partitions.md): its shards are the task's `base .. base + total`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Share {
     /// The partition, 1..=K.

@@ -1,5 +1,5 @@
-//! A task's shares, the one layer that knows them (ARCHITECTURE.md, "One task, one identity
-//! across slots"). Every task is a home record and its shares: over one partition the home
+//! A task's shares, the one layer that knows them (docs/design/partitions.md). Every task is a home
+//! record and its shares: over one partition the home
 //! record is its one share (base 0, the whole task), over K ≥ 2 each partition holds one.
 //! Readers and controls ask this layer for a task's shares ([`of`]) and read each the same way;
 //! none of them branches on the partition count.

@@ -1,4 +1,4 @@
-//! Time: the one clock of shared questions is the Redis server's (ARCHITECTURE.md "One clock");
+//! Time: the one clock of shared questions is the Redis server's (docs/design/clock.md);
 //! the local clock only measures local waits and displays. Also duration parsing.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -1,4 +1,4 @@
-//! One clock (ARCHITECTURE.md "One clock"): every time the scripts store or compare is the Redis
+//! One clock (docs/design/clock.md): every time the scripts store or compare is the Redis
 //! server's (`TIME`), never a caller's. Issue 11, defect 5: membership scores used the node's
 //! clock and reaping the rebalancer's (a node lagging more than its member timeout was reaped at
 //! every rebalance), retry due times and `--delay` starts whoever's clock ran the script, and

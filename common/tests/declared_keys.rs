@@ -1,15 +1,18 @@
-//! Every key a script touches is declared (ARCHITECTURE.md "Declared keys"), checked against the
-//! scripts' text: each header's `KEYS[i] name` lines against the body and the `lib.lua` helpers
-//! it calls (transitively), so that no declared key goes unused and no queue-level key is reached
+//! Every key a script touches is declared (docs/design/declared-keys.md), checked against the
+//! scripts' text: each header's `KEYS[i] name` lines against the body and the helpers of
+//! `lua/include/` it calls (transitively), so that no declared key goes unused and no queue-level key is reached
 //! but through `K`; and the one clock (no script takes a time from its caller). The run-time half
 //! of the rule is the preamble's `K`, which raises on an undeclared name in every other test.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use shardctl_common::scripts::{key_ident, queue_key, scripts, KeyArgs, Lua};
+use shardctl_common::scripts::{key_ident, queue_key, scripts, KeyArgs, Lua, INCLUDES};
 use shardctl_common::Home;
 
-const LIB: &str = include_str!("../../lua/include/lib.lua");
+/// Every include file's text, one after the other.
+fn lib() -> String {
+    INCLUDES.iter().map(|(_, t)| format!("{t}\n")).collect()
+}
 
 /// Keys of a queue that exist once per queue: reached only through `K` (never built from the
 /// prefix in Lua).
@@ -59,11 +62,11 @@ fn body(src: &str) -> &str {
     src.split_once("]]").map_or(src, |(_, b)| b)
 }
 
-/// `local function NAME(...)` ... `end` (at the start of a line) of lib.lua, by name.
+/// `local function NAME(...)` ... `end` (at the start of a line) of the include files, by name.
 fn lib_functions() -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     let mut cur: Option<(String, String)> = None;
-    for line in LIB.lines() {
+    for line in lib().lines() {
         if let Some(rest) = line.strip_prefix("local function ") {
             let name = rest.split('(').next().unwrap().to_owned();
             cur = Some((name, String::new()));
@@ -127,7 +130,7 @@ fn uses(
 #[test]
 fn every_key_a_script_touches_is_declared_and_every_declared_key_is_used() {
     let lib = lib_functions();
-    assert!(lib.contains_key("task_key") && lib.contains_key("end_task"), "lib.lua parsed: {:?}", lib.keys());
+    assert!(lib.contains_key("task_key") && lib.contains_key("end_task"), "includes parsed: {:?}", lib.keys());
     let mut problems = Vec::new();
     for s in scripts().all() {
         let src = source(s.file());
@@ -171,7 +174,8 @@ fn every_key_a_script_touches_is_declared_and_every_declared_key_is_used() {
 
 #[test]
 fn no_queue_level_key_is_built_from_the_prefix_and_keys_are_reached_by_name() {
-    let mut files: Vec<(String, String)> = vec![("include/lib.lua".into(), LIB.to_owned())];
+    let mut files: Vec<(String, String)> =
+        INCLUDES.iter().map(|(n, t)| (format!("include/{n}.lua"), (*t).to_owned())).collect();
     for s in scripts().all() {
         files.push((s.file().to_owned(), source(s.file())));
     }
@@ -214,7 +218,8 @@ fn no_script_takes_a_time_from_its_caller() {
             assert!(!instant, "{}: takes the instant {name} from its caller: {line}", s.file());
         }
     }
-    assert!(LIB.contains("local function now_ms()") && LIB.contains("rcall('TIME')"));
+    let clock = INCLUDES.iter().find(|(n, _)| *n == "clock").expect("clock.lua").1;
+    assert!(clock.contains("local function now_ms()") && clock.contains("rcall('TIME')"));
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! Task incarnations (ARCHITECTURE.md "Identity"): nothing of an earlier task under the same id
+//! Task incarnations (docs/design/identity.md): nothing of an earlier task under the same id
 //! (its queued refs, its held refs, its per-shard state, its terminal bits) is ever taken for the
 //! current one. Each test is a regression of issue 11 that failed before refs carried their
 //! incarnation, against a real redis-server.

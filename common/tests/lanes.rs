@@ -1,4 +1,4 @@
-//! Lanes (ARCHITECTURE.md "Kinds and lanes") at the level of the scripts, against a real
+//! Lanes (docs/design/lanes.md) at the level of the scripts, against a real
 //! redis-server: a claim takes only the kinds it serves, a kind listed twice is read once, and
 //! what a version before lanes queued in `wait` and `tasks` reaches the lanes.
 

@@ -1,7 +1,7 @@
 //! A script that aborts part-way keeps its earlier writes (Redis rolls nothing back). On a
 //! cluster, a key a script derives (not declared) that is missing while its slot migrates aborts
 //! the script at the command that touches it. The scripts read every such key before their first
-//! write (ARCHITECTURE.md "Declared keys", order of writes), so an abort leaves nothing written:
+//! write (docs/design/declared-keys.md, order of writes), so an abort leaves nothing written:
 //! each case here failed before (review of issue 11: a shard counted with its result lost and no
 //! aggregation ever enqueued; a delayed task that never started), against a real 3-master
 //! cluster whose slot is set MIGRATING by hand, the script called on the source node.

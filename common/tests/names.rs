@@ -72,7 +72,7 @@ const KIND_KEYS: &[(&str, NamedKey)] =
 // No key is built from an executor instance (leases are members of `leases`) nor from a shard
 // ref (per-shard state is a field of the task's `shards` hash).
 /// `Keys` methods that build no key of their own.
-const NOT_KEYS: &[&str] = &["new", "queue", "prefix", "task_keys"];
+const NOT_KEYS: &[&str] = &["new", "queue", "prefix", "tag", "task_keys"];
 
 /// Incarnations (task `seq`) each task id is enumerated with.
 const INCARNATIONS: &[u64] = &[1, 2, 10, 12, 123];

@@ -75,7 +75,7 @@ pub async fn run(mut con: Conn, keys: Home, cfg: DaemonConfig, stop: Cancellatio
     let mut sweepers =
         vec![tokio::spawn(sweep::run(con.clone(), keys.clone(), cfg.sweep.clone(), stop.clone(), |_| {}))];
     // a partitioned queue: each partition's sweep, and the reports of ended shares to the home
-    sweepers.push(tokio::spawn(crate::partitions::upkeep(con.clone(), keys.clone(), cfg.sweep.clone(), stop.clone())));
+    sweepers.push(tokio::spawn(crate::partition::upkeep(con.clone(), keys.clone(), cfg.sweep.clone(), stop.clone())));
     let firing = tokio::spawn(crate::firing::run(con.clone(), keys.clone(), stop.clone()));
     let mut tick = tokio::time::interval(cfg.refresh);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

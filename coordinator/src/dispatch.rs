@@ -19,7 +19,7 @@ pub fn new_task_id() -> String {
 pub async fn create_task<C: ConnectionLike + Send>(con: &mut C, keys: &Home, spec: &TaskSpec) -> Result<()> {
     spec.validate()?;
     // a partitioned queue: a home record and one share per partition
-    if crate::partitions::create_over(con, keys, spec, None).await?.is_some() {
+    if crate::partition::create_over(con, keys, spec, None).await?.is_some() {
         return Ok(());
     }
     match scripts::dispatch(con, keys, spec).await {
@@ -69,11 +69,11 @@ pub async fn dispatch(
     }
     if spec.strategy != Strategy::Pull {
         // a routed task over partitions: its shares (and their keys) placed in each
-        if let Some(layout) = crate::partitions::create_over(con, keys, spec, shard_keys).await? {
+        if let Some(layout) = crate::partition::create_over(con, keys, spec, shard_keys).await? {
             if spec.delay.is_some() {
                 return Ok(Dispatched { resumed: false, placed: 0, live: 0 });
             }
-            let (placed, live) = crate::partitions::route(con, &layout, &spec.id).await?;
+            let (placed, live) = crate::partition::route(con, &layout, &spec.id).await?;
             return Ok(Dispatched { resumed: false, placed, live });
         }
     }
@@ -105,7 +105,7 @@ pub async fn dispatch(
         create_task(con, keys, spec).await?;
     }
     if spec.delay.is_some() {
-        // a delayed task is placed when it starts (lib.lua start_due_tasks, then a rebalancer)
+        // a delayed task is placed when it starts (`start_due_tasks` of lua/include/due.lua, then a rebalancer)
         return Ok(Dispatched { resumed, placed: 0, live: 0 });
     }
     let live = crate::membership::live(con, keys).await?;

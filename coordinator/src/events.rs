@@ -41,6 +41,10 @@ pub async fn newest<C: ConnectionLike + Send>(con: &mut C, home: &Home, count: u
     Ok(out)
 }
 
+/// A log followed: its key, its partition (1-based number and keys; `None`: the home), the last
+/// id read.
+type Log = (String, Option<(u32, Keys)>, String);
+
 /// The queue's log followed live, from now or from its start: each [`Follow::next`] returns the
 /// events come since the last, in time order across the logs, their fields in a stable order
 /// (`event`, `task`, `shard`, then by name). A change of the queue's partitions is followed:
@@ -54,7 +58,7 @@ pub struct Follow {
     layout: Layout,
     /// Each log with its partition (1-based number and keys; `None`: the home) and the last id
     /// read.
-    logs: Vec<(String, Option<(u32, Keys)>, String)>,
+    logs: Vec<Log>,
     bases: Bases,
     checked: Instant,
     checked_ms: u64,

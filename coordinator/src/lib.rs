@@ -14,11 +14,11 @@
 //! - [`rebalance`]: failover and rebalancing under a short lock.
 //! - [`firing`]: firing due cron schedules (each fire time's task created once); the
 //!   schedules themselves are stored by `shardctl_common::schedule`.
-//! - [`partitions`]: tasks over a partitioned queue: dispatch as a home record and shares, the
+//! - [`partition`]: tasks over a partitioned queue: dispatch as a home record and shares, the
 //!   report of ended shares to the home, orphaned shares removed.
 //! - [`progress`]: one task's state and counts, a queue's counts, failed shards.
-//! - [`inspect`]: bounded reads for the dashboard: task pages, reason pages, a task's shard
-//!   map.
+//! - [`inspect`]: bounded reads for the dashboard: task pages, reason pages.
+//! - [`shard_map`]: a task's shards as cells for the dashboard.
 //! - [`events`]: the event log read as one over the partitions: its newest events, or followed
 //!   live (`shardctl watch`).
 //! - [`wait`]: waiting for a task to end, with a progress callback.
@@ -44,11 +44,12 @@ pub mod inspect;
 pub mod liveness;
 pub mod membership;
 pub mod metrics;
-pub mod partitions;
+pub mod partition;
 pub mod presence;
 pub mod progress;
 pub mod rebalance;
 pub mod route;
+pub mod shard_map;
 pub mod snapshot;
 pub mod stuck;
 pub mod sweep;

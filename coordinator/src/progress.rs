@@ -113,7 +113,7 @@ async fn space_counts<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Res
         .zrange(keys.scheduled(), 0, -1)
         .query_async(con)
         .await?;
-    // `active` keeps one pin field (see lua/include/lib.lua): it is not a shard
+    // `active` keeps one pin field (see lua/include/hold.lua): it is not a shard
     let active = active.saturating_sub(u64::from(pinned));
     // explicit refs wait in their kinds' lanes, routed ones on their nodes' lists, recovered
     // routed ones in `reroute`

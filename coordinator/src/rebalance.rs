@@ -128,7 +128,7 @@ async fn run(con: &mut Conn, keys: &Home) -> Result<RebalanceReport> {
     router.keep_alive(vec![keys.rebalance_lock(), keys.rebalancing()], LOCK_TTL);
     place(con, keys, &mut router, &mut report).await?;
     // a partitioned queue: the same in each partition, over the home's membership
-    // (ARCHITECTURE.md "Partitioned queues"); each has its own lists, reroutes and flag
+    // (docs/design/partitions.md); each has its own lists, reroutes and flag
     let layout = shardctl_common::partition::layout(con, keys).await?;
     for pk in &layout.parts {
         let mut router = Router::new(report.live.clone());

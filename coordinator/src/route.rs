@@ -86,8 +86,8 @@ impl Router {
         each.join(",")
     }
 
-    /// Places each task's shards only on the members that serve its kind (ARCHITECTURE.md "Kinds
-    /// and lanes"), as `served` says; a member not in it serves every kind. A task whose kind no
+    /// Places each task's shards only on the members that serve its kind (docs/design/lanes.md), as
+    /// `served` says; a member not in it serves every kind. A task whose kind no
     /// live member serves is placed over all of them: their claims move its refs to its lane.
     pub fn serving(&mut self, served: HashMap<String, Served>) {
         self.served = served;

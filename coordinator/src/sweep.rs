@@ -75,7 +75,7 @@ async fn run_in(
                         tracing::info!(recovered = r.recovered, failed = r.failed, "stalled sweep");
                     }
                     on_report(r);
-                    // an older version's queue (ARCHITECTURE.md "Kinds and lanes"): into lanes
+                    // an older version's queue (docs/design/lanes.md): into lanes
                     match scripts::move_legacy(&mut con, &keys).await {
                         Ok(0) => {}
                         Ok(n) => {

@@ -220,8 +220,7 @@ async fn pause(d: Duration, shutdown: &CancellationToken) {
 }
 
 /// The markers an executor of `node` serving `served` blocks on: the queue's (`delayed`, `route`,
-/// an operator's wake-up), its node's, and its kinds' lanes' (ARCHITECTURE.md "Kinds and
-/// lanes").
+/// an operator's wake-up), its node's, and its kinds' lanes' (docs/design/lanes.md).
 pub(crate) fn markers(keys: &shardctl_common::Keys, node: &str, served: &Served) -> Vec<String> {
     let mut v = vec![keys.marker(), keys.node_marker(node)];
     match served.kinds() {

@@ -88,7 +88,7 @@ static CPU_MEAN_NS: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
 /// CPU closures running inline on a runtime thread now.
 static INLINE_NOW: AtomicUsize = AtomicUsize::new(0);
 /// Below this mean, CPU work runs inline: handing it to rayon and back costs two thread
-/// wake-ups, more than the work itself (see ARCHITECTURE.md, "Where an executor's time goes").
+/// wake-ups, more than the work itself (see docs/design/observability.md).
 const INLINE_BELOW: Duration = Duration::from_micros(100);
 
 /// The mean's slot of `kind` (FNV-1a).

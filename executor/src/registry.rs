@@ -1,5 +1,5 @@
 //! Which handler and aggregator serve which kind: the [`Registry`] an executor claims and runs
-//! by (ARCHITECTURE.md "Kinds and lanes"), with the built-in kinds of [`crate::builtin`].
+//! by (docs/design/lanes.md), with the built-in kinds of [`crate::builtin`].
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -67,7 +67,7 @@ impl Registry {
     }
 
     /// The kinds this registry serves: its handlers' kinds and its fallback's. The executor
-    /// claims only these (ARCHITECTURE.md "Kinds and lanes") and announces them with its
+    /// claims only these (docs/design/lanes.md) and announces them with its
     /// membership (`dispatch` checks a kind against them).
     pub fn served(&self) -> &Served {
         &self.served

@@ -231,8 +231,7 @@ async fn run_aggregator(
 
 /// Runs a handler's future so that a panic becomes a failure and cancellation or the time limit
 /// stops it (dropping it kills a child process). It runs in the shard's own task: a second task
-/// per shard cost a spawn, a wake-up and a copy of the future (see ARCHITECTURE.md, "Where an
-/// executor's time goes").
+/// per shard cost a spawn, a wake-up and a copy of the future (see docs/design/observability.md).
 async fn guarded(
     fut: BoxFuture<Result<Value, ShardError>>,
     cancel: &CancellationToken,

@@ -47,7 +47,7 @@ pub(crate) struct State {
 }
 
 /// The run slots that the runtimes of one node share, one runtime per partition of a queue
-/// (ARCHITECTURE.md, "Partitioned queues"): at most `limit` shards run at once over all of them,
+/// (docs/design/partitions.md): at most `limit` shards run at once over all of them,
 /// and what they hold (running or claimed ahead) counts against one claim target.
 pub(crate) struct Budget {
     pub(crate) limit: usize,

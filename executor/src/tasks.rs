@@ -1,7 +1,7 @@
 //! A cache of task metadata (kind, ranges, payload, backoff): read once per task per executor,
 //! not once per shard. Entries are per incarnation, compared by the full incarnation id the claim
 //! handed out with the shard (`inc`, which no rollback of a slot reissues, unlike the `seq` in
-//! the ref; ARCHITECTURE.md "Identity"): a shard of another incarnation replaces the entry, one
+//! the ref; docs/design/identity.md): a shard of another incarnation replaces the entry, one
 //! of another incarnation than Redis holds gets nothing.
 
 use std::collections::HashMap;

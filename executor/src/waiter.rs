@@ -1,5 +1,5 @@
 //! One blocking connection for every runtime of a node on one Redis server (the runtimes of a
-//! partitioned queue, ARCHITECTURE.md "Partitioned queues"): one `BZPOPMIN` names the markers
+//! partitioned queue, docs/design/partitions.md): one `BZPOPMIN` names the markers
 //! of the runtimes waiting for work, and a marker popped wakes the runtime it belongs to. Only
 //! waiting runtimes' markers are named, so a busy node takes no wake-up meant for an idle one;
 //! a marker popped for a runtime that stopped waiting meanwhile is put back. While some runtime

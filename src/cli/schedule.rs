@@ -128,7 +128,7 @@ async fn run_add(args: &Args, a: &AddArgs) -> anyhow::Result<ExitCode> {
     // checked before connecting: a bad expression or zone is reported as such even without Redis
     Schedule::new(&a.name, &a.cron, &a.tz, a.overlap, a.misfire, grace, &spec, now_ms())?;
     let (_, mut con) = connect(args).await?;
-    // created at the server's time: fire times are judged by that clock (ARCHITECTURE "One clock")
+    // created at the server's time: fire times are judged by that clock (docs/design/clock.md)
     let now = server_now_ms(&mut con, args.keys()?.keys()).await?;
     let s = Schedule::new(&a.name, &a.cron, &a.tz, a.overlap, a.misfire, grace, &spec, now)?;
     schedule::add(&mut con, &args.keys()?, &s, a.replace).await?;

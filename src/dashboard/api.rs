@@ -5,6 +5,7 @@ use serde_json::{json, Value};
 use shardctl_common::model::TaskInfo;
 use shardctl_common::{control, schedule, Error};
 use shardctl_coordinator::inspect::{self, TaskFilter};
+use shardctl_coordinator::shard_map;
 use shardctl_coordinator::{presence, progress, stuck};
 use std::collections::HashMap;
 use std::ops::RangeInclusive;
@@ -178,10 +179,10 @@ async fn failed(d: &Dashboard, id: &str, query: &HashMap<String, String>) -> Res
 
 async fn map(d: &Dashboard, id: &str, query: &HashMap<String, String>) -> Result<Value, Reply> {
     let id = checked(id)?;
-    let cells = number(query, "cells", inspect::MAX_CELLS, 1..=inspect::MAX_CELLS)?;
+    let cells = number(query, "cells", shard_map::MAX_CELLS, 1..=shard_map::MAX_CELLS)?;
     let t = light_task(d, id).await?;
     let mut con = d.con.clone();
-    let m = inspect::shard_map(&mut con, &d.keys, &t, cells).await.map_err(failure)?;
+    let m = shard_map::shard_map(&mut con, &d.keys, &t, cells).await.map_err(failure)?;
     serde_json::to_value(m).map_err(|e| Reply::error(500, e))
 }
 

@@ -1,6 +1,6 @@
 //! The coordinator's web dashboard: a page (HTML, script and style embedded in the binary) and
 //! the JSON API under `/api/` it reads, documented in docs/dashboard.md. The rules it keeps (what
-//! it reads and at what cost, the token, the headers) are in ARCHITECTURE.md, "Dashboard".
+//! it reads and at what cost, the token, the headers) are in docs/design/dashboard.md.
 //!
 //! # Layout
 //! - `mod.rs`: [`serve`], the listener loop.

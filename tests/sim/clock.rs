@@ -1,5 +1,5 @@
 //! The one place the simulator reads time: the Redis server's clock, the one the scripts store
-//! and compare (ARCHITECTURE.md "One clock"). Retries come due in real time (delays of 0 to 5 ms);
+//! and compare (docs/design/clock.md). Retries come due in real time (delays of 0 to 5 ms);
 //! nothing is made due by a fake clock.
 
 use shardctl_common::conn::Conn;

@@ -1,4 +1,4 @@
-//! A simulated executor: its instance id (its lease is `lease:<instance>`), the seq of its next
+//! A simulated executor: its instance id (its lease is its entry in the `leases` zset), the seq of its next
 //! claim token, the (ref, token) pairs it holds with the spec each runs with, its task cache,
 //! and the `cancels` count it saw last.
 

@@ -8,7 +8,7 @@
 //! - what lives outside Redis stays: the dispatch nonces keep growing (a result still tells
 //!   which dispatch made it), and every executor keeps what it holds, its claim tokens' seq
 //!   (tokens are never reused) and its lost replies. Each sees the failover as a failed claim
-//!   call (ARCHITECTURE.md "Identity"): it compares every token at its next heartbeat, and half
+//!   call (docs/design/identity.md): it compares every token at its next heartbeat, and half
 //!   of them drop their task cache (the others keep it: its entries are checked by the full
 //!   incarnation id the claim hands out, never by the ref's seq alone). Until then it may report shards Redis no longer knows or gives another
 //!   token: the model predicts the refusal (-1, -2, -3) from the restored state like any other

@@ -1,4 +1,4 @@
-//! Partitions of a queue (ARCHITECTURE.md, "Partitioned queues"): partition p (1 ≤ p ≤ K) of
+//! Partitions of a queue (docs/design/partitions.md): partition p (1 ≤ p ≤ K) of
 //! queue Q under prefix P is the keyspace of the hash tag `P:Q@p.s`, `s` a salt chosen once so
 //! that the partitions land on distinct masters of a cluster while there are enough. `@` cannot
 //! occur in a queue or prefix name, so no partition's tag is another queue's.

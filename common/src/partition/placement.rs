@@ -52,7 +52,7 @@ pub async fn slot_owners<C: ConnectionLike + Send>(
 /// The tags are chosen from the slot map of the cluster `con` reaches when `on_cluster` (one
 /// server: salt 0, and no `CLUSTER` command is sent). Refused while a task dispatched over
 /// partitions is unfinished: its shares must be served where they are (`layout.lua`, the only
-/// writer of the layout; ARCHITECTURE.md, "Changing the layout"). Setting the count it has
+/// writer of the layout; docs/design/partitions-repair.md). Setting the count it has
 /// keeps the stored tags. Running executors and coordinators follow within [`LAYOUT_CHECK`].
 pub async fn set_count<C: ConnectionLike + Send>(con: &mut C, home: &Home, k: u32, on_cluster: bool) -> Result<Layout> {
     validate_count(k)?;

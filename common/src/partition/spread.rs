@@ -15,7 +15,7 @@ use super::layout::{share_range, Layout};
 /// Creates the shares of home incarnation `inc` under its dispatch lease, held by `token`
 /// (the creator's is the home record's nonce; a dispatch run again takes the lease first),
 /// renewed before each share and each chunk of keys, then marks the dispatch complete
-/// (ARCHITECTURE.md, "One task, one identity across slots"). A lease lapsed or taken by
+/// (docs/design/partitions.md). A lease lapsed or taken by
 /// another stops it with an error: whoever took it creates what is missing.
 pub async fn create_shares<C: ConnectionLike + Send>(
     con: &mut C,

@@ -54,7 +54,7 @@ pub struct ClaimRequest<'a> {
     /// Under a queue rate limit the claim takes only the others, so that the limit counts starts:
     /// with none startable now it claims nothing and says [`ClaimOutcome::busy`].
     pub ahead: usize,
-    /// The kinds served: only their lanes are read (ARCHITECTURE.md "Kinds and lanes").
+    /// The kinds served: only their lanes are read (docs/design/lanes.md).
     pub kinds: &'a crate::kinds::Served,
 }
 

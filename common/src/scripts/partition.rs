@@ -1,6 +1,5 @@
 //! A partition's ended share of a task, counted in the task's home record (`report.lua`) and
-//! then removed from the partition's `unreported` (`ack.lua`): ARCHITECTURE.md, "Partitioned
-//! queues".
+//! then removed from the partition's `unreported` (`ack.lua`): docs/design/partitions.md.
 
 use redis::aio::ConnectionLike;
 

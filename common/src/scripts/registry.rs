@@ -1,22 +1,34 @@
-//! The registry: each script's text (a preamble of its declared keys, `lib.lua`, the file),
-//! its declared keys, and the invocation with those keys passed in order.
+//! The registry: each script's text (a preamble of its declared keys, the includes its header
+//! names, the file), its declared keys, and the invocation with those keys passed in order.
 
 use redis::{Script, ScriptInvocation};
 use std::sync::LazyLock;
 
 use crate::keys::Keys;
 
-/// `lua/include/lib.lua`: the helpers every script is built with.
-const LIB: &str = include_str!("../../../lua/include/lib.lua");
+/// The helper files of `lua/include/` (its README says what each holds), by name.
+pub const INCLUDES: &[(&str, &str)] = &[
+    ("chunked", include_str!("../../../lua/include/chunked.lua")),
+    ("clock", include_str!("../../../lua/include/clock.lua")),
+    ("create", include_str!("../../../lua/include/create.lua")),
+    ("due", include_str!("../../../lua/include/due.lua")),
+    ("events", include_str!("../../../lua/include/events.lua")),
+    ("finish", include_str!("../../../lua/include/finish.lua")),
+    ("hold", include_str!("../../../lua/include/hold.lua")),
+    ("lanes", include_str!("../../../lua/include/lanes.lua")),
+    ("task", include_str!("../../../lua/include/task.lua")),
+];
 
 /// One script of the registry: its Lua text is a preamble made from its header's `KEYS[i] name`
-/// lines (the table `K` of declared keys by name, see `lib.lua`), then `lib.lua`, then the file.
-/// The header is the one statement of which keys a script touches: the wrappers pass exactly
-/// those keys, in that order ([`Lua::keyed`]), and `K` refuses any other name at run time.
+/// lines (the table `K` of declared keys by name, see `lua/include/task.lua`) and `rcall`, then
+/// the includes its header's `include:` line names ([`resolve`]), then the file. The header is
+/// the one statement of which keys a script touches: the wrappers pass exactly those keys, in
+/// that order ([`Lua::keyed`]), and `K` refuses any other name at run time.
 pub struct Lua {
     script: Script,
     file: &'static str,
     declared: Vec<String>,
+    includes: Vec<&'static str>,
     text: String,
 }
 
@@ -30,8 +42,9 @@ impl std::ops::Deref for Lua {
 impl Lua {
     fn new(file: &'static str, body: &'static str) -> Self {
         let declared = declared_keys(body).unwrap_or_else(|e| panic!("lua/{file}: {e}"));
-        let text = format!("{}\n{LIB}\n{body}", preamble(&declared));
-        Lua { script: Script::new(&text), file, declared, text }
+        let includes = resolve(&included(body)).unwrap_or_else(|e| panic!("lua/{file}: {e}"));
+        let text = format!("{}\n{}{body}", preamble(&declared), library(&includes));
+        Lua { script: Script::new(&text), file, declared, includes, text }
     }
 
     /// One script made of several: each file's body runs as a function of its own, in order,
@@ -42,6 +55,8 @@ impl Lua {
         let mut declared: Vec<String> = Vec::new();
         let mut funcs = String::new();
         let mut calls = Vec::new();
+        let named: Vec<String> = parts.iter().flat_map(|(_, body)| included(body)).collect();
+        let includes = resolve(&named).unwrap_or_else(|e| panic!("{name}: {e}"));
         for (i, (file, body)) in parts.iter().enumerate() {
             for k in declared_keys(body).unwrap_or_else(|e| panic!("lua/{file}: {e}")) {
                 if !declared.contains(&k) {
@@ -52,7 +67,7 @@ impl Lua {
             calls.push(format!("part_{i}"));
         }
         let text = format!(
-            "{}\n{LIB}\n{funcs}\nlocal parts, replies, at = {{ {} }}, {{}}, 1\n\
+            "{}\n{}{funcs}\nlocal parts, replies, at = {{ {} }}, {{}}, 1\n\
              for p = 1, #parts do\n\
                local m, args = tonumber(ARGV[at]), {{}}\n\
                for i = 1, m do args[i] = ARGV[at + i] end\n\
@@ -61,12 +76,18 @@ impl Lua {
              end\n\
              return replies",
             preamble(&declared),
+            library(&includes),
             calls.join(", ")
         );
-        Lua { script: Script::new(&text), file: name, declared, text }
+        Lua { script: Script::new(&text), file: name, declared, includes, text }
     }
 
-    /// The whole text sent to Redis (the preamble, the library and the body).
+    /// The include files it is built with, each after those it includes (`task`, `lanes`, ...).
+    pub fn includes(&self) -> &[&'static str] {
+        &self.includes
+    }
+
+    /// The whole text sent to Redis (the preamble, the includes and the body).
     pub fn text(&self) -> &str {
         &self.text
     }
@@ -165,6 +186,48 @@ pub fn declared_keys(body: &str) -> std::result::Result<Vec<String>, String> {
     Ok(out)
 }
 
+/// The names of a script's (or an include's) header line `include: a, b` (in the `--[[ ]]`
+/// block it starts with); none without one.
+pub fn included(text: &str) -> Vec<String> {
+    let header = if text.starts_with("--[[") { text.split("]]").next().unwrap_or_default() } else { "" };
+    let line = header.lines().find_map(|l| l.trim_start().strip_prefix("include:"));
+    line.map(|l| l.split(',').map(|n| n.trim().to_owned()).filter(|n| !n.is_empty()).collect()).unwrap_or_default()
+}
+
+/// The include files `names` stand for with those they include, each once and after those it
+/// includes; an unknown name, or includes that include each other, are refused.
+pub fn resolve(names: &[String]) -> std::result::Result<Vec<&'static str>, String> {
+    fn visit(name: &str, out: &mut Vec<&'static str>, path: &mut Vec<&'static str>) -> std::result::Result<(), String> {
+        let Some(&(file, text)) = INCLUDES.iter().find(|(n, _)| *n == name) else {
+            return Err(format!("no include is named '{name}' (lua/include/)"));
+        };
+        if out.contains(&file) {
+            return Ok(());
+        }
+        if path.contains(&file) {
+            return Err(format!("includes include each other: {} -> {file}", path.join(" -> ")));
+        }
+        path.push(file);
+        for n in included(text) {
+            visit(&n, out, path)?;
+        }
+        path.pop();
+        out.push(file);
+        Ok(())
+    }
+    let mut out = Vec::new();
+    for n in names {
+        visit(n, &mut out, &mut Vec::new())?;
+    }
+    Ok(out)
+}
+
+/// The text of include files, in order.
+fn library(includes: &[&str]) -> String {
+    let text = |name: &&str| INCLUDES.iter().find(|(n, _)| n == name).map_or("", |(_, t)| *t);
+    includes.iter().map(|n| format!("{}\n", text(n))).collect()
+}
+
 /// The Lua identifier of a declared key in `K`: placeholders dropped, other characters `_`
 /// (`node:<n>:wait` → `node_wait`, `task:<id>` → `task`, `stalled-check` → `stalled_check`).
 pub fn key_ident(name: &str) -> String {
@@ -181,8 +244,9 @@ pub fn key_ident(name: &str) -> String {
     plain.split('_').filter(|p| !p.is_empty()).collect::<Vec<_>>().join("_")
 }
 
-/// The Lua put before `lib.lua`: `K` (declared keys by name; an undeclared name raises),
-/// `DECLARED` (the set of declared key strings) and `TASK_ANCHOR` (see `lib.lua`).
+/// The Lua put before the includes: `K` (declared keys by name; an undeclared name raises),
+/// `DECLARED` (the set of declared key strings), `TASK_ANCHOR` (see `lua/include/task.lua`) and
+/// `rcall` (`redis.call`).
 fn preamble(declared: &[String]) -> String {
     let fields: Vec<String> =
         declared.iter().enumerate().map(|(i, n)| format!("{} = KEYS[{}]", key_ident(n), i + 1)).collect();
@@ -191,7 +255,8 @@ fn preamble(declared: &[String]) -> String {
          error('shardctl: key ' .. tostring(name) .. ' is not declared by this script') end }})\n\
          local DECLARED = {{}}\n\
          for _, k in ipairs(KEYS) do DECLARED[k] = true end\n\
-         local TASK_ANCHOR = rawget(K, 'task')",
+         local TASK_ANCHOR = rawget(K, 'task')\n\
+         local rcall = redis.call",
         fields.join(", ")
     )
 }

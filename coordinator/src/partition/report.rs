@@ -1,0 +1,161 @@
+//! The report of each ended share to its home, repeated until acknowledged, and the end of
+//! the shares of an ended task.
+
+use redis::aio::ConnectionLike;
+use shardctl_common::partition::Layout;
+use shardctl_common::scripts::{self, Reported, ShareReport};
+use shardctl_common::{Home, Keys, Result};
+
+/// Shares read from a partition's `unreported` per call.
+const REPORT_BATCH: usize = 100;
+
+/// The first [`REPORT_BATCH`] entries of `keys`' `unreported` (task → end ms): a partition's
+/// ended shares to report, or the home's ended tasks whose shares to end.
+async fn unreported_page<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Result<Vec<(String, u64)>> {
+    Ok(redis::cmd("ZRANGE")
+        .arg(keys.unreported())
+        .arg(0)
+        .arg(REPORT_BATCH as i64 - 1)
+        .arg("WITHSCORES")
+        .query_async(con)
+        .await?)
+}
+
+/// Reports every ended share found in the partitions' `unreported` to the home, then
+/// acknowledges it there. Idempotent: whoever repeats it counts nothing twice. Returns how many
+/// shares were counted now.
+pub async fn report_pending<C: ConnectionLike + Send>(con: &mut C, layout: &Layout) -> Result<u64> {
+    // (a partition unreachable now must not hold the reports of the others)
+    if let Err(e) = end_pending(con, layout).await {
+        tracing::warn!("ending the shares of ended tasks: {e}");
+    }
+    let mut counted = 0;
+    for pk in &layout.parts {
+        for (task, ended) in unreported_page(con, pk).await? {
+            if report_share(con, &layout.home, pk, &task, ended).await? {
+                counted += 1;
+            }
+        }
+    }
+    Ok(counted)
+}
+
+/// Ends the shares of every task found in the home's `unreported` (tasks over partitions whose
+/// aggregation was recorded: `finish_task` lists them) as their home ended, dropping their
+/// results unless the task keeps them (`end_share.lua`), then takes the entry out if it is
+/// still the one read (`ack.lua`). A home gone, retried or of another layout only loses its
+/// entry. Idempotent: whoever repeats it ends nothing twice.
+async fn end_pending<C: ConnectionLike + Send>(con: &mut C, layout: &Layout) -> Result<()> {
+    let home = &layout.home;
+    for (task, ended) in unreported_page(con, home).await? {
+        let tl = shardctl_common::partition::task_layout(con, home, &task).await?;
+        let state: Option<String> = redis::cmd("HGET").arg(home.task(&task)).arg("state").query_async(con).await?;
+        let inc = shardctl_common::share::home_inc_of(con, home, &task).await?;
+        if let (Some(state @ ("completed" | "failed")), Some(inc)) = (state.as_deref(), inc) {
+            for pk in &tl.parts {
+                scripts::end_share(con, pk, &task, &inc, state).await?;
+            }
+        }
+        scripts::ack(con, home, &task, ended).await?;
+    }
+    Ok(())
+}
+
+/// Reports one ended share; true when it was counted now.
+pub(super) async fn report_share<C: ConnectionLike + Send>(
+    con: &mut C,
+    home: &Home,
+    part: &Keys,
+    task: &str,
+    ended: u64,
+) -> Result<bool> {
+    type Fields = (Option<u32>, Option<u64>, Option<u64>, Option<u64>, Option<String>);
+    let (p, round, done, failed, state): Fields = redis::cmd("HMGET")
+        .arg(part.task(task))
+        .arg(&["part", "round", "done", "failed", "state"])
+        .query_async(con)
+        .await?;
+    let home_inc = shardctl_common::share::share_inc(con, part, task).await?;
+    let counted = match (p, home_inc, round, done, failed, shardctl_common::share::ended(state.as_deref())) {
+        (Some(part_no), Some(home_inc), Some(round), Some(done), Some(failed), true) => {
+            let r = ShareReport { task: task.to_owned(), home_inc, part: part_no, round, done, failed };
+            match scripts::report(con, home, &r).await? {
+                Reported::Counted => true,
+                // the home's master lost a retry its shares kept: the home is reopened to the
+                // share's round for this partition, then counts it
+                Reported::HomeBehind => {
+                    let code = scripts::reopen(con, home, task, Some(round), &[part_no]).await?;
+                    tracing::warn!(
+                        task,
+                        partition = part_no,
+                        round,
+                        code,
+                        "the home had lost a retry: reopened to its share's round"
+                    );
+                    scripts::report(con, home, &r).await? == Reported::Counted
+                }
+                _ => false,
+            }
+        }
+        // the share is gone (cleaned, expired) or runs again: nothing to count for this entry
+        _ => false,
+    };
+    scripts::ack(con, part, task, ended).await?;
+    if counted {
+        tracing::debug!(task, partition = p.unwrap_or(0), "share counted in the home");
+    }
+    Ok(counted)
+}
+
+/// Creates share `p` of running task `id` again if it is missing and its dispatch is over: the
+/// reconciliation takes the task's dispatch lease (`token`), which must have lapsed (its
+/// dispatcher died or stalled) or be complete (the share's creation was lost with a
+/// partition's master since). It is created in the home's round. A keyed share keeps the keys
+/// its incarnation left complete; when they are not (a dispatch cut short while writing them,
+/// or lost), the task cannot run as dispatched: it is cancelled, saying so. Returns whether
+/// the lease was taken.
+pub(super) async fn recreate_share<C: ConnectionLike + Send>(
+    con: &mut C,
+    layout: &Layout,
+    id: &str,
+    p: u32,
+    token: &str,
+) -> Result<bool> {
+    let t = crate::progress::task(con, &layout.home, id).await?;
+    let (_, size) = shardctl_common::partition::share_range(p, t.partitions, t.total);
+    if size == 0 || t.partitions != layout.count() {
+        return Ok(false);
+    }
+    let lease = shardctl_common::incarnation::DISPATCH_LEASE;
+    match scripts::dispatch_lease(con, &layout.home, id, &t.inc, scripts::LeaseAsk::Take, token, lease).await? {
+        scripts::Lease::Granted => {}
+        // its dispatcher is still creating it, or the task is gone
+        _ => return Ok(false),
+    }
+    let pk = layout.part(p)?;
+    if t.has_keys && !shardctl_common::partition::share_keys_complete(con, pk, id, &t.inc, size).await? {
+        tracing::warn!(task = %id, partition = p, "a share's keys are lost (its dispatch was cut short, or a failover lost them): the task is cancelled; dispatch it again");
+        if let Err(e) = shardctl_common::control::cancel(con, &layout.home, id).await {
+            tracing::warn!(task = %id, "cancelling a task whose keys are lost: {e}");
+        }
+        return Ok(true);
+    }
+    let (priority, round): (Option<i64>, Option<u64>) =
+        redis::cmd("HMGET").arg(layout.home.task(id)).arg("priority").arg("round").query_async(con).await?;
+    tracing::warn!(task = %id, partition = p, "a share of a running task is missing: creating it again");
+    let spec = shardctl_common::partition::spec_of(&t, priority.unwrap_or(0));
+    shardctl_common::partition::create_share_keyed(
+        con,
+        &layout.home,
+        pk,
+        p,
+        t.partitions,
+        &spec,
+        &t.inc,
+        None,
+        round.unwrap_or(0),
+        Some(token),
+    )
+    .await?;
+    Ok(true)
+}

@@ -1,0 +1,121 @@
+--[[
+  The end of shards and tasks: terminal marks counted once, the aggregation enqueued, a task
+  ended, reopened, or its aggregation withdrawn.
+
+  include: task, lanes, events
+]]
+-- Enqueues the aggregation job of a task whose every shard is terminal (`c`: its done, failed
+-- and seq).
+local function enqueue_aggregation(prefix, tid, done, failed, seq, now)
+  local kind = rcall('HGET', task_key(prefix, tid, ''), 'kind')
+  touch_lane(prefix, kind)
+  rcall('HSET', task_key(prefix, tid, ''), 'state', 'aggregating', 'aggregating_ms', now)
+  lane_push(prefix, kind, { tid .. ':' .. seq .. ':agg' }, true)
+  emit('event', 'task_aggregating', 'task', tid, 'done', done, 'failed', failed)
+end
+
+-- Enqueues the aggregation job if the task's counts say every shard is terminal. A share of a
+-- partitioned task (it has `part`) is counted one level up instead (docs/design/partitions.md): it
+-- waits in `unreported` until report.lua in the home has counted it
+-- and ack.lua removed it. Its keys stay until its home record is removed (the aggregation reads
+-- them; `partition::drop_orphans` removes them then).
+local function maybe_aggregate(prefix, tid, now)
+  local tkey = task_key(prefix, tid, '')
+  local c = rcall('HMGET', tkey, 'done', 'failed', 'total', 'seq', 'part')
+  if tonumber(c[1]) + tonumber(c[2]) ~= tonumber(c[3]) then return end
+  if c[5] then
+    rcall('HSET', tkey, 'state', 'aggregating', 'aggregating_ms', now)
+    rcall('ZADD', K.unreported, now, tid)
+    return
+  end
+  enqueue_aggregation(prefix, tid, c[1], c[2], c[4], now)
+end
+
+-- Marks shard `idx` of a task terminal and counts it in `field` ('done' or 'failed'), once:
+-- SETBIT returns the old bit, so a second finish of the same shard counts nothing.
+-- Stores `value` in the task's `suffix` hash ('results' or 'errors') when given.
+-- Enqueues the aggregation job when this was the last shard. Returns 1 if counted, 0 if not.
+local function mark_terminal(prefix, tid, idx, field, suffix, value, now)
+  local tkey = task_key(prefix, tid, '')
+  -- an index past the total belongs to an earlier task under the same id: never counted
+  if idx >= tonumber(rcall('HGET', tkey, 'total') or '0') then return 0 end
+  if rcall('SETBIT', task_key(prefix, tid, ':terminal'), idx, 1) == 1 then return 0 end
+  rcall('HINCRBY', tkey, field, 1)
+  if value and value ~= '' then
+    rcall('HSET', task_key(prefix, tid, ':' .. suffix), idx, value)
+  end
+  if field == 'done' then
+    -- a completed shard may have left a reason from an earlier failed attempt
+    rcall('HDEL', task_key(prefix, tid, ':errors'), idx)
+  else
+    emit('event', 'shard_failed', 'task', tid, 'shard', idx, 'reason', value)
+  end
+  maybe_aggregate(prefix, tid, now)
+  return 1
+end
+
+-- Ends a task in `state` (completed, failed, cancelled): it leaves `running` for `finished`, its
+-- per-shard results go unless it keeps them, and its keys expire after its retention.
+local function end_task(prefix, tid, state, now)
+  local tkey = task_key(prefix, tid, '')
+  rcall('HSET', tkey, 'state', state, 'finished_ms', now)
+  rcall('ZREM', K.running, tid)
+  rcall('ZADD', K.finished, now, tid)
+  local r = rcall('HMGET', tkey, 'keep_results', 'retain_ms')
+  if r[1] == '0' then rcall('DEL', task_key(prefix, tid, ':results')) end
+  local retain = tonumber(r[2] or '0')
+  if retain > 0 then
+    for _, k in ipairs(task_keys(prefix, tid)) do rcall('PEXPIRE', k, retain) end
+    rcall('ZADD', K.expiring, now + retain, tid)
+  end
+  emit('event', 'task_' .. state, 'task', tid)
+end
+
+-- Makes an ended task (completed or failed) run again (retry.lua, reopen.lua): back to
+-- `running`, its result gone, its keys kept past its retention.
+local function reopen_ended(prefix, tid)
+  local tkey = task_key(prefix, tid, '')
+  rcall('HSET', tkey, 'state', 'running')
+  rcall('HDEL', tkey, 'finished_ms', 'result', 'agg_error')
+  rcall('ZREM', K.finished, tid)
+  rcall('ZREM', K.expiring, tid)
+  -- a share (ended as its home, end_share.lua) runs while its home does, not in `running`
+  if rcall('HEXISTS', tkey, 'part') == 0 then rcall('ZADD', K.running, rcall('HGET', tkey, 'created_ms'), tid) end
+  for _, k in ipairs(task_keys(prefix, tid)) do rcall('PERSIST', k) end
+end
+
+-- Takes back an aggregating task's aggregation job `aref` (retry.lua, reopen.lua): it runs
+-- again, so the queued job leaves its lane (the retried shards enqueue a new one) and the running
+-- one loses its lock, so that its result, read before the retry, cannot end the task (its
+-- executor stops it at the next heartbeat).
+local function withdraw_aggregation(prefix, tid, aref)
+  local kind = rcall('HGET', task_key(prefix, tid, ''), 'kind')
+  touch_lane(prefix, kind)
+  rcall('HSET', task_key(prefix, tid, ''), 'state', 'running')
+  rcall('LREM', lane_key(prefix, kind, 'wait'), 0, aref)
+  rcall('ZREM', K.delayed, aref)
+  if rcall('HDEL', K.active, aref) == 1 then
+    rcall('SREM', K.stalled, aref)
+    rcall('HINCRBY', K.meta, 'cancels', 1)
+  end
+  drop_state(prefix, tid, 'agg')
+end
+
+-- Ends a task's aggregation: records the result (or the aggregation's failure) once.
+local function finish_task(prefix, tid, ok, value, now)
+  local tkey = task_key(prefix, tid, '')
+  if rcall('HGET', tkey, 'state') ~= 'aggregating' then return 0 end
+  local failed = tonumber(rcall('HGET', tkey, 'failed'))
+  local state = 'completed'
+  if not ok or failed > 0 then state = 'failed' end
+  if ok then
+    rcall('HSET', tkey, 'result', value)
+  else
+    rcall('HSET', tkey, 'agg_error', value)
+  end
+  end_task(prefix, tid, state, now)
+  -- over partitions: its shares are ended as their home by the partition upkeep, which finds
+  -- the task in the home's `unreported` (docs/design/partitions-repair.md, End)
+  if rcall('HEXISTS', tkey, 'partitions') == 1 then rcall('ZADD', K.unreported, now, tid) end
+  return 1
+end
