@@ -14,7 +14,7 @@ use shardctl_common::partition::{Layout, LAYOUT_CHECK};
 use shardctl_common::{Error, Home, Result};
 use shardctl_coordinator::membership::{self, Member, MembershipConfig};
 use shardctl_coordinator::sweep::{self, SweepConfig};
-use shardctl_executor::{Executor, ExecutorConfig, Registry, Sharing, Stats, StatsSnapshot};
+use shardctl_executor::{Executor, ExecutorConfig, Registry, Sharing, Stats, StatsSnapshot, With};
 use tokio_util::sync::CancellationToken;
 
 /// The key prefix of every command and of [`Node::connect`].
@@ -75,30 +75,32 @@ impl Build {
     async fn runtimes(&self, layout: &Layout) -> Result<Runtimes> {
         let Build { endpoint, keys, config, registry, stats } = self;
         if !layout.partitioned() {
-            let home = Executor::connect_counting(
-                endpoint.clone(),
-                keys.clone(),
-                config.clone(),
-                registry.clone(),
-                stats.clone(),
-            )
-            .await?;
+            let with = With::Stats(stats.clone());
+            let home =
+                Executor::connect_in(endpoint.clone(), keys.clone(), None, config.clone(), registry.clone(), with)
+                    .await?;
             return Ok(Runtimes { home, partitions: Vec::new(), sharing: None });
         }
         let with = Sharing::counting(config.concurrency, endpoint, stats.clone());
-        let home =
-            Executor::connect_partition(endpoint.clone(), keys.clone(), None, config.clone(), registry.clone(), &with)
-                .await?;
+        let home = Executor::connect_in(
+            endpoint.clone(),
+            keys.clone(),
+            None,
+            config.clone(),
+            registry.clone(),
+            With::Sharing(&with),
+        )
+        .await?;
         let mut partitions = Vec::new();
         for pk in &layout.parts {
             partitions.push(
-                Executor::connect_partition(
+                Executor::connect_in(
                     endpoint.clone(),
                     keys.clone(),
                     Some(pk.clone()),
                     config.clone(),
                     registry.clone(),
-                    &with,
+                    With::Sharing(&with),
                 )
                 .await?,
             );

@@ -602,7 +602,7 @@ async fn shards_of_a_claim_whose_reply_was_lost_are_recovered() {
     let req = ClaimRequest {
         count: 2,
         lock_ms: cfg.lock_duration.as_millis() as u64,
-        token_base: &instance,
+        instance: &instance,
         seq: 1 << 40,
         node: &cfg.node_id,
         ahead: 0,

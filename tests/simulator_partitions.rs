@@ -50,7 +50,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use shardctl_common::conn::{open, Conn};
 use shardctl_common::kinds::Served;
-use shardctl_common::model::{Part, TaskSpec};
+use shardctl_common::model::{Job, TaskSpec};
 use shardctl_common::partition::{self, share_range, Layout};
 use shardctl_common::scripts::{self, ClaimRequest, Claimed, Finished, FinishedAs, ShareReport};
 use shardctl_common::{control, Home, Keys};
@@ -231,7 +231,7 @@ impl Sim {
         let req = ClaimRequest {
             count: 1 + (ex.seq % 3) as usize,
             lock_ms: 60_000,
-            token_base: &ex.instance,
+            instance: &ex.instance,
             seq: ex.seq,
             node: "n",
             ahead: 0,
@@ -241,8 +241,8 @@ impl Sim {
         let refs: Vec<String> = out.shards.iter().map(|c| c.shard_ref.to_string()).collect();
         for c in out.shards {
             // the executor runs a shard with the spec it reads now (its cache dropped)
-            let result = match c.shard_ref.part {
-                Part::Shard(i) if s > 0 => {
+            let result = match c.shard_ref.job {
+                Job::Shard(i) if s > 0 => {
                     let p: Option<String> = redis::cmd("HGET")
                         .arg(keys.task(&c.shard_ref.task))
                         .arg("payload")
@@ -280,7 +280,7 @@ impl Sim {
             .await
             .map_err(|e| format!("finish: {e}"))?;
         if c.shard_ref.is_aggregate() && codes.first().is_some_and(|c| matches!(c, Ok(1))) && !fail {
-            let key = self.agg_key(&c.shard_ref.task, c.shard_ref.inc).await?;
+            let key = self.agg_key(&c.shard_ref.task, c.shard_ref.seq).await?;
             *self.aggregated.entry(key).or_default() += 1;
         }
         self.note(format!(

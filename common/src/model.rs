@@ -26,47 +26,47 @@ pub const DEFAULT_ATTEMPTS: u32 = 3;
 // the rule lives in `names`, with every other name's; re-exported where it always was
 pub use crate::names::{validate_task_id, MAX_TASK_ID_LEN};
 
-/// Which shard of a task, or its aggregation job.
+/// Which job of a task a ref names: one of its shards, or its aggregation job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Part {
+pub enum Job {
     /// Shard number i (0-based).
     Shard(u64),
     /// The aggregation job `<task>:<seq>:agg`.
     Aggregate,
 }
 
-/// A shard ref `<task>:<inc>:<index>` or `<task>:<inc>:agg`: `inc` is the task's incarnation
-/// (its `seq`), so that nothing of an earlier task under the same id is taken for this one.
+/// A ref `<task>:<seq>:<index>` or `<task>:<seq>:agg`: `seq` numbers the task's incarnation in
+/// its slot, so that nothing of an earlier task under the same id is taken for this one.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ShardRef {
     /// The task id.
     pub task: String,
-    /// The task's incarnation: the queue's submission number when it was dispatched.
-    pub inc: u64,
-    /// Which part of the task.
-    pub part: Part,
+    /// The task's incarnation in its slot: the queue's submission number when it was dispatched.
+    pub seq: u64,
+    /// Which job of the task.
+    pub job: Job,
 }
 
 impl ShardRef {
-    /// The ref of shard `index` of incarnation `inc` of `task`.
-    pub fn shard(task: &str, inc: u64, index: u64) -> Self {
-        ShardRef { task: task.to_owned(), inc, part: Part::Shard(index) }
+    /// The ref of shard `index` of incarnation `seq` of `task`.
+    pub fn shard(task: &str, seq: u64, index: u64) -> Self {
+        ShardRef { task: task.to_owned(), seq, job: Job::Shard(index) }
     }
-    /// The aggregation job of incarnation `inc` of `task`.
-    pub fn aggregate(task: &str, inc: u64) -> Self {
-        ShardRef { task: task.to_owned(), inc, part: Part::Aggregate }
+    /// The aggregation job of incarnation `seq` of `task`.
+    pub fn aggregate(task: &str, seq: u64) -> Self {
+        ShardRef { task: task.to_owned(), seq, job: Job::Aggregate }
     }
     /// True for the aggregation job.
     pub fn is_aggregate(&self) -> bool {
-        self.part == Part::Aggregate
+        self.job == Job::Aggregate
     }
 }
 
 impl fmt::Display for ShardRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.part {
-            Part::Shard(i) => write!(f, "{}:{}:{i}", self.task, self.inc),
-            Part::Aggregate => write!(f, "{}:{}:agg", self.task, self.inc),
+        match self.job {
+            Job::Shard(i) => write!(f, "{}:{}:{i}", self.task, self.seq),
+            Job::Aggregate => write!(f, "{}:{}:agg", self.task, self.seq),
         }
     }
 }
@@ -75,16 +75,16 @@ impl FromStr for ShardRef {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self, Error> {
         let bad = || Error::Protocol(format!("malformed shard ref '{s}'"));
-        let (rest, part) = s.rsplit_once(':').ok_or_else(bad)?;
-        let (task, inc) = rest.rsplit_once(':').ok_or_else(bad)?;
+        let (rest, job) = s.rsplit_once(':').ok_or_else(bad)?;
+        let (task, seq) = rest.rsplit_once(':').ok_or_else(bad)?;
         if task.is_empty() || task.contains(':') {
             return Err(bad());
         }
-        let part = match part {
-            "agg" => Part::Aggregate,
-            n => Part::Shard(n.parse().map_err(|_| bad())?),
+        let job = match job {
+            "agg" => Job::Aggregate,
+            n => Job::Shard(n.parse().map_err(|_| bad())?),
         };
-        Ok(ShardRef { task: task.to_owned(), inc: inc.parse().map_err(|_| bad())?, part })
+        Ok(ShardRef { task: task.to_owned(), seq: seq.parse().map_err(|_| bad())?, job })
     }
 }
 

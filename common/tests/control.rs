@@ -244,7 +244,7 @@ async fn under_a_rate_limit_nothing_is_claimed_ahead() {
     let claim = |seq: u64, count: usize, ahead: usize| ClaimRequest {
         count,
         lock_ms: LONG_LOCK,
-        token_base: "a",
+        instance: "a",
         seq,
         node: "n1",
         ahead,

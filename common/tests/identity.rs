@@ -11,7 +11,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use shardctl_common::control;
-use shardctl_common::model::{Part, TaskSpec};
+use shardctl_common::model::{Job, TaskSpec};
 use shardctl_common::ScriptCode;
 use support::ScriptEnv;
 
@@ -71,7 +71,7 @@ async fn leftovers_of_a_cleaned_task_never_become_the_new_tasks_shards() {
     assert_eq!((env.count("x", "done").await, env.count("x", "failed").await), (7, 1));
     let agg = env.claim("b", 1, 20, LONG_LOCK).await.shards;
     assert_eq!(agg.len(), 1, "one aggregation job, of the new task: {agg:?}");
-    assert_eq!((agg[0].shard_ref.part, agg[0].shard_ref.inc), (Part::Aggregate, inc));
+    assert_eq!((agg[0].shard_ref.part, agg[0].shard_ref.inc), (Job::Aggregate, inc));
 }
 
 /// Defect 2, second half: a stale ref whose string equals one already held must never take the
@@ -101,7 +101,7 @@ async fn a_completion_past_the_total_counts_nothing() {
     env.dispatch(&spec("t", 2, 1)).await;
     let mut c = env.claim("a", 0, 1, LONG_LOCK).await.shards.remove(0);
     // forge a hold of shard 5 of this incarnation under the claim's token
-    c.shard_ref.part = Part::Shard(5);
+    c.shard_ref.part = Job::Shard(5);
     env.set_holder(&c.shard_ref.to_string(), &c.token).await;
     assert_eq!(env.complete(&c, "1").await, Err(ScriptCode::TaskMissing));
     assert_eq!(env.count("t", "done").await, 0);

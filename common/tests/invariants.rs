@@ -14,7 +14,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 use shardctl_common::kinds::Served;
-use shardctl_common::model::{Part, ShardRef, TaskInfo, TaskSpec, TaskState};
+use shardctl_common::model::{Job, ShardRef, TaskInfo, TaskSpec, TaskState};
 use shardctl_common::scripts::{self, scripts, ClaimRequest, Claimed, Finished, FinishedAs, GiveBack, STALLED_REASON};
 use shardctl_common::{Error, ScriptCode};
 use support::{key_slot, ScriptEnv, ACTIVE_PIN, NODE};
@@ -24,8 +24,8 @@ const LONG_LOCK: u64 = 60_000;
 
 fn index_of(c: &Claimed) -> u64 {
     match c.shard_ref.part {
-        Part::Shard(i) => i,
-        Part::Aggregate => panic!("expected a shard, got the aggregation job {}", c.shard_ref),
+        Job::Shard(i) => i,
+        Job::Aggregate => panic!("expected a shard, got the aggregation job {}", c.shard_ref),
     }
 }
 
@@ -141,7 +141,7 @@ async fn concurrent_claimers_take_each_shard_exactly_once() {
                 let req = ClaimRequest {
                     count: BATCH,
                     lock_ms: LONG_LOCK,
-                    token_base: &base,
+                    instance: &base,
                     seq,
                     node: "test-node",
                     ahead: 0,
@@ -421,7 +421,7 @@ async fn aggregation_is_enqueued_once_under_racing_completions() {
             let req = ClaimRequest {
                 count: 25,
                 lock_ms: LONG_LOCK,
-                token_base: &base,
+                instance: &base,
                 seq: round,
                 node: "test-node",
                 ahead: 0,
@@ -1073,7 +1073,7 @@ async fn completions_recorded_with_a_claim_count_once_and_the_claim_sees_them() 
     let req = ClaimRequest {
         count: 5,
         lock_ms: LONG_LOCK,
-        token_base: "ex",
+        instance: "ex",
         seq: 2,
         node: NODE,
         ahead: 0,

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use redis::AsyncCommands;
 use shardctl_common::conn::Conn;
 use shardctl_common::kinds::Served;
-use shardctl_common::model::{Part, ShardRef};
+use shardctl_common::model::{Job, ShardRef};
 use shardctl_common::ring::{Placement, Strategy};
 use shardctl_common::{scripts, Error, Keys, Result, ScriptCode};
 
@@ -245,7 +245,7 @@ impl Router {
         let mut dest = vec![self.live[0].clone(); refs.len()];
         for (pos, r) in refs.iter().enumerate() {
             // a malformed or aggregation ref has no owner: any live node takes it (claim drops junk)
-            if let Ok(ShardRef { task, part: Part::Shard(i), .. }) = r.parse::<ShardRef>() {
+            if let Ok(ShardRef { task, job: Job::Shard(i), .. }) = r.parse::<ShardRef>() {
                 by_task.entry(task).or_default().push((pos, i));
             }
         }

@@ -57,7 +57,7 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
         let req = ClaimRequest {
             count,
             lock_ms: shared.cfg.lock_duration.as_millis() as u64,
-            token_base: &shared.token_base,
+            instance: &shared.instance,
             seq,
             node: &shared.cfg.node_id,
             ahead: count.saturating_sub(free),

@@ -84,7 +84,7 @@ pub(crate) async fn beat(shared: &Shared) -> bool {
     // the lease is extended even with nothing held: an idle executor stays visibly alive
     let check = shared.beat.check.swap(false, Ordering::SeqCst);
     let known = shared.beat.cancels.lock().unwrap().clone();
-    match scripts::extend(&mut con, &shared.keys, &shared.token_base, lock_ms, &held, check, &known.sent()).await {
+    match scripts::extend(&mut con, &shared.keys, &shared.instance, lock_ms, &held, check, &known.sent()).await {
         Ok(scripts::Beat { lost, cancelled, cancels }) => {
             *shared.beat.cancels.lock().unwrap() = known.after(cancels, claim_in_flight);
             shared.metrics.heartbeats.increment(1);
@@ -138,7 +138,7 @@ pub(crate) async fn reconcile(shared: &Shared) -> shardctl_common::Result<()> {
     let mut con = shared.con.clone();
     let all: std::collections::HashMap<String, String> =
         redis::cmd("HGETALL").arg(shared.keys.active()).query_async(&mut con).await?;
-    let mine = format!("{}:", shared.token_base);
+    let mine = format!("{}:", shared.instance);
     let in_flight = format!("{mine}{}", shared.claims.in_flight.load(Ordering::SeqCst));
     let orphans: Vec<(String, String)> = {
         let held = shared.held.lock().unwrap();

@@ -89,5 +89,5 @@ pub use handler::{
     run_cpu, run_cpu_of, AggregateContext, Aggregator, BoxFuture, Handler, ShardContext, ShardError, ShardOutcome,
 };
 pub use registry::Registry;
-pub use runtime::{Executor, Sharing};
+pub use runtime::{Executor, Sharing, With};
 pub use stats::{Stats, StatsSnapshot};

@@ -202,7 +202,7 @@ pub(crate) async fn lost_replies(
     let mut con = shared.con.clone();
     for ((f, c), sent) in finished.iter().zip(codes.iter_mut()).zip(sent) {
         let r = &f.claim.shard_ref;
-        let (Err(ScriptCode::LockMissing), true, shardctl_common::model::Part::Shard(i)) = (&c, sent, r.part) else {
+        let (Err(ScriptCode::LockMissing), true, shardctl_common::model::Job::Shard(i)) = (&c, sent, r.job) else {
             continue;
         };
         type Read = (Option<u64>, u8, Option<u32>, Option<u32>);
@@ -214,7 +214,7 @@ pub(crate) async fn lost_replies(
             .query_async(&mut con)
             .await;
         let Ok((Some(seq), terminal, fails, attempts)) = read else { continue };
-        if seq != r.inc {
+        if seq != r.seq {
             continue;
         }
         let code = match &f.outcome {
@@ -280,7 +280,7 @@ pub(crate) fn count(shared: &Shared, finished: &[Finished<'_>], codes: &scripts:
 fn retry_delay_ms(shared: &Shared, claim: &Claimed) -> u64 {
     let backoff = shared
         .tasks
-        .cached(&claim.shard_ref.task, claim.shard_ref.inc, &claim.task_inc)
+        .cached(&claim.shard_ref.task, claim.shard_ref.seq, &claim.task_inc)
         .map(|m| m.backoff)
         .unwrap_or_default();
     backoff.delay(claim.fails + 1, shardctl_common::backoff::jitter01()).as_millis() as u64

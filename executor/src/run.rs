@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use serde_json::Value;
-use shardctl_common::model::{Part, ShardRef};
+use shardctl_common::model::{Job, ShardRef};
 use shardctl_common::scripts::Claimed;
 use shardctl_common::split::shard_range;
 use tokio_util::sync::CancellationToken;
@@ -95,7 +95,7 @@ async fn run(shared: &Shared, claim: &Claimed, cancel: &CancellationToken) -> Ou
     let mut con = shared.con.clone();
     // the task may be cached; else one read, retried while Redis is away
     let meta = loop {
-        match shared.tasks.get(&mut con, &shared.keys, &r.task, r.inc, &claim.task_inc).await {
+        match shared.tasks.get(&mut con, &shared.keys, &r.task, r.seq, &claim.task_inc).await {
             Ok(m) => break m,
             Err(e) => {
                 tracing::warn!(shard = %shared.shown(r), "reading the task: {e}");
@@ -111,8 +111,8 @@ async fn run(shared: &Shared, claim: &Claimed, cancel: &CancellationToken) -> Ou
         // shard (TaskMissing) and lets it go
         return Outcome::Completed(String::new());
     };
-    let result = match r.part {
-        Part::Shard(index) => {
+    let result = match r.job {
+        Job::Shard(index) => {
             let started = std::time::Instant::now();
             let r = run_handler(shared, claim, &meta, index, cancel).await;
             let took = started.elapsed();
@@ -120,7 +120,7 @@ async fn run(shared: &Shared, claim: &Claimed, cancel: &CancellationToken) -> Ou
             shared.ahead.ran(took);
             r
         }
-        Part::Aggregate => run_aggregator(shared, claim, r, cancel).await,
+        Job::Aggregate => run_aggregator(shared, claim, r, cancel).await,
     };
     match result {
         Ok(v) => match encode(&v, shared.cfg.max_result_bytes) {
@@ -204,7 +204,7 @@ async fn run_aggregator(
     let meta = crate::tasks::load(&mut con, &shared.keys, &r.task)
         .await
         .map_err(|e| ShardError(format!("reading the task: {e}")))?
-        .filter(|m| m.info.seq == r.inc)
+        .filter(|m| m.info.seq == r.seq)
         .ok_or_else(|| ShardError::new("task missing"))?;
     // its shares where the task was dispatched, read now (an executor started before the
     // queue's partitions changed reads them where they are)

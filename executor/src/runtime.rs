@@ -52,6 +52,15 @@ impl Sharing {
     }
 }
 
+/// What a runtime of a node shares with the node ([`Executor::connect_in`]).
+pub enum With<'a> {
+    /// Its counters only: the node's one runtime.
+    Stats(Arc<Stats>),
+    /// The run budget, the counters and the blocking connection of a node's runtimes over
+    /// partitions.
+    Sharing(&'a Sharing),
+}
+
 /// One executor process's runtime.
 pub struct Executor {
     shared: Arc<Shared>,
@@ -61,51 +70,32 @@ impl Executor {
     /// Connects to Redis, to run in queue `home`; fails at once when it cannot be reached or the
     /// config is invalid.
     pub async fn connect(endpoint: Endpoint, home: Home, cfg: ExecutorConfig, registry: Registry) -> Result<Self> {
-        Executor::connect_shared(endpoint, home, None, cfg, registry, None, Arc::new(Stats::default())).await
+        Executor::connect_in(endpoint, home, None, cfg, registry, With::Stats(Arc::new(Stats::default()))).await
     }
 
-    /// [`Executor::connect`], counting in `stats`.
-    pub async fn connect_counting(
+    /// [`Executor::connect`] for one runtime of a node: in `home` itself (`partition` `None`) or
+    /// in one of its partitions (made by [`Home::partition`]), counting in the node's stats or
+    /// sharing its run budget with the node's other runtimes (`with`).
+    pub async fn connect_in(
         endpoint: Endpoint,
         home: Home,
+        partition: Option<Keys>,
         cfg: ExecutorConfig,
         registry: Registry,
-        stats: Arc<Stats>,
+        with: With<'_>,
     ) -> Result<Self> {
-        Executor::connect_shared(endpoint, home, None, cfg, registry, None, stats).await
-    }
-
-    /// [`Executor::connect`] for one keyspace of a partitioned queue: its home (`part` `None`)
-    /// or one partition (made by [`Home::partition`]). The runtimes of one node share `with`'s
-    /// run budget (`--concurrency` over all of them) and counters.
-    pub async fn connect_partition(
-        endpoint: Endpoint,
-        home: Home,
-        part: Option<Keys>,
-        cfg: ExecutorConfig,
-        registry: Registry,
-        with: &Sharing,
-    ) -> Result<Self> {
-        Executor::connect_shared(endpoint, home, part, cfg, registry, Some(with), with.stats.clone()).await
-    }
-
-    async fn connect_shared(
-        endpoint: Endpoint,
-        home: Home,
-        part: Option<Keys>,
-        cfg: ExecutorConfig,
-        registry: Registry,
-        with: Option<&Sharing>,
-        stats: Arc<Stats>,
-    ) -> Result<Self> {
-        let keys = part.unwrap_or_else(|| home.keys().clone());
+        let (with, stats) = match with {
+            With::Stats(stats) => (None, stats),
+            With::Sharing(w) => (Some(w), w.stats.clone()),
+        };
+        let keys = partition.unwrap_or_else(|| home.keys().clone());
         let budget = with.map(|w| w.budget.clone());
 
         cfg.validate().map_err(shardctl_common::Error::Invalid)?;
         registry.check()?;
         let con = endpoint.manager().await?;
         let node_id: Arc<str> = Arc::from(cfg.node_id.as_str());
-        let token_base = cfg.instance.clone();
+        let instance = cfg.instance.clone();
         let concurrency = cfg.concurrency;
         let metrics = Metrics::new(keys.queue(), &cfg.node_id);
         let routing_wanted = Arc::new(tokio::sync::Notify::new());
@@ -123,7 +113,7 @@ impl Executor {
             metrics,
             outbox: Default::default(),
             aborting: AtomicBool::new(false),
-            token_base,
+            instance,
             routing_wanted: routing_wanted.clone(),
             node_id,
             ahead: Default::default(),

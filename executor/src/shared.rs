@@ -55,8 +55,8 @@ pub(crate) struct Shared {
     pub(crate) outbox: Outbox,
     /// Set when shutdown stopped waiting: cancelled shards are released, not failed.
     pub(crate) aborting: AtomicBool,
-    /// Tokens are `<token_base>:<seq>`.
-    pub(crate) token_base: String,
+    /// Tokens are `<instance>:<seq>` (the glossary's instance and claim call).
+    pub(crate) instance: String,
     pub(crate) node_id: Arc<str>,
     /// Notified when a `route` marker was popped: routed work waits for a rebalance.
     pub(crate) routing_wanted: Arc<tokio::sync::Notify>,
@@ -80,14 +80,14 @@ impl Shared {
     /// for a share of a task over partitions whose record is cached, its partition and the
     /// task's index (the ref's index is the share's own: shard 0 of every share logs as `:0`).
     pub(crate) fn shown(&self, r: &ShardRef) -> String {
-        let share = match r.part {
-            shardctl_common::model::Part::Shard(i) => {
+        let share = match r.job {
+            shardctl_common::model::Job::Shard(i) => {
                 // (a log line: the seq alone will do)
                 self.tasks
-                    .cached(&r.task, r.inc, "")
+                    .cached(&r.task, r.seq, "")
                     .and_then(|m| m.info.partition().map(|p| (p, m.info.global_index(i))))
             }
-            shardctl_common::model::Part::Aggregate => None,
+            shardctl_common::model::Job::Aggregate => None,
         };
         match share {
             Some((part, index)) => format!("{r} (partition {part}, shard {index} of the task)"),

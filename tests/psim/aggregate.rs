@@ -37,7 +37,7 @@ impl Sim {
             // no home: the completion is refused
             return Ok(true);
         };
-        if t.seq != c.shard_ref.inc {
+        if t.seq != c.shard_ref.seq {
             // another incarnation's job: the completion is refused
             return Ok(true);
         }

@@ -19,7 +19,7 @@
 
 use std::collections::HashMap;
 
-use shardctl_common::model::{Part, ShardRef};
+use shardctl_common::model::{Job, ShardRef};
 
 use super::executor::Member;
 use super::model::{State, TaskModel, Term};
@@ -35,7 +35,7 @@ impl World {
             ensure!(lane.is_empty() || self.snap.kinds.contains(kind), "lane {kind} holds {lane:?}, not in `kinds`");
             for r in lane {
                 let Ok(sr) = r.parse::<ShardRef>() else { return Err(format!("lane {kind} holds a non-ref {r}")) };
-                if let Some(tm) = self.model.tasks.get(&sr.task).filter(|tm| tm.inc == sr.inc) {
+                if let Some(tm) = self.model.tasks.get(&sr.task).filter(|tm| tm.inc == sr.seq) {
                     ensure!(tm.kind == kind, "lane {kind} holds {r} of kind {}", tm.kind);
                 }
             }
@@ -70,10 +70,10 @@ impl World {
         }
         for (r, t) in &self.snap.active {
             let sr: ShardRef = r.parse().map_err(|e| format!("held ref {r}: {e}"))?;
-            let tm = self.model.tasks.get(&sr.task).filter(|tm| tm.inc == sr.inc);
+            let tm = self.model.tasks.get(&sr.task).filter(|tm| tm.inc == sr.seq);
             let Some(tm) = tm else { return Err(format!("{r} is held by {t}: not the current incarnation")) };
             ensure!(!tm.state.ended(), "{r} is held by {t}, its task is {:?}", tm.state);
-            if let Part::Shard(i) = sr.part {
+            if let Job::Shard(i) = sr.job {
                 ensure!(
                     i < tm.total && tm.terminal[i as usize].is_none(),
                     "{r} is held by {t}: terminal or past the total"
@@ -82,7 +82,7 @@ impl World {
         }
         for r in &self.snap.delayed {
             let sr: ShardRef = r.parse().map_err(|e| format!("delayed ref {r}: {e}"))?;
-            let tm = self.model.tasks.get(&sr.task).filter(|tm| tm.inc == sr.inc && !tm.state.ended());
+            let tm = self.model.tasks.get(&sr.task).filter(|tm| tm.inc == sr.seq && !tm.state.ended());
             ensure!(tm.is_some(), "{r} waits in `delayed`: not a running incarnation");
         }
         Ok(())

@@ -86,7 +86,7 @@ impl World {
         let lists = self.snap.lists.iter().flat_map(|(_, l)| l);
         for r in self.snap.reroute.iter().chain(lists).chain(&self.snap.wait) {
             let sr: ShardRef = r.parse().map_err(|e| format!("queued ref {r}: {e}"))?;
-            let live = self.model.tasks.get(&sr.task).is_some_and(|t| t.inc == sr.inc && t.state != State::Cancelled);
+            let live = self.model.tasks.get(&sr.task).is_some_and(|t| t.inc == sr.seq && t.state != State::Cancelled);
             ensure!(!live, "at quiescence {r} is still queued");
         }
         for (id, tm) in &self.model.tasks {

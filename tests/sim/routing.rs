@@ -8,7 +8,7 @@
 //! (`rehome.lua` answers -7). Each is checked against the model before the step's full check.
 
 use redis::AsyncCommands;
-use shardctl_common::model::{Part, ShardRef, TaskSpec};
+use shardctl_common::model::{Job, ShardRef, TaskSpec};
 use shardctl_common::ring::{Placement, DEFAULT_VNODES};
 use shardctl_common::{scripts, Error, ScriptCode};
 use shardctl_coordinator::dispatch::dispatch;
@@ -33,7 +33,7 @@ impl World {
 
     /// The owner of `r` under the live set `live` (a ref of no running routed task: the first).
     fn owner(&self, live: &[String], r: &str) -> String {
-        if let Ok(ShardRef { task, inc, part: Part::Shard(i) }) = r.parse::<ShardRef>() {
+        if let Ok(ShardRef { task, seq: inc, job: Job::Shard(i) }) = r.parse::<ShardRef>() {
             if let Some(tm) = self.model.tasks.get(&task).filter(|t| t.inc == inc && t.routed()) {
                 let p = Placement::new(tm.strategy, live, DEFAULT_VNODES);
                 return p.owner(i, &i.to_string()).expect("a live node").to_owned();

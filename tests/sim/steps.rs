@@ -5,7 +5,7 @@
 
 use std::collections::HashSet;
 
-use shardctl_common::model::Part;
+use shardctl_common::model::Job;
 use shardctl_common::scripts::{self, ClaimRequest, Claimed, Finished, FinishedAs};
 use shardctl_common::ScriptCode;
 
@@ -43,16 +43,16 @@ impl World {
         if let Some(code) = self.holder_code(c) {
             return code;
         }
-        let Some(tm) = self.model.tasks.get(&c.shard_ref.task).filter(|tm| tm.inc == c.shard_ref.inc) else {
+        let Some(tm) = self.model.tasks.get(&c.shard_ref.task).filter(|tm| tm.inc == c.shard_ref.seq) else {
             return -3;
         };
-        match (c.shard_ref.part, fail) {
-            (Part::Shard(i), _) if i >= tm.total => -3,
-            (Part::Shard(i), false) => i64::from(tm.terminal[i as usize].is_none()),
-            (Part::Shard(i), true) if tm.fails[i as usize] + 1 < tm.attempts => 2,
-            (Part::Shard(i), true) => i64::from(tm.terminal[i as usize].is_none()),
-            (Part::Aggregate, true) if tm.agg_fails + 1 < tm.attempts => 2,
-            (Part::Aggregate, _) => i64::from(tm.state == State::Aggregating),
+        match (c.shard_ref.job, fail) {
+            (Job::Shard(i), _) if i >= tm.total => -3,
+            (Job::Shard(i), false) => i64::from(tm.terminal[i as usize].is_none()),
+            (Job::Shard(i), true) if tm.fails[i as usize] + 1 < tm.attempts => 2,
+            (Job::Shard(i), true) => i64::from(tm.terminal[i as usize].is_none()),
+            (Job::Aggregate, true) if tm.agg_fails + 1 < tm.attempts => 2,
+            (Job::Aggregate, _) => i64::from(tm.state == State::Aggregating),
         }
     }
 
@@ -68,21 +68,21 @@ impl World {
             return Err(format!("claim handed out {r}: no task {} exists", c.shard_ref.task));
         };
         ensure!(
-            tm.inc == c.shard_ref.inc,
+            tm.inc == c.shard_ref.seq,
             "claim handed out {r} of incarnation {}, task {} is incarnation {}",
-            c.shard_ref.inc,
+            c.shard_ref.seq,
             c.shard_ref.task,
             tm.inc
         );
-        match c.shard_ref.part {
-            Part::Shard(i) => {
+        match c.shard_ref.job {
+            Job::Shard(i) => {
                 ensure!(i < tm.total, "claim handed out {r}, past the task's {} shards", tm.total);
                 ensure!(tm.state == State::Running, "claim handed out {r} of a task {:?}", tm.state);
                 ensure!(tm.terminal[i as usize].is_none(), "claim handed out {r}, already terminal");
                 let fails = tm.fails[i as usize];
                 ensure!(c.fails == fails, "claim of {r} says {} failed attempts, the model counts {fails}", c.fails);
             }
-            Part::Aggregate => {
+            Job::Aggregate => {
                 ensure!(tm.state == State::Aggregating, "claim handed out {r} of a task {:?}", tm.state);
                 ensure!(c.fails == tm.agg_fails, "claim of {r} says {} fails, the model {}", c.fails, tm.agg_fails);
             }
@@ -99,8 +99,7 @@ impl World {
         let node = self.execs[e].node.clone();
         let token = format!("{inst}:{seq}");
         let served = self.execs[e].served.clone();
-        let req =
-            ClaimRequest { count, lock_ms: LOCK_MS, token_base: &inst, seq, node: &node, ahead: 0, kinds: &served };
+        let req = ClaimRequest { count, lock_ms: LOCK_MS, instance: &inst, seq, node: &node, ahead: 0, kinds: &served };
         let out = scripts::claim(&mut self.con, &self.keys, &req).await.map_err(|e| format!("claim: {e}"))?;
         let refs: Vec<String> = out.shards.iter().map(|c| c.shard_ref.to_string()).collect();
         let how = if lost { " (reply lost)" } else { "" };
@@ -138,14 +137,14 @@ impl World {
         for c in out.shards {
             let r = c.shard_ref.clone();
             let full = super::cache::full_id(&c.task_inc);
-            let Some(spec) = self.execs[e].cache.get(&mut self.con, &self.keys, &r.task, r.inc, full).await else {
+            let Some(spec) = self.execs[e].cache.get(&mut self.con, &self.keys, &r.task, r.seq, full).await else {
                 return Err(format!("{inst} finds no spec for {r}, which it just claimed"));
             };
             let tm = &self.model.tasks[&r.task];
             ensure!(
-                spec.inc == r.inc && spec.nonce == tm.nonce,
+                spec.inc == r.seq && spec.nonce == tm.nonce,
                 "{inst} would run {r} (incarnation {}, dispatch {}) with the spec of incarnation {} (dispatch {})",
-                r.inc,
+                r.seq,
                 tm.nonce,
                 spec.inc,
                 spec.nonce
@@ -178,9 +177,9 @@ impl World {
         let (claim, spec, again) = (h.claim.clone(), h.spec, h.reported);
         let r = claim.shard_ref.to_string();
         let expected = self.expected_code(&claim, delay.is_some());
-        let result = match claim.shard_ref.part {
-            Part::Shard(i) => TaskModel::result(spec.inc, spec.nonce, i),
-            Part::Aggregate => TaskModel::agg_result(spec.inc, spec.nonce),
+        let result = match claim.shard_ref.job {
+            Job::Shard(i) => TaskModel::result(spec.inc, spec.nonce, i),
+            Job::Aggregate => TaskModel::agg_result(spec.inc, spec.nonce),
         };
         let outcome = match delay {
             None => FinishedAs::Completed(&result),
@@ -217,14 +216,14 @@ impl World {
             return;
         }
         let tm = self.model.tasks.get_mut(&c.shard_ref.task).expect("accepted: the task exists");
-        match (c.shard_ref.part, fail, code) {
-            (Part::Shard(i), false, 1) => tm.set_terminal(i, Term::Done),
-            (Part::Shard(i), true, 2) => tm.fails[i as usize] += 1,
-            (Part::Shard(i), true, 1) => tm.set_terminal(i, Term::Failed),
-            (Part::Shard(i), _, _) => tm.fails[i as usize] = 0,
-            (Part::Aggregate, true, 2) => tm.agg_fails += 1,
-            (Part::Aggregate, failed, 1) => tm.end_aggregation(!failed),
-            (Part::Aggregate, _, _) => tm.agg_fails = 0,
+        match (c.shard_ref.job, fail, code) {
+            (Job::Shard(i), false, 1) => tm.set_terminal(i, Term::Done),
+            (Job::Shard(i), true, 2) => tm.fails[i as usize] += 1,
+            (Job::Shard(i), true, 1) => tm.set_terminal(i, Term::Failed),
+            (Job::Shard(i), _, _) => tm.fails[i as usize] = 0,
+            (Job::Aggregate, true, 2) => tm.agg_fails += 1,
+            (Job::Aggregate, failed, 1) => tm.end_aggregation(!failed),
+            (Job::Aggregate, _, _) => tm.agg_fails = 0,
         }
     }
 

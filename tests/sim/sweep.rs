@@ -9,7 +9,7 @@
 use std::collections::HashSet;
 
 use redis::AsyncCommands;
-use shardctl_common::model::{Part, ShardRef};
+use shardctl_common::model::{Job, ShardRef};
 use shardctl_common::scripts::{self, STALLED_REASON};
 
 use super::model::{State, Term};
@@ -68,13 +68,13 @@ impl World {
             for r in &confirmed {
                 ensure!(!self.snap.active.contains_key(*r), "the sweep confirmed {r} stalled but left it held");
                 let sr: ShardRef = r.parse().map_err(|e| format!("{e}"))?;
-                let Some(tm) = self.model.tasks.get_mut(&sr.task).filter(|t| t.inc == sr.inc) else {
+                let Some(tm) = self.model.tasks.get_mut(&sr.task).filter(|t| t.inc == sr.seq) else {
                     continue;
                 };
                 let view = &self.snap.tasks[&sr.task];
                 let requeued = self.snap.wait.contains(*r) || self.snap.reroute.contains(*r);
-                match sr.part {
-                    Part::Shard(i) if view.bit(i) => {
+                match sr.job {
+                    Job::Shard(i) if view.bit(i) => {
                         ensure!(tm.terminal[i as usize].is_none(), "the sweep failed {r}, terminal already");
                         let reason = view.errors.get(&i.to_string());
                         ensure!(
@@ -84,7 +84,7 @@ impl World {
                         tm.set_terminal(i, Term::Failed);
                         failed += 1;
                     }
-                    Part::Aggregate if view.hash.get("state").map(String::as_str) == Some("failed") => {
+                    Job::Aggregate if view.hash.get("state").map(String::as_str) == Some("failed") => {
                         ensure!(tm.state == State::Aggregating, "the sweep failed {r} of a task {:?}", tm.state);
                         let e = view.hash.get("agg_error");
                         ensure!(e.map(String::as_str) == Some(STALLED_REASON), "{r} failed stalled with {e:?}");

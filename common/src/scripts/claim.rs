@@ -8,7 +8,7 @@ use redis::{ScriptInvocation, Value};
 
 use crate::error::{Error, Result};
 use crate::keys::Keys;
-use crate::model::{Part, ShardRef};
+use crate::model::{Job, ShardRef};
 
 use super::claimed::Claimed;
 use super::decode::{codes, int, string, ItemCodes};
@@ -44,8 +44,8 @@ pub struct ClaimRequest<'a> {
     /// Lock time to live.
     pub lock_ms: u64,
     /// The executor's instance: its lease is its entry in `leases` and the token of this claim
-    /// is `<instance>:<seq>`.
-    pub token_base: &'a str,
+    /// is `<instance>:<seq>` (the glossary's instance and claim call).
+    pub instance: &'a str,
     /// This claim's sequence number (one token per claim call).
     pub seq: u64,
     /// The executor's node id: refs routed to it are claimed too.
@@ -60,7 +60,7 @@ pub struct ClaimRequest<'a> {
 
 /// Claims up to `req.count` shards under one token, and renews the executor's lease.
 pub async fn claim<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, req: &ClaimRequest<'_>) -> Result<ClaimOutcome> {
-    let token = format!("{}:{}", req.token_base, req.seq);
+    let token = format!("{}:{}", req.instance, req.seq);
     let mut inv = scripts().claim.keyed(keys, &KeyArgs { node: Some(req.node), ..Default::default() });
     claim_args(&mut inv, keys, req, &token);
     let v: Vec<Value> = inv.invoke_async(con).await?;
@@ -75,7 +75,7 @@ pub async fn complete_and_claim<C: ConnectionLike + Send>(
     completed: &[Finished<'_>],
     req: &ClaimRequest<'_>,
 ) -> Result<(ItemCodes, ClaimOutcome)> {
-    let token = format!("{}:{}", req.token_base, req.seq);
+    let token = format!("{}:{}", req.instance, req.seq);
     let mut order: Vec<usize> = (0..completed.len()).collect();
     let mut inv = scripts().complete_claim.keyed(keys, &KeyArgs { node: Some(req.node), ..Default::default() });
     inv.arg(completion_argc(completed, &mut order)?);
@@ -121,11 +121,11 @@ fn parse_claim(v: &[Value], token: &str) -> Result<ClaimOutcome> {
         };
         let first: ShardRef = string(r)?.parse()?;
         let task_inc: Arc<str> = Arc::from(string(inc)?);
-        match (int(a)?, &first.part) {
+        match (int(a)?, &first.job) {
             // a run of k fresh shards from `first`: attempt 1, no fails
-            (a, &Part::Shard(from)) if a < 0 => {
+            (a, &Job::Shard(from)) if a < 0 => {
                 for i in from..from + a.unsigned_abs() {
-                    let shard_ref = ShardRef { part: Part::Shard(i), ..first.clone() };
+                    let shard_ref = ShardRef { job: Job::Shard(i), ..first.clone() };
                     out.shards.push(Claimed {
                         shard_ref,
                         token: token.to_owned(),

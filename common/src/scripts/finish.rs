@@ -6,7 +6,7 @@ use redis::ScriptInvocation;
 
 use crate::error::{Error, Result};
 use crate::keys::Keys;
-use crate::model::Part;
+use crate::model::Job;
 
 use super::claimed::Claimed;
 use super::decode::{codes, ItemCodes};
@@ -51,7 +51,7 @@ fn plain(f: &Finished<'_>) -> bool {
 /// The group of a completion in `complete.lua`'s arguments: task, incarnation, token, plain.
 fn group_of<'a>(f: &Finished<'a>) -> (&'a str, u64, &'a str, bool) {
     let c = f.claim;
-    (c.shard_ref.task.as_str(), c.shard_ref.inc, c.token.as_str(), plain(f))
+    (c.shard_ref.task.as_str(), c.shard_ref.seq, c.token.as_str(), plain(f))
 }
 
 /// Sorts `order` (indexes into `items`, all completions) into `complete.lua`'s groups, and
@@ -78,9 +78,9 @@ pub(super) fn completion_args(inv: &mut ScriptInvocation<'_>, keys: &Keys, items
         inv.arg(task).arg(inc).arg(token).arg(group.len()).arg(if plain { "p" } else { "f" });
         for &i in group {
             let it = &items[i];
-            match it.claim.shard_ref.part {
-                Part::Shard(idx) => inv.arg(idx),
-                Part::Aggregate => inv.arg("agg"),
+            match it.claim.shard_ref.job {
+                Job::Shard(idx) => inv.arg(idx),
+                Job::Aggregate => inv.arg("agg"),
             };
             if !plain {
                 inv.arg(u8::from(it.claim.has_state())).arg(result_of(it).unwrap_or_default());
