@@ -56,7 +56,7 @@ async fn leftovers_of_a_cleaned_task_never_become_the_new_tasks_shards() {
     let got = env.claim("b", 0, 20, LONG_LOCK).await.shards;
     let mut seen = HashSet::new();
     for g in &got {
-        assert_eq!(g.shard_ref.inc, inc, "a ref of the earlier task was handed out: {g:?}");
+        assert_eq!(g.shard_ref.seq, inc, "a ref of the earlier task was handed out: {g:?}");
         assert!(seen.insert(g.shard_ref.to_string()), "one claim handed out {} twice", g.shard_ref);
         assert_eq!((g.attempt, g.fails), (1, 0), "the earlier task's state leaked into {}", g.shard_ref);
     }
@@ -71,7 +71,7 @@ async fn leftovers_of_a_cleaned_task_never_become_the_new_tasks_shards() {
     assert_eq!((env.count("x", "done").await, env.count("x", "failed").await), (7, 1));
     let agg = env.claim("b", 1, 20, LONG_LOCK).await.shards;
     assert_eq!(agg.len(), 1, "one aggregation job, of the new task: {agg:?}");
-    assert_eq!((agg[0].shard_ref.part, agg[0].shard_ref.inc), (Job::Aggregate, inc));
+    assert_eq!((agg[0].shard_ref.job, agg[0].shard_ref.seq), (Job::Aggregate, inc));
 }
 
 /// Defect 2, second half: a stale ref whose string equals one already held must never take the
@@ -101,7 +101,7 @@ async fn a_completion_past_the_total_counts_nothing() {
     env.dispatch(&spec("t", 2, 1)).await;
     let mut c = env.claim("a", 0, 1, LONG_LOCK).await.shards.remove(0);
     // forge a hold of shard 5 of this incarnation under the claim's token
-    c.shard_ref.part = Job::Shard(5);
+    c.shard_ref.job = Job::Shard(5);
     env.set_holder(&c.shard_ref.to_string(), &c.token).await;
     assert_eq!(env.complete(&c, "1").await, Err(ScriptCode::TaskMissing));
     assert_eq!(env.count("t", "done").await, 0);

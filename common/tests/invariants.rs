@@ -23,7 +23,7 @@ use support::{key_slot, ScriptEnv, ACTIVE_PIN, NODE};
 const LONG_LOCK: u64 = 60_000;
 
 fn index_of(c: &Claimed) -> u64 {
-    match c.shard_ref.part {
+    match c.shard_ref.job {
         Job::Shard(i) => i,
         Job::Aggregate => panic!("expected a shard, got the aggregation job {}", c.shard_ref),
     }
