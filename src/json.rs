@@ -80,7 +80,7 @@ pub fn schedule(s: &Schedule, st: &ScheduleState) -> Value {
 
 /// A queue's settings (`shardctl config --json`).
 pub fn settings(queue: &str, s: &QueueSettings, layout: &Layout, masters: Option<&[String]>) -> Value {
-    let tags: Vec<&str> = layout.parts.iter().map(|p| p.tag()).collect();
+    let tags: Vec<&str> = layout.partitions.iter().map(|p| p.tag()).collect();
     json!({
         "queue": queue,
         "events_maxlen": s.events_maxlen,

@@ -92,7 +92,7 @@ impl Build {
         )
         .await?;
         let mut partitions = Vec::new();
-        for pk in &layout.parts {
+        for pk in &layout.partitions {
             partitions.push(
                 Executor::connect_in(
                     endpoint.clone(),

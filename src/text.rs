@@ -160,7 +160,7 @@ pub fn schedule(s: &Schedule, st: &ScheduleState) -> String {
 /// A queue's settings (`shardctl config`): the event log, paused, its partitions (and on a
 /// cluster the master of each).
 pub fn settings(queue: &str, s: &QueueSettings, layout: &Layout, masters: Option<&[String]>) -> Vec<String> {
-    let tags: Vec<&str> = layout.parts.iter().map(|p| p.tag()).collect();
+    let tags: Vec<&str> = layout.partitions.iter().map(|p| p.tag()).collect();
     let mut out = vec![
         format!("queue {queue}"),
         format!("events_maxlen      {}{}", s.events_maxlen, if s.events_maxlen == 0 { " (events off)" } else { "" }),

@@ -284,7 +284,7 @@ async fn an_aggregation_refuses_a_share_whose_results_were_dropped() {
     let mut spec = TaskSpec::new("d", "noop", 4);
     spec.keep_results = false;
     shardctl_coordinator::partition::dispatch(&mut con, &layout, &spec).await.unwrap();
-    for pk in &layout.parts {
+    for pk in &layout.partitions {
         run_share(&mut con, pk, 1).await;
     }
     shardctl_coordinator::partition::report_pending(&mut con, &layout).await.unwrap();
@@ -319,9 +319,9 @@ async fn a_stalled_share_creator_never_removes_a_newer_tasks_share() {
     let new = share::home_inc_of(&mut con, &layout.home, "x").await.unwrap().unwrap();
     assert_ne!(old, new);
     // the stalled creator of the old incarnation wakes
-    let err = partition::create_share(&mut con, &layout.home, &layout.parts[1], 2, 2, &spec, &old).await;
+    let err = partition::create_share(&mut con, &layout.home, &layout.partitions[1], 2, 2, &spec, &old).await;
     assert!(err.is_err(), "a stale creator stops");
-    assert_eq!(share::share_inc(&mut con, &layout.parts[1], "x").await.unwrap(), Some(new));
+    assert_eq!(share::share_inc(&mut con, &layout.partitions[1], "x").await.unwrap(), Some(new));
 }
 
 /// Review: one dispatcher at a time holds a dispatch lease; a lapsed holder cannot renew it
@@ -370,7 +370,7 @@ async fn a_share_recreated_after_a_retry_takes_its_homes_round() {
     let redis = TestRedis::start();
     let (mut con, layout) = queue(&redis, "recreated-round").await;
     shardctl_coordinator::partition::dispatch(&mut con, &layout, &TaskSpec::new("r", "noop", 4)).await.unwrap();
-    let (home, pk) = (layout.home.clone(), layout.parts[1].clone());
+    let (home, pk) = (layout.home.clone(), layout.partitions[1].clone());
     // the home was retried into round 3 meanwhile, and the share's partition lost it whole
     let () = redis::cmd("HSET").arg(home.task("r")).arg("round").arg(3).query_async(&mut con).await.unwrap();
     let () = redis::cmd("HSET").arg(home.task("r")).arg("created_ms").arg(1).query_async(&mut con).await.unwrap();
@@ -392,7 +392,7 @@ async fn a_refused_retry_of_a_share_leaves_its_round() {
     let redis = TestRedis::start();
     let (mut con, layout) = queue(&redis, "refused-retry").await;
     shardctl_coordinator::partition::dispatch(&mut con, &layout, &TaskSpec::new("c", "noop", 4)).await.unwrap();
-    let pk = layout.parts[0].clone();
+    let pk = layout.partitions[0].clone();
     shardctl_common::control::cancel_in(&mut con, &pk, "c").await.unwrap();
     let before: Option<String> = redis::cmd("HGET").arg(pk.task("c")).arg("round").query_async(&mut con).await.unwrap();
     let r = shardctl_common::retry::retry_in_round(&mut con, &pk, "c", Some(7)).await;
@@ -418,7 +418,7 @@ async fn a_count_of_an_older_round_is_replaced_by_the_newer_report() {
         .query_async(&mut con)
         .await
         .unwrap();
-    let r = scripts::ShareReport { task: "o".into(), home_inc: inc, part: 1, round: 2, done: 2, failed: 0 };
+    let r = scripts::ShareReport { task: "o".into(), home_inc: inc, partition: 1, round: 2, done: 2, failed: 0 };
     assert_eq!(scripts::report(&mut con, &home, &r).await.unwrap(), scripts::Reported::Counted);
     let (part, done, failed): (String, u64, u64) =
         redis::cmd("HMGET").arg(home.task("o")).arg(&["part:1", "done", "failed"]).query_async(&mut con).await.unwrap();
@@ -437,7 +437,7 @@ async fn a_keyed_share_whose_keys_are_incomplete_cancels_its_task() {
     spec.has_keys = true;
     let keys: Vec<String> = (0..4).map(|i| format!("user-{i}")).collect();
     shardctl_coordinator::partition::dispatch_keyed(&mut con, &layout, &spec, &keys).await.unwrap();
-    let (home, pk) = (layout.home.clone(), layout.parts[1].clone());
+    let (home, pk) = (layout.home.clone(), layout.partitions[1].clone());
     // the share's record is gone, and one of its two keys with it
     let () = redis::cmd("DEL").arg(pk.task("k")).query_async(&mut con).await.unwrap();
     for set in [pk.index(), pk.lane_tasks("noop"), pk.unrouted()] {

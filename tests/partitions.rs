@@ -275,7 +275,7 @@ async fn a_report_lost_between_two_slots_is_repeated_and_counted_once() {
     let spec = TaskSpec::new("r", "noop", 5);
     shardctl_coordinator::partition::dispatch(&mut con, &layout, &spec).await.unwrap();
     // run every shard of both shares by hand, as an executor would, and "die" before reporting
-    for pk in &layout.parts {
+    for pk in &layout.partitions {
         run_share(&mut con, pk, 1, false).await;
     }
     let url = redis.url();
@@ -292,30 +292,30 @@ async fn a_report_lost_between_two_slots_is_repeated_and_counted_once() {
     };
     // both shares ended, nothing counted in the home yet
     assert_eq!(home_state().await, ("running".into(), 0, vec![]));
-    for pk in &layout.parts {
+    for pk in &layout.partitions {
         let n: u64 = redis::cmd("ZCARD").arg(pk.unreported()).query_async(&mut con).await.unwrap();
         assert_eq!(n, 1);
     }
     // a report counted but never acknowledged (the crash came between the two slots' writes)
     let inc = shardctl_common::share::home_inc_of(&mut con, &home, "r").await.unwrap().unwrap();
-    let r = ShareReport { task: "r".into(), home_inc: inc.clone(), part: 1, round: 0, done: 3, failed: 0 };
+    let r = ShareReport { task: "r".into(), home_inc: inc.clone(), partition: 1, round: 0, done: 3, failed: 0 };
     assert_eq!(scripts::report(&mut con, &home, &r).await.unwrap(), Reported::Counted);
     assert_eq!(scripts::report(&mut con, &home, &r).await.unwrap(), Reported::Already, "counted twice");
     // a report of another incarnation counts nothing, not even one of the same seq (a home
     // whose master lost its dispatch hands the seq out again); one of a round ahead says the
     // home lost a reopen
-    let ahead = ShareReport { round: 7, part: 2, ..r.clone() };
+    let ahead = ShareReport { round: 7, partition: 2, ..r.clone() };
     assert_eq!(scripts::report(&mut con, &home, &ahead).await.unwrap(), Reported::HomeBehind);
     let seq = inc.split('.').next().unwrap().to_owned();
     for other in [format!("{seq}.0000000000000000"), seq, "99".to_owned()] {
-        let other = ShareReport { home_inc: other, part: 2, ..r.clone() };
+        let other = ShareReport { home_inc: other, partition: 2, ..r.clone() };
         assert_eq!(scripts::report(&mut con, &home, &other).await.unwrap(), Reported::Already);
     }
     assert_eq!(home_state().await, ("running".into(), 3, vec![]));
     // the repeat: share 1 counts nothing more (and is acknowledged), share 2 counts now
     assert_eq!(shardctl_coordinator::partition::report_pending(&mut con, &layout).await.unwrap(), 1);
     assert_eq!(shardctl_coordinator::partition::report_pending(&mut con, &layout).await.unwrap(), 0);
-    for pk in &layout.parts {
+    for pk in &layout.partitions {
         let n: u64 = redis::cmd("ZCARD").arg(pk.unreported()).query_async(&mut con).await.unwrap();
         assert_eq!(n, 0, "acknowledged");
     }
@@ -334,7 +334,7 @@ async fn a_count_lost_in_the_home_after_its_acknowledgement_is_reported_again() 
     let home = Home::new("shardctl", "lost-count").unwrap();
     let layout: Layout = partition::set_count(&mut con, &home, 2, false).await.unwrap();
     shardctl_coordinator::partition::dispatch(&mut con, &layout, &TaskSpec::new("r", "noop", 4)).await.unwrap();
-    let pk = &layout.parts[0];
+    let pk = &layout.partitions[0];
     run_share(&mut con, pk, 1, false).await;
     assert_eq!(shardctl_coordinator::partition::report_pending(&mut con, &layout).await.unwrap(), 1);
     // the home's master failed over and its replica had not received the count
@@ -478,8 +478,8 @@ async fn a_share_counted_while_a_retry_reads_is_retried_not_stranded() {
     let mut spec = TaskSpec::new("x", "fail", 4);
     spec.attempts = 1;
     shardctl_coordinator::partition::dispatch(&mut con, &layout, &spec).await.unwrap();
-    run_share(&mut con, &layout.parts[0], 1, false).await;
-    run_share(&mut con, &layout.parts[1], 1, true).await;
+    run_share(&mut con, &layout.partitions[0], 1, false).await;
+    run_share(&mut con, &layout.partitions[1], 1, true).await;
     // both counted (what the retry read had the second uncounted): the aggregation is enqueued
     assert_eq!(shardctl_coordinator::partition::report_pending(&mut con, &layout).await.unwrap(), 2);
     let state: String = redis::cmd("HGET").arg(home.task("x")).arg("state").query_async(&mut con).await.unwrap();
@@ -500,7 +500,7 @@ async fn a_share_counted_while_a_retry_reads_is_retried_not_stranded() {
         2,
         "the failed share's shards run again"
     );
-    run_share(&mut con, &layout.parts[1], 3, false).await;
+    run_share(&mut con, &layout.partitions[1], 3, false).await;
     assert_eq!(shardctl_coordinator::partition::report_pending(&mut con, &layout).await.unwrap(), 1);
     let (state, done): (String, u64) =
         redis::cmd("HMGET").arg(home.task("x")).arg(&["state", "done"]).query_async(&mut con).await.unwrap();
@@ -524,7 +524,7 @@ async fn a_retry_cut_short_is_completed_by_the_reconciliation() {
     spec.attempts = 1;
     shardctl_coordinator::partition::dispatch(&mut con, &layout, &spec).await.unwrap();
     // every shard fails for good; both shares end and are counted
-    for pk in &layout.parts {
+    for pk in &layout.partitions {
         run_share(&mut con, pk, 1, true).await;
     }
     assert_eq!(shardctl_coordinator::partition::report_pending(&mut con, &layout).await.unwrap(), 2);
@@ -546,11 +546,11 @@ async fn a_retry_cut_short_is_completed_by_the_reconciliation() {
     assert_eq!((state.as_str(), done, failed), ("running", 0, 0), "the shares' counts forgotten");
     // a late report of the old round counts nothing
     let inc = shardctl_common::share::home_inc_of(&mut con, &home, "r").await.unwrap().unwrap();
-    let old = ShareReport { task: "r".into(), home_inc: inc, part: 1, round: 0, done: 0, failed: 2 };
+    let old = ShareReport { task: "r".into(), home_inc: inc, partition: 1, round: 0, done: 0, failed: 2 };
     assert_eq!(scripts::report(&mut con, &home, &old).await.unwrap(), Reported::Already);
     // the reconciliation retries both shares in round 1: their shards are claimable again
     shardctl_coordinator::partition::reconcile(&mut con, &layout).await.unwrap();
-    for pk in &layout.parts {
+    for pk in &layout.partitions {
         let (state, round): (String, u64) =
             redis::cmd("HMGET").arg(pk.task("r")).arg(&["state", "round"]).query_async(&mut con).await.unwrap();
         assert_eq!((state.as_str(), round), ("running", 1));
@@ -558,7 +558,7 @@ async fn a_retry_cut_short_is_completed_by_the_reconciliation() {
         assert_eq!(wait, 2, "the share's failed shards wait to run again");
     }
     // the shares now succeed and report in round 1: the task completes with every shard done
-    for pk in &layout.parts {
+    for pk in &layout.partitions {
         run_share(&mut con, pk, 3, false).await;
     }
     assert_eq!(shardctl_coordinator::partition::report_pending(&mut con, &layout).await.unwrap(), 2);
@@ -822,7 +822,7 @@ async fn keyed_shares_replace_leftovers_with_their_own_keys() {
     let new: Vec<String> = (0..5).map(|i| format!("new-{i}")).collect();
     shardctl_coordinator::partition::dispatch_keyed(&mut con, &layout, &spec, &new).await.unwrap();
     // shares of 3 and 2 shards: their own keys at their own indexes
-    for (pk, want) in layout.parts.iter().zip([&new[..3], &new[3..]]) {
+    for (pk, want) in layout.partitions.iter().zip([&new[..3], &new[3..]]) {
         let keys: std::collections::HashMap<String, String> =
             redis::cmd("HGETALL").arg(pk.shard_keys("k")).query_async(&mut con).await.unwrap();
         // (and the incarnation they belong to, what `drop_orphans` judges them by)
@@ -849,7 +849,7 @@ async fn the_reconciliation_recreates_lost_shares_and_completes_lost_cancels() {
     let home = Home::new("shardctl", "lost-share").unwrap();
     let layout: Layout = partition::set_count(&mut con, &home, 2, false).await.unwrap();
     shardctl_coordinator::partition::dispatch(&mut con, &layout, &TaskSpec::new("m", "noop", 4)).await.unwrap();
-    let pk = &layout.parts[1];
+    let pk = &layout.partitions[1];
     for k in pk.task_keys("m") {
         let () = redis::cmd("DEL").arg(k).query_async(&mut con).await.unwrap();
     }
@@ -879,7 +879,7 @@ async fn the_reconciliation_recreates_lost_shares_and_completes_lost_cancels() {
         redis::cmd("ZSCORE").arg(pk.lane_tasks("noop")).arg("m").query_async(&mut con).await.unwrap();
     assert!(runnable.is_some());
     // a cancel whose home write was lost: the share is cancelled, the home still running
-    shardctl_common::control::cancel_in(&mut con, &layout.parts[0], "m").await.unwrap();
+    shardctl_common::control::cancel_in(&mut con, &layout.partitions[0], "m").await.unwrap();
     shardctl_coordinator::partition::reconcile(&mut con, &layout).await.unwrap();
     let state: String = redis::cmd("HGET").arg(home.task("m")).arg("state").query_async(&mut con).await.unwrap();
     assert_eq!(state, "cancelled");
@@ -1106,7 +1106,7 @@ async fn a_leftover_share_of_an_earlier_task_does_not_touch_a_new_one() {
     }
     // a new y of 2 shards: no share in partition 3, whose leftover (cancelled) share goes
     shardctl_coordinator::partition::dispatch(&mut con, &layout, &TaskSpec::new("y", "noop", 2)).await.unwrap();
-    let n: u64 = redis::cmd("EXISTS").arg(layout.parts[2].task("y")).query_async(&mut con).await.unwrap();
+    let n: u64 = redis::cmd("EXISTS").arg(layout.partitions[2].task("y")).query_async(&mut con).await.unwrap();
     assert_eq!(n, 0, "the leftover share in partition 3 was removed");
     shardctl_coordinator::partition::reconcile(&mut con, &layout).await.unwrap();
     let state: String = redis::cmd("HGET").arg(home.task("y")).arg("state").query_async(&mut con).await.unwrap();
@@ -1128,9 +1128,9 @@ async fn a_share_created_after_a_cancel_is_cancelled_and_a_round_retries_once() 
     scripts::dispatch_fields(&mut con, &home, &spec, &fields).await.unwrap();
     shardctl_common::control::cancel(&mut con, &home, "z").await.unwrap();
     let inc = shardctl_common::share::home_inc_of(&mut con, &home, "z").await.unwrap().unwrap();
-    partition::create_share(&mut con, &home, &layout.parts[0], 1, 2, &spec, &inc).await.unwrap();
+    partition::create_share(&mut con, &home, &layout.partitions[0], 1, 2, &spec, &inc).await.unwrap();
     let state: String =
-        redis::cmd("HGET").arg(layout.parts[0].task("z")).arg("state").query_async(&mut con).await.unwrap();
+        redis::cmd("HGET").arg(layout.partitions[0].task("z")).arg("state").query_async(&mut con).await.unwrap();
     assert_eq!(state, "cancelled");
 
     // a failed task over 2 partitions, reopened in round 1: resuming the retry twice runs its
@@ -1138,7 +1138,7 @@ async fn a_share_created_after_a_cancel_is_cancelled_and_a_round_retries_once() 
     let mut spec = TaskSpec::new("f", "fail", 4);
     spec.attempts = 1;
     shardctl_coordinator::partition::dispatch(&mut con, &layout, &spec).await.unwrap();
-    for pk in &layout.parts {
+    for pk in &layout.partitions {
         run_share(&mut con, pk, 1, true).await;
     }
     shardctl_coordinator::partition::report_pending(&mut con, &layout).await.unwrap();

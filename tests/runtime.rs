@@ -614,13 +614,10 @@ async fn shards_of_a_claim_whose_reply_was_lost_are_recovered() {
 
     let sweeper = env.sweeper(Duration::from_millis(200), 5);
     let a = env.executor(cfg, Registry::with_builtins()).await;
-    // ten lock durations: ample for the lease-less shards to be marked, confirmed and run
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let mut t = env.task("o").await;
-    while t.state == TaskState::Running && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        t = env.task("o").await;
-    }
+    // until it ended (not merely left `running`: the aggregation runs after the shards); the
+    // lease-less shards are marked, confirmed and run within a few lock durations
+    eventually_async("the task to end", PATIENCE, || async { env.task("o").await.state.is_finished() }).await;
+    let t = env.task("o").await;
     let held = env.holders().await;
     let stats = a.stop().await;
     sweeper.stop().await;

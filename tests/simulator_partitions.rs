@@ -132,7 +132,7 @@ impl Sim {
         if s == 0 {
             &self.layout.home
         } else {
-            &self.layout.parts[s - 1]
+            &self.layout.partitions[s - 1]
         }
     }
 
@@ -295,7 +295,7 @@ impl Sim {
     /// The cross-slot report of partition `p`'s ended shares: whole, or cut after the home's
     /// count (never acknowledged: the next repeat finds it again).
     async fn report(&mut self, p: usize) -> Outcome {
-        let pk = self.layout.parts[p - 1].clone();
+        let pk = self.layout.partitions[p - 1].clone();
         if self.rng.chance(40) {
             let pending: Vec<(String, u64)> = redis::cmd("ZRANGE")
                 .arg(pk.unreported())
@@ -320,7 +320,7 @@ impl Sim {
                 else {
                     continue;
                 };
-                let r = ShareReport { task: task.clone(), home_inc, part: p as u32, round, done, failed };
+                let r = ShareReport { task: task.clone(), home_inc, partition: p as u32, round, done, failed };
                 let got = scripts::report(&mut self.con, &self.layout.home, &r).await.map_err(|e| e.to_string())?;
                 self.note(format!("report of {task} in partition {p}, cut before its ack: {got:?}"));
             }
@@ -392,7 +392,7 @@ impl Sim {
     /// it), and the shard is held again under its claim, whose executor's lease has expired.
     async fn lose(&mut self, id: &str, p: u32) -> Outcome {
         let home = self.layout.home.clone();
-        let pk = self.layout.parts[p as usize - 1].clone();
+        let pk = self.layout.partitions[p as usize - 1].clone();
         let (counted, seq, home_state): (Option<String>, Option<String>, Option<String>) = redis::cmd("HMGET")
             .arg(home.task(id))
             .arg(format!("part:{p}"))
@@ -486,7 +486,7 @@ impl Sim {
             ensure!(done + failed <= total, "{id}: home counts {done}+{failed} past its total {total}");
             let (mut sum_d, mut sum_f) = (0, 0);
             for p in 1..=K {
-                let pk = self.layout.parts[p as usize - 1].clone();
+                let pk = self.layout.partitions[p as usize - 1].clone();
                 let size = share_range(p, K, total).1;
                 let s: HashMap<String, String> = redis::cmd("HGETALL")
                     .arg(pk.task(&id))

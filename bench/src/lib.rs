@@ -51,6 +51,7 @@ mod scenario;
 mod small;
 mod stats;
 pub mod table;
+mod targets;
 mod workers;
 
 use std::collections::BTreeMap;

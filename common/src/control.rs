@@ -126,7 +126,7 @@ pub async fn set_limit<C: ConnectionLike + Send + Sync>(
     let mut layout = crate::partition::layout::layout(con, keys).await?;
     loop {
         let k = layout.count() as u64;
-        for pk in &layout.parts {
+        for pk in &layout.partitions {
             set_limit_in(con, pk, limit.map(|l| RateLimit { max: l.max.div_ceil(k), per: l.per })).await?;
         }
         set_limit_in(con, keys, limit).await?;
@@ -202,7 +202,7 @@ pub async fn pause<C: ConnectionLike + Send>(con: &mut C, keys: &Home) -> Result
     // the home last: `status` reads it, and says paused only once every partition is
     let mut layout = crate::partition::layout::layout(con, keys).await?;
     loop {
-        for k in layout.parts.iter().chain([keys.keys()]) {
+        for k in layout.partitions.iter().chain([keys.keys()]) {
             let () = redis::cmd("HSET").arg(k.meta()).arg("paused").arg(1).query_async(con).await?;
         }
         match again(con, keys, &layout).await? {
@@ -216,7 +216,7 @@ pub async fn pause<C: ConnectionLike + Send>(con: &mut C, keys: &Home) -> Result
 pub async fn resume<C: ConnectionLike + Send>(con: &mut C, keys: &Home) -> Result<()> {
     let mut layout = crate::partition::layout::layout(con, keys).await?;
     loop {
-        for k in &layout.parts {
+        for k in &layout.partitions {
             let () = redis::cmd("HDEL").arg(k.meta()).arg("paused").query_async(con).await?;
             wake_all(con, k).await?;
         }
@@ -256,9 +256,9 @@ pub async fn queue_settings<C: ConnectionLike + Send>(
     let layout = if events_maxlen.is_some() || events_completions.is_some() {
         crate::partition::layout::layout(con, keys).await?
     } else {
-        crate::partition::layout::Layout { home: keys.clone(), parts: Vec::new() }
+        crate::partition::layout::Layout { home: keys.clone(), partitions: Vec::new() }
     };
-    for k in layout.parts.iter().chain([keys.keys()]) {
+    for k in layout.partitions.iter().chain([keys.keys()]) {
         if let Some(n) = events_maxlen {
             let () = redis::cmd("HSET").arg(k.meta()).arg("events_maxlen").arg(n).query_async(con).await?;
         }

@@ -20,12 +20,15 @@
 //!   renewal loop (`watchdog`).
 //! - [`limiter`]: fixed-window, sliding-log and token-bucket rate limiters.
 //! - [`incarnation`]: the incarnation id no failover reissues, the dispatch lease.
-//! - [`model`]: task ids, shard refs, the task spec and its state.
+//! - [`model`]: task ids, the task spec, a task record and a share as read.
+//! - [`shard_ref`]: refs, `<task>:<seq>:<index>` or `<task>:<seq>:agg`.
+//! - [`task_state`]: a task's lifecycle state.
 //! - [`names`]: the rules for every user-given name in a key (queues, prefix, task and node ids,
 //!   instances, schedules, locks): one rule per kind, and why no two names make one key.
 //! - [`kinds`]: the kinds an executor serves (every kind, or a set), as claims and the
 //!   membership carry them, and the lanes that hold each kind's ready work.
 //! - [`schedule`]: cron schedules fired once per fire time by any number of coordinators.
+//! - [`schedule_policy`]: a schedule's overlap and misfire policies.
 //! - [`ring`]: consistent hashing with virtual nodes, the static strategies, `ring simulate`.
 //! - [`split`]: balanced item ranges of shards.
 //! - [`partition`]: a queue's partitions: their [`Layout`](partition::Layout) (`layout`), their
@@ -69,10 +72,13 @@ pub mod redis_url;
 pub mod retry;
 pub mod ring;
 pub mod schedule;
+pub mod schedule_policy;
 pub mod scripts;
+pub mod shard_ref;
 pub mod share;
 pub mod slot;
 pub mod split;
+pub mod task_state;
 pub mod time;
 
 pub use error::{Error, Result, ScriptCode};

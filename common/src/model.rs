@@ -1,8 +1,8 @@
-//! The task model: ids, shard refs, what a dispatch asks for, and what a task hash holds.
+//! The task model: what a dispatch asks for ([`TaskSpec`]) and what a task hash holds
+//! ([`TaskInfo`], [`Share`]); its refs ([`ShardRef`]) and states ([`TaskState`]) have files of
+//! their own, re-exported here.
 
 use std::collections::HashMap;
-use std::fmt;
-use std::str::FromStr;
 
 use serde::Serialize;
 
@@ -26,118 +26,8 @@ pub const DEFAULT_ATTEMPTS: u32 = 3;
 // the rule lives in `names`, with every other name's; re-exported where it always was
 pub use crate::names::{validate_task_id, MAX_TASK_ID_LEN};
 
-/// Which job of a task a ref names: one of its shards, or its aggregation job.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Job {
-    /// Shard number i (0-based).
-    Shard(u64),
-    /// The aggregation job `<task>:<seq>:agg`.
-    Aggregate,
-}
-
-/// A ref `<task>:<seq>:<index>` or `<task>:<seq>:agg`: `seq` numbers the task's incarnation in
-/// its slot, so that nothing of an earlier task under the same id is taken for this one.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ShardRef {
-    /// The task id.
-    pub task: String,
-    /// The task's incarnation in its slot: the queue's submission number when it was dispatched.
-    pub seq: u64,
-    /// Which job of the task.
-    pub job: Job,
-}
-
-impl ShardRef {
-    /// The ref of shard `index` of incarnation `seq` of `task`.
-    pub fn shard(task: &str, seq: u64, index: u64) -> Self {
-        ShardRef { task: task.to_owned(), seq, job: Job::Shard(index) }
-    }
-    /// The aggregation job of incarnation `seq` of `task`.
-    pub fn aggregate(task: &str, seq: u64) -> Self {
-        ShardRef { task: task.to_owned(), seq, job: Job::Aggregate }
-    }
-    /// True for the aggregation job.
-    pub fn is_aggregate(&self) -> bool {
-        self.job == Job::Aggregate
-    }
-}
-
-impl fmt::Display for ShardRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.job {
-            Job::Shard(i) => write!(f, "{}:{}:{i}", self.task, self.seq),
-            Job::Aggregate => write!(f, "{}:{}:agg", self.task, self.seq),
-        }
-    }
-}
-
-impl FromStr for ShardRef {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self, Error> {
-        let bad = || Error::Protocol(format!("malformed shard ref '{s}'"));
-        let (rest, job) = s.rsplit_once(':').ok_or_else(bad)?;
-        let (task, seq) = rest.rsplit_once(':').ok_or_else(bad)?;
-        if task.is_empty() || task.contains(':') {
-            return Err(bad());
-        }
-        let job = match job {
-            "agg" => Job::Aggregate,
-            n => Job::Shard(n.parse().map_err(|_| bad())?),
-        };
-        Ok(ShardRef { task: task.to_owned(), seq: seq.parse().map_err(|_| bad())?, job })
-    }
-}
-
-/// The lifecycle state of a task.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TaskState {
-    /// Dispatched with a delay: nothing is claimable before its start time.
-    Delayed,
-    /// Shards are still running or waiting.
-    Running,
-    /// Every shard is terminal; the aggregation job is queued or running.
-    Aggregating,
-    /// Every shard completed and the aggregation succeeded.
-    Completed,
-    /// Some shard failed for good, or the aggregation did.
-    Failed,
-    /// Cancelled by `shardctl cancel`: no aggregation.
-    Cancelled,
-}
-
-impl TaskState {
-    /// True once the task has ended.
-    pub fn is_finished(self) -> bool {
-        matches!(self, TaskState::Completed | TaskState::Failed | TaskState::Cancelled)
-    }
-    /// The name stored in Redis.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TaskState::Delayed => "delayed",
-            TaskState::Running => "running",
-            TaskState::Aggregating => "aggregating",
-            TaskState::Completed => "completed",
-            TaskState::Failed => "failed",
-            TaskState::Cancelled => "cancelled",
-        }
-    }
-}
-
-impl FromStr for TaskState {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self, Error> {
-        Ok(match s {
-            "delayed" => TaskState::Delayed,
-            "running" => TaskState::Running,
-            "aggregating" => TaskState::Aggregating,
-            "completed" => TaskState::Completed,
-            "failed" => TaskState::Failed,
-            "cancelled" => TaskState::Cancelled,
-            other => return Err(Error::Protocol(format!("unknown task state '{other}'"))),
-        })
-    }
-}
+pub use crate::shard_ref::{Job, ShardRef};
+pub use crate::task_state::TaskState;
 
 /// What a dispatch asks for.
 #[derive(Debug, Clone)]
@@ -358,7 +248,7 @@ pub struct TaskInfo {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Share {
     /// The partition, 1..=K.
-    pub part: u32,
+    pub partition: u32,
     /// The task's index of the share's shard 0.
     pub base: u64,
     /// The task's total (the share's own `total` is its size).
@@ -411,7 +301,7 @@ impl TaskInfo {
             share: match h.get("part") {
                 None => None,
                 Some(_) => Some(Share {
-                    part: num("part")? as u32,
+                    partition: num("part")? as u32,
                     base: num("base")?,
                     of: num("of")?,
                     home_inc: crate::incarnation::of_fields(
@@ -443,17 +333,6 @@ mod tests {
         assert!(e.contains("':'"), "{e}");
         assert!(validate_task_id("a b").is_err());
         assert!(validate_task_id("é").is_err());
-    }
-
-    #[test]
-    fn refs_round_trip() {
-        for r in [ShardRef::shard("t.1", 7, 42), ShardRef::aggregate("x-y", 1)] {
-            assert_eq!(r.to_string().parse::<ShardRef>().unwrap(), r);
-        }
-        assert!("nocolon".parse::<ShardRef>().is_err());
-        assert!("t:x".parse::<ShardRef>().is_err());
-        assert!("t:1".parse::<ShardRef>().is_err(), "a ref without its incarnation");
-        assert!("a:b:1:2".parse::<ShardRef>().is_err(), "task ids have no colon");
     }
 
     #[test]

@@ -94,7 +94,7 @@ async fn uncounted_failures<C: ConnectionLike + Send>(
     counted: &[bool],
 ) -> Result<bool> {
     let inc = home_inc_of(con, &layout.home, id).await?;
-    for (pk, counted) in layout.parts.iter().zip(counted) {
+    for (pk, counted) in layout.partitions.iter().zip(counted) {
         if *counted {
             continue;
         }
@@ -121,7 +121,7 @@ async fn reopen_and_retry<C: ConnectionLike + Send>(con: &mut C, layout: &Layout
         return Ok(0);
     }
     let mut again = 0;
-    for (pk, counted) in layout.parts.iter().zip(counted(con, layout, id).await?) {
+    for (pk, counted) in layout.partitions.iter().zip(counted(con, layout, id).await?) {
         if !counted {
             again += retry_share(con, pk, id, round as u64).await?;
         }
@@ -137,8 +137,8 @@ async fn counted<C: ConnectionLike + Send>(con: &mut C, layout: &Layout, id: &st
 }
 
 /// Retries the share of task `id` in partition `part` in home round `round`.
-async fn retry_share<C: ConnectionLike + Send>(con: &mut C, part: &Keys, id: &str, round: u64) -> Result<u64> {
-    match retry_in_round(con, part, id, Some(round)).await {
+async fn retry_share<C: ConnectionLike + Send>(con: &mut C, partition: &Keys, id: &str, round: u64) -> Result<u64> {
+    match retry_in_round(con, partition, id, Some(round)).await {
         Ok(n) => Ok(n),
         // gone, or cancelled meanwhile: nothing runs again there
         Err(Error::Refused { .. } | Error::NoTask(_)) => Ok(0),
@@ -157,7 +157,7 @@ pub async fn resume_retries<C: ConnectionLike + Send>(
 ) -> Result<u64> {
     let inc = home_inc_of(con, &layout.home, id).await?;
     let mut again = 0;
-    for (pk, counted) in layout.parts.iter().zip(counted(con, layout, id).await?) {
+    for (pk, counted) in layout.partitions.iter().zip(counted(con, layout, id).await?) {
         if counted {
             continue;
         }

@@ -23,7 +23,7 @@ pub struct ShareAt {
     /// The keyspace its record and shards are in (the home itself for a task of one partition).
     pub keys: Keys,
     /// Its partition, 1..=K; 0 for the home record holding the whole task itself.
-    pub part: u32,
+    pub partition: u32,
     /// The task's index of its shard 0.
     pub base: u64,
     /// How many shards it holds.
@@ -33,7 +33,7 @@ pub struct ShareAt {
 impl ShareAt {
     /// Whether this share is the home record itself (a task of one partition).
     pub fn is_home(&self) -> bool {
-        self.part == 0
+        self.partition == 0
     }
 }
 
@@ -52,7 +52,7 @@ impl TaskInfo {
 
     /// The partition this record is a share in; `None` for a home record.
     pub fn partition(&self) -> Option<u32> {
-        self.share.as_ref().map(|s| s.part)
+        self.share.as_ref().map(|s| s.partition)
     }
 
     /// "spread over K partitions" for a home record over K ≥ 2 partitions, for `status`.
@@ -66,18 +66,18 @@ impl TaskInfo {
 /// task was dispatched over (one read of its home record).
 pub async fn of<C: ConnectionLike + Send>(con: &mut C, home: &Home, t: &TaskInfo) -> Result<Vec<ShareAt>> {
     if t.partitions <= 1 {
-        return Ok(vec![ShareAt { keys: home.keys().clone(), part: 0, base: 0, size: t.total }]);
+        return Ok(vec![ShareAt { keys: home.keys().clone(), partition: 0, base: 0, size: t.total }]);
     }
     let layout = crate::partition::layout::task_layout(con, home, &t.task_id).await?;
     let k = layout.count();
     Ok(layout
-        .parts
+        .partitions
         .into_iter()
         .enumerate()
         .map(|(i, keys)| {
-            let part = i as u32 + 1;
-            let (base, size) = crate::partition::layout::share_range(part, k, t.total);
-            ShareAt { keys, part, base, size }
+            let partition = i as u32 + 1;
+            let (base, size) = crate::partition::layout::share_range(partition, k, t.total);
+            ShareAt { keys, partition, base, size }
         })
         .filter(|s| s.size > 0)
         .collect())
@@ -221,7 +221,7 @@ pub async fn check_counted<C: ConnectionLike + Send>(
     let bits: u64 = redis::cmd("BITCOUNT").arg(s.keys.terminal(&t.task_id)).query_async(con).await?;
     // (another slot: a command of its own)
     let counted_home: Option<String> =
-        redis::cmd("HGET").arg(home.task(&t.task_id)).arg(format!("part:{}", s.part)).query_async(con).await?;
+        redis::cmd("HGET").arg(home.task(&t.task_id)).arg(format!("part:{}", s.partition)).query_async(con).await?;
     let Some(v) = row else { return Ok(Counted::Lost("is gone")) };
     let (total, state) = (v[0].as_deref().and_then(|t| t.parse::<u64>().ok()), v[1].as_deref());
     if matches!(state, Some("running" | "delayed")) {

@@ -27,7 +27,7 @@ pub async fn newest<C: ConnectionLike + Send>(con: &mut C, home: &Home, count: u
     let mut out = newest_in(con, home, count).await?;
     let layout = partition::layout(con, home).await?;
     let mut bases = Bases::default();
-    for (p, pk) in layout.parts.iter().enumerate() {
+    for (p, pk) in layout.partitions.iter().enumerate() {
         for (id, mut fields) in newest_in(con, pk, count).await? {
             let Some(task) = share_event_task(&fields) else { continue };
             let base = bases.of(con, pk, &task).await?;
@@ -72,7 +72,7 @@ impl Follow {
         let now = server_now_ms(&mut plain, home).await?;
         let start = if from_start { "0-0".to_owned() } else { format!("{now}-0") };
         let mut logs = vec![(home.events(), None, start.clone())];
-        for (p, pk) in layout.parts.iter().enumerate() {
+        for (p, pk) in layout.partitions.iter().enumerate() {
             logs.push((pk.events(), Some((p as u32 + 1, pk.clone())), start.clone()));
         }
         Ok(Follow {
@@ -92,17 +92,20 @@ impl Follow {
         self.follow_layout().await?;
         // the home blocks when it is the only log; the partitions' logs are read as they are,
         // with a pause when none had anything
-        let alone = self.layout.parts.is_empty();
+        let alone = self.layout.partitions.is_empty();
         let mut round: Vec<Event> = Vec::new();
-        for (key, part, last) in self.logs.iter_mut() {
+        for (key, partition, last) in self.logs.iter_mut() {
             let opts = StreamReadOptions::default().count(READ_COUNT);
-            let (opts, con) =
-                if part.is_none() && alone { (opts.block(5000), &mut self.blocking) } else { (opts, &mut self.plain) };
+            let (opts, con) = if partition.is_none() && alone {
+                (opts.block(5000), &mut self.blocking)
+            } else {
+                (opts, &mut self.plain)
+            };
             let reply: Option<StreamReadReply> = con.xread_options(&[&*key], &[&*last], &opts).await?;
             for entry in reply.map(|r| r.keys).unwrap_or_default().into_iter().flat_map(|s| s.ids) {
                 *last = entry.id.clone();
                 let (id, mut fields) = event(entry);
-                if let Some((p, pk)) = part {
+                if let Some((p, pk)) = partition {
                     let Some(task) = share_event_task(&fields) else { continue };
                     let base = self.bases.of(&mut self.plain, pk, &task).await?;
                     as_task_event(&mut fields, *p, base);
@@ -137,7 +140,7 @@ impl Follow {
         let now = partition::layout(&mut self.plain, &self.home).await?;
         if now != self.layout {
             let from = format!("{since}-0");
-            for (p, pk) in now.parts.iter().enumerate() {
+            for (p, pk) in now.partitions.iter().enumerate() {
                 if !self.logs.iter().any(|(k, _, _)| *k == pk.events()) {
                     self.logs.push((pk.events(), Some((p as u32 + 1, pk.clone())), from.clone()));
                 }

@@ -197,7 +197,7 @@ pub async fn reason_page<C: ConnectionLike + Send>(
     let (at, cursor) = match cursor.split_once('.') {
         Some((p, c)) => {
             let p: u32 = p.parse().map_err(|_| bad())?;
-            (shares.iter().position(|s| s.part == p).ok_or_else(bad)?, c)
+            (shares.iter().position(|s| s.partition == p).ok_or_else(bad)?, c)
         }
         None => (0, cursor),
     };
@@ -212,8 +212,8 @@ pub async fn reason_page<C: ConnectionLike + Send>(
     };
     page.next_cursor = match (page.next_cursor.take(), shares.get(at + 1)) {
         (Some(c), _) if at == 0 => Some(c),
-        (Some(c), _) => Some(format!("{}.{c}", s.part)),
-        (None, Some(next)) => Some(format!("{}.0", next.part)),
+        (Some(c), _) => Some(format!("{}.{c}", s.partition)),
+        (None, Some(next)) => Some(format!("{}.0", next.partition)),
         (None, None) => None,
     };
     Ok(page)

@@ -79,7 +79,7 @@ pub struct ShardCounts {
 pub async fn shard_counts<C: ConnectionLike + Send>(con: &mut C, keys: &Home) -> Result<ShardCounts> {
     let mut c = space_counts(con, keys).await?;
     let layout = shardctl_common::partition::layout(con, keys).await?;
-    for pk in &layout.parts {
+    for pk in &layout.partitions {
         let p = space_counts(con, pk).await?;
         c.waiting += p.waiting;
         c.active += p.active;
@@ -261,7 +261,7 @@ pub async fn nodes<C: ConnectionLike + Send>(con: &mut C, keys: &Home) -> Result
     // a token starts with its executor's instance: that names the node of an active shard; a
     // node's runtimes in the partitions hold shards and take routed refs there too
     let layout = shardctl_common::partition::layout(con, keys).await?;
-    for (n, space) in std::iter::once(keys.keys()).chain(&layout.parts).enumerate() {
+    for (n, space) in std::iter::once(keys.keys()).chain(&layout.partitions).enumerate() {
         if n > 0 && !out.is_empty() {
             let mut pipe = redis::pipe();
             for s in &out {

@@ -130,7 +130,7 @@ async fn run(con: &mut Conn, keys: &Home) -> Result<RebalanceReport> {
     // a partitioned queue: the same in each partition, over the home's membership
     // (docs/design/partitions.md); each has its own lists, reroutes and flag
     let layout = shardctl_common::partition::layout(con, keys).await?;
-    for pk in &layout.parts {
+    for pk in &layout.partitions {
         let mut router = Router::new(report.live.clone());
         router.serving(served.clone());
         router.keep_alive(vec![pk.rebalancing()], LOCK_TTL);

@@ -49,8 +49,8 @@ pub async fn run(
 }
 
 /// [`run`] in one partition of a queue: its ended share records past their retention go.
-pub async fn run_partition(con: Conn, part: Keys, cfg: SweepConfig, stop: CancellationToken) {
-    run_in(con, part, None, cfg, stop, |_| {}).await
+pub async fn run_partition(con: Conn, partition: Keys, cfg: SweepConfig, stop: CancellationToken) {
+    run_in(con, partition, None, cfg, stop, |_| {}).await
 }
 
 async fn run_in(

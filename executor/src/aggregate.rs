@@ -46,12 +46,12 @@ pub(crate) async fn outcomes(con: &mut Conn, keys: &Home, task: &TaskInfo, token
             Counted::Sound => {}
             Counted::Lost(what) => {
                 let forgotten =
-                    shardctl_common::scripts::uncount(con, keys, &task.task_id, &task.inc, s.part, token).await?;
-                tracing::warn!(task = %task.task_id, partition = s.part, forgotten, "a counted share {what}: lost writes");
+                    shardctl_common::scripts::uncount(con, keys, &task.task_id, &task.inc, s.partition, token).await?;
+                tracing::warn!(task = %task.task_id, partition = s.partition, forgotten, "a counted share {what}: lost writes");
                 return Err(shardctl_common::Error::Protocol(format!(
                     "task {}: share {} {what} after it was counted (its partition's master lost writes){}",
                     task.task_id,
-                    s.part,
+                    s.partition,
                     if forgotten {
                         ": its count is forgotten; the aggregation runs once it is counted again"
                     } else {
@@ -62,7 +62,7 @@ pub(crate) async fn outcomes(con: &mut Conn, keys: &Home, task: &TaskInfo, token
             Counted::Incomplete(why) => {
                 return Err(shardctl_common::Error::Protocol(format!(
                     "task {}: share {} is not complete ({why})",
-                    task.task_id, s.part
+                    task.task_id, s.partition
                 )));
             }
         }

@@ -49,19 +49,19 @@ impl Sim {
                 match share::check_counted(&mut self.con, &home, &t, s).await.map_err(|e| e.to_string())? {
                     Counted::Sound => {}
                     Counted::Lost(what) => {
-                        let r = scripts::uncount(&mut self.con, &home, &id, &t.inc, s.part, &c.token)
+                        let r = scripts::uncount(&mut self.con, &home, &id, &t.inc, s.partition, &c.token)
                             .await
                             .map_err(|e| format!("uncount: {e}"))?;
                         self.note(format!(
                             "aggregation of {} (check {pass}): share {} {what}: uncount {r}",
-                            c.shard_ref, s.part
+                            c.shard_ref, s.partition
                         ));
                         return Ok(false);
                     }
                     Counted::Incomplete(why) => {
                         self.note(format!(
                             "aggregation of {} (check {pass}): share {} incomplete: {why}",
-                            c.shard_ref, s.part
+                            c.shard_ref, s.partition
                         ));
                         return Ok(false);
                     }
@@ -79,11 +79,14 @@ impl Sim {
                     // completion lost, or (rollbacks on) its slot a few steps back
                     if ROLLBACKS && self.rng.chance(50) {
                         let steps = 1 + self.rng.below(faults::DEPTH);
-                        self.note(format!("aggregation of {}: share {} rolls back mid-read", c.shard_ref, s.part));
-                        self.roll_back(n, s.part as usize, steps).await?;
+                        self.note(format!("aggregation of {}: share {} rolls back mid-read", c.shard_ref, s.partition));
+                        self.roll_back(n, s.partition as usize, steps).await?;
                     } else {
-                        self.note(format!("aggregation of {}: share {} loses writes mid-read", c.shard_ref, s.part));
-                        self.lose(&id, s.part).await?;
+                        self.note(format!(
+                            "aggregation of {}: share {} loses writes mid-read",
+                            c.shard_ref, s.partition
+                        ));
+                        self.lose(&id, s.partition).await?;
                     }
                 }
                 let e: HashMap<u64, String> = redis::cmd("HGETALL")

@@ -47,7 +47,7 @@ pub fn nonce_of(payload: Option<&String>) -> u64 {
 /// The rings of the home (slot 0) and of each partition.
 pub fn rollbacks(sim: &Sim) -> Rollbacks<Recorded> {
     let mut prefixes = vec![sim.layout.home.prefix().to_owned()];
-    prefixes.extend(sim.layout.parts.iter().map(|k| k.prefix().to_owned()));
+    prefixes.extend(sim.layout.partitions.iter().map(|k| k.prefix().to_owned()));
     Rollbacks::new(prefixes, DEPTH)
 }
 
@@ -112,7 +112,7 @@ impl Sim {
     /// record's dispatch lease lapses.
     pub async fn time_passes(&mut self) -> Outcome {
         let mut spaces = vec![self.layout.home.keys().clone()];
-        spaces.extend(self.layout.parts.iter().cloned());
+        spaces.extend(self.layout.partitions.iter().cloned());
         for k in &spaces {
             let holders: Vec<String> = redis::cmd("ZRANGE")
                 .arg(k.leases())

@@ -13,33 +13,33 @@ pub struct Layout {
     /// The home `{P:Q}`: queue-wide keys and task records.
     pub home: Home,
     /// Partitions 1..=K in order (index p-1); empty for an unpartitioned queue (K = 1).
-    pub parts: Vec<Keys>,
+    pub partitions: Vec<Keys>,
 }
 
 impl Layout {
     /// K: 1 for an unpartitioned queue.
     pub fn count(&self) -> u32 {
-        (self.parts.len() as u32).max(1)
+        (self.partitions.len() as u32).max(1)
     }
 
     /// Whether tasks are split over partitions (K ≥ 2).
     pub fn partitioned(&self) -> bool {
-        !self.parts.is_empty()
+        !self.partitions.is_empty()
     }
 
     /// The keys of partition `p` (1-based).
-    pub fn part(&self, p: u32) -> Result<&Keys> {
-        self.parts
+    pub fn partition(&self, p: u32) -> Result<&Keys> {
+        self.partitions
             .get((p as usize).wrapping_sub(1))
             .ok_or_else(|| Error::Protocol(format!("queue {} has no partition {p}", self.home.queue())))
     }
 
     /// Every keyspace the queue's shards run in: the home alone, or the partitions.
     pub fn shard_spaces(&self) -> &[Keys] {
-        if self.parts.is_empty() {
+        if self.partitions.is_empty() {
             std::slice::from_ref(&self.home)
         } else {
-            &self.parts
+            &self.partitions
         }
     }
 }
@@ -67,26 +67,30 @@ pub async fn task_layout<C: ConnectionLike + Send>(con: &mut C, home: &Home, id:
         redis::cmd("HMGET").arg(home.task(id)).arg("state").arg("partition_tags").query_async(con).await?;
     match (state, tags) {
         (_, Some(t)) => layout_of(home, t.split_whitespace().count() as u32, &t),
-        (Some(_), None) => Ok(Layout { home: home.clone(), parts: Vec::new() }),
+        (Some(_), None) => Ok(Layout { home: home.clone(), partitions: Vec::new() }),
         (None, None) => layout(con, home).await,
     }
 }
 
 /// The tags of `layout`'s partitions, space-separated (as stored).
 pub fn tags_of(layout: &Layout) -> String {
-    layout.parts.iter().map(|p| p.tag().to_owned()).collect::<Vec<_>>().join(" ")
+    layout.partitions.iter().map(|p| p.tag().to_owned()).collect::<Vec<_>>().join(" ")
 }
 
 /// The layout stored as `k` and `tags` (space-separated).
 pub(super) fn layout_of(home: &Home, k: u32, tags: &str) -> Result<Layout> {
     if k <= 1 {
-        return Ok(Layout { home: home.clone(), parts: Vec::new() });
+        return Ok(Layout { home: home.clone(), partitions: Vec::new() });
     }
-    let parts = tags.split_whitespace().map(|t| home.partition(t)).collect::<Result<Vec<_>>>()?;
-    if parts.len() != k as usize {
-        return Err(Error::Protocol(format!("queue {}: {k} partitions but {} tags stored", home.queue(), parts.len())));
+    let partitions = tags.split_whitespace().map(|t| home.partition(t)).collect::<Result<Vec<_>>>()?;
+    if partitions.len() != k as usize {
+        return Err(Error::Protocol(format!(
+            "queue {}: {k} partitions but {} tags stored",
+            home.queue(),
+            partitions.len()
+        )));
     }
-    Ok(Layout { home: home.clone(), parts })
+    Ok(Layout { home: home.clone(), partitions })
 }
 
 /// Most partitions of a queue.
@@ -120,7 +124,7 @@ pub async fn drop_orphans<C: ConnectionLike + Send>(con: &mut C, layout: &Layout
         redis::cmd("HGET").arg(layout.home.meta()).arg("retired_tags").query_async(con).await?;
     let retired: Vec<Keys> =
         retired.unwrap_or_default().split_whitespace().filter_map(|t| layout.home.partition(t).ok()).collect();
-    for pk in layout.parts.iter().chain(&retired) {
+    for pk in layout.partitions.iter().chain(&retired) {
         let mut from: isize = 0;
         loop {
             let ids: Vec<String> =

@@ -173,7 +173,7 @@ async fn apply<C: ConnectionLike + Send>(
     // its rate limit (split evenly, as `shardctl limit` does)
     let names = ["paused", "events_maxlen", "events_completions", "limit_max", "limit_per_ms"];
     let v: Vec<Option<u64>> = redis::cmd("HMGET").arg(home.meta()).arg(&names).query_async(con).await?;
-    for pk in &layout.parts {
+    for pk in &layout.partitions {
         for (name, value) in names.iter().zip(&v) {
             match (*name, value) {
                 (_, None) => {

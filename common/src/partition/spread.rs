@@ -29,7 +29,7 @@ pub async fn create_shares<C: ConnectionLike + Send>(
     if !layout.partitioned() {
         return Ok(()); // the home record is its one share
     }
-    for (i, pk) in layout.parts.iter().enumerate() {
+    for (i, pk) in layout.partitions.iter().enumerate() {
         renew(con, home, &spec.id, inc, token).await?;
         create_share_keyed(con, home, pk, i as u32 + 1, k, spec, inc, keys, 0, Some(token)).await?;
     }

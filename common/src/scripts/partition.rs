@@ -17,7 +17,7 @@ pub struct ShareReport {
     /// The home record's incarnation id (`inc`) the share was dispatched for.
     pub home_inc: String,
     /// The partition, 1..=K.
-    pub part: u32,
+    pub partition: u32,
     /// The home's retry round the share ran in.
     pub round: u64,
     /// The share's final counts.
@@ -48,7 +48,7 @@ pub async fn report<C: ConnectionLike + Send>(con: &mut C, home: &Home, r: &Shar
         .arg(home.prefix())
         .arg(&r.task)
         .arg(&r.home_inc)
-        .arg(r.part)
+        .arg(r.partition)
         .arg(r.round)
         .arg(r.done)
         .arg(r.failed)

@@ -139,7 +139,7 @@ pub async fn route(con: &mut shardctl_common::conn::Conn, layout: &Layout, id: &
     }
     let served = crate::route::served(con, &layout.home, &live).await?;
     let mut placed = 0;
-    for pk in &layout.parts {
+    for pk in &layout.partitions {
         let mut router = crate::route::Router::new(live.clone());
         router.serving(served.clone());
         placed += router.route_task(con, pk, id).await?;

@@ -62,7 +62,7 @@ pub async fn reconcile_page<C: ConnectionLike + Send>(
         // the dispatch lease, if this pass takes it to create missing shares
         let token = shardctl_common::incarnation::nonce();
         let mut took = false;
-        for (i, pk) in layout.parts.iter().enumerate() {
+        for (i, pk) in layout.partitions.iter().enumerate() {
             if row[4 + i].is_some() {
                 continue;
             }

@@ -30,7 +30,7 @@ pub async fn report_pending<C: ConnectionLike + Send>(con: &mut C, layout: &Layo
         tracing::warn!("ending the shares of ended tasks: {e}");
     }
     let mut counted = 0;
-    for pk in &layout.parts {
+    for pk in &layout.partitions {
         for (task, ended) in unreported_page(con, pk).await? {
             if report_share(con, &layout.home, pk, &task, ended).await? {
                 counted += 1;
@@ -52,7 +52,7 @@ async fn end_pending<C: ConnectionLike + Send>(con: &mut C, layout: &Layout) -> 
         let state: Option<String> = redis::cmd("HGET").arg(home.task(&task)).arg("state").query_async(con).await?;
         let inc = shardctl_common::share::home_inc_of(con, home, &task).await?;
         if let (Some(state @ ("completed" | "failed")), Some(inc)) = (state.as_deref(), inc) {
-            for pk in &tl.parts {
+            for pk in &tl.partitions {
                 scripts::end_share(con, pk, &task, &inc, state).await?;
             }
         }
@@ -65,29 +65,29 @@ async fn end_pending<C: ConnectionLike + Send>(con: &mut C, layout: &Layout) -> 
 pub(super) async fn report_share<C: ConnectionLike + Send>(
     con: &mut C,
     home: &Home,
-    part: &Keys,
+    share_keys: &Keys,
     task: &str,
     ended: u64,
 ) -> Result<bool> {
     type Fields = (Option<u32>, Option<u64>, Option<u64>, Option<u64>, Option<String>);
     let (p, round, done, failed, state): Fields = redis::cmd("HMGET")
-        .arg(part.task(task))
+        .arg(share_keys.task(task))
         .arg(&["part", "round", "done", "failed", "state"])
         .query_async(con)
         .await?;
-    let home_inc = shardctl_common::share::share_inc(con, part, task).await?;
+    let home_inc = shardctl_common::share::share_inc(con, share_keys, task).await?;
     let counted = match (p, home_inc, round, done, failed, shardctl_common::share::ended(state.as_deref())) {
-        (Some(part_no), Some(home_inc), Some(round), Some(done), Some(failed), true) => {
-            let r = ShareReport { task: task.to_owned(), home_inc, part: part_no, round, done, failed };
+        (Some(partition), Some(home_inc), Some(round), Some(done), Some(failed), true) => {
+            let r = ShareReport { task: task.to_owned(), home_inc, partition, round, done, failed };
             match scripts::report(con, home, &r).await? {
                 Reported::Counted => true,
                 // the home's master lost a retry its shares kept: the home is reopened to the
                 // share's round for this partition, then counts it
                 Reported::HomeBehind => {
-                    let code = scripts::reopen(con, home, task, Some(round), &[part_no]).await?;
+                    let code = scripts::reopen(con, home, task, Some(round), &[partition]).await?;
                     tracing::warn!(
                         task,
-                        partition = part_no,
+                        partition,
                         round,
                         code,
                         "the home had lost a retry: reopened to its share's round"
@@ -100,7 +100,7 @@ pub(super) async fn report_share<C: ConnectionLike + Send>(
         // the share is gone (cleaned, expired) or runs again: nothing to count for this entry
         _ => false,
     };
-    scripts::ack(con, part, task, ended).await?;
+    scripts::ack(con, share_keys, task, ended).await?;
     if counted {
         tracing::debug!(task, partition = p.unwrap_or(0), "share counted in the home");
     }
@@ -132,7 +132,7 @@ pub(super) async fn recreate_share<C: ConnectionLike + Send>(
         // its dispatcher is still creating it, or the task is gone
         _ => return Ok(false),
     }
-    let pk = layout.part(p)?;
+    let pk = layout.partition(p)?;
     if t.has_keys && !shardctl_common::partition::share_keys_complete(con, pk, id, &t.inc, size).await? {
         tracing::warn!(task = %id, partition = p, "a share's keys are lost (its dispatch was cut short, or a failover lost them): the task is cancelled; dispatch it again");
         if let Err(e) = shardctl_common::control::cancel(con, &layout.home, id).await {

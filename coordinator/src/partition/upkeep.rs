@@ -57,7 +57,7 @@ pub async fn upkeep(
                     let _ = t.await;
                 }
                 epoch = stop.child_token();
-                for pk in &layout.parts {
+                for pk in &layout.partitions {
                     let (con, pk, sweep, epoch) = (con.clone(), pk.clone(), sweep.clone(), epoch.clone());
                     running.push(tokio::spawn(crate::sweep::run_partition(con, pk, sweep, epoch)));
                 }

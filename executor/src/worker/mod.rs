@@ -5,6 +5,7 @@
 //! - `process`: one worker: start, hello, a request and its reply, cancel, death.
 //! - `pool`: the workers of one command, and the pauses of a command that keeps dying.
 
+mod lines;
 mod pool;
 mod process;
 
@@ -16,9 +17,10 @@ use serde_json::{json, Map, Value};
 use crate::child::ExecCommand;
 use crate::handler::{AggregateContext, Aggregator, BoxFuture, Handler, ShardContext, ShardError};
 
+pub use lines::Request;
 pub use pool::Pool;
 pub use pool::{FAILED_STARTS, MAX_PAUSE};
-pub use process::{Request, CANCEL_GRACE, HELLO_TIMEOUT, PROTOCOL};
+pub use process::{CANCEL_GRACE, HELLO_TIMEOUT, PROTOCOL};
 
 /// The workers of `--worker CMD` (or `--aggregate-worker CMD`).
 pub fn pool(cmd: ExecCommand) -> Arc<Pool> {

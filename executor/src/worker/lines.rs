@@ -1,0 +1,150 @@
+//! The lines of a worker process: requests as they are written to its stdin, its stdout read
+//! into lines of bounded length, its stderr logged line by line with the shard it runs.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
+use tokio::sync::mpsc;
+
+use crate::child::STDERR_TAIL;
+
+/// A line of the worker's stdout, or why there are no more.
+pub(super) enum Line {
+    Text(String),
+    TooLong,
+    NotUtf8,
+    Closed,
+}
+
+/// A request's JSON object without its closing brace: `Worker::ask` adds its id.
+pub struct Request(String);
+
+impl Request {
+    /// `m` (not empty) as a request.
+    pub fn from_map(m: serde_json::Map<String, Value>) -> Self {
+        debug_assert!(!m.is_empty());
+        let mut s = Value::Object(m).to_string();
+        s.pop();
+        Request(s)
+    }
+
+    /// From the text of an object without its closing brace, not empty: `{"type":"shard",...`.
+    pub fn from_open_object(s: String) -> Self {
+        debug_assert!(s.starts_with('{') && s.len() > 1);
+        Request(s)
+    }
+
+    /// The request's line with its id.
+    pub(super) fn with_id(self, id: u64) -> Vec<u8> {
+        let mut line = self.0.into_bytes();
+        line.extend_from_slice(format!(",\"id\":{id}}}\n").as_bytes());
+        line
+    }
+}
+
+/// Whether `line` is a reply (or answer to a cancel) of a request up to `last`.
+pub(super) fn is_stale(line: &str, last: u64) -> bool {
+    serde_json::from_str::<Value>(line)
+        .ok()
+        .and_then(|v| v.get("id").and_then(Value::as_u64))
+        .is_some_and(|i| i <= last)
+}
+
+/// The last `max` bytes of `s` (at a char boundary).
+pub(super) fn tail_of(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut from = s.len() - max;
+    while !s.is_char_boundary(from) {
+        from += 1;
+    }
+    format!("…{}", &s[from..])
+}
+
+pub(super) fn clip(s: &str) -> String {
+    let s = s.trim();
+    if s.len() <= 200 {
+        return s.to_owned();
+    }
+    let mut end = 200;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+pub(super) fn clip_value(v: &Value) -> String {
+    clip(&v.to_string())
+}
+
+/// Reads `r` into lines of at most `limit` bytes; a longer line, bytes that are not UTF-8 or
+/// the end close the stream.
+pub(super) async fn read_lines(r: impl AsyncRead + Unpin, limit: usize, tx: mpsc::Sender<Line>) {
+    let mut r = BufReader::new(r);
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        // at most limit + 1 bytes of one line
+        // (a read error ends the stream like its end)
+        let n: usize = (&mut r).take(limit as u64 + 1).read_until(b'\n', &mut buf).await.unwrap_or_default();
+        if n == 0 {
+            let _ = tx.send(Line::Closed).await;
+            return;
+        }
+        if buf.last() != Some(&b'\n') && buf.len() > limit {
+            let _ = tx.send(Line::TooLong).await;
+            return;
+        }
+        let line = match String::from_utf8(std::mem::take(&mut buf)) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = tx.send(Line::NotUtf8).await;
+                return;
+            }
+        };
+        let line = line.trim_end_matches(['\n', '\r']);
+        if line.trim().is_empty() {
+            continue;
+        }
+        if tx.send(Line::Text(line.to_owned())).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Longest stderr line logged as one (a longer one is logged in pieces).
+const STDERR_LINE: usize = 4096;
+
+/// Logs each stderr line with the worker's pid and what it runs; keeps the last bytes. Memory
+/// stays bounded whatever the worker writes (a line without end is cut every 4 KiB).
+pub(super) async fn log_stderr(
+    r: impl AsyncRead + Unpin,
+    pid: u32,
+    running: Arc<Mutex<String>>,
+    tail: Arc<Mutex<VecDeque<u8>>>,
+) {
+    let mut r = BufReader::new(r);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let n: usize = (&mut r).take(STDERR_LINE as u64).read_until(b'\n', &mut line).await.unwrap_or_default();
+        if n == 0 {
+            return;
+        }
+        {
+            let mut t = tail.lock().unwrap();
+            t.extend(line.iter().copied());
+            while t.len() > STDERR_TAIL {
+                t.pop_front();
+            }
+        }
+        let text = String::from_utf8_lossy(&line).trim_end().to_owned();
+        if !text.is_empty() {
+            let what = running.lock().unwrap().clone();
+            tracing::info!(worker = pid, shard = %what, "worker stderr: {text}");
+        }
+    }
+}
