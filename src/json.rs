@@ -6,6 +6,7 @@ use serde_json::{json, Map, Value};
 use shardctl_common::control::QueueSettings;
 use shardctl_common::partition::Layout;
 use shardctl_common::schedule::{Schedule, ScheduleState};
+use shardctl_common::share::Stored;
 
 /// A field stored as text in Redis, as JSON of its type: the counts, sizes, times and ids that
 /// are numbers become numbers, the 0/1 flags booleans, the payload the JSON it holds, anything
@@ -90,4 +91,20 @@ pub fn settings(queue: &str, s: &QueueSettings, layout: &Layout, masters: Option
         "partition_tags": tags,
         "partition_masters": masters,
     })
+}
+
+/// One shard's stored outcome as a JSON line of `shardctl results` (`None`: nothing to show, a
+/// result dropped at the task's end). A stored result is JSON text already: written as it is.
+pub fn outcome(index: u64, o: &Stored, dropped: bool) -> Option<String> {
+    match o {
+        Stored::Result(Some(r)) => Some(format!("{{\"shard\":{index},\"result\":{r}}}")),
+        Stored::Result(None) if dropped => None,
+        Stored::Result(None) => Some(format!("{{\"shard\":{index},\"result\":null}}")),
+        Stored::Error(e) => Some(format!("{{\"shard\":{index},\"error\":{}}}", Value::from(e.as_str()))),
+    }
+}
+
+/// A task's failed shards with their reasons (`status --failed --json`).
+pub fn failed(failed: &[(u64, String)]) -> Value {
+    failed.iter().map(|(i, r)| json!({ "shard": i, "reason": r })).collect()
 }

@@ -1,14 +1,17 @@
 //! The plain-text shapes of the CLI's outputs, for a program that shows a task or a queue the
 //! way `shardctl` does: a task's progress line, a queue's summary, an ended task, its most
-//! frequent failure reasons, an event of the log, a schedule, a queue's settings.
+//! frequent failure reasons, an event of the log, a schedule, a queue's settings, and what the
+//! commands say beside them.
 
 use std::collections::HashMap;
 
 use shardctl_common::control::QueueSettings;
-use shardctl_common::model::TaskInfo;
+use shardctl_common::model::{TaskInfo, TaskSpec};
 use shardctl_common::partition::Layout;
+use shardctl_common::ring::Strategy;
 use shardctl_common::schedule::{Schedule, ScheduleState};
 use shardctl_common::time::now_ms;
+use shardctl_coordinator::dispatch::Dispatched;
 use shardctl_coordinator::progress::{NodeStatus, QueueCounts};
 
 /// One line per task, its columns as wide as the longest id and kind among them: a bar, counts,
@@ -174,6 +177,81 @@ pub fn settings(queue: &str, s: &QueueSettings, layout: &Layout, masters: Option
     ];
     out.extend(masters.map(|m| format!("partition masters  {}", m.join(" "))));
     out
+}
+
+/// What `watch` says on stderr of what is to come (`None`: nothing to say): the log is off,
+/// empty, or `kept` older events are left out. `kept`: the log's length, if it could be read.
+pub fn watch_note(queue: &str, settings: &QueueSettings, kept: Option<u64>, from_start: bool) -> Option<String> {
+    if settings.events_maxlen == 0 {
+        return Some(format!(
+            "note: the event log of queue {queue} is off (`shardctl config --events-maxlen N` turns it on): \
+             nothing comes until then"
+        ));
+    }
+    if from_start {
+        return (kept == Some(0)).then(|| format!("note: the event log of queue {queue} is empty; waiting for events"));
+    }
+    let older = match kept {
+        Some(0) => "none yet".to_owned(),
+        Some(1) => "1 older one kept: --from-start shows it".to_owned(),
+        Some(n) => format!("{n} older ones kept: --from-start shows them"),
+        None => "--from-start shows the older ones".to_owned(),
+    };
+    Some(format!("note: showing the events of queue {queue} as they come ({older})"))
+}
+
+/// Where a routed task's shards went at dispatch (`None` for a pull task).
+pub fn placed(d: &Dispatched, spec: &TaskSpec) -> Option<String> {
+    if spec.strategy == Strategy::Pull {
+        return None;
+    }
+    let how = if d.resumed { "resumed: " } else { "" };
+    Some(if d.live == 0 {
+        format!("{how}no live executor: the shards wait unplaced until the first one joins")
+    } else {
+        format!("{how}{} of {} shards placed on {} executors ({})", d.placed, spec.shards, d.live, spec.strategy)
+    })
+}
+
+/// What `retry` of task `id` did: `retried` jobs queued again; `before`, the task as it was.
+pub fn retried(id: &str, retried: u64, before: &TaskInfo) -> String {
+    match retried {
+        0 => format!("task {id} has no failed shards: nothing to retry"),
+        // only an ended task with no failed shard retries its aggregation alone (a running
+        // task's failures may be counted after `before` was read)
+        n if before.state.is_finished() && before.failed == 0 => {
+            format!("task {id}: its aggregation runs again ({n} job)")
+        }
+        n => format!("task {id}: {n} failed shards queued again; aggregation follows when all are done"),
+    }
+}
+
+/// A task's failed shards with their reasons (`status --failed`), and its aggregation's failure.
+pub fn failed(t: &TaskInfo, failed: &[(u64, String)]) -> Vec<String> {
+    let mut out: Vec<String> = failed.iter().map(|(i, r)| format!("shard {i}: {r}")).collect();
+    if failed.is_empty() {
+        out.push(format!("task {}: no failed shards", t.task_id));
+    }
+    // the aggregation is no shard, but a failure of it is the task's
+    out.extend(t.aggregation_error.as_ref().map(|e| format!("aggregation failed: {e}")));
+    out
+}
+
+/// Why `results` showed `shown` outcomes of task `t`'s shards, when that is not all of them.
+pub fn results_note(t: &TaskInfo, shown: u64) -> Option<String> {
+    if shown >= t.total {
+        return None;
+    }
+    let why = if !t.state.is_finished() {
+        format!("task {} is {}: the others have no outcome yet", t.task_id, t.state.as_str())
+    } else if !t.keep_results {
+        "the task was dispatched with --keep-results false: its results were dropped at its end, its failures \
+         are shown"
+            .to_owned()
+    } else {
+        "the others have no stored outcome".to_owned()
+    };
+    Some(format!("note: {shown} of {} shards have an outcome; {why}", t.total))
 }
 
 #[cfg(test)]

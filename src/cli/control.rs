@@ -56,15 +56,7 @@ pub async fn retry(args: &Args, a: &TaskIdArg) -> anyhow::Result<ExitCode> {
         }
         _ => e,
     })?;
-    match retried {
-        0 => outln!("task {id} has no failed shards: nothing to retry"),
-        // only an ended task with no failed shard retries its aggregation alone (a running
-        // task's failures may be counted after `before` was read)
-        n if before.state.is_finished() && before.failed == 0 => {
-            outln!("task {id}: its aggregation runs again ({n} job)")
-        }
-        n => outln!("task {id}: {n} failed shards queued again; aggregation follows when all are done"),
-    }
+    outln!("{}", shardctl::text::retried(id, retried, &before));
     Ok(ExitCode::SUCCESS)
 }
 

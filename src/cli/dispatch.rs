@@ -74,13 +74,8 @@ pub async fn run(args: &Args, a: &DispatchArgs) -> anyhow::Result<ExitCode> {
             "delayed: nothing of it is claimable for {}",
             humantime::format_duration(a.delay.unwrap_or_default())
         );
-    } else if spec.strategy != Strategy::Pull {
-        let how = if d.resumed { "resumed: " } else { "" };
-        if d.live == 0 {
-            eprintln!("{how}no live executor: the shards wait unplaced until the first one joins");
-        } else {
-            eprintln!("{how}{} of {} shards placed on {} executors ({})", d.placed, spec.shards, d.live, spec.strategy);
-        }
+    } else if let Some(placed) = shardctl::text::placed(&d, &spec) {
+        eprintln!("{placed}");
     }
     if a.json && !a.wait {
         outln!("{}", serde_json::json!({ "task_id": spec.id }));

@@ -5,7 +5,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
-use shardctl_common::share::{self, Stored};
+use shardctl_common::share;
 
 use super::args::{connect, Args};
 
@@ -30,14 +30,7 @@ pub async fn run(args: &Args, a: &ResultsArgs) -> anyhow::Result<ExitCode> {
     let mut from = 0;
     while from < t.total {
         for (i, o) in share::outcomes(&mut con, &home, &t, from, PAGE).await? {
-            // a stored result is JSON text already: written as it is
-            let line = match o {
-                Stored::Result(Some(r)) => format!("{{\"shard\":{i},\"result\":{r}}}"),
-                // none stored: a null result, or dropped at the end (then only failures show)
-                Stored::Result(None) if dropped => continue,
-                Stored::Result(None) => format!("{{\"shard\":{i},\"result\":null}}"),
-                Stored::Error(e) => format!("{{\"shard\":{i},\"error\":{}}}", serde_json::to_string(&e)?),
-            };
+            let Some(line) = shardctl::json::outcome(i, &o, dropped) else { continue };
             if writeln!(out, "{line}").is_err() {
                 // a closed pipe (`| head`): nothing more to say
                 return Ok(ExitCode::SUCCESS);
@@ -47,17 +40,8 @@ pub async fn run(args: &Args, a: &ResultsArgs) -> anyhow::Result<ExitCode> {
         from += PAGE;
     }
     let _ = out.flush();
-    if shown < t.total {
-        let why = if !t.state.is_finished() {
-            format!("task {} is {}: the others have no outcome yet", a.task, t.state.as_str())
-        } else if dropped {
-            "the task was dispatched with --keep-results false: its results were dropped at its end, its \
-             failures are shown"
-                .to_owned()
-        } else {
-            "the others have no stored outcome".to_owned()
-        };
-        eprintln!("note: {shown} of {} shards have an outcome; {why}", t.total);
+    if let Some(note) = shardctl::text::results_note(&t, shown) {
+        eprintln!("{note}");
     }
     Ok(ExitCode::SUCCESS)
 }

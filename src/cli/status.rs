@@ -46,18 +46,10 @@ pub async fn run(args: &Args, a: &StatusArgs) -> anyhow::Result<ExitCode> {
     if a.failed {
         let failed = progress::failed_shards(&mut con, &keys, id).await?;
         if a.json {
-            let v: Vec<_> = failed.iter().map(|(i, r)| serde_json::json!({ "shard": i, "reason": r })).collect();
-            outln!("{}", serde_json::Value::Array(v));
+            outln!("{}", shardctl::json::failed(&failed));
         } else {
-            if failed.is_empty() {
-                outln!("task {id}: no failed shards");
-            }
-            for (i, r) in failed {
-                outln!("shard {i}: {r}");
-            }
-            // the aggregation is no shard, but a failure of it is the task's
-            if let Some(e) = &t.aggregation_error {
-                outln!("aggregation failed: {e}");
+            for l in shardctl::text::failed(&t, &failed) {
+                outln!("{l}");
             }
         }
         return Ok(ExitCode::SUCCESS);

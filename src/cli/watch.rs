@@ -34,22 +34,8 @@ pub async fn run(args: &Args, a: &WatchArgs) -> anyhow::Result<ExitCode> {
     let settings = shardctl_common::control::queue_settings(&mut plain, &keys, None, None).await?;
     // best effort: the minimal ACL of docs/operations.md has no XLEN
     let kept: Option<u64> = redis::cmd("XLEN").arg(keys.events()).query_async(&mut plain).await.ok();
-    let q = &args.queue;
-    if settings.events_maxlen == 0 {
-        eprintln!(
-            "note: the event log of queue {q} is off (`shardctl config --events-maxlen N` turns it on): \
-             nothing comes until then"
-        );
-    } else if a.from_start && kept == Some(0) {
-        eprintln!("note: the event log of queue {q} is empty; waiting for events");
-    } else if !a.from_start {
-        let older = match kept {
-            Some(0) => "none yet".to_owned(),
-            Some(1) => "1 older one kept: --from-start shows it".to_owned(),
-            Some(n) => format!("{n} older ones kept: --from-start shows them"),
-            None => "--from-start shows the older ones".to_owned(),
-        };
-        eprintln!("note: showing the events of queue {q} as they come ({older})");
+    if let Some(note) = shardctl::text::watch_note(&args.queue, &settings, kept, a.from_start) {
+        eprintln!("{note}");
     }
     // a blocking read needs a connection of its own with a response timeout past the block
     let blocking = endpoint.blocking(std::time::Duration::from_secs(5)).await?;
