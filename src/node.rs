@@ -41,7 +41,7 @@ pub struct Node {
     /// What a re-formed set of runtimes is built from (a change of the queue's partitions).
     build: Build,
     con: Conn,
-    keys: Home,
+    home: Home,
     member: Member,
     membership: MembershipConfig,
     sweep: SweepConfig,
@@ -53,7 +53,7 @@ pub struct Node {
 #[derive(Clone)]
 struct Build {
     endpoint: Endpoint,
-    keys: Home,
+    home: Home,
     config: ExecutorConfig,
     registry: Registry,
     /// The node's counters, kept across re-formed runtimes.
@@ -73,18 +73,18 @@ struct Runtimes {
 
 impl Build {
     async fn runtimes(&self, layout: &Layout) -> Result<Runtimes> {
-        let Build { endpoint, keys, config, registry, stats } = self;
+        let Build { endpoint, home, config, registry, stats } = self;
         if !layout.partitioned() {
             let with = With::Stats(stats.clone());
             let home =
-                Executor::connect_in(endpoint.clone(), keys.clone(), None, config.clone(), registry.clone(), with)
+                Executor::connect_in(endpoint.clone(), home.clone(), None, config.clone(), registry.clone(), with)
                     .await?;
             return Ok(Runtimes { home, partitions: Vec::new(), sharing: None });
         }
         let with = Sharing::counting(config.concurrency, endpoint, stats.clone());
-        let home = Executor::connect_in(
+        let in_home = Executor::connect_in(
             endpoint.clone(),
-            keys.clone(),
+            home.clone(),
             None,
             config.clone(),
             registry.clone(),
@@ -96,7 +96,7 @@ impl Build {
             partitions.push(
                 Executor::connect_in(
                     endpoint.clone(),
-                    keys.clone(),
+                    home.clone(),
                     Some(pk.clone()),
                     config.clone(),
                     registry.clone(),
@@ -105,7 +105,7 @@ impl Build {
                 .await?,
             );
         }
-        Ok(Runtimes { home, partitions, sharing: Some((with, endpoint.clone(), config.block_timeout)) })
+        Ok(Runtimes { home: in_home, partitions, sharing: Some((with, endpoint.clone(), config.block_timeout)) })
     }
 }
 
@@ -157,13 +157,13 @@ impl Runtimes {
 
 /// Cancels `epoch` once the queue's layout is no longer `layout` (read every
 /// [`LAYOUT_CHECK`]), unless `epoch` ends first.
-async fn watch_layout(mut con: Conn, keys: Home, layout: Layout, epoch: CancellationToken) {
+async fn watch_layout(mut con: Conn, home: Home, layout: Layout, epoch: CancellationToken) {
     loop {
         tokio::select! {
             _ = tokio::time::sleep(LAYOUT_CHECK) => {}
             _ = epoch.cancelled() => return,
         }
-        match shardctl_common::partition::layout(&mut con, &keys).await {
+        match shardctl_common::partition::layout(&mut con, &home).await {
             Ok(now) if now != layout => {
                 tracing::info!(
                     from = layout.count(),
@@ -189,7 +189,7 @@ impl Node {
     /// Validates the config, connects, and joins the membership: refused
     /// ([`Error::Refused`] with [`ScriptCode::NodeAlive`](shardctl_common::ScriptCode::NodeAlive))
     /// while another live executor holds the node id.
-    pub async fn start(endpoint: Endpoint, keys: Home, config: NodeConfig, registry: Registry) -> Result<Node> {
+    pub async fn start(endpoint: Endpoint, home: Home, config: NodeConfig, registry: Registry) -> Result<Node> {
         config.executor.validate().map_err(Error::Invalid)?;
         config.membership.validate().map_err(Error::Invalid)?;
         // before joining: a node that cannot serve its metrics must not leave a member entry
@@ -206,13 +206,13 @@ impl Node {
             concurrency: config.executor.concurrency,
             kinds: registry.served().to_string(),
         };
-        membership::join(&mut con, &keys, &member, &config.membership).await?;
+        membership::join(&mut con, &home, &member, &config.membership).await?;
         let redis = endpoint.redacted().to_owned();
         let grace = config.executor.grace;
-        let layout = shardctl_common::partition::layout(&mut con, &keys).await?;
+        let layout = shardctl_common::partition::layout(&mut con, &home).await?;
         let build = Build {
             endpoint,
-            keys: keys.clone(),
+            home: home.clone(),
             config: config.executor,
             registry,
             stats: Arc::new(Stats::default()),
@@ -223,7 +223,7 @@ impl Node {
             layout,
             build,
             con,
-            keys,
+            home,
             member,
             membership: config.membership,
             sweep: config.sweep,
@@ -259,21 +259,21 @@ impl Node {
 
     /// [`Node::run`], where cancelling `now` during the drain stops at once.
     pub async fn run_until(self, shutdown: CancellationToken, now: CancellationToken) -> Result<StatsSnapshot> {
-        let Node { runtimes, layout, build, mut con, keys, member, membership, sweep, redis, .. } = self;
+        let Node { runtimes, layout, build, mut con, home, member, membership, sweep, redis, .. } = self;
         let routing_wanted = Arc::new(tokio::sync::Notify::new());
         let stop = CancellationToken::new();
         // the home's sweep; each partition's sweep and the reports of ended shares to the home,
         // following the layout
         let sweepers = vec![
-            tokio::spawn(sweep::run(con.clone(), keys.clone(), sweep.clone(), stop.clone(), |_| {})),
-            tokio::spawn(shardctl_coordinator::partition::upkeep(con.clone(), keys.clone(), sweep, stop.clone())),
+            tokio::spawn(sweep::run(con.clone(), home.clone(), sweep.clone(), stop.clone(), |_| {})),
+            tokio::spawn(shardctl_coordinator::partition::upkeep(con.clone(), home.clone(), sweep, stop.clone())),
         ];
         let members = {
-            let (con, keys, member, stop, shutdown) =
-                (con.clone(), keys.clone(), member.clone(), stop.clone(), shutdown.clone());
+            let (con, home, member, stop, shutdown) =
+                (con.clone(), home.clone(), member.clone(), stop.clone(), shutdown.clone());
             let routing_wanted = routing_wanted.clone();
             tokio::spawn(async move {
-                let r = membership::run(con, keys, member, membership, stop, routing_wanted, |_| {}).await;
+                let r = membership::run(con, home, member, membership, stop, routing_wanted, |_| {}).await;
                 if r.is_err() {
                     // another executor took our node id over: stop claiming as that node
                     shutdown.cancel();
@@ -281,14 +281,14 @@ impl Node {
                 r
             })
         };
-        tracing::info!(node = %member.node, queue = %keys.queue(), %redis, partitions = layout.count(), "executor started");
+        tracing::info!(node = %member.node, queue = %home.queue(), %redis, partitions = layout.count(), "executor started");
         // one epoch per layout: a change of the queue's partitions ends it (the runtimes drain as
         // at shutdown, but the node stays a member) and the next runs the new layout's runtimes
         let (mut runtimes, mut layout) = (Some(runtimes), layout);
         let ran = loop {
             let Some(current) = runtimes.take() else { break Ok(build.stats.snapshot()) };
             let epoch = shutdown.child_token();
-            let watcher = tokio::spawn(watch_layout(con.clone(), keys.clone(), layout.clone(), epoch.clone()));
+            let watcher = tokio::spawn(watch_layout(con.clone(), home.clone(), layout.clone(), epoch.clone()));
             let r = current.run(epoch.clone(), now.clone(), &routing_wanted).await;
             epoch.cancel();
             let _ = watcher.await;
@@ -297,7 +297,7 @@ impl Node {
             }
             // the layout changed: the next epoch's runtimes, once they can be built
             while runtimes.is_none() && !shutdown.is_cancelled() {
-                let next = match shardctl_common::partition::layout(&mut con, &keys).await {
+                let next = match shardctl_common::partition::layout(&mut con, &home).await {
                     Ok(l) => build.runtimes(&l).await.map(|r| (r, l)),
                     Err(e) => Err(e),
                 };
@@ -323,10 +323,10 @@ impl Node {
         let taken_over = members.await.map(|r| r.err()).unwrap_or(None);
         if taken_over.is_none() {
             // our routed list moves to the remaining executors at their next rebalance
-            if let Err(e) = membership::leave(&mut con, &keys, &member).await {
+            if let Err(e) = membership::leave(&mut con, &home, &member).await {
                 tracing::warn!("leaving the membership: {e}");
             }
-            let _ = shardctl_coordinator::rebalance::rebalance(&mut con, &keys).await;
+            let _ = shardctl_coordinator::rebalance::rebalance(&mut con, &home).await;
         }
         let stats = ran?;
         tracing::info!(

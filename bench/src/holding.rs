@@ -136,8 +136,8 @@ pub(crate) async fn upkeep(ctx: &mut Ctx) -> anyhow::Result<Figures> {
 }
 
 /// Shards in `active` held by tokens of `instance`.
-async fn held_by(con: &mut shardctl_common::conn::Conn, keys: &Home, instance: &str) -> anyhow::Result<u64> {
-    let active: HashMap<String, String> = redis::cmd("HGETALL").arg(keys.active()).query_async(con).await?;
+async fn held_by(con: &mut shardctl_common::conn::Conn, home: &Home, instance: &str) -> anyhow::Result<u64> {
+    let active: HashMap<String, String> = redis::cmd("HGETALL").arg(home.active()).query_async(con).await?;
     let prefix = format!("{instance}:");
     Ok(active.iter().filter(|(r, t)| r.as_str() != ACTIVE_PIN && t.starts_with(&prefix)).count() as u64)
 }

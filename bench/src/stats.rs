@@ -191,7 +191,7 @@ pub(crate) struct Ended {
 /// `used_memory` every 100 ms.
 pub(crate) async fn wait_ended<C: ConnectionLike + Send>(
     con: &mut C,
-    keys: &Home,
+    home: &Home,
     id: &str,
     poll: Duration,
     timeout: Duration,
@@ -202,7 +202,7 @@ pub(crate) async fn wait_ended<C: ConnectionLike + Send>(
     let mut sampled = start;
     loop {
         let (state, done): (Option<String>, Option<u64>) =
-            redis::cmd("HMGET").arg(keys.task(id)).arg("state").arg("done").query_async(con).await?;
+            redis::cmd("HMGET").arg(home.task(id)).arg("state").arg("done").query_async(con).await?;
         polls += 1;
         let at = Instant::now();
         let state = state.with_context(|| format!("task {id} is gone"))?;

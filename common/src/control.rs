@@ -15,17 +15,17 @@ use crate::scripts::{scripts, KeyArgs};
 /// Cancels task `id`: nothing of it is claimed again, its running shards are stopped at their
 /// executors' next heartbeat, and it ends `cancelled` without aggregation. Returns how many
 /// running shards were stopped. A task that already ended is refused.
-pub async fn cancel<C: ConnectionLike + Send>(con: &mut C, keys: &Home, id: &str) -> Result<u64> {
+pub async fn cancel<C: ConnectionLike + Send>(con: &mut C, home: &Home, id: &str) -> Result<u64> {
     crate::names::validate_task_id(id)?;
     let h: std::collections::HashMap<String, String> =
-        redis::cmd("HGETALL").arg(keys.task(id)).query_async(con).await?;
-    let Some(t) = crate::model::TaskInfo::from_hash(id, &h)? else { return cancel_in(con, keys, id).await };
+        redis::cmd("HGETALL").arg(home.task(id)).query_async(con).await?;
+    let Some(t) = crate::model::TaskInfo::from_hash(id, &h)? else { return cancel_in(con, home, id).await };
     // its home record first (a share that ends meanwhile is not counted any more), then each of
     // its other shares (`crate::share`), whose running shards stop. A cancel cut short after
     // the home is completed by cancelling again (the home, already cancelled, is passed over).
-    let shares = crate::share::of(con, keys, &t).await?;
+    let shares = crate::share::of(con, home, &t).await?;
     let others: Vec<_> = shares.iter().filter(|s| !s.is_home()).collect();
-    let mut stopped = match cancel_in(con, keys, id).await {
+    let mut stopped = match cancel_in(con, home, id).await {
         Ok(n) => n,
         Err(e)
             if !others.is_empty()
@@ -118,20 +118,20 @@ pub struct RateLimit {
 /// Sets (or with `None` removes) the queue's rate limit; claims obey it from their next call.
 pub async fn set_limit<C: ConnectionLike + Send + Sync>(
     con: &mut C,
-    keys: &Home,
+    home: &Home,
     limit: Option<RateLimit>,
 ) -> Result<()> {
     // a partitioned queue's limit is split evenly over its partitions (each claims in its own
     // slot): ⌈max / K⌉ each, so together they start at most max + K - 1 per window
-    let mut layout = crate::partition::layout::layout(con, keys).await?;
+    let mut layout = crate::partition::layout::layout(con, home).await?;
     loop {
         let k = layout.count() as u64;
         for pk in &layout.partitions {
             set_limit_in(con, pk, limit.map(|l| RateLimit { max: l.max.div_ceil(k), per: l.per })).await?;
         }
-        set_limit_in(con, keys, limit).await?;
+        set_limit_in(con, home, limit).await?;
         // a change of the layout meanwhile copied the home's settings before this: again
-        match again(con, keys, &layout).await? {
+        match again(con, home, &layout).await? {
             Some(now) => layout = now,
             None => return Ok(()),
         }
@@ -142,10 +142,10 @@ pub async fn set_limit<C: ConnectionLike + Send + Sync>(
 /// change of the layout copied the home's settings to its new partitions is written again.
 async fn again<C: ConnectionLike + Send>(
     con: &mut C,
-    keys: &Home,
+    home: &Home,
     layout: &crate::partition::layout::Layout,
 ) -> Result<Option<crate::partition::layout::Layout>> {
-    let now = crate::partition::layout::layout(con, keys).await?;
+    let now = crate::partition::layout::layout(con, home).await?;
     Ok((now != *layout).then_some(now))
 }
 
@@ -190,22 +190,22 @@ async fn wake_all<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Result<
 }
 
 /// The queue's rate limit, if any.
-pub async fn limit<C: ConnectionLike + Send>(con: &mut C, keys: &Home) -> Result<Option<RateLimit>> {
+pub async fn limit<C: ConnectionLike + Send>(con: &mut C, home: &Home) -> Result<Option<RateLimit>> {
     let (max, per): (Option<u64>, Option<u64>) =
-        redis::cmd("HMGET").arg(keys.meta()).arg("limit_max").arg("limit_per_ms").query_async(con).await?;
+        redis::cmd("HMGET").arg(home.meta()).arg("limit_max").arg("limit_per_ms").query_async(con).await?;
     Ok(max.zip(per).map(|(max, per)| RateLimit { max, per: Duration::from_millis(per) }))
 }
 
 /// Pauses the queue: nothing is claimed while paused (the claim script reads `meta.paused`);
 /// running shards go on and finish.
-pub async fn pause<C: ConnectionLike + Send>(con: &mut C, keys: &Home) -> Result<()> {
+pub async fn pause<C: ConnectionLike + Send>(con: &mut C, home: &Home) -> Result<()> {
     // the home last: `status` reads it, and says paused only once every partition is
-    let mut layout = crate::partition::layout::layout(con, keys).await?;
+    let mut layout = crate::partition::layout::layout(con, home).await?;
     loop {
-        for k in layout.partitions.iter().chain([keys.keys()]) {
+        for k in layout.partitions.iter().chain([home.keys()]) {
             let () = redis::cmd("HSET").arg(k.meta()).arg("paused").arg(1).query_async(con).await?;
         }
-        match again(con, keys, &layout).await? {
+        match again(con, home, &layout).await? {
             Some(now) => layout = now,
             None => return Ok(()),
         }
@@ -213,20 +213,20 @@ pub async fn pause<C: ConnectionLike + Send>(con: &mut C, keys: &Home) -> Result
 }
 
 /// Resumes a paused queue and wakes its blocked executors at once (each passes the wake-up on).
-pub async fn resume<C: ConnectionLike + Send>(con: &mut C, keys: &Home) -> Result<()> {
-    let mut layout = crate::partition::layout::layout(con, keys).await?;
+pub async fn resume<C: ConnectionLike + Send>(con: &mut C, home: &Home) -> Result<()> {
+    let mut layout = crate::partition::layout::layout(con, home).await?;
     loop {
         for k in &layout.partitions {
             let () = redis::cmd("HDEL").arg(k.meta()).arg("paused").query_async(con).await?;
             wake_all(con, k).await?;
         }
-        let () = redis::cmd("HDEL").arg(keys.meta()).arg("paused").query_async(con).await?;
-        match again(con, keys, &layout).await? {
+        let () = redis::cmd("HDEL").arg(home.meta()).arg("paused").query_async(con).await?;
+        match again(con, home, &layout).await? {
             Some(now) => layout = now,
             None => break,
         }
     }
-    wake_all(con, keys).await
+    wake_all(con, home).await
 }
 
 /// The event log's cap when none is set: the same number as `emit` in `lua/include/events.lua`
@@ -247,18 +247,18 @@ pub struct QueueSettings {
 /// Changes what is given (`None`: left as it is) and returns the settings after.
 pub async fn queue_settings<C: ConnectionLike + Send>(
     con: &mut C,
-    keys: &Home,
+    home: &Home,
     events_maxlen: Option<u64>,
     events_completions: Option<bool>,
 ) -> Result<QueueSettings> {
-    let meta = keys.meta();
+    let meta = home.meta();
     // a partitioned queue logs in every partition too (shard events happen there)
     let layout = if events_maxlen.is_some() || events_completions.is_some() {
-        crate::partition::layout::layout(con, keys).await?
+        crate::partition::layout::layout(con, home).await?
     } else {
-        crate::partition::layout::Layout { home: keys.clone(), partitions: Vec::new() }
+        crate::partition::layout::Layout { home: home.clone(), partitions: Vec::new() }
     };
-    for k in layout.partitions.iter().chain([keys.keys()]) {
+    for k in layout.partitions.iter().chain([home.keys()]) {
         if let Some(n) = events_maxlen {
             let () = redis::cmd("HSET").arg(k.meta()).arg("events_maxlen").arg(n).query_async(con).await?;
         }

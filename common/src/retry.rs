@@ -13,9 +13,9 @@ use crate::share::{home_inc_of, share_inc};
 /// Runs the failed shards of task `id` again (or its failed aggregation); aggregation follows
 /// once every shard is terminal. Returns how many shards go again (1 for an aggregation alone);
 /// 0 when nothing had failed.
-pub async fn retry<C: ConnectionLike + Send>(con: &mut C, keys: &Home, id: &str) -> Result<u64> {
+pub async fn retry<C: ConnectionLike + Send>(con: &mut C, home: &Home, id: &str) -> Result<u64> {
     crate::names::validate_task_id(id)?;
-    retry_over(con, keys, id).await
+    retry_over(con, home, id).await
 }
 
 /// `retry.lua` on task `id` of one keyspace.

@@ -147,7 +147,7 @@ impl Schedule {
     pub async fn fire<C: ConnectionLike + Send>(
         &self,
         con: &mut C,
-        keys: &Home,
+        home: &Home,
         fire_ms: u64,
         run: bool,
     ) -> Result<Fired> {
@@ -155,8 +155,8 @@ impl Schedule {
         // on a partitioned queue a task is a home record (created here, once) and its shares
         // (created next; if this process dies first, the reconciliation creates them; routed
         // ones are placed by the next rebalance)
-        let mut inv = scripts().fire.keyed(keys, &KeyArgs { task: Some(&id), ..Default::default() });
-        inv.arg(keys.prefix())
+        let mut inv = scripts().fire.keyed(home, &KeyArgs { task: Some(&id), ..Default::default() });
+        inv.arg(home.prefix())
             .arg(&self.name)
             .arg(fire_ms)
             .arg(u8::from(run))
@@ -174,10 +174,10 @@ impl Schedule {
         // on a partitioned queue the script adds the queue's current layout to the record
         let code: i64 = inv.invoke_async(con).await?;
         if code == 1 {
-            let layout = crate::partition::layout::task_layout(con, keys, &id).await?;
+            let layout = crate::partition::layout::task_layout(con, home, &id).await?;
             // its shares (none to create for a task of one partition: its home record is its share)
             let h: std::collections::HashMap<String, String> =
-                redis::cmd("HGETALL").arg(keys.task(&id)).query_async(con).await?;
+                redis::cmd("HGETALL").arg(home.task(&id)).query_async(con).await?;
             if let Some(t) = crate::model::TaskInfo::from_hash(&id, &h)? {
                 let spec = crate::partition::spread::spec_of(&t, self.priority);
                 // under the dispatch lease its record was created with (its nonce the token)
@@ -198,11 +198,11 @@ impl Schedule {
 }
 
 /// Adds `s`; a schedule of that name is refused unless `replace`.
-pub async fn add<C: ConnectionLike + Send>(con: &mut C, keys: &Home, s: &Schedule, replace: bool) -> Result<()> {
+pub async fn add<C: ConnectionLike + Send>(con: &mut C, home: &Home, s: &Schedule, replace: bool) -> Result<()> {
     validate_name(&s.name)?;
     let json = serde_json::to_string(s).expect("a schedule serializes");
     let cmd = if replace { "HSET" } else { "HSETNX" };
-    let added: i64 = redis::cmd(cmd).arg(keys.schedules()).arg(&s.name).arg(json).query_async(con).await?;
+    let added: i64 = redis::cmd(cmd).arg(home.schedules()).arg(&s.name).arg(json).query_async(con).await?;
     if !replace && added == 0 {
         return Err(Error::invalid(format!(
             "a schedule named '{}' exists (remove it first, or add with --replace)",
@@ -213,12 +213,12 @@ pub async fn add<C: ConnectionLike + Send>(con: &mut C, keys: &Home, s: &Schedul
 }
 
 /// Removes schedule `name` and its progress; false when there was none.
-pub async fn remove<C: ConnectionLike + Send>(con: &mut C, keys: &Home, name: &str) -> Result<bool> {
+pub async fn remove<C: ConnectionLike + Send>(con: &mut C, home: &Home, name: &str) -> Result<bool> {
     validate_name(name)?;
     let (n, _): (i64, i64) = redis::pipe()
         .atomic()
-        .hdel(keys.schedules(), name)
-        .hdel(keys.schedule_state(), &[format!("{name}:last"), format!("{name}:task")])
+        .hdel(home.schedules(), name)
+        .hdel(home.schedule_state(), &[format!("{name}:last"), format!("{name}:task")])
         .query_async(con)
         .await?;
     Ok(n == 1)
@@ -227,11 +227,11 @@ pub async fn remove<C: ConnectionLike + Send>(con: &mut C, keys: &Home, name: &s
 /// Every schedule with its progress, by name.
 pub async fn list<C: ConnectionLike + Send>(
     con: &mut C,
-    keys: &Home,
+    home: &Home,
     now_ms: u64,
 ) -> Result<Vec<(Schedule, ScheduleState)>> {
     let (all, state): (HashMap<String, String>, HashMap<String, String>) =
-        redis::pipe().hgetall(keys.schedules()).hgetall(keys.schedule_state()).query_async(con).await?;
+        redis::pipe().hgetall(home.schedules()).hgetall(home.schedule_state()).query_async(con).await?;
     let mut out = Vec::with_capacity(all.len());
     for (name, json) in all {
         // one unreadable schedule (written by another version) must not stop the others
@@ -257,15 +257,15 @@ pub async fn list<C: ConnectionLike + Send>(
 /// done, by schedule name, and the next fire time of any schedule.
 pub async fn tick<C: ConnectionLike + Send>(
     con: &mut C,
-    keys: &Home,
+    home: &Home,
     now_ms: u64,
 ) -> Result<(Vec<(String, u64, Fired)>, Option<u64>)> {
     let mut done = Vec::new();
     let mut next: Option<u64> = None;
-    for (s, st) in list(con, keys, now_ms).await? {
+    for (s, st) in list(con, home, now_ms).await? {
         let last = st.last_fire_ms.unwrap_or(s.created_ms).max(s.created_ms);
         if let Some((fire_ms, run)) = s.due(last, now_ms) {
-            done.push((s.name.clone(), fire_ms, s.fire(con, keys, fire_ms, run).await?));
+            done.push((s.name.clone(), fire_ms, s.fire(con, home, fire_ms, run).await?));
         }
         next = match (next, st.next_fire_ms) {
             (Some(a), Some(b)) => Some(a.min(b)),

@@ -29,8 +29,8 @@ async fn node(port: u16) -> MultiplexedConnection {
 
 /// Makes every queue-level key exist, as on a busy queue: the declared keys then pass Redis's own
 /// check on the source node and the script runs there.
-async fn busy(con: &mut MultiplexedConnection, keys: &Home) {
-    let p = keys.prefix();
+async fn busy(con: &mut MultiplexedConnection, home: &Home) {
+    let p = home.prefix();
     let _: () = redis::pipe()
         .cmd("SADD")
         .arg(format!("{p}stalled"))

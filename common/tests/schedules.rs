@@ -27,12 +27,12 @@ fn schedule_of(name: &str, cron: &str, overlap: Overlap, misfire: Misfire) -> Sc
     Schedule::new(name, cron, "UTC", overlap, misfire, DEFAULT_MISFIRE_GRACE, &spec, T0).unwrap()
 }
 
-async fn task_ids(con: &mut Conn, keys: &Home) -> Vec<String> {
-    redis::cmd("ZRANGE").arg(keys.index()).arg(0).arg(-1).query_async(con).await.unwrap()
+async fn task_ids(con: &mut Conn, home: &Home) -> Vec<String> {
+    redis::cmd("ZRANGE").arg(home.index()).arg(0).arg(-1).query_async(con).await.unwrap()
 }
 
-async fn state(con: &mut Conn, keys: &Home, id: &str) -> TaskState {
-    let s: String = redis::cmd("HGET").arg(keys.task(id)).arg("state").query_async(con).await.unwrap();
+async fn state(con: &mut Conn, home: &Home, id: &str) -> TaskState {
+    let s: String = redis::cmd("HGET").arg(home.task(id)).arg("state").query_async(con).await.unwrap();
     s.parse().unwrap()
 }
 

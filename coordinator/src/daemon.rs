@@ -71,12 +71,12 @@ impl DaemonConfig {
 /// their fire times; promotion, rebalancing
 /// and a reading published to the gauges every refresh. Redis errors are logged and the next
 /// refresh tries again (meanwhile the gauges age out: a silent daemon exports nothing stale).
-pub async fn run(mut con: Conn, keys: Home, cfg: DaemonConfig, stop: CancellationToken) {
+pub async fn run(mut con: Conn, home: Home, cfg: DaemonConfig, stop: CancellationToken) {
     let mut sweepers =
-        vec![tokio::spawn(sweep::run(con.clone(), keys.clone(), cfg.sweep.clone(), stop.clone(), |_| {}))];
+        vec![tokio::spawn(sweep::run(con.clone(), home.clone(), cfg.sweep.clone(), stop.clone(), |_| {}))];
     // a partitioned queue: each partition's sweep, and the reports of ended shares to the home
-    sweepers.push(tokio::spawn(crate::partition::upkeep(con.clone(), keys.clone(), cfg.sweep.clone(), stop.clone())));
-    let firing = tokio::spawn(crate::firing::run(con.clone(), keys.clone(), stop.clone()));
+    sweepers.push(tokio::spawn(crate::partition::upkeep(con.clone(), home.clone(), cfg.sweep.clone(), stop.clone())));
+    let firing = tokio::spawn(crate::firing::run(con.clone(), home.clone(), stop.clone()));
     let mut tick = tokio::time::interval(cfg.refresh);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -84,31 +84,31 @@ pub async fn run(mut con: Conn, keys: Home, cfg: DaemonConfig, stop: Cancellatio
             _ = tick.tick() => {}
             _ = stop.cancelled() => break,
         }
-        if let Err(e) = crate::presence::announce(&mut con, &keys, cfg.refresh).await {
+        if let Err(e) = crate::presence::announce(&mut con, &home, cfg.refresh).await {
             tracing::warn!("announcing this coordinator: {e}");
         }
-        refresh(&mut con, &keys, &cfg).await;
+        refresh(&mut con, &home, &cfg).await;
     }
-    let _ = crate::presence::withdraw(&mut con, &keys).await;
+    let _ = crate::presence::withdraw(&mut con, &home).await;
     for s in sweepers {
         let _ = s.await;
     }
     let _ = firing.await;
 }
 
-async fn refresh(con: &mut Conn, keys: &Home, cfg: &DaemonConfig) {
-    match scripts::promote(con, keys).await {
+async fn refresh(con: &mut Conn, home: &Home, cfg: &DaemonConfig) {
+    match scripts::promote(con, home).await {
         Ok(n) if n > 0 => tracing::debug!(promoted = n, "due retries promoted"),
         Ok(_) => {}
         Err(e) => tracing::warn!("promoting due retries: {e}"),
     }
-    match rebalance::rebalance(con, keys).await {
+    match rebalance::rebalance(con, home).await {
         Ok(Some(r)) if r.changed() => r.log(),
         Ok(_) => {}
         Err(e) => tracing::warn!("rebalance failed: {e}"),
     }
-    match crate::snapshot::snapshot(con, keys, now_ms(), cfg.finished_retention).await {
-        Ok(s) => crate::metrics::publish(keys.queue(), &s),
+    match crate::snapshot::snapshot(con, home, now_ms(), cfg.finished_retention).await {
+        Ok(s) => crate::metrics::publish(home.queue(), &s),
         Err(e) => tracing::warn!("reading progress: {e}"),
     }
 }

@@ -16,13 +16,13 @@ pub fn new_task_id() -> String {
 /// Validates `spec` and creates the task's record, nothing more: a pull task is then complete
 /// and claimable, a routed one waits unplaced for a rebalancer ([`dispatch`] places it at once).
 /// An id already in use is refused ([`ScriptCode::TaskExists`]).
-pub async fn create_task<C: ConnectionLike + Send>(con: &mut C, keys: &Home, spec: &TaskSpec) -> Result<()> {
+pub async fn create_task<C: ConnectionLike + Send>(con: &mut C, home: &Home, spec: &TaskSpec) -> Result<()> {
     spec.validate()?;
     // a partitioned queue: a home record and one share per partition
-    if crate::partition::create_over(con, keys, spec, None).await?.is_some() {
+    if crate::partition::create_over(con, home, spec, None).await?.is_some() {
         return Ok(());
     }
-    match scripts::dispatch(con, keys, spec).await {
+    match scripts::dispatch(con, home, spec).await {
         Err(Error::Script(c @ ScriptCode::TaskExists)) => Err(taken(c, &spec.id)),
         other => other,
     }
@@ -50,7 +50,7 @@ pub struct Dispatched {
 /// `shard_keys` (one per shard) replaces the index as each shard's routing key.
 pub async fn dispatch(
     con: &mut shardctl_common::conn::Conn,
-    keys: &Home,
+    home: &Home,
     spec: &TaskSpec,
     shard_keys: Option<&[String]>,
 ) -> Result<Dispatched> {
@@ -59,17 +59,17 @@ pub async fn dispatch(
 
     if spec.strategy == Strategy::Pull && shard_keys.is_some() {
         return Err(Error::invalid(
-            "shard keys need a routed strategy (consistent-hash, round-robin, hash-mod), not pull",
+            "shard home need a routed strategy (consistent-hash, round-robin, hash-mod), not pull",
         ));
     }
     if let Some(k) = shard_keys {
         if k.len() as u64 != spec.shards || !spec.has_keys {
-            return Err(Error::invalid(format!("{} keys given for {} shards", k.len(), spec.shards)));
+            return Err(Error::invalid(format!("{} home given for {} shards", k.len(), spec.shards)));
         }
     }
     if spec.strategy != Strategy::Pull {
-        // a routed task over partitions: its shares (and their keys) placed in each
-        if let Some(layout) = crate::partition::create_over(con, keys, spec, shard_keys).await? {
+        // a routed task over partitions: its shares (and their home) placed in each
+        if let Some(layout) = crate::partition::create_over(con, home, spec, shard_keys).await? {
             if spec.delay.is_some() {
                 return Ok(Dispatched { resumed: false, placed: 0, live: 0 });
             }
@@ -78,11 +78,11 @@ pub async fn dispatch(
         }
     }
     if spec.strategy == Strategy::Pull {
-        create_task(con, keys, spec).await?;
+        create_task(con, home, spec).await?;
         return Ok(Dispatched { resumed: false, placed: 0, live: 0 });
     }
     spec.validate()?;
-    let existing = crate::progress::task(con, keys, &spec.id).await;
+    let existing = crate::progress::task(con, home, &spec.id).await;
     let resumed = match existing {
         Ok(t) => {
             if !spec.matches(&t) || t.routed.is_none_or(|r| r >= t.total) {
@@ -94,27 +94,27 @@ pub async fn dispatch(
         Err(e) => return Err(e),
     };
     if let (Some(k), false) = (shard_keys, resumed) {
-        // keys first: once the task exists, any rebalancer may place it and needs them
+        // home first: once the task exists, any rebalancer may place it and needs them
         for (c, chunk) in k.chunks(crate::route::CHUNK).enumerate() {
             let base = c * crate::route::CHUNK;
             let pairs: Vec<(usize, &String)> = chunk.iter().enumerate().map(|(i, k)| (base + i, k)).collect();
-            let _: () = con.hset_multiple(keys.shard_keys(&spec.id), &pairs).await?;
+            let _: () = con.hset_multiple(home.shard_keys(&spec.id), &pairs).await?;
         }
     }
     if !resumed {
-        create_task(con, keys, spec).await?;
+        create_task(con, home, spec).await?;
     }
     if spec.delay.is_some() {
         // a delayed task is placed when it starts (`start_due_tasks` of lua/include/due.lua, then a rebalancer)
         return Ok(Dispatched { resumed, placed: 0, live: 0 });
     }
-    let live = crate::membership::live(con, keys).await?;
+    let live = crate::membership::live(con, home).await?;
     if live.is_empty() {
         return Ok(Dispatched { resumed, placed: 0, live: 0 });
     }
     let n = live.len();
-    crate::route::Router::over(con, keys, live).await?.route_task(con, keys, &spec.id).await?;
-    let placed: Option<u64> = con.hget(keys.task(&spec.id), "routed").await?;
+    crate::route::Router::over(con, home, live).await?.route_task(con, home, &spec.id).await?;
+    let placed: Option<u64> = con.hget(home.task(&spec.id), "routed").await?;
     Ok(Dispatched { resumed, placed: placed.unwrap_or(0), live: n })
 }
 

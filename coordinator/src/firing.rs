@@ -17,11 +17,11 @@ use tokio_util::sync::CancellationToken;
 const MAX_SLEEP: Duration = Duration::from_secs(1);
 
 /// Runs until `stop`.
-pub async fn run(mut con: Conn, keys: Home, stop: CancellationToken) {
+pub async fn run(mut con: Conn, home: Home, stop: CancellationToken) {
     loop {
-        let now = server_now_ms(&mut con, &keys).await;
+        let now = server_now_ms(&mut con, &home).await;
         let ticked = match now {
-            Ok(now) => schedule::tick(&mut con, &keys, now).await.map(|r| (now, r)),
+            Ok(now) => schedule::tick(&mut con, &home, now).await.map(|r| (now, r)),
             Err(e) => Err(e),
         };
         let sleep = match ticked {

@@ -89,18 +89,18 @@ pub struct TaskPage {
 /// filter looks at no more than [`MAX_SCAN`] entries, and says where to go on.
 pub async fn task_page<C: ConnectionLike + Send>(
     con: &mut C,
-    keys: &Home,
+    home: &Home,
     filter: TaskFilter,
     offset: u64,
     limit: u64,
 ) -> Result<TaskPage> {
     let limit = limit.clamp(1, MAX_PAGE);
     let index = match filter {
-        TaskFilter::All => keys.index(),
-        TaskFilter::Unfinished => keys.running(),
-        TaskFilter::Finished => keys.finished(),
-        TaskFilter::State(s) if s.is_finished() => keys.finished(),
-        TaskFilter::State(_) => keys.running(),
+        TaskFilter::All => home.index(),
+        TaskFilter::Unfinished => home.running(),
+        TaskFilter::Finished => home.finished(),
+        TaskFilter::State(s) if s.is_finished() => home.finished(),
+        TaskFilter::State(_) => home.running(),
     };
     let indexed: u64 = redis::cmd("ZCARD").arg(&index).query_async(con).await?;
     let mut page = TaskPage { tasks: Vec::new(), offset, next_offset: None, indexed };
@@ -111,7 +111,7 @@ pub async fn task_page<C: ConnectionLike + Send>(
         if ids.is_empty() {
             break;
         }
-        let infos = tasks_without_payload(con, keys, &ids).await?;
+        let infos = tasks_without_payload(con, home, &ids).await?;
         for (i, t) in infos.into_iter().enumerate() {
             let Some(t) = t else { continue };
             if let TaskFilter::State(s) = filter {
@@ -139,12 +139,12 @@ pub async fn task_page<C: ConnectionLike + Send>(
 /// for one gone meanwhile.
 pub async fn tasks_without_payload<C: ConnectionLike + Send>(
     con: &mut C,
-    keys: &Home,
+    home: &Home,
     ids: &[String],
 ) -> Result<Vec<Option<TaskInfo>>> {
     let mut pipe = redis::pipe();
     for id in ids {
-        pipe.cmd("HMGET").arg(keys.task(id)).arg(LIST_FIELDS);
+        pipe.cmd("HMGET").arg(home.task(id)).arg(LIST_FIELDS);
     }
     let rows: Vec<Vec<Option<String>>> = pipe.query_async(con).await?;
     let mut out = Vec::with_capacity(ids.len());
@@ -153,7 +153,7 @@ pub async fn tasks_without_payload<C: ConnectionLike + Send>(
             LIST_FIELDS.iter().zip(row).filter_map(|(f, v)| v.map(|v| ((*f).to_owned(), v))).collect();
         let mut t = TaskInfo::from_hash(id, &h)?;
         if let Some(t) = t.as_mut() {
-            crate::progress::live_counts(con, keys, t).await?;
+            crate::progress::live_counts(con, home, t).await?;
         }
         out.push(t);
     }
@@ -185,7 +185,7 @@ pub struct ReasonPage {
 /// first).
 pub async fn reason_page<C: ConnectionLike + Send>(
     con: &mut C,
-    keys: &Home,
+    home: &Home,
     t: &TaskInfo,
     cursor: &str,
     count: u64,
@@ -193,7 +193,7 @@ pub async fn reason_page<C: ConnectionLike + Send>(
     let bad = || shardctl_common::Error::invalid(format!("cursor '{cursor}' is not a cursor of this list"));
     // the reasons of its shares one after the other, the cursor `<partition>.<cursor>` (a plain
     // number for the first share)
-    let shares = shardctl_common::share::of(con, keys, t).await?;
+    let shares = shardctl_common::share::of(con, home, t).await?;
     let (at, cursor) = match cursor.split_once('.') {
         Some((p, c)) => {
             let p: u32 = p.parse().map_err(|_| bad())?;

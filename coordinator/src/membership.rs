@@ -105,18 +105,18 @@ fn in_use(node: &str, h: &NodeHolder) -> Error {
 /// Registers `m`, refused while another live executor holds its node id. A holder that is
 /// provably dead (see [`crate::liveness::provably_dead`]: a restart after a crash on the same
 /// host) gives the id up at once.
-pub async fn join(con: &mut Conn, keys: &Home, m: &Member, cfg: &MembershipConfig) -> Result<()> {
+pub async fn join(con: &mut Conn, home: &Home, m: &Member, cfg: &MembershipConfig) -> Result<()> {
     m.validate()?;
     let timeout = cfg.timeout.as_millis() as u64;
     let f = fields(m);
-    let h = match scripts::join(con, keys, &m.node, &m.instance, timeout, None, &f).await? {
+    let h = match scripts::join(con, home, &m.node, &m.instance, timeout, None, &f).await? {
         Ok(()) => return Ok(()),
         Err(h) => h,
     };
     if !crate::liveness::provably_dead(&h.host, &h.pid, &h.proc, &m.host) {
         return Err(in_use(&m.node, &h));
     }
-    match scripts::join(con, keys, &m.node, &m.instance, timeout, Some(&h.instance), &f).await? {
+    match scripts::join(con, home, &m.node, &m.instance, timeout, Some(&h.instance), &f).await? {
         Ok(()) => {
             tracing::warn!(
                 "node id '{}' taken over from its dead predecessor (pid {} on {}, heartbeat {} ms ago)",
@@ -133,17 +133,17 @@ pub async fn join(con: &mut Conn, keys: &Home, m: &Member, cfg: &MembershipConfi
 }
 
 /// Leaves the membership (graceful shutdown).
-pub async fn leave(con: &mut Conn, keys: &Home, m: &Member) -> Result<bool> {
+pub async fn leave(con: &mut Conn, home: &Home, m: &Member) -> Result<bool> {
     m.validate()?;
-    scripts::leave(con, keys, &m.node, &m.instance).await
+    scripts::leave(con, home, &m.node, &m.instance).await
 }
 
 /// The live node ids, sorted: those whose last heartbeat is within their own member timeout, by
 /// the Redis server's clock (the one `join.lua` scored them with).
-pub async fn live<C: redis::aio::ConnectionLike + Send>(con: &mut C, keys: &Home) -> Result<Vec<String>> {
-    let now = server_now_ms(con, keys).await?;
+pub async fn live<C: redis::aio::ConnectionLike + Send>(con: &mut C, home: &Home) -> Result<Vec<String>> {
+    let now = server_now_ms(con, home).await?;
     let mut v: Vec<String> =
-        redis::cmd("ZRANGEBYSCORE").arg(keys.nodes()).arg(format!("({now}")).arg("+inf").query_async(con).await?;
+        redis::cmd("ZRANGEBYSCORE").arg(home.nodes()).arg(format!("({now}")).arg("+inf").query_async(con).await?;
     v.sort();
     Ok(v)
 }
@@ -152,15 +152,15 @@ pub async fn live<C: redis::aio::ConnectionLike + Send>(con: &mut C, keys: &Home
 /// or one serves every kind, or one joined without announcing its kinds).
 pub async fn served_kinds<C: redis::aio::ConnectionLike + Send>(
     con: &mut C,
-    keys: &Home,
+    home: &Home,
 ) -> Result<Option<std::collections::BTreeSet<String>>> {
-    let live = live(con, keys).await?;
+    let live = live(con, home).await?;
     if live.is_empty() {
         return Ok(None);
     }
     let mut served = std::collections::BTreeSet::new();
     for n in &live {
-        let kinds: Option<String> = redis::cmd("HGET").arg(keys.node(n)).arg("kinds").query_async(con).await?;
+        let kinds: Option<String> = redis::cmd("HGET").arg(home.node(n)).arg("kinds").query_async(con).await?;
         let Some(kinds) = kinds else { return Ok(None) };
         for k in kinds.split(',').filter(|k| !k.is_empty()) {
             if k == "*" {
@@ -176,10 +176,10 @@ pub async fn served_kinds<C: redis::aio::ConnectionLike + Send>(
 /// else what to say: "no live executor serves kind 'prime'; served: primes, report".
 pub async fn unserved<C: redis::aio::ConnectionLike + Send>(
     con: &mut C,
-    keys: &Home,
+    home: &Home,
     kind: &str,
 ) -> Result<Option<String>> {
-    let Some(served) = served_kinds(con, keys).await? else { return Ok(None) };
+    let Some(served) = served_kinds(con, home).await? else { return Ok(None) };
     if served.contains(kind) {
         return Ok(None);
     }
@@ -193,7 +193,7 @@ pub async fn unserved<C: redis::aio::ConnectionLike + Send>(
 /// Returns an error when another executor took the node id over (this one must stop).
 pub async fn run(
     mut con: Conn,
-    keys: Home,
+    home: Home,
     m: Member,
     cfg: MembershipConfig,
     stop: CancellationToken,
@@ -208,13 +208,13 @@ pub async fn run(
         if now >= next_beat {
             // from now, not from the missed beat: a pause or a slow call leaves no burst behind
             next_beat = now + cfg.heartbeat;
-            match join(&mut con, &keys, &m, &cfg).await {
+            match join(&mut con, &home, &m, &cfg).await {
                 Ok(()) => {}
                 Err(e @ Error::Refused { code: ScriptCode::NodeAlive, .. }) => return Err(e),
                 Err(e) => tracing::warn!("membership heartbeat failed: {e}"),
             }
         }
-        match rebalance::rebalance(&mut con, &keys).await {
+        match rebalance::rebalance(&mut con, &home).await {
             Ok(Some(r)) => {
                 owed = 0;
                 if r.changed() {

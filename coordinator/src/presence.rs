@@ -24,14 +24,14 @@ pub fn lifetime(refresh: Duration) -> Duration {
 }
 
 /// Renews this coordinator's entry (alive for [`lifetime`]) and drops the entries that ran out.
-pub async fn announce<C: ConnectionLike + Send>(con: &mut C, keys: &Home, refresh: Duration) -> Result<()> {
-    let now = server_now_ms(con, keys).await?;
+pub async fn announce<C: ConnectionLike + Send>(con: &mut C, home: &Home, refresh: Duration) -> Result<()> {
+    let now = server_now_ms(con, home).await?;
     let alive = lifetime(refresh).as_millis() as u64;
     let () = redis::pipe()
-        .zadd(keys.coordinators(), me(), now + alive)
+        .zadd(home.coordinators(), me(), now + alive)
         .ignore()
         .cmd("ZREMRANGEBYSCORE")
-        .arg(keys.coordinators())
+        .arg(home.coordinators())
         .arg("-inf")
         .arg(now)
         .ignore()
@@ -41,16 +41,16 @@ pub async fn announce<C: ConnectionLike + Send>(con: &mut C, keys: &Home, refres
 }
 
 /// Removes this coordinator's entry (it stops).
-pub async fn withdraw<C: ConnectionLike + Send>(con: &mut C, keys: &Home) -> Result<()> {
-    let () = redis::cmd("ZREM").arg(keys.coordinators()).arg(me()).query_async(con).await?;
+pub async fn withdraw<C: ConnectionLike + Send>(con: &mut C, home: &Home) -> Result<()> {
+    let () = redis::cmd("ZREM").arg(home.coordinators()).arg(me()).query_async(con).await?;
     Ok(())
 }
 
 /// The live coordinators, each with how long it counts as alive still (ms), sorted.
-pub async fn live<C: ConnectionLike + Send>(con: &mut C, keys: &Home) -> Result<Vec<(String, u64)>> {
-    let now = server_now_ms(con, keys).await?;
+pub async fn live<C: ConnectionLike + Send>(con: &mut C, home: &Home) -> Result<Vec<(String, u64)>> {
+    let now = server_now_ms(con, home).await?;
     let v: Vec<(String, u64)> = redis::cmd("ZRANGEBYSCORE")
-        .arg(keys.coordinators())
+        .arg(home.coordinators())
         .arg(format!("({now}"))
         .arg("+inf")
         .arg("WITHSCORES")

@@ -9,11 +9,11 @@ use shardctl_common::model::TaskInfo;
 use shardctl_common::{Error, Home, Keys, Result};
 
 /// One task, read from Redis.
-pub async fn task<C: ConnectionLike + Send>(con: &mut C, keys: &Home, id: &str) -> Result<TaskInfo> {
+pub async fn task<C: ConnectionLike + Send>(con: &mut C, home: &Home, id: &str) -> Result<TaskInfo> {
     shardctl_common::names::validate_task_id(id)?;
-    let h: HashMap<String, String> = redis::cmd("HGETALL").arg(keys.task(id)).query_async(con).await?;
+    let h: HashMap<String, String> = redis::cmd("HGETALL").arg(home.task(id)).query_async(con).await?;
     let mut t = TaskInfo::from_hash(id, &h)?.ok_or_else(|| Error::NoTask(id.to_owned()))?;
-    live_counts(con, keys, &mut t).await?;
+    live_counts(con, home, &mut t).await?;
     Ok(t)
 }
 
@@ -22,14 +22,14 @@ pub async fn task<C: ConnectionLike + Send>(con: &mut C, keys: &Home, id: &str) 
 /// one read per partition, none for a task of one partition, whose home record is its share),
 /// never behind what the home has counted; a routed task's placement is its shares' in any
 /// state.
-pub async fn live_counts<C: ConnectionLike + Send>(con: &mut C, keys: &Home, t: &mut TaskInfo) -> Result<()> {
+pub async fn live_counts<C: ConnectionLike + Send>(con: &mut C, home: &Home, t: &mut TaskInfo) -> Result<()> {
     use shardctl_common::model::TaskState;
     // running, delayed, or cancelled (its shares' work is not reported once it is)
     let live = matches!(t.state, TaskState::Running | TaskState::Delayed | TaskState::Cancelled);
     if !(live || t.strategy != "pull") {
         return Ok(());
     }
-    let sums = shardctl_common::share::sums(con, keys, t).await?;
+    let sums = shardctl_common::share::sums(con, home, t).await?;
     if t.strategy != "pull" {
         t.routed = Some(sums.routed);
     }
@@ -76,9 +76,9 @@ pub struct ShardCounts {
 
 /// The shard counts of a queue: a few round trips whatever its size (one per kind of list), per
 /// keyspace of a partitioned queue (its home and each partition, summed).
-pub async fn shard_counts<C: ConnectionLike + Send>(con: &mut C, keys: &Home) -> Result<ShardCounts> {
-    let mut c = space_counts(con, keys).await?;
-    let layout = shardctl_common::partition::layout(con, keys).await?;
+pub async fn shard_counts<C: ConnectionLike + Send>(con: &mut C, home: &Home) -> Result<ShardCounts> {
+    let mut c = space_counts(con, home).await?;
+    let layout = shardctl_common::partition::layout(con, home).await?;
     for pk in &layout.partitions {
         let p = space_counts(con, pk).await?;
         c.waiting += p.waiting;
@@ -168,11 +168,11 @@ async fn space_counts<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> Res
 /// The counts of a queue, with its `recent` newest tasks.
 pub async fn queue<C: ConnectionLike + Send>(
     con: &mut C,
-    keys: &Home,
+    home: &Home,
     queue: &str,
     recent: usize,
 ) -> Result<QueueCounts> {
-    let c = shard_counts(con, keys).await?;
+    let c = shard_counts(con, home).await?;
     let mut out = QueueCounts {
         queue: queue.to_owned(),
         paused: c.paused,
@@ -181,13 +181,13 @@ pub async fn queue<C: ConnectionLike + Send>(
         delayed: c.delayed,
         ..Default::default()
     };
-    let ids: Vec<String> = redis::cmd("ZREVRANGE").arg(keys.index()).arg(0).arg(-1).query_async(con).await?;
+    let ids: Vec<String> = redis::cmd("ZREVRANGE").arg(home.index()).arg(0).arg(-1).query_async(con).await?;
     for (n, id) in ids.iter().enumerate() {
-        let state: Option<String> = redis::cmd("HGET").arg(keys.task(id)).arg("state").query_async(con).await?;
+        let state: Option<String> = redis::cmd("HGET").arg(home.task(id)).arg("state").query_async(con).await?;
         let Some(state) = state else { continue };
         *out.tasks.entry(state).or_default() += 1;
         if n < recent {
-            if let Ok(t) = task(con, keys, id).await {
+            if let Ok(t) = task(con, home, id).await {
                 out.recent.push(t);
             }
         }
@@ -197,11 +197,11 @@ pub async fn queue<C: ConnectionLike + Send>(
 
 /// Failed shards of a task with their reasons, by the task's index (every share's); none for a
 /// task that is gone.
-pub async fn failed_shards<C: ConnectionLike + Send>(con: &mut C, keys: &Home, id: &str) -> Result<Vec<(u64, String)>> {
+pub async fn failed_shards<C: ConnectionLike + Send>(con: &mut C, home: &Home, id: &str) -> Result<Vec<(u64, String)>> {
     shardctl_common::names::validate_task_id(id)?;
-    let h: HashMap<String, String> = redis::cmd("HGETALL").arg(keys.task(id)).query_async(con).await?;
+    let h: HashMap<String, String> = redis::cmd("HGETALL").arg(home.task(id)).query_async(con).await?;
     match TaskInfo::from_hash(id, &h)? {
-        Some(t) => shardctl_common::share::reasons(con, keys, &t).await,
+        Some(t) => shardctl_common::share::reasons(con, home, &t).await,
         None => Ok(Vec::new()),
     }
 }
@@ -228,11 +228,11 @@ pub struct NodeStatus {
 }
 
 /// The live executors with their routed waiting and active shards.
-pub async fn nodes<C: ConnectionLike + Send>(con: &mut C, keys: &Home) -> Result<Vec<NodeStatus>> {
+pub async fn nodes<C: ConnectionLike + Send>(con: &mut C, home: &Home) -> Result<Vec<NodeStatus>> {
     // scores are "alive until": the heartbeat plus the node's own timeout, by the server's clock
-    let now = shardctl_common::time::server_now_ms(con, keys).await?;
+    let now = shardctl_common::time::server_now_ms(con, home).await?;
     let live: Vec<(String, f64)> = redis::cmd("ZRANGEBYSCORE")
-        .arg(keys.nodes())
+        .arg(home.nodes())
         .arg(format!("({now}"))
         .arg("+inf")
         .arg("WITHSCORES")
@@ -241,8 +241,8 @@ pub async fn nodes<C: ConnectionLike + Send>(con: &mut C, keys: &Home) -> Result
     let mut out = Vec::new();
     let mut by_instance = HashMap::new();
     for (node, until) in live {
-        let h: HashMap<String, String> = redis::cmd("HGETALL").arg(keys.node(&node)).query_async(con).await?;
-        let waiting: u64 = redis::cmd("LLEN").arg(keys.node_wait(&node)).query_async(con).await?;
+        let h: HashMap<String, String> = redis::cmd("HGETALL").arg(home.node(&node)).query_async(con).await?;
+        let waiting: u64 = redis::cmd("LLEN").arg(home.node_wait(&node)).query_async(con).await?;
         if let Some(i) = h.get("instance") {
             by_instance.insert(i.clone(), out.len());
         }
@@ -260,8 +260,8 @@ pub async fn nodes<C: ConnectionLike + Send>(con: &mut C, keys: &Home) -> Result
     }
     // a token starts with its executor's instance: that names the node of an active shard; a
     // node's runtimes in the partitions hold shards and take routed refs there too
-    let layout = shardctl_common::partition::layout(con, keys).await?;
-    for (n, space) in std::iter::once(keys.keys()).chain(&layout.partitions).enumerate() {
+    let layout = shardctl_common::partition::layout(con, home).await?;
+    for (n, space) in std::iter::once(home.keys()).chain(&layout.partitions).enumerate() {
         if n > 0 && !out.is_empty() {
             let mut pipe = redis::pipe();
             for s in &out {

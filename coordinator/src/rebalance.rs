@@ -54,10 +54,10 @@ impl RebalanceReport {
 }
 
 /// Runs one rebalance unless another process holds the lock (`None`).
-pub async fn rebalance(con: &mut Conn, keys: &Home) -> Result<Option<RebalanceReport>> {
+pub async fn rebalance(con: &mut Conn, home: &Home) -> Result<Option<RebalanceReport>> {
     let token = uuid::Uuid::new_v4().simple().to_string();
     let got: Option<String> = redis::cmd("SET")
-        .arg(keys.rebalance_lock())
+        .arg(home.rebalance_lock())
         .arg(&token)
         .arg("NX")
         .arg("PX")
@@ -67,9 +67,9 @@ pub async fn rebalance(con: &mut Conn, keys: &Home) -> Result<Option<RebalanceRe
     if got.is_none() {
         return Ok(None);
     }
-    let r = run(con, keys).await;
-    let _ = con.del::<_, ()>(keys.rebalancing()).await;
-    scripts::unlock(con, &keys.rebalance_lock(), &token).await?;
+    let r = run(con, home).await;
+    let _ = con.del::<_, ()>(home.rebalancing()).await;
+    scripts::unlock(con, &home.rebalance_lock(), &token).await?;
     r.map(Some)
 }
 
@@ -109,12 +109,12 @@ async fn place(con: &mut Conn, keys: &Keys, router: &mut Router, report: &mut Re
     Ok(())
 }
 
-async fn run(con: &mut Conn, keys: &Home) -> Result<RebalanceReport> {
+async fn run(con: &mut Conn, home: &Home) -> Result<RebalanceReport> {
     let mut report = RebalanceReport::default();
     // each node's score is the time it is alive until (its heartbeat plus its own timeout), by
     // the server's clock; judged and removed in one script (a node that beats again after this
     // simply joins again)
-    let reaped = scripts::reap(con, keys).await?;
+    let reaped = scripts::reap(con, home).await?;
     report.departed = reaped.departed;
     report.live = reaped.live;
     if report.live.is_empty() {
@@ -122,14 +122,14 @@ async fn run(con: &mut Conn, keys: &Home) -> Result<RebalanceReport> {
         return Ok(report);
     }
     // what each member serves, read once for the home and every partition
-    let served = crate::route::served(con, keys, &report.live).await?;
+    let served = crate::route::served(con, home, &report.live).await?;
     let mut router = Router::new(report.live.clone());
     router.serving(served.clone());
-    router.keep_alive(vec![keys.rebalance_lock(), keys.rebalancing()], LOCK_TTL);
-    place(con, keys, &mut router, &mut report).await?;
+    router.keep_alive(vec![home.rebalance_lock(), home.rebalancing()], LOCK_TTL);
+    place(con, home, &mut router, &mut report).await?;
     // a partitioned queue: the same in each partition, over the home's membership
     // (docs/design/partitions.md); each has its own lists, reroutes and flag
-    let layout = shardctl_common::partition::layout(con, keys).await?;
+    let layout = shardctl_common::partition::layout(con, home).await?;
     for pk in &layout.partitions {
         let mut router = Router::new(report.live.clone());
         router.serving(served.clone());

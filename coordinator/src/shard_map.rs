@@ -43,11 +43,11 @@ const LOCAL_BITMAP_MAX: u64 = 8 << 20;
 /// never a step per shard. At most `max_cells` (≤ [`MAX_CELLS`]) cells.
 pub async fn shard_map<C: ConnectionLike + Send>(
     con: &mut C,
-    keys: &Home,
+    home: &Home,
     t: &TaskInfo,
     max_cells: u64,
 ) -> Result<ShardMap> {
-    shares_map(con, keys, t, max_cells).await
+    shares_map(con, home, t, max_cells).await
 }
 
 /// The map of a task: each share's map, with cells in proportion to its size, one after the
@@ -55,12 +55,12 @@ pub async fn shard_map<C: ConnectionLike + Send>(
 /// a task of one partition).
 async fn shares_map<C: ConnectionLike + Send>(
     con: &mut C,
-    keys: &Home,
+    home: &Home,
     t: &TaskInfo,
     max_cells: u64,
 ) -> Result<ShardMap> {
     let max_cells = max_cells.clamp(1, MAX_CELLS);
-    let shares = shardctl_common::share::of(con, keys, t).await?;
+    let shares = shardctl_common::share::of(con, home, t).await?;
     if let [one] = &shares[..] {
         // the whole task in one share: its own map, at its own cell size
         if let Some(mut r) = shardctl_common::share::record(con, one, t).await? {

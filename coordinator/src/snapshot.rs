@@ -53,11 +53,11 @@ pub struct Snapshot {
 }
 
 /// Reads the queue's progress: the running tasks and those finished since `now - retention`.
-pub async fn snapshot(con: &mut Conn, keys: &Home, now_ms: u64, retention: Duration) -> Result<Snapshot> {
+pub async fn snapshot(con: &mut Conn, home: &Home, now_ms: u64, retention: Duration) -> Result<Snapshot> {
     let since = now_ms.saturating_sub(retention.as_millis() as u64);
     let (running, finished): (Vec<String>, Vec<String>) = redis::pipe()
-        .zrange(keys.running(), 0, -1)
-        .zrangebyscore(keys.finished(), since, "+inf")
+        .zrange(home.running(), 0, -1)
+        .zrangebyscore(home.finished(), since, "+inf")
         .query_async(con)
         .await?;
     // a task is in one of the two sets; a reading that races its end may see it in both
@@ -70,7 +70,7 @@ pub async fn snapshot(con: &mut Conn, keys: &Home, now_ms: u64, retention: Durat
             ["kind", "state", "total", "done", "failed", "partitions", "inc", "seq", "strategy", "cursor", "routed"];
         let mut pipe = redis::pipe();
         for id in &ids {
-            pipe.cmd("HMGET").arg(keys.task(id)).arg(&FIELDS);
+            pipe.cmd("HMGET").arg(home.task(id)).arg(&FIELDS);
         }
         let rows: Vec<Vec<Option<String>>> = pipe.query_async(con).await?;
         for (id, row) in ids.into_iter().zip(rows) {
@@ -82,7 +82,7 @@ pub async fn snapshot(con: &mut Conn, keys: &Home, now_ms: u64, retention: Durat
             }
             let Some(mut t) = shardctl_common::model::TaskInfo::from_hash(id, &h)? else { continue };
             // its shares' live counts (none to read for a task of one partition)
-            progress::live_counts(con, keys, &mut t).await?;
+            progress::live_counts(con, home, &mut t).await?;
             let (kind, state) = (h["kind"].clone(), h["state"].clone());
             let (total, done, failed) = (Some(t.total), Some(t.done), Some(t.failed));
             if state == "failed" {
@@ -98,8 +98,8 @@ pub async fn snapshot(con: &mut Conn, keys: &Home, now_ms: u64, retention: Durat
             });
         }
     }
-    out.counts = progress::shard_counts(con, keys).await?;
-    out.live = membership::live(con, keys).await?.len();
+    out.counts = progress::shard_counts(con, home).await?;
+    out.live = membership::live(con, home).await?.len();
     Ok(out)
 }
 

@@ -67,15 +67,15 @@ impl fmt::Display for Stuck {
 
 /// The reasons task `t` may not be moving, most likely first; empty when none is known (the
 /// executors are busy with other work, or its shards are long).
-pub async fn reasons<C: ConnectionLike + Send>(con: &mut C, keys: &Home, t: &TaskInfo) -> Result<Vec<Stuck>> {
+pub async fn reasons<C: ConnectionLike + Send>(con: &mut C, home: &Home, t: &TaskInfo) -> Result<Vec<Stuck>> {
     let mut out = Vec::new();
     if t.state.is_finished() {
         return Ok(out);
     }
-    let now = server_now_ms(con, keys).await?;
+    let now = server_now_ms(con, home).await?;
     let (paused, limit_max, limit_per, limit_used): (Option<String>, Option<u64>, Option<u64>, Option<u64>) =
         redis::cmd("HMGET")
-            .arg(keys.meta())
+            .arg(home.meta())
             .arg(&["paused", "limit_max", "limit_per_ms", "limit_used"])
             .query_async(con)
             .await?;
@@ -89,18 +89,18 @@ pub async fn reasons<C: ConnectionLike + Send>(con: &mut C, keys: &Home, t: &Tas
     }
     // the nodes' scores are the times they count as alive until
     let newest: Vec<(String, u64)> =
-        redis::cmd("ZRANGE").arg(keys.nodes()).arg(-1).arg(-1).arg("WITHSCORES").query_async(con).await?;
+        redis::cmd("ZRANGE").arg(home.nodes()).arg(-1).arg(-1).arg("WITHSCORES").query_async(con).await?;
     match newest.first() {
         None => {
             // every one left (or was reaped): `meta` keeps when the last did
-            let left: Option<u64> = redis::cmd("HGET").arg(keys.meta()).arg("last_left_ms").query_async(con).await?;
+            let left: Option<u64> = redis::cmd("HGET").arg(home.meta()).arg("last_left_ms").query_async(con).await?;
             out.push(Stuck::NoExecutor { last_seen_ms_ago: left.map(|l| now.saturating_sub(l)) })
         }
         Some((_, until)) if *until <= now => out.push(Stuck::NoExecutor { last_seen_ms_ago: Some(now - until) }),
         Some(_) => {
             // live executors: do any serve the kind? (`None`: one serves every kind, or an older
             // one announced nothing)
-            if let Some(served) = crate::membership::served_kinds(con, keys).await? {
+            if let Some(served) = crate::membership::served_kinds(con, home).await? {
                 if !served.contains(&t.kind) {
                     out.push(Stuck::Unserved { kind: t.kind.clone(), served: served.into_iter().collect() });
                 }

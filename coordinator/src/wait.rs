@@ -22,12 +22,12 @@ const STUCK_RECHECK: Duration = Duration::from_secs(1);
 /// every reading. Redis errors are retried until the timeout.
 pub async fn wait<C: ConnectionLike + Send>(
     con: &mut C,
-    keys: &Home,
+    home: &Home,
     id: &str,
     timeout: Option<Duration>,
     on_progress: impl FnMut(&TaskInfo),
 ) -> Result<TaskInfo> {
-    wait_explained(con, keys, id, timeout, on_progress, |_| {}).await
+    wait_explained(con, home, id, timeout, on_progress, |_| {}).await
 }
 
 /// [`wait`], and when the task has not moved for [`STUCK_AFTER`], `on_stuck` with the reasons
@@ -35,7 +35,7 @@ pub async fn wait<C: ConnectionLike + Send>(
 /// or no reason known). A timeout says the last reasons known.
 pub async fn wait_explained<C: ConnectionLike + Send>(
     con: &mut C,
-    keys: &Home,
+    home: &Home,
     id: &str,
     timeout: Option<Duration>,
     mut on_progress: impl FnMut(&TaskInfo),
@@ -46,7 +46,7 @@ pub async fn wait_explained<C: ConnectionLike + Send>(
     let mut said: Vec<Stuck> = Vec::new();
     let mut checked: Option<Instant> = None;
     loop {
-        match progress::task(con, keys, id).await {
+        match progress::task(con, home, id).await {
             Ok(t) => {
                 on_progress(&t);
                 if t.state.is_finished() {
@@ -65,7 +65,7 @@ pub async fn wait_explained<C: ConnectionLike + Send>(
                     said.clone()
                 } else {
                     checked = Some(Instant::now());
-                    crate::stuck::reasons(con, keys, &t).await.unwrap_or_default()
+                    crate::stuck::reasons(con, home, &t).await.unwrap_or_default()
                 };
                 if why != said {
                     on_stuck(&why);

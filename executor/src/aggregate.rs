@@ -33,20 +33,20 @@ async fn scan_hash(con: &mut Conn, key: &str) -> Result<HashMap<u64, String>> {
 /// checked: a share that lost writes after its count (a failover of its partition's master)
 /// makes its count forgotten (`uncount.lua`, for the holder of the aggregation's claim `token`)
 /// and the aggregation fail, to run again once the share is counted anew.
-pub(crate) async fn outcomes(con: &mut Conn, keys: &Home, task: &TaskInfo, token: &str) -> Result<Vec<ShardOutcome>> {
+pub(crate) async fn outcomes(con: &mut Conn, home: &Home, task: &TaskInfo, token: &str) -> Result<Vec<ShardOutcome>> {
     use shardctl_common::share::{check_counted, Counted};
     let (mut results, mut errors) = (HashMap::new(), HashMap::new());
-    let shares = shardctl_common::share::of(con, keys, task).await?;
+    let shares = shardctl_common::share::of(con, home, task).await?;
     // checked before the read and again after it: a share that lost writes while its results
     // were read (a failover of its partition's master) is caught by the second check, so a read
     // that missed results is never aggregated (writes replicate in order: a share sound after
     // the read was whole during it)
     for (pass, s) in shares.iter().map(|s| (0, s)).chain(shares.iter().map(|s| (1, s))) {
-        match check_counted(con, keys, task, s).await? {
+        match check_counted(con, home, task, s).await? {
             Counted::Sound => {}
             Counted::Lost(what) => {
                 let forgotten =
-                    shardctl_common::scripts::uncount(con, keys, &task.task_id, &task.inc, s.partition, token).await?;
+                    shardctl_common::scripts::uncount(con, home, &task.task_id, &task.inc, s.partition, token).await?;
                 tracing::warn!(task = %task.task_id, partition = s.partition, forgotten, "a counted share {what}: lost writes");
                 return Err(shardctl_common::Error::Protocol(format!(
                     "task {}: share {} {what} after it was counted (its partition's master lost writes){}",

@@ -66,7 +66,7 @@ impl Args {
         Ok(self.given_redis()?.unwrap_or_else(|| DEFAULT_REDIS.to_owned()))
     }
     /// The queue's keys; clap has checked both names already, `Keys::new` checks them again.
-    pub(crate) fn keys(&self) -> anyhow::Result<Home> {
+    pub(crate) fn home(&self) -> anyhow::Result<Home> {
         Ok(Home::new(&self.prefix, &self.queue)?)
     }
 }

@@ -37,15 +37,15 @@ fn on_off(s: &str) -> Result<bool, String> {
 
 pub async fn run(args: &Args, a: &ConfigArgs) -> anyhow::Result<ExitCode> {
     let (endpoint, mut con) = connect(args).await?;
-    let keys = args.keys()?;
+    let home = args.home()?;
     let layout = match a.partitions {
-        Some(k) => shardctl_common::partition::set_count(&mut con, &keys, k, endpoint.is_cluster()).await?,
-        None => shardctl_common::partition::layout(&mut con, &keys).await?,
+        Some(k) => shardctl_common::partition::set_count(&mut con, &home, k, endpoint.is_cluster()).await?,
+        None => shardctl_common::partition::layout(&mut con, &home).await?,
     };
     // on a cluster, where each partition lies now
     let masters: Option<Vec<String>> =
         if endpoint.is_cluster() { shardctl_common::partition::masters_of(&mut con, &layout).await? } else { None };
-    let s = control::queue_settings(&mut con, &keys, a.events_maxlen, a.events_completions).await?;
+    let s = control::queue_settings(&mut con, &home, a.events_maxlen, a.events_completions).await?;
     if a.json {
         outln!("{}", shardctl::json::settings(&args.queue, &s, &layout, masters.as_deref()));
     } else {

@@ -39,7 +39,7 @@ pub struct LimitArgs {
 pub async fn cancel(args: &Args, a: &TaskIdArg) -> anyhow::Result<ExitCode> {
     let id = super::args::task_id(&a.task)?;
     let (_, mut con) = connect(args).await?;
-    let stopped = control::cancel(&mut con, &args.keys()?, id).await?;
+    let stopped = control::cancel(&mut con, &args.home()?, id).await?;
     outln!("task {id} cancelled: {stopped} running shards are told to stop at their executors' next heartbeat");
     Ok(ExitCode::SUCCESS)
 }
@@ -47,9 +47,9 @@ pub async fn cancel(args: &Args, a: &TaskIdArg) -> anyhow::Result<ExitCode> {
 pub async fn retry(args: &Args, a: &TaskIdArg) -> anyhow::Result<ExitCode> {
     let id = super::args::task_id(&a.task)?;
     let (_, mut con) = connect(args).await?;
-    let keys = args.keys()?;
-    let before = shardctl_coordinator::progress::task(&mut con, &keys, id).await?;
-    let retried = shardctl_common::retry::retry(&mut con, &keys, id).await.map_err(|e| match e.script_code() {
+    let home = args.home()?;
+    let before = shardctl_coordinator::progress::task(&mut con, &home, id).await?;
+    let retried = shardctl_common::retry::retry(&mut con, &home, id).await.map_err(|e| match e.script_code() {
         // say which flag the task was dispatched with
         Some(c @ ScriptCode::ResultsDiscarded) => {
             Error::refused(c, format!("{e} (it was dispatched with --keep-results false)"))
@@ -62,16 +62,16 @@ pub async fn retry(args: &Args, a: &TaskIdArg) -> anyhow::Result<ExitCode> {
 
 pub async fn clean(args: &Args, a: &CleanArgs) -> anyhow::Result<ExitCode> {
     let (_, mut con) = connect(args).await?;
-    let n = control::clean(&mut con, &args.keys()?, a.older_than).await?;
+    let n = control::clean(&mut con, &args.home()?, a.older_than).await?;
     outln!("removed {n} ended task{} and {} keys", if n == 1 { "" } else { "s" }, if n == 1 { "its" } else { "their" });
     Ok(ExitCode::SUCCESS)
 }
 
 pub async fn limit(args: &Args, a: &LimitArgs) -> anyhow::Result<ExitCode> {
     let (_, mut con) = connect(args).await?;
-    let keys = args.keys()?;
+    let home = args.home()?;
     if a.off {
-        control::set_limit(&mut con, &keys, None).await?;
+        control::set_limit(&mut con, &home, None).await?;
         outln!("queue {}: no rate limit", args.queue);
         return Ok(ExitCode::SUCCESS);
     }
@@ -82,9 +82,9 @@ pub async fn limit(args: &Args, a: &LimitArgs) -> anyhow::Result<ExitCode> {
         if per < Duration::from_millis(1) {
             return Err(Error::invalid("--per must be at least 1ms").into());
         }
-        control::set_limit(&mut con, &keys, Some(RateLimit { max, per })).await?;
+        control::set_limit(&mut con, &home, Some(RateLimit { max, per })).await?;
     }
-    match control::limit(&mut con, &keys).await? {
+    match control::limit(&mut con, &home).await? {
         Some(l) => {
             outln!("queue {}: at most {} shards start per {}", args.queue, l.max, humantime::format_duration(l.per))
         }

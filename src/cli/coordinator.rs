@@ -69,6 +69,6 @@ pub async fn run(args: &Args, a: &CoordinatorArgs) -> anyhow::Result<ExitCode> {
     };
     let coordinator = Coordinator::new(cfg)?;
     let (_, con) = connect(args).await?;
-    coordinator.run_until_signal(con, args.keys()?).await?;
+    coordinator.run_until_signal(con, args.home()?).await?;
     Ok(ExitCode::SUCCESS)
 }

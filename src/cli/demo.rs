@@ -41,11 +41,11 @@ pub async fn run(args: &Args, a: &DemoArgs) -> anyhow::Result<ExitCode> {
     shardctl_executor::shutdown::cancel_on_signal(interrupted.clone());
     let given = args.given_redis()?;
     let (_server, url) = RedisServer::unless_given(&given)?;
-    let keys = args.keys()?;
+    let home = args.home()?;
     let endpoint = conn::open(&url)?;
     let mut con = endpoint.manager().await?;
     let spec = TaskSpec { items: a.items, ..TaskSpec::new(new_task_id(), "primes", a.shards) };
-    create_task(&mut con, &keys, &spec).await?;
+    create_task(&mut con, &home, &spec).await?;
     eprintln!(
         "dispatched task {} : primes below {} in {} shards; {} executors",
         spec.id, a.items, a.shards, a.executors
@@ -57,7 +57,7 @@ pub async fn run(args: &Args, a: &DemoArgs) -> anyhow::Result<ExitCode> {
     for i in 0..a.executors {
         let executor = ExecutorConfig { node_id: format!("demo-{i}"), concurrency: cores, ..Default::default() };
         let config = NodeConfig { executor, ..Default::default() };
-        let node = Node::start(endpoint.clone(), keys.clone(), config, Registry::with_builtins()).await?;
+        let node = Node::start(endpoint.clone(), home.clone(), config, Registry::with_builtins()).await?;
         runs.push(tokio::spawn(node.run(stop.clone())));
     }
     let start = Instant::now();
@@ -72,7 +72,7 @@ pub async fn run(args: &Args, a: &DemoArgs) -> anyhow::Result<ExitCode> {
     }
     let code = code?;
 
-    let t = shardctl_coordinator::progress::task(&mut con, &keys, &spec.id).await?;
+    let t = shardctl_coordinator::progress::task(&mut con, &home, &spec.id).await?;
     let items = a.items;
     let expected = tokio::task::spawn_blocking(move || count_primes(0, items)).await?;
     let got = t.result.clone().unwrap_or_default();

@@ -61,14 +61,14 @@ pub async fn run(args: &Args, a: &DispatchArgs) -> anyhow::Result<ExitCode> {
     }
     let (_, mut con) = connect(args).await?;
     // a kind no live executor serves would wait forever: a typo (`prime`) is said at once
-    if let Some(said) = shardctl_coordinator::membership::unserved(&mut con, &args.keys()?, &spec.kind).await? {
+    if let Some(said) = shardctl_coordinator::membership::unserved(&mut con, &args.home()?, &spec.kind).await? {
         if !a.unserved {
             let what = "start an executor that serves it, or give --unserved to queue it anyway";
             return Err(Error::invalid(format!("{said} ({what})")).into());
         }
         eprintln!("note: {said}; its shards wait until an executor serving it starts");
     }
-    let d = dispatch(&mut con, &args.keys()?, &spec, shard_keys.as_deref()).await?;
+    let d = dispatch(&mut con, &args.home()?, &spec, shard_keys.as_deref()).await?;
     if a.delay.is_some_and(|d| !d.is_zero()) {
         eprintln!(
             "delayed: nothing of it is claimable for {}",

@@ -126,7 +126,7 @@ pub async fn run(args: &Args, a: &ExecutorArgs) -> anyhow::Result<ExitCode> {
     let registry = commands.registry(a.max_result_bytes)?;
     let endpoint = shardctl_common::conn::open(&args.redis_url()?)?;
     // refused at once while another live executor holds this node id
-    let node = Node::start(endpoint, args.keys()?, config, registry).await?;
+    let node = Node::start(endpoint, args.home()?, config, registry).await?;
     match node.run_until_signal().await {
         Ok(_) => Ok(ExitCode::SUCCESS),
         Err(e @ shardctl_common::Error::Refused { .. }) => Err(anyhow::anyhow!("stopped: {e}")),

@@ -9,12 +9,12 @@ use super::args::{connect, Args};
 
 pub async fn run(args: &Args, paused: bool) -> anyhow::Result<ExitCode> {
     let (_, mut con) = connect(args).await?;
-    let keys = args.keys()?;
+    let home = args.home()?;
     if paused {
-        control::pause(&mut con, &keys).await?;
+        control::pause(&mut con, &home).await?;
         outln!("queue {} paused: no new claims; running shards finish", args.queue);
     } else {
-        control::resume(&mut con, &keys).await?;
+        control::resume(&mut con, &home).await?;
         outln!("queue {} resumed", args.queue);
     }
     Ok(ExitCode::SUCCESS)

@@ -21,7 +21,7 @@ pub struct ResultsArgs {
 pub async fn run(args: &Args, a: &ResultsArgs) -> anyhow::Result<ExitCode> {
     super::args::task_id(&a.task)?;
     let (_, mut con) = connect(args).await?;
-    let home = args.keys()?;
+    let home = args.home()?;
     let t = shardctl_coordinator::progress::task(&mut con, &home, &a.task).await?;
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());

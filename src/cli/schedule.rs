@@ -106,7 +106,7 @@ pub async fn run(args: &Args, a: &ScheduleArgs) -> anyhow::Result<ExitCode> {
         ScheduleCommand::Remove { name } => {
             names::validate_schedule_name(name)?;
             let (_, mut con) = connect(args).await?;
-            if !schedule::remove(&mut con, &args.keys()?, name).await? {
+            if !schedule::remove(&mut con, &args.home()?, name).await? {
                 // like a missing task: an error (1), not bad usage
                 anyhow::bail!("no schedule named '{name}'");
             }
@@ -129,12 +129,12 @@ async fn run_add(args: &Args, a: &AddArgs) -> anyhow::Result<ExitCode> {
     Schedule::new(&a.name, &a.cron, &a.tz, a.overlap, a.misfire, grace, &spec, now_ms())?;
     let (_, mut con) = connect(args).await?;
     // created at the server's time: fire times are judged by that clock (docs/design/clock.md)
-    let now = server_now_ms(&mut con, args.keys()?.keys()).await?;
+    let now = server_now_ms(&mut con, args.home()?.keys()).await?;
     let s = Schedule::new(&a.name, &a.cron, &a.tz, a.overlap, a.misfire, grace, &spec, now)?;
-    schedule::add(&mut con, &args.keys()?, &s, a.replace).await?;
+    schedule::add(&mut con, &args.home()?, &s, a.replace).await?;
     let next = s.next_after(now).map_or_else(|| "never".to_owned(), |t| shardctl_common::cron::show(t, &s.tz));
     outln!("schedule {} added: '{}' in {}; next fire {next}", s.name, s.cron, s.tz);
-    if shardctl_coordinator::presence::live(&mut con, &args.keys()?).await?.is_empty() {
+    if shardctl_coordinator::presence::live(&mut con, &args.home()?).await?.is_empty() {
         eprintln!(
             "note: no coordinator is running for queue '{}': schedules fire only while `shardctl coordinator` runs",
             args.queue
@@ -145,8 +145,8 @@ async fn run_add(args: &Args, a: &AddArgs) -> anyhow::Result<ExitCode> {
 
 async fn run_list(args: &Args, json: bool) -> anyhow::Result<ExitCode> {
     let (_, mut con) = connect(args).await?;
-    let now = server_now_ms(&mut con, args.keys()?.keys()).await?;
-    let all = schedule::list(&mut con, &args.keys()?, now).await?;
+    let now = server_now_ms(&mut con, args.home()?.keys()).await?;
+    let all = schedule::list(&mut con, &args.home()?, now).await?;
     if json {
         let v: Vec<serde_json::Value> = all.iter().map(|(s, st)| shardctl::json::schedule(s, st)).collect();
         outln!("{}", serde_json::Value::Array(v));

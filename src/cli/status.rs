@@ -24,11 +24,11 @@ pub async fn run(args: &Args, a: &StatusArgs) -> anyhow::Result<ExitCode> {
         super::args::task_id(id)?;
     }
     let (_, mut con) = connect(args).await?;
-    let keys = args.keys()?;
+    let home = args.home()?;
     let Some(id) = &a.task else {
-        let q = progress::queue(&mut con, &keys, &args.queue, 10).await?;
-        let nodes = progress::nodes(&mut con, &keys).await?;
-        let coordinators = shardctl_coordinator::presence::live(&mut con, &keys).await?;
+        let q = progress::queue(&mut con, &home, &args.queue, 10).await?;
+        let nodes = progress::nodes(&mut con, &home).await?;
+        let coordinators = shardctl_coordinator::presence::live(&mut con, &home).await?;
         if a.json {
             let mut v = serde_json::to_value(&q)?;
             v["nodes"] = serde_json::to_value(&nodes)?;
@@ -42,9 +42,9 @@ pub async fn run(args: &Args, a: &StatusArgs) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     };
-    let t = progress::task(&mut con, &keys, id).await?;
+    let t = progress::task(&mut con, &home, id).await?;
     if a.failed {
-        let failed = progress::failed_shards(&mut con, &keys, id).await?;
+        let failed = progress::failed_shards(&mut con, &home, id).await?;
         if a.json {
             outln!("{}", shardctl::json::failed(&failed));
         } else {
@@ -56,7 +56,7 @@ pub async fn run(args: &Args, a: &StatusArgs) -> anyhow::Result<ExitCode> {
     }
     // why it may not be moving: said, never guessed (empty when nothing is known)
     let stuck: Vec<String> =
-        shardctl_coordinator::stuck::reasons(&mut con, &keys, &t).await?.iter().map(ToString::to_string).collect();
+        shardctl_coordinator::stuck::reasons(&mut con, &home, &t).await?.iter().map(ToString::to_string).collect();
     if a.json {
         let mut v = serde_json::to_value(&t)?;
         v["stuck"] = stuck.into();

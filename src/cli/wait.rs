@@ -47,7 +47,7 @@ pub async fn wait_or_interrupt(
         _ = int.recv() => ("SIGINT", 2),
         _ = term.recv() => ("SIGTERM", 15),
     };
-    let now = match shardctl_coordinator::progress::task(con, &args.keys()?, id).await {
+    let now = match shardctl_coordinator::progress::task(con, &args.home()?, id).await {
         Ok(t) => format!(" ({}: {} of {} shards done, {} failed)", t.state.as_str(), t.done, t.total, t.failed),
         Err(_) => String::new(),
     };
@@ -73,7 +73,7 @@ pub async fn wait_and_print(
             bar.note(&format!("task {id} is not moving: {}", why.join("; ")));
         }
     };
-    let t = wait_explained(con, &args.keys()?, id, timeout, |t| bar.update(t), on_stuck).await;
+    let t = wait_explained(con, &args.home()?, id, timeout, |t| bar.update(t), on_stuck).await;
     bar.finish();
     let t = t?;
     print_final(&t, json);
@@ -93,7 +93,7 @@ const TOP_REASONS: usize = 5;
 async fn print_reasons(con: &mut Conn, args: &Args, t: &TaskInfo) -> anyhow::Result<()> {
     let id = &t.task_id;
     if t.failed <= SUMMARY_MAX_FAILED {
-        let failed = shardctl_coordinator::progress::failed_shards(con, &args.keys()?, id).await?;
+        let failed = shardctl_coordinator::progress::failed_shards(con, &args.home()?, id).await?;
         for l in shardctl::text::top_reasons(&failed, TOP_REASONS) {
             outln!("{l}");
         }

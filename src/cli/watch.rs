@@ -28,18 +28,18 @@ pub async fn run(args: &Args, a: &WatchArgs) -> anyhow::Result<ExitCode> {
         super::args::task_id(t)?;
     }
     let (endpoint, mut plain) = connect(args).await?;
-    let keys = args.keys()?;
+    let home = args.home()?;
     // what is to come, on stderr (stdout holds only events): an empty or disabled log waits
     // silently otherwise
-    let settings = shardctl_common::control::queue_settings(&mut plain, &keys, None, None).await?;
+    let settings = shardctl_common::control::queue_settings(&mut plain, &home, None, None).await?;
     // best effort: the minimal ACL of docs/operations.md has no XLEN
-    let kept: Option<u64> = redis::cmd("XLEN").arg(keys.events()).query_async(&mut plain).await.ok();
+    let kept: Option<u64> = redis::cmd("XLEN").arg(home.events()).query_async(&mut plain).await.ok();
     if let Some(note) = shardctl::text::watch_note(&args.queue, &settings, kept, a.from_start) {
         eprintln!("{note}");
     }
     // a blocking read needs a connection of its own with a response timeout past the block
     let blocking = endpoint.blocking(std::time::Duration::from_secs(5)).await?;
-    let mut follow = Follow::start(&keys, plain, blocking, a.from_start).await?;
+    let mut follow = Follow::start(&home, plain, blocking, a.from_start).await?;
     let mut seen = 0u64;
     loop {
         for (id, fields) in follow.next().await? {

@@ -46,15 +46,15 @@ pub async fn read(d: &Dashboard, path: &[&str], query: &HashMap<String, String>)
 pub async fn act(d: &Dashboard, path: &[&str]) -> Reply {
     let mut con = d.con.clone();
     let done = match path {
-        ["queue", "pause"] => control::pause(&mut con, &d.keys).await.map(|()| json!({ "paused": true })),
-        ["queue", "resume"] => control::resume(&mut con, &d.keys).await.map(|()| json!({ "paused": false })),
+        ["queue", "pause"] => control::pause(&mut con, &d.home).await.map(|()| json!({ "paused": true })),
+        ["queue", "resume"] => control::resume(&mut con, &d.home).await.map(|()| json!({ "paused": false })),
         ["tasks", id, "cancel"] => match checked(id) {
-            Ok(id) => control::cancel(&mut con, &d.keys, id).await.map(|n| json!({ "task_id": id, "stopped": n })),
+            Ok(id) => control::cancel(&mut con, &d.home, id).await.map(|n| json!({ "task_id": id, "stopped": n })),
             Err(e) => return e,
         },
         ["tasks", id, "retry"] => match checked(id) {
             Ok(id) => {
-                shardctl_common::retry::retry(&mut con, &d.keys, id).await.map(|n| json!({ "task_id": id, "again": n }))
+                shardctl_common::retry::retry(&mut con, &d.home, id).await.map(|n| json!({ "task_id": id, "again": n }))
             }
             Err(e) => return e,
         },
@@ -100,14 +100,14 @@ fn number(query: &HashMap<String, String>, name: &str, default: u64, range: Rang
 /// A task without its payload and result (what a map or a page of reasons needs); 404 if none.
 async fn light_task(d: &Dashboard, id: &str) -> Result<TaskInfo, Reply> {
     let mut con = d.con.clone();
-    let found = inspect::tasks_without_payload(&mut con, &d.keys, &[id.to_owned()]).await.map_err(failure)?;
+    let found = inspect::tasks_without_payload(&mut con, &d.home, &[id.to_owned()]).await.map_err(failure)?;
     found.into_iter().next().flatten().ok_or_else(|| Reply::error(404, format!("no task '{id}'")))
 }
 
 /// `GET /api/info`: static, no Redis.
 pub fn info(d: &Dashboard) -> Value {
     json!({
-        "queue": d.keys.queue(),
+        "queue": d.home.queue(),
         "version": env!("CARGO_PKG_VERSION"),
         "read_only": d.read_only(),
         "refresh_ms": super::reads::FRESH.as_millis() as u64,
@@ -116,7 +116,7 @@ pub fn info(d: &Dashboard) -> Value {
 
 async fn queue(d: &Dashboard) -> Result<Value, Reply> {
     let mut con = d.con.clone();
-    let k = &d.keys;
+    let k = &d.home;
     let counts = progress::shard_counts(&mut con, k).await.map_err(failure)?;
     let limit = control::limit(&mut con, k).await.map_err(failure)?;
     let executors = progress::nodes(&mut con, k).await.map_err(failure)?;
@@ -147,18 +147,18 @@ async fn tasks(d: &Dashboard, query: &HashMap<String, String>) -> Result<Value, 
     let offset = number(query, "offset", 0, 0..=u64::MAX)?;
     let limit = number(query, "limit", 50, 1..=inspect::MAX_PAGE)?;
     let mut con = d.con.clone();
-    let page = inspect::task_page(&mut con, &d.keys, filter, offset, limit).await.map_err(failure)?;
+    let page = inspect::task_page(&mut con, &d.home, filter, offset, limit).await.map_err(failure)?;
     serde_json::to_value(page).map_err(|e| Reply::error(500, e))
 }
 
 async fn task(d: &Dashboard, id: &str) -> Result<Value, Reply> {
     let id = checked(id)?;
     let mut con = d.con.clone();
-    let t = progress::task(&mut con, &d.keys, id).await.map_err(failure)?;
+    let t = progress::task(&mut con, &d.home, id).await.map_err(failure)?;
     let why = if t.state.is_finished() {
         Vec::new()
     } else {
-        stuck::reasons(&mut con, &d.keys, &t).await.map_err(failure)?.iter().map(ToString::to_string).collect()
+        stuck::reasons(&mut con, &d.home, &t).await.map_err(failure)?.iter().map(ToString::to_string).collect()
     };
     let payload: Value = serde_json::from_str(&t.payload).unwrap_or_else(|_| Value::String(t.payload.clone()));
     let mut v = serde_json::to_value(&t).map_err(|e| Reply::error(500, e))?;
@@ -173,7 +173,7 @@ async fn failed(d: &Dashboard, id: &str, query: &HashMap<String, String>) -> Res
     let count = number(query, "count", 50, 1..=inspect::MAX_PAGE)?;
     let t = light_task(d, id).await?;
     let mut con = d.con.clone();
-    let page = inspect::reason_page(&mut con, &d.keys, &t, cursor, count).await.map_err(failure)?;
+    let page = inspect::reason_page(&mut con, &d.home, &t, cursor, count).await.map_err(failure)?;
     serde_json::to_value(page).map_err(|e| Reply::error(500, e))
 }
 
@@ -182,20 +182,20 @@ async fn map(d: &Dashboard, id: &str, query: &HashMap<String, String>) -> Result
     let cells = number(query, "cells", shard_map::MAX_CELLS, 1..=shard_map::MAX_CELLS)?;
     let t = light_task(d, id).await?;
     let mut con = d.con.clone();
-    let m = shard_map::shard_map(&mut con, &d.keys, &t, cells).await.map_err(failure)?;
+    let m = shard_map::shard_map(&mut con, &d.home, &t, cells).await.map_err(failure)?;
     serde_json::to_value(m).map_err(|e| Reply::error(500, e))
 }
 
 async fn schedules(d: &Dashboard) -> Result<Value, Reply> {
     let mut con = d.con.clone();
-    let now = shardctl_common::time::server_now_ms(&mut con, &d.keys).await.map_err(failure)?;
-    let all = schedule::list(&mut con, &d.keys, now).await.map_err(failure)?;
+    let now = shardctl_common::time::server_now_ms(&mut con, &d.home).await.map_err(failure)?;
+    let all = schedule::list(&mut con, &d.home, now).await.map_err(failure)?;
     Ok(Value::Array(all.iter().map(|(s, st)| crate::json::schedule(s, st)).collect()))
 }
 
 async fn events(d: &Dashboard, query: &HashMap<String, String>) -> Result<Value, Reply> {
     let count = number(query, "count", 50, 1..=inspect::MAX_PAGE)?;
     let mut con = d.con.clone();
-    let tail = shardctl_coordinator::events::newest(&mut con, &d.keys, count).await.map_err(failure)?;
+    let tail = shardctl_coordinator::events::newest(&mut con, &d.home, count).await.map_err(failure)?;
     Ok(Value::Array(tail.iter().map(|(id, f)| crate::json::event(id, f)).collect()))
 }

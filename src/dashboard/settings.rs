@@ -9,7 +9,7 @@ use shardctl_common::{Error, Home, Result};
 /// A dashboard of one queue.
 pub struct Dashboard {
     pub(super) con: Conn,
-    pub(super) keys: Home,
+    pub(super) home: Home,
     /// The action token; `None`: read-only.
     pub(super) token: Option<String>,
     pub(super) reads: super::reads::Reads,
@@ -19,8 +19,8 @@ pub struct Dashboard {
 
 impl Dashboard {
     /// A dashboard reading `keys`' queue through `con`; actions need `token` (none: read-only).
-    pub fn new(con: Conn, keys: Home, token: Option<String>) -> Self {
-        Dashboard { con, keys, token, reads: super::reads::Reads::new(), hosts: None }
+    pub fn new(con: Conn, home: Home, token: Option<String>) -> Self {
+        Dashboard { con, home, token, reads: super::reads::Reads::new(), hosts: None }
     }
 
     /// Whether actions are refused (no token configured).

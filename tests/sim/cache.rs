@@ -31,13 +31,13 @@ pub struct SpecCache {
 impl SpecCache {
     /// The spec to run a shard of incarnation `inc` of task `id` with, claimed with the task's
     /// full incarnation id `full` (the hash of its `inc`).
-    pub async fn get(&mut self, con: &mut Conn, keys: &Home, id: &str, inc: u64, full: u64) -> Option<Spec> {
+    pub async fn get(&mut self, con: &mut Conn, home: &Home, id: &str, inc: u64, full: u64) -> Option<Spec> {
         if let Some(s) = self.map.get(id) {
             if s.inc == inc && s.full == full {
                 return Some(*s);
             }
         }
-        let Some(loaded) = load(con, keys, id).await else {
+        let Some(loaded) = load(con, home, id).await else {
             self.map.remove(id);
             return None;
         };
@@ -50,9 +50,9 @@ impl SpecCache {
     }
 }
 
-async fn load(con: &mut Conn, keys: &Home, id: &str) -> Option<Spec> {
+async fn load(con: &mut Conn, home: &Home, id: &str) -> Option<Spec> {
     let (seq, inc, payload): (Option<u64>, Option<String>, Option<String>) = redis::cmd("HMGET")
-        .arg(keys.task(id))
+        .arg(home.task(id))
         .arg("seq")
         .arg("inc")
         .arg("payload")

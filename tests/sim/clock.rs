@@ -8,9 +8,9 @@ use shardctl_common::Home;
 
 /// Sleeps until the server's clock has passed `due_ms` (a retry's due time as a script wrote it,
 /// at most a few ms away).
-pub async fn wait_past(con: &mut Conn, keys: &Home, due_ms: u64) -> Result<(), String> {
+pub async fn wait_past(con: &mut Conn, home: &Home, due_ms: u64) -> Result<(), String> {
     loop {
-        let now = server_now_ms(con, keys).await.map_err(|e| format!("TIME: {e}"))?;
+        let now = server_now_ms(con, home).await.map_err(|e| format!("TIME: {e}"))?;
         if now > due_ms {
             return Ok(());
         }

@@ -44,8 +44,8 @@ impl fmt::Debug for Failure {
 }
 
 /// Runs seed `seed` for `steps` steps and drains; the steps taken, by kind.
-pub async fn run(con: Conn, keys: Home, seed: u64, steps: u64) -> Result<BTreeMap<String, u64>, Failure> {
-    let mut w = World::new(con, keys, seed).await;
+pub async fn run(con: Conn, home: Home, seed: u64, steps: u64) -> Result<BTreeMap<String, u64>, Failure> {
+    let mut w = World::new(con, home, seed).await;
     let fail = |w: &World, step: u64, message: String| Failure {
         seed,
         step,

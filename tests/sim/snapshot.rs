@@ -147,26 +147,26 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// Reads it.
-    pub async fn read(con: &mut Conn, keys: &Home, ids: &[String], instances: &[String], nodes: &[String]) -> Snapshot {
+    pub async fn read(con: &mut Conn, home: &Home, ids: &[String], instances: &[String], nodes: &[String]) -> Snapshot {
         // one read-only script: one round trip, and a view of one instant
         let mut inv = SNAPSHOT.prepare_invoke();
-        inv.key(keys.active()).key(keys.kinds()).key(keys.delayed()).key(keys.stalled()).key(keys.meta());
-        inv.key(keys.reroute()).key(keys.unrouted()).key(keys.nodes()).key(keys.routed_nodes());
-        inv.key(keys.leases());
+        inv.key(home.active()).key(home.kinds()).key(home.delayed()).key(home.stalled()).key(home.meta());
+        inv.key(home.reroute()).key(home.unrouted()).key(home.nodes()).key(home.routed_nodes());
+        inv.key(home.leases());
         inv.arg(instances.len()).arg(ids.len()).arg(nodes.len());
         for i in instances {
             inv.arg(i);
         }
         for id in ids {
-            for k in keys.task_keys(id) {
+            for k in home.task_keys(id) {
                 inv.key(k);
             }
         }
         for n in nodes {
-            inv.key(keys.node_wait(n));
+            inv.key(home.node_wait(n));
         }
         for k in KINDS {
-            inv.key(keys.lane_wait(k));
+            inv.key(home.lane_wait(k));
         }
         let text: String = inv.invoke_async(con).await.expect("snapshot script");
         let v: Json = serde_json::from_str(&text).expect("snapshot JSON");

@@ -50,12 +50,12 @@ pub struct World {
 
 impl World {
     /// A world on an empty queue.
-    pub async fn new(con: Conn, keys: Home, seed: u64) -> Self {
+    pub async fn new(con: Conn, home: Home, seed: u64) -> Self {
         let execs: Vec<Executor> = (0..EXECUTORS).map(Executor::new).collect();
-        let keys_prefix = keys.prefix().to_owned();
+        let keys_prefix = home.prefix().to_owned();
         let mut w = World {
             con,
-            keys,
+            keys: home,
             rng: Rng::new(seed),
             model: Model::default(),
             instances: execs.iter().map(|e| e.instance.clone()).collect(),

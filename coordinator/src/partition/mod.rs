@@ -24,12 +24,12 @@ use shardctl_common::{Error, Home, Result, ScriptCode};
 /// read again, three times at most.
 pub(crate) async fn create_over<C: ConnectionLike + Send>(
     con: &mut C,
-    keys: &Home,
+    home: &Home,
     spec: &TaskSpec,
     shard_keys: Option<&[String]>,
 ) -> Result<Option<Layout>> {
     for _ in 0..3 {
-        let layout = shardctl_common::partition::layout(con, keys).await?;
+        let layout = shardctl_common::partition::layout(con, home).await?;
         if !layout.partitioned() {
             return Ok(None);
         }
