@@ -59,16 +59,16 @@ pub async fn dispatch(
 
     if spec.strategy == Strategy::Pull && shard_keys.is_some() {
         return Err(Error::invalid(
-            "shard home need a routed strategy (consistent-hash, round-robin, hash-mod), not pull",
+            "shard keys need a routed strategy (consistent-hash, round-robin, hash-mod), not pull",
         ));
     }
     if let Some(k) = shard_keys {
         if k.len() as u64 != spec.shards || !spec.has_keys {
-            return Err(Error::invalid(format!("{} home given for {} shards", k.len(), spec.shards)));
+            return Err(Error::invalid(format!("{} keys given for {} shards", k.len(), spec.shards)));
         }
     }
     if spec.strategy != Strategy::Pull {
-        // a routed task over partitions: its shares (and their home) placed in each
+        // a routed task over partitions: its shares (and their keys) placed in each
         if let Some(layout) = crate::partition::create_over(con, home, spec, shard_keys).await? {
             if spec.delay.is_some() {
                 return Ok(Dispatched { resumed: false, placed: 0, live: 0 });
@@ -94,7 +94,7 @@ pub async fn dispatch(
         Err(e) => return Err(e),
     };
     if let (Some(k), false) = (shard_keys, resumed) {
-        // home first: once the task exists, any rebalancer may place it and needs them
+        // keys first: once the task exists, any rebalancer may place it and needs them
         for (c, chunk) in k.chunks(crate::route::CHUNK).enumerate() {
             let base = c * crate::route::CHUNK;
             let pairs: Vec<(usize, &String)> = chunk.iter().enumerate().map(|(i, k)| (base + i, k)).collect();

@@ -20,10 +20,12 @@ pub type Event = (String, Vec<(String, String)>);
 /// Most events one read of a log returns.
 const READ_COUNT: usize = 500;
 
-/// The newest `count` events of the queue's log (newest first). On a partitioned queue the
-/// partitions' per-shard events are merged in (see [`as_task_event`]): K + 1 reads of `count`
-/// events, and one read per task met in a partition.
+/// The newest `count` (at most [`MAX_PAGE`](crate::inspect::MAX_PAGE)) events of the queue's
+/// log (newest first). On a partitioned queue the partitions' per-shard events are merged in
+/// (see [`as_task_event`]): K + 1 reads of `count` events, and one read per task met in a
+/// partition.
 pub async fn newest<C: ConnectionLike + Send>(con: &mut C, home: &Home, count: u64) -> Result<Vec<Event>> {
+    let count = count.clamp(1, crate::inspect::MAX_PAGE);
     let mut out = newest_in(con, home, count).await?;
     let layout = partition::layout(con, home).await?;
     let mut bases = Bases::default();
