@@ -284,3 +284,43 @@ fn bad_cluster_urls_are_clear_errors() {
     let out = shardctl(&["lock", "n", "--redlock", "redis+cluster://a:1,redis://b:2,redis://c:3", "--", "true"]);
     assert_eq!(out.code(), 125, "lock's own bad input (cli/exit.rs, exit::FAILED): {out:?}");
 }
+
+/// A replica that stops answering (frozen, no failover) and serves none of the queue's keys
+/// does not stall the queue: a script the cluster's nodes have not cached is run where it runs
+/// (`EVAL` on the slot's master), never loaded with `SCRIPT LOAD`, which the cluster client sends
+/// to every node, replicas included, and waits for all of them (measured by hand with a frozen
+/// replica still in good standing: the next task took 37 to 45 s, every script's first call
+/// waiting out the 10 s response timeout; 0.01 s now). The home master's `MONITOR` shows what
+/// the queue sent it after the scripts were flushed.
+#[test]
+fn a_frozen_replica_of_another_master_does_not_stall_the_queue() {
+    let cluster = TestCluster::start_with_replicas(3, 1);
+    let queue = "frozen";
+    let home = cluster.owner(cluster.keyslot(&tag(queue)));
+    let masters = cluster.ports();
+    let other = masters.iter().copied().find(|&p| p != home && !cluster.replicas_of(p).is_empty()).unwrap();
+    let cli = Cli::on(&cluster, &cluster.url(), queue);
+    let ex = executor(&cli, "frozen-a");
+    let w = cli.json(&["dispatch", "--shards", "40", "--kind", "noop", "--wait", "--json"], 0);
+    assert_eq!(w["done"], 40, "{w}");
+    let frozen = cluster.cut_off_replicas(other);
+    assert_eq!(frozen.len(), 1, "{frozen:?}");
+    for &p in &masters {
+        let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut cluster.node_con(p)).unwrap();
+    }
+    let seen = std::env::temp_dir().join(format!("shardctl-frozen-monitor-{}", std::process::id()));
+    let mut monitor = std::process::Command::new("redis-cli")
+        .args(["-p", &home.to_string(), "monitor"])
+        .stdout(std::fs::File::create(&seen).unwrap())
+        .spawn()
+        .expect("redis-cli runs");
+    wait_until("the monitor", || std::fs::read_to_string(&seen).is_ok_and(|s| s.contains("OK")));
+    let w = cli.json(&["dispatch", "--shards", "40", "--kind", "noop", "--wait", "--timeout", "8s", "--json"], 0);
+    assert_eq!((w["done"].as_u64(), w["failed"].as_u64()), (Some(40), Some(0)), "{w}\n{}", ex.log());
+    let _ = monitor.kill();
+    let _ = monitor.wait();
+    let seen = std::fs::read_to_string(&seen).unwrap();
+    assert!(!seen.contains(r#""SCRIPT" "LOAD""#), "a script was loaded with SCRIPT LOAD:\n{seen}");
+    assert!(seen.contains(r#""EVAL""#), "no script ran by EVAL after the flush:\n{seen}");
+    cluster.thaw(frozen[0]);
+}

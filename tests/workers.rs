@@ -170,7 +170,10 @@ def answer(m):
     );
     assert_eq!((t["done"].as_u64(), t["failed"].as_u64()), (Some(7), Some(3)), "{t}");
     let why = reasons(&cli, "g").join("\n");
-    assert!(why.contains("outside the protocol: debug output, not JSON"), "{why}");
+    assert!(
+        why.contains("outside the protocol on stdout") && why.contains("(print to stderr): debug output, not JSON"),
+        "{why}"
+    );
     assert!(why.contains("longer than the result limit"), "{why}");
     assert!(why.contains("answered request"), "{why}");
 }
@@ -293,7 +296,7 @@ fn the_python_library_passes_its_own_tests() {
         .expect("python3 runs");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
-    assert!(err.contains("Ran 10 tests"), "{err}");
+    assert!(err.contains("Ran 14 tests"), "{err}");
 }
 
 /// `pip install ./clients/python` as its README says, into a fresh virtualenv (pip fetches the
@@ -358,7 +361,7 @@ fn the_node_library_passes_its_own_tests() {
         .expect("node runs");
     let said = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{said}");
-    assert!(said.contains("# pass 6") && said.contains("# fail 0"), "{said}");
+    assert!(said.contains("# pass 9") && said.contains("# fail 0"), "{said}");
 }
 
 #[test]
@@ -518,4 +521,276 @@ def answer(m):
     );
     assert_eq!((t["done"].as_u64(), t["failed"].as_u64()), (Some(2), Some(1)), "{t}");
     assert!(reasons(&cli, "l")[0].contains("timed out after 1s"), "{:?}", reasons(&cli, "l"));
+}
+
+/// A worker's command, as `--worker` takes it.
+fn command_of(program: &str, file: &Path) -> String {
+    format!("{program} {}", file.display())
+}
+
+fn node_lib() -> String {
+    format!("{}/clients/node", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Workers that recycle themselves after answering (as gunicorn's `max_requests`): through
+/// the Python library (`max_requests=1`), the Node library (`maxRequests: 2`), and a
+/// hand-written worker that exits after each answer without saying so. With `--attempts 1`,
+/// no shard fails: a worker that exits is replaced before it is given a shard, or, when it
+/// exits after the shard was handed to it but before reading it, the shard goes to another
+/// worker without failing an attempt.
+#[test]
+fn workers_that_exit_after_answering_charge_no_attempt() {
+    let dir = tempdir("recycle");
+    let py = script(&dir, "w.py", "from shardctl_worker import serve\nserve(lambda s: s.index, max_requests=1)\n");
+    let js = script(
+        &dir,
+        "w.js",
+        &format!("require({:?}).serve((s) => s.index, undefined, {{ maxRequests: 2 }});\n", node_lib()),
+    );
+    let raw = raw(
+        &dir,
+        r#"
+def answer(m):
+    send({"type": "result", "id": m["id"], "result": m["index"]})
+    sys.exit(0)
+"#,
+    );
+    for (name, cmd) in [
+        ("python", command_of("python3", &py)),
+        ("node", command_of("node", &js)),
+        ("raw", command_of("python3", &raw)),
+    ] {
+        let cli = cli(&format!("workers-recycle-{name}"));
+        let ex = cli.executor(name, &["--worker", &cmd, "--concurrency", "2"]);
+        let t = cli.json(
+            &["dispatch", "--kind", "k", "--shards", "40", "--attempts", "1", "--task-id", name, "--wait", "--json"],
+            0,
+        );
+        assert_eq!((t["done"].as_u64(), t["failed"].as_u64()), (Some(40), Some(0)), "{name}: {t}\n{}", ex.log());
+    }
+}
+
+/// A hand-written worker that numbers its replies itself (from 0): each reply answers no
+/// request that runs, so each attempt fails at once, the worker is replaced and the executor
+/// says so at WARN; the task ends instead of holding its shards for ever.
+#[test]
+fn a_reply_with_a_wrong_id_fails_the_attempt_at_once() {
+    let dir = tempdir("wrong-id");
+    let w = raw(
+        &dir,
+        r#"
+n = [0]
+def answer(m):
+    send({"type": "result", "id": n[0], "result": m["index"]})
+    n[0] += 1
+"#,
+    );
+    let cli = cli("workers-wrong-id");
+    let ex = cli.executor("wi", &["--worker", &format!("python3 {}", w.display())]);
+    let t = cli.json(
+        &["dispatch", "--kind", "k", "--shards", "4", "--attempts", "1", "--task-id", "w", "--wait", "--json"],
+        3,
+    );
+    assert_eq!((t["done"].as_u64(), t["failed"].as_u64()), (Some(0), Some(4)), "{t}");
+    let why = reasons(&cli, "w");
+    assert!(why.iter().all(|r| r.contains("worker answered request 0 while 1 ran")), "{why:?}");
+    let log = ex.log();
+    assert!(log.lines().any(|l| l.contains("WARN") && l.contains("worker replaced")), "{log}");
+}
+
+/// `--worker-silence 2s`: a worker that holds a request with no sign of life (no line, no CPU
+/// time: frozen, or its reply stuck in a buffer) is replaced and the attempt fails; one that
+/// computes, one that writes on stderr, and a library worker whose handler sleeps (the library
+/// sends signs of life) run on past the bound and finish.
+#[test]
+fn a_worker_with_no_sign_of_life_is_replaced_and_busy_ones_are_not() {
+    let dir = tempdir("silence");
+    let w = raw(
+        &dir,
+        r#"
+def answer(m):
+    i = m["index"]
+    if i == 0:
+        time.sleep(3600)                      # no line, no CPU: no sign of life
+    elif i == 1:
+        end = time.time() + 5
+        while time.time() < end:              # CPU only
+            pass
+    elif i == 2:
+        for _ in range(10):                   # stderr only
+            sys.stderr.write("working\n"); sys.stderr.flush(); time.sleep(0.5)
+    send({"type": "result", "id": m["id"], "result": i})
+"#,
+    );
+    let cli = cli("workers-silence");
+    let _ex = cli.executor(
+        "ws",
+        &["--worker", &format!("python3 {}", w.display()), "--concurrency", "3", "--worker-silence", "2s"],
+    );
+    let t = cli.json(
+        &["dispatch", "--kind", "k", "--shards", "3", "--attempts", "1", "--task-id", "s", "--wait", "--json"],
+        3,
+    );
+    assert_eq!((t["done"].as_u64(), t["failed"].as_u64()), (Some(2), Some(1)), "{t}");
+    let why = reasons(&cli, "s");
+    assert!(why[0].contains("no sign of life for 2s"), "{why:?}");
+
+    let lib = script(
+        &dir,
+        "lib.py",
+        "import time\nfrom shardctl_worker import serve\ndef h(s):\n    time.sleep(3)\n    return 1\nserve(h)\n",
+    );
+    let cli = self::cli("workers-silence-lib");
+    let _ex = cli.executor("wsl", &["--worker", &format!("python3 {}", lib.display()), "--worker-silence", "1s"]);
+    let t = cli.json(
+        &["dispatch", "--kind", "k", "--shards", "2", "--attempts", "1", "--task-id", "l", "--wait", "--json"],
+        0,
+    );
+    assert_eq!(t["done"], 2, "{t}");
+}
+
+/// A result cut in the middle of a surrogate pair, as JSON.stringify (Node) and json.dumps
+/// (a hand-written Python worker) write it: read as U+FFFD, not refused.
+#[test]
+fn half_a_surrogate_pair_in_a_result_is_read_as_the_replacement_character() {
+    let dir = tempdir("surrogate");
+    let js = script(
+        &dir,
+        "w.js",
+        &format!(
+            r#"
+const {{ serve }} = require({:?});
+serve((s) => 'report 📈 up'.slice(0, 8), async (a) => {{
+  const r = [];
+  for await (const o of a.outcomes) r.push(o.result);
+  return r;
+}});
+"#,
+            node_lib()
+        ),
+    );
+    let cmd = command_of("node", &js);
+    let cli = cli("workers-surrogate");
+    let ex = cli.executor("wu", &["--worker", &cmd, "--aggregate-worker", &cmd]);
+    let t = cli.json(
+        &["dispatch", "--kind", "k", "--shards", "2", "--attempts", "1", "--task-id", "u", "--wait", "--json"],
+        0,
+    );
+    assert_eq!(t["result"], serde_json::json!(["report \u{fffd}", "report \u{fffd}"]), "{t}\n{}", ex.log());
+
+    let py = raw(
+        &dir,
+        r#"
+def answer(m):
+    send({"type": "result", "id": m["id"], "result": "cut \ud83d"})
+"#,
+    );
+    let cli = self::cli("workers-surrogate-py");
+    let _ex = cli.executor("wup", &["--worker", &format!("python3 {}", py.display())]);
+    let t = cli.json(
+        &["dispatch", "--kind", "k", "--shards", "3", "--attempts", "1", "--task-id", "p", "--wait", "--json"],
+        0,
+    );
+    assert_eq!((t["done"].as_u64(), t["failed"].as_u64()), (Some(3), Some(0)), "{t}");
+}
+
+/// A `print` before the library is even imported (Python, unbuffered) or required (Node)
+/// reaches the protocol's stdout before the hello: the executor logs what it saw, passes it
+/// over, and the worker serves.
+#[test]
+fn output_before_the_hello_is_logged_and_passed_over() {
+    let dir = tempdir("banner");
+    let py = script(
+        &dir,
+        "w.py",
+        "print('Loading model...', flush=True)\nfrom shardctl_worker import serve\nprint('ready')\nserve(lambda s: s.index)\n",
+    );
+    let js = script(
+        &dir,
+        "w.js",
+        &format!("console.log('Loading model...');\nrequire({:?}).serve((s) => s.index);\n", node_lib()),
+    );
+    for (name, cmd) in [("python", command_of("python3", &py)), ("node", command_of("node", &js))] {
+        let cli = cli(&format!("workers-banner-{name}"));
+        let ex = cli.executor(name, &["--worker", &cmd, "--concurrency", "1"]);
+        let t = cli.json(
+            &["dispatch", "--kind", "k", "--shards", "5", "--attempts", "1", "--task-id", name, "--wait", "--json"],
+            0,
+        );
+        assert_eq!(t["done"], 5, "{name}: {t}\n{}", ex.log());
+        let log = ex.log();
+        assert!(
+            log.contains("worker wrote on stdout before its hello") && log.contains("passed over: Loading model..."),
+            "{name}: {log}"
+        );
+    }
+}
+
+/// Processes named in `marks` (lines `pid N`) that still run.
+fn running_pids(marks: &Path) -> Vec<u32> {
+    let text = std::fs::read_to_string(marks).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| l.strip_prefix("pid "))
+        .filter_map(|p| p.trim().parse().ok())
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            !stat.is_empty() && !stat.contains(") Z ")
+        })
+        .collect()
+}
+
+/// An executor SIGKILLed mid-shard (the OOM killer): its `--worker` and `--exec` handlers and
+/// what they started stop within moments, none finishes the shard it ran, and the executor that
+/// runs the shards again finishes each once.
+#[test]
+fn handlers_stop_when_their_executor_is_sigkilled() {
+    let dir = tempdir("orphans");
+    // each handler notes its pid and its child's, sleeps 3 s, then notes the shard's end
+    let body = r#"
+import os, subprocess, time
+def work(index, marks):
+    open(marks, "a").write("pid %d\nstart %s\n" % (os.getpid(), index))
+    child = subprocess.Popen(["sleep", "60"])
+    open(marks, "a").write("pid %d\n" % child.pid)
+    time.sleep(3)
+    open(marks, "a").write("end %s\n" % index)
+    return index
+"#;
+    for kind in ["worker", "exec"] {
+        let marks = dir.join(format!("{kind}.marks"));
+        let file = if kind == "worker" {
+            script(
+                &dir,
+                "w.py",
+                &format!("{body}\nfrom shardctl_worker import serve\nserve(lambda s: work(s.index, {marks:?}))\n"),
+            )
+        } else {
+            script(&dir, "x.py", &format!("{body}\nprint(work(int(os.environ['SHARDCTL_SHARD_INDEX']), {marks:?}))\n"))
+        };
+        let cmd = format!("python3 {}", file.display());
+        let flag = format!("--{kind}");
+        let cli = cli(&format!("workers-orphans-{kind}"));
+        let mut a = cli.executor(&format!("{kind}-a"), &[&flag, &cmd]);
+        cli.ok(&["dispatch", "--kind", "k", "--shards", "2", "--task-id", kind]);
+        let read = || std::fs::read_to_string(&marks).unwrap_or_default();
+        support::eventually("both shards started", Duration::from_secs(20), || {
+            (read().matches("start").count() == 2 && read().matches("pid").count() == 4)
+                .then_some(())
+                .ok_or_else(|| format!("{}\n{}", read(), a.log()))
+        });
+        a.kill();
+        support::eventually("every handler process of the killed executor gone", Duration::from_secs(3), || {
+            let left = running_pids(&marks);
+            left.is_empty().then_some(()).ok_or_else(|| format!("{kind}: still running: {left:?}"))
+        });
+        // past the time a handler would have finished: none did
+        std::thread::sleep(Duration::from_secs(3));
+        assert_eq!(read().matches("end").count(), 0, "{kind}: an orphan finished its shard:\n{}", read());
+        let b = cli.executor(&format!("{kind}-b"), &[&flag, &cmd]);
+        let t = cli.json(&["wait", kind, "--json"], 0);
+        assert_eq!(t["done"], 2, "{kind}: {t}\n{}", b.log());
+        for i in 0..2 {
+            assert_eq!(read().matches(&format!("end {i}\n")).count(), 1, "{kind}: shard {i}:\n{}", read());
+        }
+    }
 }

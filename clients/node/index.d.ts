@@ -39,5 +39,5 @@ export const PROTOCOL: 1;
 export function serve(
   handler: (shard: Shard) => unknown | Promise<unknown>,
   aggregator?: (agg: Aggregation) => unknown | Promise<unknown>,
-  io?: { input?: NodeJS.ReadableStream; output?: NodeJS.WritableStream },
+  io?: { input?: NodeJS.ReadableStream; output?: NodeJS.WritableStream; maxRequests?: number },
 ): Promise<void>;

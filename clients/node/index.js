@@ -8,13 +8,35 @@
  * cancelled, its timeout passed) sets `shard.cancelled()` and aborts `shard.signal`; the
  * executor kills the worker if it does not answer within 2 s.
  *
- * While `serve` runs, `console.log` writes to stderr: stdout carries the protocol only.
- * No dependencies.
+ * Under an executor (`SHARDCTL_WORKER_PROTOCOL` set), from the moment this module is loaded
+ * `console.log` and `process.stdout.write` write to stderr: stdout carries the protocol only,
+ * so a log line before `serve()` cannot break it. While a handler runs, a sign of life is sent
+ * every quarter of `SHARDCTL_WORKER_SILENCE_MS`. `serve(h, a, { maxRequests: N })` recycles the
+ * worker after N requests (its last reply says so; the executor starts a fresh one). A lone
+ * surrogate in a result is written as `JSON.stringify` writes it (`"\ud83d"`), which the
+ * executor reads as U+FFFD. No dependencies.
  */
 
 const readline = require('node:readline');
 
 const PROTOCOL = 1;
+
+let protocolWrite = null;
+
+/** The protocol's writer (stdout's own); console.log and process.stdout.write go to stderr. */
+function claimStdout() {
+  if (!protocolWrite) {
+    protocolWrite = process.stdout.write.bind(process.stdout);
+    process.stdout.write = process.stderr.write.bind(process.stderr);
+    const err = console.error.bind(console);
+    console.log = err;
+    console.info = err;
+    console.debug = err;
+  }
+  return protocolWrite;
+}
+
+if (process.env.SHARDCTL_WORKER_PROTOCOL) claimStdout();
 
 class Shard {
   constructor(msg, controller) {
@@ -111,24 +133,21 @@ function reason(e) {
  * Answers the executor's requests until it closes stdin; resolves then.
  * @param {(shard: Shard) => any} handler
  * @param {(agg: Aggregation) => any} [aggregator]
- * @param {{input?: NodeJS.ReadableStream, output?: NodeJS.WritableStream}} [io]
+ * @param {{input?: NodeJS.ReadableStream, output?: NodeJS.WritableStream, maxRequests?: number}} [io]
+ *   `maxRequests`: answer that many requests, then resolve (the last reply tells the executor)
  */
 function serve(handler, aggregator, io = {}) {
   const input = io.input || process.stdin;
-  let write;
-  if (io.output) {
-    write = io.output.write.bind(io.output);
-  } else {
-    // the protocol keeps stdout's writer; console.log and process.stdout.write in a handler go
-    // to stderr, so that they cannot break the protocol (a child process started with
-    // stdio 'inherit' still shares fd 1: give it 'pipe' or 'ignore')
-    write = process.stdout.write.bind(process.stdout);
-    process.stdout.write = process.stderr.write.bind(process.stderr);
-    const err = console.error.bind(console);
-    console.log = err;
-    console.info = err;
-    console.debug = err;
+  const maxRequests = io.maxRequests === undefined ? null : io.maxRequests;
+  if (maxRequests !== null && !(Number.isInteger(maxRequests) && maxRequests >= 1)) {
+    throw new RangeError(`maxRequests must be a positive integer, not ${maxRequests}`);
   }
+  // the protocol keeps stdout's writer; console.log and process.stdout.write in a handler go
+  // to stderr, so that they cannot break the protocol (a child process started with
+  // stdio 'inherit' still shares fd 1: give it 'pipe' or 'ignore')
+  const write = io.output ? io.output.write.bind(io.output) : claimStdout();
+  const silence = Number(process.env.SHARDCTL_WORKER_SILENCE_MS || 0);
+  const aliveEvery = silence > 0 ? Math.max(silence / 4, 50) : 0;
   const output = { write };
   const send = (m) => output.write(JSON.stringify(m) + '\n');
   send({ type: 'hello', protocol: PROTOCOL });
@@ -169,14 +188,24 @@ function serve(handler, aggregator, io = {}) {
     if (wake) { const w = wake; wake = null; w(); }
   });
 
+  let answered = 0;
   return (async () => {
     for (;;) {
+      if (maxRequests !== null && answered >= maxRequests) {
+        rl.close();
+        if (input === process.stdin) input.destroy();
+        return;
+      }
       if (!requests.length) {
         if (closed) return;
         await new Promise((resolve) => { wake = resolve; });
         continue;
       }
       const { m, controller, lines } = requests.shift();
+      answered += 1;
+      const last = maxRequests !== null && answered >= maxRequests;
+      // signs of life while the handler runs; none once its reply is written
+      const alive = aliveEvery ? setInterval(() => send({ type: 'alive', id: m.id }), aliveEvery) : null;
       let reply;
       try {
         let result;
@@ -196,12 +225,14 @@ function serve(handler, aggregator, io = {}) {
           const json = JSON.stringify(result === undefined ? null : result);
           reply = json === undefined
             ? { type: 'error', id: m.id, error: 'the result is not JSON' }
-            : `{"type":"result","id":${JSON.stringify(m.id)},"result":${json}}`;
+            : `{"type":"result","id":${JSON.stringify(m.id)},"result":${json}${last ? ',"retire":true' : ''}}`;
         }
       } catch (e) {
         if (m.type === 'aggregate' && lines) await lines.drain();
         reply = { type: 'error', id: m.id, error: controller.signal.aborted ? 'cancelled' : reason(e) };
       }
+      if (alive) clearInterval(alive);
+      if (typeof reply !== 'string' && last) reply.retire = true;
       if (typeof reply === 'string') output.write(reply + '\n');
       else send(reply);
       if (current && current.id === m.id) current = null;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisFuture, Value};
+use redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisFuture, ServerErrorKind, Value};
 
 use crate::error::{Error, Result};
 use crate::redis_url;
@@ -165,6 +165,31 @@ impl Endpoint {
     }
 }
 
+/// `EVALSHA sha …` as `EVAL text …`, when the script's text is known ([`crate::script_texts`]).
+///
+/// On a Redis Cluster a `NOSCRIPT` is answered so, on the connection that routed the call: the
+/// node that refused it (its slot's master) runs the script and caches it. The client's own way,
+/// `SCRIPT LOAD` and a second `EVALSHA`, sends the load to every node of the cluster, replicas
+/// included, and waits for all of them: one frozen replica that serves none of the queue's keys
+/// would hold every first call of a script up for the response timeout.
+fn eval_of(cmd: &Cmd) -> Option<Cmd> {
+    let mut args = cmd.args_iter().map(|a| match a {
+        redis::Arg::Simple(b) => Some(b),
+        _ => None,
+    });
+    let name = args.next()??;
+    if !name.eq_ignore_ascii_case(b"EVALSHA") {
+        return None;
+    }
+    let text = crate::script_texts::text(std::str::from_utf8(args.next()??).ok()?)?;
+    let mut eval = redis::cmd("EVAL");
+    eval.arg(text);
+    for a in args {
+        eval.arg(a?);
+    }
+    Some(eval)
+}
+
 /// A connection to an [`Endpoint`]; clones share it.
 #[derive(Clone)]
 pub enum Conn {
@@ -181,7 +206,16 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Managed(c) => c.req_packed_command(cmd),
             Conn::Plain(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => Box::pin(async move {
+                match c.req_packed_command(cmd).await {
+                    // a server's error comes back as a value; `query_async` makes it an error
+                    Ok(Value::ServerError(e)) if e.kind() == Some(ServerErrorKind::NoScript) => match eval_of(cmd) {
+                        Some(eval) => c.req_packed_command(&eval).await,
+                        None => Ok(Value::ServerError(e)),
+                    },
+                    r => r,
+                }
+            }),
         }
     }
 

@@ -73,6 +73,7 @@ pub mod retry;
 pub mod ring;
 pub mod schedule;
 pub mod schedule_policy;
+pub mod script_texts;
 pub mod scripts;
 pub mod shard_ref;
 pub mod share;

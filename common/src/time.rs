@@ -13,8 +13,12 @@ pub fn now_ms() -> u64 {
 
 /// `TIME` in a script whose one key is the queue's `meta`: it touches no key, the key only routes
 /// the call to the queue's master on a cluster.
-static SERVER_TIME: std::sync::LazyLock<redis::Script> =
-    std::sync::LazyLock::new(|| redis::Script::new("return redis.call('TIME')"));
+static SERVER_TIME: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+    const TEXT: &str = "return redis.call('TIME')";
+    let s = redis::Script::new(TEXT);
+    crate::script_texts::register(s.get_hash(), TEXT);
+    s
+});
 
 /// Milliseconds since the Unix epoch by the clock of the Redis server that holds queue `keys`
 /// (`TIME` on its master, also on a cluster): what the scripts store and compare, so what a

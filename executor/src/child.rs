@@ -148,7 +148,7 @@ impl ExecCommand {
             .process_group(0)
             .spawn()
             .map_err(|e| ShardError(format!("cannot start handler command '{}': {e}", self.program)))?;
-        let mut group = GroupKill(child.id());
+        let mut group = GroupKill::new(child.id());
         let mut input = child.stdin.take().expect("piped stdin");
         let writer = tokio::spawn(async move {
             // a child that does not read its stdin closes the pipe: not an error
@@ -339,11 +339,21 @@ impl Aggregator for ExecAggregator {
 /// Kills a handler's process group when dropped before the handler ended (cancelled, timed out,
 /// lock lost, shutdown past the grace): `kill_on_drop` alone reaches only the direct child, and
 /// what it started (a shell's children, a script's subprocesses) would run on as orphans.
-pub(crate) struct GroupKill(pub(crate) Option<u32>);
+pub(crate) struct GroupKill(Option<u32>);
 
 impl GroupKill {
+    /// The group of `pid` (a child started with `process_group(0)`), listed with the guard.
+    pub(crate) fn new(pid: Option<u32>) -> Self {
+        if let Some(p) = pid {
+            crate::guard::watch(p);
+        }
+        GroupKill(pid)
+    }
+
     pub(crate) fn disarm(&mut self) {
-        self.0 = None;
+        if let Some(p) = self.0.take() {
+            crate::guard::unwatch(p);
+        }
     }
 }
 
@@ -357,6 +367,7 @@ impl Drop for GroupKill {
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .status();
+            crate::guard::unwatch(pgid);
         }
     }
 }

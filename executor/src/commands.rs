@@ -25,6 +25,9 @@ pub struct Commands {
     pub worker: Option<String>,
     /// Long-lived worker processes for aggregations (`--aggregate-worker`).
     pub aggregate_worker: Option<String>,
+    /// How long a worker's request may run with no sign of life from it before the worker is
+    /// replaced (`--worker-silence`; `None`: [`worker::DEFAULT_SILENCE`]; zero: never).
+    pub worker_silence: Option<std::time::Duration>,
 }
 
 impl Commands {
@@ -36,6 +39,7 @@ impl Commands {
                 .and_then(|c| c.check_runnable().map(|()| c))
                 .map_err(|e| Error::invalid(format!("--{flag}: {e}")))
         };
+        let silence = self.worker_silence.unwrap_or(worker::DEFAULT_SILENCE);
         let mut r = Registry::with_builtins();
         let runs_some = self.exec.is_some() || self.worker.is_some();
         if let (Some(k), true) = (self.kinds.kinds().unwrap_or_default().iter().find(|k| r.has_own(k)), runs_some) {
@@ -47,13 +51,13 @@ impl Commands {
             r.fallback(self.kinds.clone(), ExecHandler(Arc::new(command("exec", line)?)));
         }
         if let Some(line) = &self.worker {
-            r.fallback(self.kinds.clone(), WorkerHandler(worker::pool(command("worker", line)?)));
+            r.fallback(self.kinds.clone(), WorkerHandler(worker::pool(command("worker", line)?, silence)));
         }
         if let Some(line) = &self.aggregate_exec {
             r.fallback_aggregator(ExecAggregator(Arc::new(command("aggregate-exec", line)?)));
         }
         if let Some(line) = &self.aggregate_worker {
-            r.fallback_aggregator(WorkerAggregator(worker::pool(command("aggregate-worker", line)?)));
+            r.fallback_aggregator(WorkerAggregator(worker::pool(command("aggregate-worker", line)?, silence)));
         }
         Ok(r)
     }

@@ -11,6 +11,7 @@
 //! - [`registry`]: the [`Registry`] of which handler serves which kind (the built-ins and
 //!   yours), and the kinds an executor claims.
 //! - [`child`]: `--exec` / `--aggregate-exec`, one process per shard.
+//! - `guard`: a process that kills the handlers' process groups if the executor dies.
 //! - [`commands`]: a registry whose kinds not built in are run by commands (`--exec`,
 //!   `--worker` and their aggregators).
 //! - [`worker`]: `--worker` / `--aggregate-worker`, long-lived processes of any language over a
@@ -66,6 +67,7 @@ pub mod child;
 mod claim;
 pub mod commands;
 pub mod config;
+mod guard;
 pub mod handler;
 mod heartbeat;
 pub mod metrics;

@@ -54,6 +54,12 @@ pub struct ExecutorArgs {
     /// their own aggregation (primes: the count; noop, sleep, fail: the summary of counts).
     #[arg(long)]
     pub aggregate_exec: Option<String>,
+    /// A --worker request with no sign of life for this long (no line from the worker on stdout
+    /// or stderr, no CPU time) fails its attempt and the worker is replaced: a frozen worker, or
+    /// a reply stuck in a buffer the worker did not flush. The libraries send a sign of life
+    /// while a handler runs. 0s: never.
+    #[arg(long, default_value = "10m", value_parser = duration)]
+    pub worker_silence: Duration,
     /// Lock time to live: a crashed executor's shards are recovered after it.
     #[arg(long, default_value = "30s", value_parser = duration)]
     pub lock_duration: Duration,
@@ -122,6 +128,7 @@ pub async fn run(args: &Args, a: &ExecutorArgs) -> anyhow::Result<ExitCode> {
         aggregate_exec: a.aggregate_exec.clone(),
         worker: a.worker.clone(),
         aggregate_worker: a.aggregate_worker.clone(),
+        worker_silence: Some(a.worker_silence),
     };
     let registry = commands.registry(a.max_result_bytes)?;
     let endpoint = shardctl_common::conn::open(&args.redis_url()?)?;

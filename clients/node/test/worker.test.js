@@ -9,9 +9,9 @@ const readline = require('node:readline');
 
 const LIB = path.resolve(__dirname, '..');
 
-function start(body) {
+function start(body, env = {}) {
   const code = `const { serve } = require(${JSON.stringify(LIB)});\n${body}`;
-  const p = spawn(process.execPath, ['-e', code], { stdio: ['pipe', 'pipe', 'pipe'] });
+  const p = spawn(process.execPath, ['-e', code], { stdio: ['pipe', 'pipe', 'pipe'], env: { ...process.env, ...env } });
   const lines = readline.createInterface({ input: p.stdout });
   const queue = [];
   let waiting = null;
@@ -35,8 +35,8 @@ function shard(i, extra = {}) {
     key: String(i), attempt: 1, payload: { x: 1 }, ...extra };
 }
 
-async function worker(t, body) {
-  const w = start(body);
+async function worker(t, body, env = {}) {
+  const w = start(body, env);
   t.after(() => w.p.kill('SIGKILL'));
   assert.deepStrictEqual(await w.read(), { type: 'hello', protocol: 1 });
   return w;
@@ -111,4 +111,37 @@ test('the end of stdin ends the worker', async (t) => {
   const w = await worker(t, `serve(() => 1);`);
   w.p.stdin.end();
   assert.strictEqual(await w.done(), 0);
+});
+
+test('under an executor, a console.log before serve() goes to stderr, the hello comes first', async (t) => {
+  const w = await worker(t, `
+    console.log('Loading model...');
+    process.stdout.write('a banner\\n');
+    serve((s) => s.index);`, { SHARDCTL_WORKER_PROTOCOL: '1' });
+  w.send(shard(1));
+  assert.deepStrictEqual(await w.read(), { type: 'result', id: 1, result: 1 });
+  assert.match(w.stderr(), /Loading model\.\.\./);
+  assert.match(w.stderr(), /a banner/);
+});
+
+test('maxRequests recycles the worker: its last reply says so and it exits', async (t) => {
+  const w = await worker(t, 'serve((s) => s.index, undefined, { maxRequests: 2 });');
+  w.send(shard(1));
+  assert.deepStrictEqual(await w.read(), { type: 'result', id: 1, result: 1 });
+  w.send(shard(2));
+  assert.deepStrictEqual(await w.read(), { type: 'result', id: 2, result: 2, retire: true });
+  assert.strictEqual(await w.done(), 0);
+});
+
+test('a running handler sends signs of life, and none after its reply', async (t) => {
+  const w = await worker(t, `
+    serve((s) => new Promise((r) => setTimeout(() => r(s.index), 600)));`, { SHARDCTL_WORKER_SILENCE_MS: '400' });
+  w.send(shard(1));
+  const lines = [];
+  while (!lines.length || lines[lines.length - 1].type !== 'result') lines.push(await w.read());
+  assert.ok(lines.length >= 3, JSON.stringify(lines));
+  for (const m of lines.slice(0, -1)) assert.deepStrictEqual(m, { type: 'alive', id: 1 });
+  await new Promise((r) => setTimeout(r, 400));
+  w.send(shard(2));
+  assert.strictEqual((await w.read()).id, 2);
 });

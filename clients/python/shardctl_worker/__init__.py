@@ -6,10 +6,15 @@ A handler returns any JSON-able value; an exception fails the attempt with its m
 cancel (the shard's lock lost, its task cancelled, its timeout passed) sets
 ``shard.cancelled()``; the executor kills the worker if it does not answer within 2 s.
 
-While ``serve`` runs, ``sys.stdout`` is stderr and stdin is ``/dev/null``: the real stdin and
-stdout carry the protocol only, so neither a stray ``print`` nor a subprocess can break it.
-Write nothing to stdout before ``serve`` (the executor expects the hello first). The shards'
-largest result is ``SHARDCTL_MAX_RESULT_BYTES``. Standard library only.
+Under an executor (``SHARDCTL_WORKER_PROTOCOL`` set), importing this module gives the
+protocol the real stdout and makes fd 1 stderr, so that a ``print`` before ``serve`` (a model
+loading, a banner) reaches the executor's log, not the protocol; while ``serve`` runs,
+``sys.stdout`` is stderr and stdin is ``/dev/null``: neither a stray ``print`` nor a
+subprocess can break the protocol. While a handler runs, a sign of life is sent every quarter
+of ``SHARDCTL_WORKER_SILENCE_MS``. ``serve(..., max_requests=N)`` recycles the worker after N
+requests (its last reply says so, and the executor starts a fresh one), as gunicorn's
+``max_requests`` does. A result string with half a surrogate pair is sent with U+FFFD in its
+place. The shards' largest result is ``SHARDCTL_MAX_RESULT_BYTES``. Standard library only.
 """
 
 import json
@@ -17,11 +22,30 @@ import os
 import queue
 import sys
 import threading
+import time
 from collections import namedtuple
 
 __all__ = ["serve", "Shard", "Aggregation", "Outcome", "PROTOCOL"]
 
 PROTOCOL = 1
+
+_protocol_out = None
+
+
+def _claim_stdout():
+    """The protocol's stdout (the real fd 1, duplicated); fd 1 becomes stderr. Once."""
+    global _protocol_out
+    if _protocol_out is None:
+        out = os.fdopen(os.dup(1), "w", encoding="utf-8")
+        os.dup2(2, 1)
+        # what was printed before and is still buffered goes to fd 1, now stderr
+        sys.stdout.flush()
+        _protocol_out = out
+    return _protocol_out
+
+
+if os.environ.get("SHARDCTL_WORKER_PROTOCOL"):
+    _claim_stdout()
 
 Outcome = namedtuple("Outcome", ["shard", "result", "error"])
 Outcome.__doc__ = "One shard's outcome: its result, or (error not None) why it failed for good."
@@ -101,14 +125,45 @@ class _Channel:
         self.requests = queue.Queue()
         self._current = None  # (id, cancel event, follow-up queue or None)
         self._state = threading.Lock()
+        self._running = None  # the id a handler runs, until its reply is written
         threading.Thread(target=self._read, args=(inp,), daemon=True).start()
+        silence = os.environ.get("SHARDCTL_WORKER_SILENCE_MS", "")
+        if silence.isdigit() and int(silence) > 0:
+            every = max(int(silence) / 4000.0, 0.05)
+            threading.Thread(target=self._alive, args=(every,), daemon=True).start()
+
+    def _write(self, line):
+        try:
+            self._out.write(line)
+        except UnicodeEncodeError:
+            # half a surrogate pair (a string cut in two): U+FFFD in its place, as JSON.parse
+            # and the executor read one
+            self._out.write(line.encode("utf-16", "surrogatepass").decode("utf-16", "replace"))
+        self._out.flush()
 
     def send(self, msg):
         # NaN and Infinity are not JSON: refused here (a ValueError), not sent
         line = json.dumps(msg, separators=(",", ":"), ensure_ascii=False, allow_nan=False) + "\n"
         with self._lock:
-            self._out.write(line)
-            self._out.flush()
+            self._write(line)
+
+    def running(self, rid):
+        with self._lock:
+            self._running = rid
+
+    def reply(self, msg):
+        """Sends the reply to the running request; no sign of life for it comes after."""
+        line = json.dumps(msg, separators=(",", ":"), ensure_ascii=False, allow_nan=False) + "\n"
+        with self._lock:
+            self._running = None
+            self._write(line)
+
+    def _alive(self, every):
+        while True:
+            time.sleep(every)
+            with self._lock:
+                if self._running is not None:
+                    self._write('{"type":"alive","id":%s}\n' % json.dumps(self._running))
 
     def begin(self, rid, cancel, follow):
         with self._state:
@@ -160,19 +215,20 @@ def _reason(e):
     return "%s: %s" % (type(e).__name__, text) if text else type(e).__name__
 
 
-def serve(handler, aggregator=None, stdin=None, stdout=None):
+def serve(handler, aggregator=None, stdin=None, stdout=None, max_requests=None):
     """Answers the executor's requests until it closes stdin, then returns.
 
     ``handler(shard)`` runs each shard (a :class:`Shard`); ``aggregator(aggregation)`` (an
     :class:`Aggregation`) each aggregation, if given. Each returns a JSON-able value; an
-    exception fails the attempt with its type and message.
+    exception fails the attempt with its type and message. With ``max_requests``, returns
+    after answering that many requests, the last reply telling the executor so.
     """
+    if max_requests is not None and (not isinstance(max_requests, int) or max_requests < 1):
+        raise ValueError("max_requests must be a positive integer, not %r" % (max_requests,))
     if stdout is None:
         # the protocol keeps the real stdout; fd 1 becomes stderr, so that neither a print() in
         # a handler nor a subprocess it starts can write into the protocol
-        sys.stdout.flush()
-        out = os.fdopen(os.dup(1), "w", encoding="utf-8")
-        os.dup2(2, 1)
+        out = _claim_stdout()
     else:
         out = stdout
     if stdin is None:
@@ -189,12 +245,18 @@ def serve(handler, aggregator=None, stdin=None, stdout=None):
     try:
         ch = _Channel(inp, out)
         ch.send({"type": "hello", "protocol": PROTOCOL})
+        answered = 0
         while True:
+            if max_requests is not None and answered >= max_requests:
+                return
             item = ch.requests.get()
             if item is None:
                 return
             msg, cancel, follow = item
             rid = msg.get("id")
+            answered += 1
+            last = {"retire": True} if max_requests is not None and answered >= max_requests else {}
+            ch.running(rid)
             try:
                 if msg["type"] == "shard":
                     result = handler(Shard(msg, cancel))
@@ -207,15 +269,16 @@ def serve(handler, aggregator=None, stdin=None, stdout=None):
                     finally:
                         agg._drain()
                 if cancel.is_set():
-                    reply = {"type": "error", "id": rid, "error": "cancelled"}
+                    reply = dict(type="error", id=rid, error="cancelled", **last)
                 else:
-                    reply = {"type": "result", "id": rid, "result": result}
+                    reply = dict(type="result", id=rid, result=result, **last)
                 try:
-                    ch.send(reply)
+                    ch.reply(reply)
                 except (TypeError, ValueError) as e:
-                    ch.send({"type": "error", "id": rid, "error": "the result is not JSON: %s" % e})
+                    ch.reply(dict(type="error", id=rid, error="the result is not JSON: %s" % e, **last))
             except Exception as e:  # a handler's failure fails the attempt, not the worker
-                ch.send({"type": "error", "id": rid, "error": "cancelled" if cancel.is_set() else _reason(e)})
+                why = "cancelled" if cancel.is_set() else _reason(e)
+                ch.reply(dict(type="error", id=rid, error=why, **last))
             finally:
                 ch.finish(rid)
     finally:

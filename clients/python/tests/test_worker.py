@@ -12,9 +12,9 @@ import unittest
 LIB = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def start(body, **env_extra):
+def start(body, head="", **env_extra):
     env = dict(os.environ, PYTHONPATH=LIB, **env_extra)
-    code = "from shardctl_worker import serve\n" + textwrap.dedent(body)
+    code = textwrap.dedent(head) + "from shardctl_worker import serve\n" + textwrap.dedent(body)
     return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=env, text=True, encoding="utf-8", bufsize=1)
 
@@ -46,8 +46,8 @@ class WorkerTest(unittest.TestCase):
             for f in (p.stdin, p.stdout, p.stderr):
                 f.close()
 
-    def worker(self, body, **env):
-        p = start(body, **env)
+    def worker(self, body, head="", **env):
+        p = start(body, head, **env)
         self.procs = getattr(self, "procs", []) + [p]
         self.assertEqual(read(p), {"type": "hello", "protocol": 1})
         return p
@@ -177,6 +177,61 @@ class WorkerTest(unittest.TestCase):
         p = self.worker("serve(lambda s: 1)\n")
         p.stdin.close()
         self.assertEqual(p.wait(timeout=10), 0)
+
+    def test_a_print_before_serve_goes_to_stderr_under_an_executor(self):
+        # a banner before the import (still buffered: a flushed one reaches the protocol, and
+        # the executor passes it over), a model loading between it and serve() even unbuffered:
+        # neither reaches the protocol, whose first line stays the hello
+        p = self.worker("""
+            import sys
+            print("Loading model...", flush=True)
+            serve(lambda s: s.index)
+        """, head='print("banner at import")\n', SHARDCTL_WORKER_PROTOCOL="1", PYTHONUNBUFFERED="")
+        send(p, shard(1))
+        self.assertEqual(read(p), {"type": "result", "id": 1, "result": 1})
+        p.stdin.close()
+        self.assertEqual(p.wait(timeout=10), 0)
+        err = p.stderr.read()
+        self.assertIn("banner at import", err)
+        self.assertIn("Loading model...", err)
+
+    def test_half_a_surrogate_pair_is_sent_as_the_replacement_character(self):
+        p = self.worker("""
+            def handle(s):
+                text = "report \U0001F4C8 up"
+                # cut in the middle of the pair, as a UTF-16 slice would
+                return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")[:8] + "\\ud83d"
+            serve(handle)
+        """)
+        send(p, shard(1))
+        self.assertEqual(read(p), {"type": "result", "id": 1, "result": "report \U0001F4C8\ufffd"})
+
+    def test_max_requests_recycles_the_worker_and_its_last_reply_says_so(self):
+        p = self.worker("serve(lambda s: s.index, max_requests=2)\n")
+        send(p, shard(1))
+        self.assertEqual(read(p), {"type": "result", "id": 1, "result": 1})
+        send(p, shard(2))
+        self.assertEqual(read(p), {"type": "result", "id": 2, "result": 2, "retire": True})
+        self.assertEqual(p.wait(timeout=10), 0)
+
+    def test_a_running_handler_sends_signs_of_life_and_none_after_its_reply(self):
+        p = self.worker("""
+            import time
+            def handle(s):
+                time.sleep(0.6)
+                return s.index
+            serve(handle)
+        """, SHARDCTL_WORKER_SILENCE_MS="400")
+        send(p, shard(1))
+        lines = []
+        while not lines or lines[-1]["type"] != "result":
+            lines.append(read(p))
+        self.assertGreaterEqual(len(lines), 3, lines)
+        self.assertTrue(all(m == {"type": "alive", "id": 1} for m in lines[:-1]), lines)
+        time.sleep(0.4)
+        send(p, shard(2))
+        # the next line answers request 2: no sign of life for request 1 came after its reply
+        self.assertEqual(read(p)["id"], 2)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ impl Lua {
         let declared = declared_keys(body).unwrap_or_else(|e| panic!("lua/{file}: {e}"));
         let includes = resolve(&included(body)).unwrap_or_else(|e| panic!("lua/{file}: {e}"));
         let text = format!("{}\n{}{body}", preamble(&declared), library(&includes));
-        Lua { script: Script::new(&text), file, declared, includes, text }
+        Lua::made(file, declared, includes, text)
     }
 
     /// One script made of several: each file's body runs as a function of its own, in order,
@@ -79,7 +79,11 @@ impl Lua {
             library(&includes),
             calls.join(", ")
         );
-        Lua { script: Script::new(&text), file: name, declared, includes, text }
+        Lua::made(name, declared, includes, text)
+    }
+
+    fn made(file: &'static str, declared: Vec<String>, includes: Vec<&'static str>, text: String) -> Self {
+        Lua { script: Script::new(&text), file, declared, includes, text }
     }
 
     /// The include files it is built with, each after those it includes (`task`, `lanes`, ...).
@@ -340,8 +344,15 @@ registry!(
     move_legacy,
 );
 
-/// The registry.
+/// The registry. Its texts are registered for the `NOSCRIPT` answer of a cluster connection
+/// ([`crate::script_texts`]) the first time it is asked for.
 pub fn scripts() -> &'static Scripts {
+    static REGISTERED: std::sync::Once = std::sync::Once::new();
+    REGISTERED.call_once(|| {
+        for s in SCRIPTS.all().into_iter().chain(SCRIPTS.composed()) {
+            crate::script_texts::register(s.get_hash(), s.text());
+        }
+    });
     &SCRIPTS
 }
 

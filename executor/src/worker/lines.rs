@@ -2,6 +2,7 @@
 //! into lines of bounded length, its stderr logged line by line with the shard it runs.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
@@ -19,6 +20,7 @@ pub(super) enum Line {
 }
 
 /// A request's JSON object without its closing brace: `Worker::ask` adds its id.
+#[derive(Clone)]
 pub struct Request(String);
 
 impl Request {
@@ -42,14 +44,6 @@ impl Request {
         line.extend_from_slice(format!(",\"id\":{id}}}\n").as_bytes());
         line
     }
-}
-
-/// Whether `line` is a reply (or answer to a cancel) of a request up to `last`.
-pub(super) fn is_stale(line: &str, last: u64) -> bool {
-    serde_json::from_str::<Value>(line)
-        .ok()
-        .and_then(|v| v.get("id").and_then(Value::as_u64))
-        .is_some_and(|i| i <= last)
 }
 
 /// The last `max` bytes of `s` (at a char boundary).
@@ -118,13 +112,15 @@ pub(super) async fn read_lines(r: impl AsyncRead + Unpin, limit: usize, tx: mpsc
 /// Longest stderr line logged as one (a longer one is logged in pieces).
 const STDERR_LINE: usize = 4096;
 
-/// Logs each stderr line with the worker's pid and what it runs; keeps the last bytes. Memory
-/// stays bounded whatever the worker writes (a line without end is cut every 4 KiB).
+/// Logs each stderr line with the worker's pid and what it runs; keeps the last bytes and
+/// counts the lines. Memory stays bounded whatever the worker writes (a line without end is
+/// cut every 4 KiB).
 pub(super) async fn log_stderr(
     r: impl AsyncRead + Unpin,
     pid: u32,
     running: Arc<Mutex<String>>,
     tail: Arc<Mutex<VecDeque<u8>>>,
+    count: Arc<AtomicU64>,
 ) {
     let mut r = BufReader::new(r);
     let mut line = Vec::new();
@@ -134,6 +130,7 @@ pub(super) async fn log_stderr(
         if n == 0 {
             return;
         }
+        count.fetch_add(1, Ordering::Relaxed);
         {
             let mut t = tail.lock().unwrap();
             t.extend(line.iter().copied());

@@ -2,12 +2,17 @@
 //! shard (or aggregation) at a time over the line protocol of docs/handlers.md, version 1. A
 //! Python worker pays its start once instead of once per shard.
 //!
-//! - `process`: one worker: start, hello, a request and its reply, cancel, death.
+//! - `start`: a worker's start: spawn and hello.
+//! - `process`: one worker: a request and its reply, cancel, death.
+//! - `reply`: what a line of its stdout says (a reply, a sign of life, a late answer, wrong).
+//! - `lines`: its stdout read into lines, its stderr logged, a request's line.
 //! - `pool`: the workers of one command, and the pauses of a command that keeps dying.
 
 mod lines;
 mod pool;
 mod process;
+mod reply;
+mod start;
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -19,13 +24,20 @@ use crate::handler::{AggregateContext, Aggregator, BoxFuture, Handler, ShardCont
 
 pub use lines::Request;
 pub use pool::Pool;
-pub use pool::{FAILED_STARTS, MAX_PAUSE};
-pub use process::{CANCEL_GRACE, HELLO_TIMEOUT, PROTOCOL};
+pub use pool::{DEFAULT_SILENCE, FAILED_STARTS, MAX_PAUSE};
+pub use process::{CANCEL_GRACE, PROTOCOL};
+pub use start::HELLO_TIMEOUT;
 
-/// The workers of `--worker CMD` (or `--aggregate-worker CMD`).
-pub fn pool(cmd: ExecCommand) -> Arc<Pool> {
-    Arc::new(Pool::new(cmd))
+/// Workers in a row that may exit before reading a request before the request fails.
+const UNREAD_TRIES: u32 = 3;
+
+/// The workers of `--worker CMD` (or `--aggregate-worker CMD`); see [`Pool::new`] for `silence`.
+pub fn pool(cmd: ExecCommand, silence: std::time::Duration) -> Arc<Pool> {
+    Arc::new(Pool::new(cmd, silence))
 }
+
+/// The lines that follow an aggregation's request, made anew for each worker it is sent to.
+type Follow<'a> = &'a (dyn Fn() -> Box<dyn Iterator<Item = Map<String, Value>> + Send + 'a> + Sync);
 
 /// `--worker`: runs each shard in one of the pool's workers.
 pub struct WorkerHandler(pub Arc<Pool>);
@@ -64,50 +76,79 @@ impl Aggregator for WorkerAggregator {
             request.insert("payload".into(), payload(&ctx.payload));
             let request = Request::from_map(request);
             let results = ctx.results.clone();
-            let mut outcomes = results.iter().map(|o| {
-                let v = match &o.result {
-                    Ok(r) => json!({ "type": "outcome", "shard": o.index, "result": r }),
-                    Err(e) => json!({ "type": "outcome", "shard": o.index, "error": e }),
-                };
-                match v {
-                    Value::Object(m) => m,
-                    _ => unreachable!("an object"),
-                }
-            });
+            let outcomes = || -> Box<dyn Iterator<Item = Map<String, Value>> + Send + '_> {
+                Box::new(results.iter().map(|o| {
+                    let v = match &o.result {
+                        Ok(r) => json!({ "type": "outcome", "shard": o.index, "result": r }),
+                        Err(e) => json!({ "type": "outcome", "shard": o.index, "error": e }),
+                    };
+                    match v {
+                        Value::Object(m) => m,
+                        _ => unreachable!("an object"),
+                    }
+                }))
+            };
             let label = format!("{} aggregation", ctx.task_id);
-            ask(&pool, &ctx.node_id, request, Some(&mut outcomes), &label).await
+            ask(&pool, &ctx.node_id, request, Some(&outcomes), &label).await
         })
     }
 }
 
 /// One request through a worker of `pool`: a worker that answered in the protocol goes back to
-/// the pool, any other is replaced. Dropped while its request runs (the shard's timeout, a
-/// cancel, a lost lock: the runtime drops the handler's future), the worker is sent a cancel
-/// and given [`CANCEL_GRACE`] by a task of its own, then kept or killed.
+/// the pool (or, if it said so, exits), any other is replaced. A worker that exited before it
+/// read the request (one that recycles itself after answering) is replaced and the request
+/// sent to the new one, up to [`UNREAD_TRIES`] workers, without failing the attempt. Dropped
+/// while its request runs (the shard's timeout, a cancel, a lost lock: the runtime drops the
+/// handler's future), the worker is sent a cancel and given [`CANCEL_GRACE`] by a task of its
+/// own, then kept or killed.
 async fn ask(
     pool: &Arc<Pool>,
     node_id: &str,
     request: Request,
-    follow: Option<&mut (dyn Iterator<Item = Map<String, Value>> + Send)>,
+    follow: Option<Follow<'_>>,
     label: &str,
 ) -> Result<Value, ShardError> {
-    let mut held = Held { worker: Some(pool.take(node_id).await?), pool: pool.clone() };
-    let w = held.worker.as_mut().expect("taken");
-    let r = w.ask(request, follow, label).await;
-    let w = held.worker.take().expect("taken");
-    match r {
-        Ok(v) => {
-            pool.give_back(w);
-            Ok(v)
-        }
-        Err(f) if f.keep => {
-            pool.give_back(w);
-            Err(ShardError(f.reason))
-        }
-        Err(f) => {
-            pool.died(w, &f.reason);
-            Err(ShardError(f.reason))
-        }
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let mut held = Held { worker: Some(pool.take(node_id).await?), pool: pool.clone() };
+        let w = held.worker.as_mut().expect("taken");
+        let mut lines = follow.map(|f| f());
+        let r = w.ask(request.clone(), lines.as_deref_mut().map(|l| l as _), label).await;
+        let w = held.worker.take().expect("taken");
+        return match r {
+            Ok(v) if w.retiring() => {
+                pool.let_go(w);
+                Ok(v)
+            }
+            Ok(v) => {
+                pool.give_back(w);
+                Ok(v)
+            }
+            Err(f) if f.keep && w.retiring() => {
+                pool.let_go(w);
+                Err(ShardError(f.reason))
+            }
+            Err(f) if f.keep => {
+                pool.give_back(w);
+                Err(ShardError(f.reason))
+            }
+            Err(f) if f.unread && tries < UNREAD_TRIES => {
+                pool.exited_unread(w, &f.reason);
+                continue;
+            }
+            Err(f) if f.unread => {
+                pool.exited_unread(w, &f.reason);
+                Err(ShardError(format!(
+                    "{UNREAD_TRIES} workers in a row exited before reading the request; the last: {}",
+                    f.reason
+                )))
+            }
+            Err(f) => {
+                pool.died(w, &f.reason);
+                Err(ShardError(f.reason))
+            }
+        };
     }
 }
 

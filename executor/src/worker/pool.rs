@@ -19,10 +19,13 @@ pub const FAILED_STARTS: u32 = 5;
 pub const MAX_PAUSE: Duration = Duration::from_secs(30);
 /// Idle workers kept at most (more run only while that many shards do).
 const MAX_IDLE: usize = 256;
+/// How long a request may run with no sign of life from its worker, unless configured.
+pub const DEFAULT_SILENCE: Duration = Duration::from_secs(600);
 
 /// The workers of one command.
 pub struct Pool {
     cmd: ExecCommand,
+    silence: Duration,
     idle: Mutex<Vec<Worker>>,
     deaths: Mutex<Deaths>,
 }
@@ -35,9 +38,11 @@ struct Deaths {
 }
 
 impl Pool {
-    /// The pool of `cmd` (its result limit is the replies' too).
-    pub fn new(cmd: ExecCommand) -> Self {
-        Pool { cmd, idle: Mutex::new(Vec::new()), deaths: Mutex::new(Deaths::default()) }
+    /// The pool of `cmd` (its result limit is the replies' too); a request that runs for
+    /// `silence` with no sign of life from its worker fails and the worker is replaced (zero:
+    /// never).
+    pub fn new(cmd: ExecCommand, silence: Duration) -> Self {
+        Pool { cmd, silence, idle: Mutex::new(Vec::new()), deaths: Mutex::new(Deaths::default()) }
     }
 
     /// An idle worker, or a new one. A start goes on in a task of its own: a shard that gives
@@ -66,7 +71,7 @@ impl Pool {
         let (pool, node) = (self.clone(), node_id.to_owned());
         let (tx, rx) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
-            match Worker::start(&pool.cmd, &node).await {
+            match Worker::start(&pool.cmd, &node, pool.silence).await {
                 Ok(w) => {
                     pool.deaths.lock().unwrap().started();
                     // the shard that asked gave up: the worker waits in the pool
@@ -103,6 +108,23 @@ impl Pool {
     /// A worker that misbehaved or died on a request: dropped (its process group killed).
     pub fn died(&self, w: Worker, why: &str) {
         tracing::warn!(worker = w.pid(), "worker replaced: {why}");
+        drop(w);
+    }
+
+    /// A worker whose last reply said it exits (`"retire":true`): given a moment to do so.
+    pub fn let_go(&self, w: Worker) {
+        tracing::debug!(worker = w.pid(), "worker retires, as its last reply said");
+        tokio::spawn(w.let_go());
+    }
+
+    /// A worker that exited before it read its request: the request goes to another worker.
+    /// One that never answered a request counts as a failed start (a command whose workers say
+    /// hello and exit is paused like one that dies at once).
+    pub fn exited_unread(&self, w: Worker, why: &str) {
+        tracing::info!(worker = w.pid(), "worker replaced, its request goes to another: {why}");
+        if w.answered() == 0 {
+            self.failed_start(why);
+        }
         drop(w);
     }
 

@@ -1,30 +1,31 @@
-//! One worker process of the `--worker` protocol (docs/handlers.md): started without a shell in
-//! a process group of its own, greeted, then asked one request at a time. Its stdout is read
+//! One worker process of the `--worker` protocol (docs/handlers.md), once started (`start`):
+//! asked one request at a time. Its stdout is read
 //! by a task of its own into lines of bounded length; its stderr is logged line by line with
-//! the shard it runs, and the last 2 KiB are kept for the reason of a death.
+//! the shard it runs, and the last 2 KiB are kept for the reason of a death. What each line
+//! says is read by `reply`; what the executor does about each misbehaviour is the table of
+//! docs/handlers.md.
 
 use std::collections::VecDeque;
-use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tokio::io::AsyncWriteExt;
-use tokio::process::{Child, ChildStdin, Command};
+use tokio::process::{Child, ChildStdin};
 use tokio::sync::mpsc;
 
-use crate::child::{ExecCommand, GroupKill, STDERR_TAIL};
+use crate::child::{GroupKill, STDERR_TAIL};
 
-use super::lines::{clip, clip_value, is_stale, log_stderr, read_lines, tail_of, Line, Request};
+use super::lines::{clip, clip_value, tail_of, Line, Request};
+use super::reply::{self, Said};
 
 /// The protocol version spoken.
 pub const PROTOCOL: u64 = 1;
-/// How long a worker has to say hello.
-pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a cancelled request has to be answered before the worker is killed.
 pub const CANCEL_GRACE: Duration = Duration::from_secs(2);
-/// What a line may hold beyond the largest result (the reply's envelope, an error's reason).
-const LINE_SLACK: usize = 64 * 1024;
+/// Ids of cancelled requests whose late answers are still passed over.
+const CANCELLED_KEPT: usize = 8;
 
 /// How a request went wrong.
 #[derive(Debug)]
@@ -33,119 +34,98 @@ pub struct Failure {
     pub reason: String,
     /// Whether the worker stays usable (it answered with an error, in the protocol).
     pub keep: bool,
+    /// Whether the worker exited without reading the request: the shard did not start in it,
+    /// and goes to another worker without failing an attempt.
+    pub unread: bool,
 }
 
 impl Failure {
     fn fatal(reason: impl Into<String>) -> Self {
-        Failure { reason: reason.into(), keep: false }
+        Failure { reason: reason.into(), keep: false, unread: false }
     }
+}
+
+/// Why waiting for a reply stopped without one.
+enum Stop {
+    Line(Line),
+    Text(String),
+    WrongId(Value),
+    Silent,
 }
 
 /// A running worker.
 pub struct Worker {
-    child: Child,
-    pid: u32,
-    stdin: Option<ChildStdin>,
-    lines: mpsc::Receiver<Line>,
-    next_id: u64,
+    pub(super) child: Child,
+    pub(super) pid: u32,
+    pub(super) stdin: Option<ChildStdin>,
+    pub(super) lines: mpsc::Receiver<Line>,
+    pub(super) next_id: u64,
     /// The request sent whole and not yet answered.
-    in_flight: Option<u64>,
+    pub(super) in_flight: Option<u64>,
+    /// The last cancelled requests: a late answer to one of them is passed over.
+    pub(super) cancelled: VecDeque<u64>,
+    /// Requests it answered.
+    pub(super) answered: u64,
+    /// Its last reply said `"retire":true`: it exits, it gets no more requests.
+    pub(super) retiring: bool,
+    /// How long a request may run with no sign of life (zero: for ever).
+    pub(super) silence: Duration,
+    /// Lines it wrote on stderr so far (a sign of life).
+    pub(super) stderr_lines: Arc<AtomicU64>,
 
     /// When it was started.
     pub started: Instant,
     /// What it runs now, for its stderr lines.
-    running: Arc<Mutex<String>>,
-    tail: Arc<Mutex<VecDeque<u8>>>,
+    pub(super) running: Arc<Mutex<String>>,
+    pub(super) tail: Arc<Mutex<VecDeque<u8>>>,
     /// Kills the worker's process group when the worker is dropped.
-    _group: GroupKill,
+    pub(super) _group: GroupKill,
 }
 
 impl Worker {
-    /// Starts `cmd` and waits for its hello.
-    pub async fn start(cmd: &ExecCommand, node_id: &str) -> Result<Worker, String> {
-        let mut child = Command::new(cmd.program())
-            .args(cmd.args())
-            .env("SHARDCTL_WORKER_PROTOCOL", PROTOCOL.to_string())
-            .env("SHARDCTL_NODE_ID", node_id)
-            .env("SHARDCTL_MAX_RESULT_BYTES", cmd.max_output().to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .process_group(0)
-            .spawn()
-            .map_err(|e| format!("cannot start worker command '{}': {e}", cmd.program()))?;
-        let pid = child.id().unwrap_or(0);
-        let (tx, lines) = mpsc::channel(64);
-        tokio::spawn(read_lines(child.stdout.take().expect("piped stdout"), cmd.max_output() + LINE_SLACK, tx));
-        let running = Arc::new(Mutex::new(String::from("(starting)")));
-        let tail = Arc::new(Mutex::new(VecDeque::new()));
-        tokio::spawn(log_stderr(child.stderr.take().expect("piped stderr"), pid, running.clone(), tail.clone()));
-        let mut w = Worker {
-            pid,
-            stdin: child.stdin.take(),
-            _group: GroupKill(child.id()),
-            child,
-            lines,
-            next_id: 0,
-            in_flight: None,
-
-            started: Instant::now(),
-            running,
-            tail,
-        };
-        w.hello().await?;
-        w.set_running("(idle)");
-        Ok(w)
-    }
-
     /// The worker's pid.
     pub fn pid(&self) -> u32 {
         self.pid
     }
 
     /// Whether an idle worker can take a request: it has not exited, and what it wrote since
-    /// its last request is at most late answers to earlier requests (a reply that came after
-    /// its cancel was answered); anything else (output of something it left running, a line
-    /// outside the protocol) is why not.
+    /// its last request is at most late answers to cancelled requests (a second answer to a
+    /// cancel); anything else (output of something it left running, a line outside the
+    /// protocol) is why not.
     pub async fn ready(&mut self) -> Result<(), String> {
         if !matches!(self.child.try_wait(), Ok(None)) {
             return Err("exited while idle".to_owned());
         }
         while let Ok(line) = self.lines.try_recv() {
-            match line {
-                Line::Text(t) if is_stale(&t, self.next_id) => continue,
-                Line::Text(t) => return Err(format!("wrote a line outside the protocol while idle: {}", clip(&t))),
-                other => return Err(self.gone(other, "while idle").await),
+            let Line::Text(t) = line else { return Err(self.gone(line, "while idle").await) };
+            match reply::said(&t, None, self.cancelled.make_contiguous()) {
+                Said::Late => continue,
+                Said::NotProtocol => return Err(format!("wrote a line outside the protocol while idle: {}", clip(&t))),
+                _ => return Err(format!("wrote a reply while no request ran: {}", clip(&t))),
             }
         }
         Ok(())
     }
 
-    fn set_running(&self, what: &str) {
+    /// Requests it answered.
+    pub fn answered(&self) -> u64 {
+        self.answered
+    }
+
+    /// Whether its last reply said it exits now (`"retire":true`).
+    pub fn retiring(&self) -> bool {
+        self.retiring
+    }
+
+    /// Lets a worker that said it exits do so: its stdin closed, [`CANCEL_GRACE`] to exit, then
+    /// its process group killed.
+    pub async fn let_go(mut self) {
+        self.stdin = None;
+        let _ = tokio::time::timeout(CANCEL_GRACE, self.child.wait()).await;
+    }
+
+    pub(super) fn set_running(&self, what: &str) {
         *self.running.lock().unwrap() = what.to_owned();
-    }
-
-    async fn hello(&mut self) -> Result<(), String> {
-        let line = tokio::select! {
-            l = self.lines.recv() => l.unwrap_or(Line::Closed),
-            () = tokio::time::sleep(HELLO_TIMEOUT) => {
-                return Err(format!("worker never said hello within {}s", HELLO_TIMEOUT.as_secs()));
-            }
-        };
-        let text = match line {
-            Line::Text(t) => t,
-            other => return Err(self.gone(other, "before its hello").await),
-        };
-        let v: Value =
-            serde_json::from_str(&text).map_err(|_| format!("worker's first line is not a hello: {}", clip(&text)))?;
-        if v["type"] != "hello" {
-            return Err(format!("worker's first line is not a hello: {}", clip(&text)));
-        }
-        if v["protocol"].as_u64() != Some(PROTOCOL) {
-            return Err(format!("worker speaks protocol {}, this executor {PROTOCOL}", v["protocol"]));
-        }
-        Ok(())
     }
 
     /// Sends `request` (a JSON object without `id`) and, for an aggregation, its `follow` lines
@@ -162,41 +142,106 @@ impl Worker {
         self.next_id += 1;
         let id = self.next_id;
         self.set_running(label);
+        let mut written = 0;
         let sent = async {
-            self.write_line(request.with_id(id)).await?;
+            let line = request.with_id(id);
+            written += line.len();
+            self.write_line(line).await?;
             if let Some(follow) = follow {
                 for mut line in follow {
                     line.insert("id".into(), id.into());
-                    self.write(&Value::Object(line)).await?;
+                    written += self.write(&Value::Object(line)).await?;
                 }
-                self.write(&serde_json::json!({ "type": "end", "id": id })).await?;
+                written += self.write(&serde_json::json!({ "type": "end", "id": id })).await?;
             }
             Ok::<(), Failure>(())
         };
         if let Err(f) = sent.await {
-            return Err(self.with_death(f).await);
+            // the pipe was closed: it never read a whole request
+            let mut f = self.with_death(f).await;
+            f.unread = true;
+            return Err(f);
         }
         self.in_flight = Some(id);
-        // each line parsed once: a late answer to an earlier request is passed over
-        let reply = loop {
-            let line = self.lines.recv().await.unwrap_or(Line::Closed);
-            let Line::Text(text) = line else { break Err(line) };
-            match serde_json::from_str::<Value>(&text) {
-                Ok(Value::Object(v)) if v.get("id").and_then(Value::as_u64).is_some_and(|i| i < id) => continue,
-                Ok(Value::Object(v)) => break Ok((v, text)),
-                _ => break Err(Line::Text(text)),
-            }
-        };
+        let reply = self.reply_to(id).await;
         self.in_flight = None;
         let out = match reply {
-            Ok((v, text)) => Self::reply(v, &text, id),
-            Err(Line::Text(text)) => {
-                Err(Failure::fatal(format!("worker wrote a line outside the protocol: {}", clip(&text))))
+            Ok((v, text)) => self.reply(v, &text, id),
+            Err(Stop::Text(text)) => Err(Failure::fatal(format!(
+                "worker wrote a line outside the protocol on stdout, which carries only its replies \
+                 (print to stderr): {}",
+                clip(&text)
+            ))),
+            Err(Stop::WrongId(other)) => Err(Failure::fatal(format!(
+                "worker answered request {} while {id} ran (a reply's id must be its request's)",
+                clip_value(&other)
+            ))),
+            Err(Stop::Silent) => {
+                let secs = self.silence.as_secs();
+                let bound = if secs >= 60 && secs % 60 == 0 {
+                    format!("{}m", secs / 60)
+                } else {
+                    format!("{:?}", self.silence)
+                };
+                Err(Failure::fatal(format!(
+                    "worker showed no sign of life for {bound} while it ran request {id} (no line on stdout \
+                     or stderr, no CPU time; --worker-silence): it is stuck, or its reply sits in a buffer \
+                     it did not flush"
+                )))
             }
-            Err(other) => Err(Failure::fatal(self.gone(other, "while running the shard").await)),
+            Err(Stop::Line(Line::Closed)) if self.unread_bytes() >= written as u64 => {
+                let mut f = Failure::fatal(self.gone(Line::Closed, "before reading its request").await);
+                f.unread = true;
+                Err(f)
+            }
+            Err(Stop::Line(other)) => Err(Failure::fatal(self.gone(other, "while running the shard").await)),
         };
         self.set_running("(idle)");
         out
+    }
+
+    /// Reads lines until the reply to request `id`: late answers to cancelled requests are
+    /// passed over, a sign of life restarts the count of silence, anything else is why not.
+    async fn reply_to(&mut self, id: u64) -> Result<(serde_json::Map<String, Value>, String), Stop> {
+        let mut life = self.life();
+        let mut quiet = tokio::time::Instant::now() + self.silence;
+        loop {
+            let next = if self.silence.is_zero() {
+                Some(self.lines.recv().await)
+            } else {
+                tokio::time::timeout_at(quiet, self.lines.recv()).await.ok()
+            };
+            let Some(line) = next else {
+                // silent until now: a worker that used CPU or wrote on stderr meanwhile lives
+                let now = self.life();
+                if now == life {
+                    return Err(Stop::Silent);
+                }
+                (life, quiet) = (now, tokio::time::Instant::now() + self.silence);
+                continue;
+            };
+            let text = match line.unwrap_or(Line::Closed) {
+                Line::Text(t) => t,
+                other => return Err(Stop::Line(other)),
+            };
+            match reply::said(&text, Some(id), self.cancelled.make_contiguous()) {
+                Said::Reply(v) => return Ok((v, text)),
+                Said::Alive | Said::Late => quiet = tokio::time::Instant::now() + self.silence,
+                Said::WrongId(v) => return Err(Stop::WrongId(v)),
+                Said::NotProtocol => return Err(Stop::Text(text)),
+            }
+        }
+    }
+
+    /// What shows that a worker lives without a line on stdout: the CPU time of its process
+    /// (and of children it reaped) and the lines it wrote on stderr.
+    fn life(&self) -> (Option<u64>, u64) {
+        (cpu_ticks(self.pid), self.stderr_lines.load(Ordering::Relaxed))
+    }
+
+    /// Bytes written to its stdin that it has not read (0 when that cannot be told).
+    fn unread_bytes(&self) -> u64 {
+        self.stdin.as_ref().and_then(|s| rustix::io::ioctl_fionread(s).ok()).unwrap_or(0)
     }
 
     /// Whether a request was sent whole and is not answered yet (a worker dropped then may be
@@ -206,10 +251,12 @@ impl Worker {
         self.in_flight.is_some()
     }
 
-    async fn write(&mut self, v: &Value) -> Result<(), Failure> {
+    /// Writes `v` as a line; its length.
+    async fn write(&mut self, v: &Value) -> Result<usize, Failure> {
         let mut line = serde_json::to_vec(v).expect("JSON to memory");
         line.push(b'\n');
-        self.write_line(line).await
+        let n = line.len();
+        self.write_line(line).await.map(|()| n)
     }
 
     async fn write_line(&mut self, line: Vec<u8>) -> Result<(), Failure> {
@@ -218,10 +265,9 @@ impl Worker {
     }
 
     /// The answer of reply `v` (the line `text`) to request `id`.
-    fn reply(mut v: serde_json::Map<String, Value>, text: &str, id: u64) -> Result<Value, Failure> {
-        if v.get("id").and_then(Value::as_u64) != Some(id) {
-            return Err(Failure::fatal(format!("worker answered request {} while {id} ran", clip_value(&v["id"]))));
-        }
+    fn reply(&mut self, mut v: serde_json::Map<String, Value>, text: &str, id: u64) -> Result<Value, Failure> {
+        self.answered += 1;
+        self.retiring = v.get("retire").and_then(Value::as_bool) == Some(true);
         match v.get("type").and_then(Value::as_str) {
             Some("result") => Ok(v.remove("result").unwrap_or(Value::Null)),
             Some("error") => {
@@ -231,9 +277,9 @@ impl Worker {
                     None => "the worker reported an error without a reason".to_owned(),
                 };
                 // stored as the shard's reason: its last 2 KiB, as for `--exec`'s stderr
-                Err(Failure { reason: tail_of(&why, STDERR_TAIL), keep: true })
+                Err(Failure { reason: tail_of(&why, STDERR_TAIL), keep: true, unread: false })
             }
-            _ => Err(Failure::fatal(format!("worker wrote a reply of unknown type: {}", clip(text)))),
+            _ => Err(Failure::fatal(format!("worker wrote a reply of unknown type to request {id}: {}", clip(text)))),
         }
     }
 
@@ -248,18 +294,22 @@ impl Worker {
         let exchange = async {
             self.write(&serde_json::json!({ "type": "cancel", "id": id })).await.ok()?;
             loop {
-                match self.lines.recv().await? {
-                    Line::Text(t) if is_stale(&t, id - 1) => continue,
-                    Line::Text(t) => {
-                        break Some(serde_json::from_str::<Value>(&t).is_ok_and(|v| v["id"].as_u64() == Some(id)))
-                    }
-                    _ => break None,
+                let Line::Text(t) = self.lines.recv().await? else { break None };
+                match reply::said(&t, Some(id), self.cancelled.make_contiguous()) {
+                    Said::Reply(_) => break Some(true),
+                    Said::Alive | Said::Late => continue,
+                    Said::WrongId(_) | Said::NotProtocol => break Some(false),
                 }
             }
         };
         let keep = matches!(tokio::time::timeout(CANCEL_GRACE, exchange).await, Ok(Some(true)));
+        // it may answer the cancel too, after its reply: that line is passed over
+        self.cancelled.push_back(id);
+        if self.cancelled.len() > CANCELLED_KEPT {
+            self.cancelled.pop_front();
+        }
         self.set_running("(idle)");
-        Failure { reason: "cancelled".to_owned(), keep }
+        Failure { reason: "cancelled".to_owned(), keep, unread: false }
     }
 
     /// `f`, with the worker's exit status and stderr tail if it died.
@@ -272,7 +322,7 @@ impl Worker {
 
     /// Why there is no line: the worker exited (its status and stderr tail), or wrote one too
     /// long or not UTF-8.
-    async fn gone(&mut self, line: Line, when: &str) -> String {
+    pub(super) async fn gone(&mut self, line: Line, when: &str) -> String {
         match line {
             Line::TooLong => "worker wrote a line longer than the result limit allows".to_owned(),
             Line::NotUtf8 => "worker wrote a line that is not valid UTF-8".to_owned(),
@@ -309,6 +359,16 @@ impl Drop for Worker {
         // this) kills its process group: nothing it started outlives it
         self.stdin = None;
     }
+}
+
+/// The CPU time of process `pid` and of the children it reaped, in clock ticks (`None` once it
+/// is gone).
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // after the command's name (in parentheses, which may hold anything): utime, stime,
+    // cutime, cstime are the 12th to 15th fields
+    let rest = &stat[stat.rfind(')')? + 1..];
+    Some(rest.split_whitespace().skip(11).take(4).filter_map(|f| f.parse::<u64>().ok()).sum())
 }
 
 fn describe(st: std::process::ExitStatus) -> String {
