@@ -1151,3 +1151,50 @@ async fn a_share_created_after_a_cancel_is_cancelled_and_a_round_retries_once() 
         "retried twice in one round"
     );
 }
+
+/// A partitioned queue that ran routed tasks (one of them cancelled while its shards waited on
+/// the list of a node that died), set back to one partition and cleaned, keeps nothing of the
+/// retired partitions: neither their `routed-nodes` and `stalled-check` nor a node's `wait`
+/// list and marker.
+#[test]
+fn clean_leaves_nothing_of_retired_partitions_after_routed_tasks() {
+    let cli = Cli::start("parts-routed-clean");
+    cli.ok(&["config", "--partitions", "3"]);
+    let old = partition_prefixes(&cli);
+    let mut a = cli.executor("prc", &["--concurrency", "1"]);
+    cli.ok(&["dispatch", "--kind", "noop", "--shards", "30", "--strategy", "consistent-hash", "--task-id", "r1"]);
+    cli.json(&["wait", "r1", "--timeout", "60s", "--json"], 0);
+    // a routed task cancelled while most of its shards wait on the list of a node that died
+    let slow = r#"{"ms":200}"#;
+    let args = ["dispatch", "--kind", "sleep", "--payload", slow, "--shards", "60", "--strategy", "consistent-hash"];
+    cli.ok(&[&args[..], &["--task-id", "r2"]].concat());
+    support::eventually("r2 under way", Duration::from_secs(30), || {
+        let t = cli.json(&["status", "r2", "--json"], 0);
+        (t["done"].as_u64().unwrap_or(0) >= 1).then_some(()).ok_or(t)
+    });
+    a.kill();
+    cli.ok(&["cancel", "r2"]);
+    let mut con = cli.con();
+    let waiting: Vec<String> = old
+        .iter()
+        .flat_map(|p| {
+            let pattern = format!("{}node:*", p.replace('{', "\\{").replace('}', "\\}"));
+            redis::cmd("KEYS").arg(pattern).query::<Vec<String>>(&mut con).unwrap()
+        })
+        .collect();
+    assert!(!waiting.is_empty(), "no node list left to clean: the test would prove nothing");
+    cli.ok(&["config", "--partitions", "1"]);
+    // the dead node's departure seen (its rebalance done) before the clean
+    let b = cli.executor("prc-b", &[]);
+    support::eventually("the dead node's departure", Duration::from_secs(40), || {
+        b.log().contains("departed=prc ").then_some(()).ok_or_else(|| b.log())
+    });
+    cli.ok(&["clean", "--older-than", "0s"]);
+    let mut left: Vec<String> = Vec::new();
+    for prefix in &old {
+        let pattern = format!("{}*", prefix.replace('{', "\\{").replace('}', "\\}"));
+        let keys: Vec<String> = redis::cmd("KEYS").arg(pattern).query(&mut con).unwrap();
+        left.extend(keys);
+    }
+    assert!(left.is_empty(), "keys of retired partitions left: {left:?} (of {old:?})");
+}

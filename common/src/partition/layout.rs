@@ -171,11 +171,23 @@ pub async fn drop_orphans<C: ConnectionLike + Send>(con: &mut C, layout: &Layout
             continue;
         }
         let mut pipe = redis::pipe();
-        let kinds: Vec<String> = redis::cmd("SMEMBERS").arg(pk.kinds()).query_async(con).await?;
+        let (kinds, nodes): (Vec<String>, Vec<String>) =
+            redis::pipe().smembers(pk.kinds()).smembers(pk.routed_nodes()).query_async(con).await?;
         for k in &kinds {
             pipe.del(&[pk.lane_wait(k), pk.lane_tasks(k), pk.lane_marker(k)]).ignore();
         }
+        // routed tasks left a list and a marker per node (a cancelled one, its waiting refs)
+        for n in &nodes {
+            pipe.del(&[pk.node_wait(n), pk.node_marker(n)]).ignore();
+        }
         for key in [
+            pk.routed_nodes(),
+            pk.reroute(),
+            pk.unrouted(),
+            pk.rebalance_lock(),
+            pk.rebalancing(),
+            pk.legacy_wait(),
+            pk.legacy_tasks(),
             pk.kinds(),
             pk.any_kind_marker(),
             pk.meta(),
