@@ -794,3 +794,155 @@ def work(index, marks):
         }
     }
 }
+
+/// A hand-written worker whose thread sends signs of life may write one just after the reply it
+/// raced (it read the running id, then was preempted): that line is late, not a wrong answer.
+#[test]
+fn a_sign_of_life_that_comes_just_after_its_reply_is_passed_over() {
+    let dir = tempdir("alive-race");
+    let w = script(
+        &dir,
+        "w.py",
+        r#"
+import sys, json, threading, time
+lock, running = threading.Lock(), [None]
+def w(s):
+    with lock:
+        sys.stdout.write(s + "\n"); sys.stdout.flush()
+def alive():
+    while True:
+        rid = running[0]
+        if rid is None:
+            time.sleep(0.005); continue
+        time.sleep(0.1)
+        w(json.dumps({"type": "alive", "id": rid}))
+threading.Thread(target=alive, daemon=True).start()
+w('{"type":"hello","protocol":1}')
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("type") != "shard": continue
+    running[0] = m["id"]
+    time.sleep(0.15)
+    running[0] = None
+    w(json.dumps({"type": "result", "id": m["id"], "result": m["index"]}))
+"#,
+    );
+    let cli = cli("workers-alive-race");
+    let _ex = cli.executor("war", &["--worker", &format!("python3 {}", w.display()), "--concurrency", "1"]);
+    let t = cli.json(
+        &["dispatch", "--kind", "k", "--shards", "10", "--attempts", "1", "--task-id", "a", "--wait", "--json"],
+        0,
+    );
+    assert_eq!((t["done"].as_u64(), t["failed"].as_u64()), (Some(10), Some(0)), "{t}");
+}
+
+/// A worker whose handler waits on a child process that computes shows life through the
+/// child's CPU time (the worker's whole process group counts), so `--worker-silence` spares it.
+#[test]
+fn a_worker_busy_in_a_child_process_is_not_taken_for_silent() {
+    let dir = tempdir("busy-child");
+    let w = raw(
+        &dir,
+        r#"
+import subprocess
+def answer(m):
+    subprocess.run(["python3", "-c", "import time\nt = time.time()\nwhile time.time() - t < 4: pass"], check=True)
+    send({"type": "result", "id": m["id"], "result": m["index"]})
+"#,
+    );
+    let cli = cli("workers-busy-child");
+    let _ex = cli.executor("wbc", &["--worker", &format!("python3 {}", w.display()), "--worker-silence", "1s"]);
+    let t = cli.json(
+        &["dispatch", "--kind", "k", "--shards", "2", "--attempts", "1", "--task-id", "c", "--wait", "--json"],
+        0,
+    );
+    assert_eq!(t["done"], 2, "{t}");
+}
+
+/// `max_requests=1` and a cancelled last request: its answer to the cancel says it retires, so
+/// it gets no other shard while it winds down (a shard handed to it would fail an attempt).
+#[test]
+fn a_worker_that_retires_on_a_cancelled_request_gets_no_other_shard() {
+    let dir = tempdir("retire-cancel");
+    let w = script(
+        &dir,
+        "w.py",
+        r#"
+import time
+from shardctl_worker import serve
+def h(s):
+    if s.index % 2 == 0:
+        while not s.cancelled():
+            time.sleep(0.01)
+        raise RuntimeError("stopped")
+    return s.index
+serve(h, max_requests=1)
+time.sleep(0.5)   # cleanup after serve returns, within the 2 s the executor gives
+"#,
+    );
+    let cli = cli("workers-retire-cancel");
+    let _ex = cli.executor("wrc", &["--worker", &format!("python3 {}", w.display()), "--concurrency", "2"]);
+    let t = cli.json(
+        &[
+            "dispatch",
+            "--kind",
+            "k",
+            "--shards",
+            "8",
+            "--attempts",
+            "1",
+            "--shard-timeout",
+            "1s",
+            "--task-id",
+            "r",
+            "--wait",
+            "--json",
+        ],
+        3,
+    );
+    assert_eq!((t["done"].as_u64(), t["failed"].as_u64()), (Some(4), Some(4)), "{t}");
+    let why = reasons(&cli, "r");
+    assert!(why.iter().all(|r| r.contains("timed out after 1s")), "only the shards that time out fail: {why:?}");
+}
+
+/// An aggregation worker that starts on its request and dies while its outcomes are still
+/// being written has started: the attempt is charged, the aggregation is not run again by
+/// other workers as if never read.
+#[test]
+fn an_aggregation_that_started_and_died_is_charged_not_rerun_unseen() {
+    let dir = tempdir("agg-crash");
+    let runs = dir.join("runs");
+    let agg = script(
+        &dir,
+        "agg.py",
+        &format!(
+            r#"
+import sys, os, json, time
+sys.stdout.write('{{"type":"hello","protocol":1}}\n'); sys.stdout.flush()
+m = json.loads(sys.stdin.readline())
+open({runs:?}, "a").write("started\n")
+time.sleep(0.3)
+os._exit(1)
+"#
+        ),
+    );
+    let shard =
+        raw(&dir, "def answer(m):\n    send({\"type\": \"result\", \"id\": m[\"id\"], \"result\": \"x\" * 150})\n");
+    let cli = cli("workers-agg-crash");
+    let _ex = cli.executor(
+        "wac",
+        &[
+            "--worker",
+            &format!("python3 {}", shard.display()),
+            "--aggregate-worker",
+            &format!("python3 {}", agg.display()),
+        ],
+    );
+    let t = cli.json(
+        &["dispatch", "--kind", "k", "--shards", "800", "--attempts", "1", "--task-id", "g", "--wait", "--json"],
+        3,
+    );
+    let started = std::fs::read_to_string(&runs).unwrap_or_default().lines().count();
+    assert_eq!(started, 1, "aggregation runs for 1 attempt: {t}");
+    assert!(!t["aggregation_error"].to_string().contains("exited before reading"), "{t}");
+}

@@ -89,8 +89,10 @@ impl Guard {
                 true
             }
             Err(_) => {
+                // it died (or is dying): reaped, not left a zombie
                 if let Some((mut child, _)) = self.process.take() {
-                    let _ = child.try_wait();
+                    let _ = child.kill();
+                    let _ = child.wait();
                 }
                 false
             }

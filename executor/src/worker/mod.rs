@@ -167,7 +167,9 @@ impl Drop for Held {
                 let pool = self.pool.clone();
                 rt.spawn(async move {
                     let f = w.cancel().await;
-                    if f.keep {
+                    if f.keep && w.retiring() {
+                        pool.let_go(w);
+                    } else if f.keep {
                         pool.give_back(w);
                     } else {
                         pool.retire(w, "it did not answer a cancel within its grace");

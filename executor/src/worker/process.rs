@@ -98,7 +98,7 @@ impl Worker {
         }
         while let Ok(line) = self.lines.try_recv() {
             let Line::Text(t) = line else { return Err(self.gone(line, "while idle").await) };
-            match reply::said(&t, None, self.cancelled.make_contiguous()) {
+            match reply::said(&t, None, self.next_id, self.cancelled.make_contiguous()) {
                 Said::Late => continue,
                 Said::NotProtocol => return Err(format!("wrote a line outside the protocol while idle: {}", clip(&t))),
                 _ => return Err(format!("wrote a reply while no request ran: {}", clip(&t))),
@@ -142,11 +142,13 @@ impl Worker {
         self.next_id += 1;
         let id = self.next_id;
         self.set_running(label);
-        let mut written = 0;
+        let (mut written, mut whole) = (0, false);
         let sent = async {
             let line = request.with_id(id);
             written += line.len();
             self.write_line(line).await?;
+            // an aggregation's worker may start on its request while its outcomes are written
+            whole = true;
             if let Some(follow) = follow {
                 for mut line in follow {
                     line.insert("id".into(), id.into());
@@ -157,9 +159,9 @@ impl Worker {
             Ok::<(), Failure>(())
         };
         if let Err(f) = sent.await {
-            // the pipe was closed: it never read a whole request
+            // the pipe was closed before the request's line was whole: it never read it
             let mut f = self.with_death(f).await;
-            f.unread = true;
+            f.unread = !whole;
             return Err(f);
         }
         self.in_flight = Some(id);
@@ -224,7 +226,7 @@ impl Worker {
                 Line::Text(t) => t,
                 other => return Err(Stop::Line(other)),
             };
-            match reply::said(&text, Some(id), self.cancelled.make_contiguous()) {
+            match reply::said(&text, Some(id), self.next_id, self.cancelled.make_contiguous()) {
                 Said::Reply(v) => return Ok((v, text)),
                 Said::Alive | Said::Late => quiet = tokio::time::Instant::now() + self.silence,
                 Said::WrongId(v) => return Err(Stop::WrongId(v)),
@@ -234,9 +236,9 @@ impl Worker {
     }
 
     /// What shows that a worker lives without a line on stdout: the CPU time of its process
-    /// (and of children it reaped) and the lines it wrote on stderr.
-    fn life(&self) -> (Option<u64>, u64) {
-        (cpu_ticks(self.pid), self.stderr_lines.load(Ordering::Relaxed))
+    /// group (what it started and waits on included) and the lines it wrote on stderr.
+    fn life(&self) -> (u64, u64) {
+        (group_cpu_ticks(self.pid), self.stderr_lines.load(Ordering::Relaxed))
     }
 
     /// Bytes written to its stdin that it has not read (0 when that cannot be told).
@@ -295,8 +297,13 @@ impl Worker {
             self.write(&serde_json::json!({ "type": "cancel", "id": id })).await.ok()?;
             loop {
                 let Line::Text(t) = self.lines.recv().await? else { break None };
-                match reply::said(&t, Some(id), self.cancelled.make_contiguous()) {
-                    Said::Reply(_) => break Some(true),
+                match reply::said(&t, Some(id), self.next_id, self.cancelled.make_contiguous()) {
+                    Said::Reply(v) => {
+                        // an answer: it counts, and it may say the worker exits now
+                        self.answered += 1;
+                        self.retiring = v.get("retire").and_then(Value::as_bool) == Some(true);
+                        break Some(true);
+                    }
                     Said::Alive | Said::Late => continue,
                     Said::WrongId(_) | Said::NotProtocol => break Some(false),
                 }
@@ -361,14 +368,26 @@ impl Drop for Worker {
     }
 }
 
-/// The CPU time of process `pid` and of the children it reaped, in clock ticks (`None` once it
-/// is gone).
-fn cpu_ticks(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // after the command's name (in parentheses, which may hold anything): utime, stime,
-    // cutime, cstime are the 12th to 15th fields
-    let rest = &stat[stat.rfind(')')? + 1..];
-    Some(rest.split_whitespace().skip(11).take(4).filter_map(|f| f.parse::<u64>().ok()).sum())
+/// The CPU time of the processes of group `pgid` and of the children they reaped, in clock
+/// ticks (read once per silence bound: a walk of `/proc`).
+fn group_cpu_ticks(pgid: u32) -> u64 {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return 0 };
+    let mut ticks = 0;
+    for e in dir.flatten() {
+        let name = e.file_name();
+        if !name.to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())) {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else { continue };
+        // after the command's name (in parentheses, which may hold anything): the state, the
+        // parent, the group; utime, stime, cutime, cstime are the 12th to 15th fields
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else { continue };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if fields.get(2).and_then(|g| g.parse::<u32>().ok()) == Some(pgid) {
+            ticks += fields.iter().skip(11).take(4).filter_map(|f| f.parse::<u64>().ok()).sum::<u64>();
+        }
+    }
+    ticks
 }
 
 fn describe(st: std::process::ExitStatus) -> String {

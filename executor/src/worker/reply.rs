@@ -23,19 +23,18 @@ pub(super) enum Said {
     NotProtocol,
 }
 
-/// Reads `text`, a line the worker wrote while `current` ran; `cancelled` are the ids whose
-/// late answers may still come.
-pub(super) fn said(text: &str, current: Option<u64>, cancelled: &[u64]) -> Said {
+/// Reads `text`, a line the worker wrote while `current` ran (`None`: while idle); `last` is the
+/// highest id sent to it, `cancelled` the ids whose late answers may still come. A sign of life
+/// for an earlier request is late, not wrong: a worker's thread that sends them may write one
+/// just after the reply it raced.
+pub(super) fn said(text: &str, current: Option<u64>, last: u64, cancelled: &[u64]) -> Said {
     let Some(v) = object(text) else { return Said::NotProtocol };
     let id = v.get("id").and_then(Value::as_u64);
+    let alive = v.get("type").and_then(Value::as_str) == Some("alive");
     match id {
-        Some(i) if Some(i) == current => {
-            if v.get("type").and_then(Value::as_str) == Some("alive") {
-                Said::Alive
-            } else {
-                Said::Reply(v)
-            }
-        }
+        Some(i) if Some(i) == current && alive => Said::Alive,
+        Some(i) if Some(i) == current => Said::Reply(v),
+        Some(i) if alive && i >= 1 && i <= last => Said::Late,
         Some(i) if cancelled.contains(&i) => Said::Late,
         _ => Said::WrongId(v.get("id").cloned().unwrap_or(Value::Null)),
     }
@@ -122,7 +121,7 @@ mod tests {
 
     #[test]
     fn a_line_is_a_reply_a_sign_of_life_a_late_answer_or_wrong() {
-        let kind = |s: &str, cur, cancelled: &[u64]| match said(s, cur, cancelled) {
+        let kind = |s: &str, cur: Option<u64>, cancelled: &[u64]| match said(s, cur, cur.unwrap_or(1), cancelled) {
             Said::Reply(_) => "reply".to_owned(),
             Said::Alive => "alive".to_owned(),
             Said::Late => "late".to_owned(),
@@ -132,6 +131,9 @@ mod tests {
         assert_eq!(kind(r#"{"type":"result","id":3,"result":1}"#, Some(3), &[]), "reply");
         assert_eq!(kind(r#"{"type":"alive","id":3}"#, Some(3), &[]), "alive");
         assert_eq!(kind(r#"{"type":"error","id":2,"error":"cancelled"}"#, Some(3), &[2]), "late");
+        // a sign of life for the request before, written just after its reply
+        assert_eq!(kind(r#"{"type":"alive","id":2}"#, Some(3), &[]), "late");
+        assert_eq!(kind(r#"{"type":"alive","id":4}"#, Some(3), &[]), "wrong 4");
         // a worker that numbers its replies itself, from 0 or from anywhere
         assert_eq!(kind(r#"{"type":"result","id":0,"result":1}"#, Some(1), &[]), "wrong 0");
         assert_eq!(kind(r#"{"type":"result","id":2,"result":1}"#, Some(3), &[]), "wrong 2");
