@@ -204,8 +204,10 @@ impl Worker {
 
     /// Reads lines until the reply to request `id`: late answers to cancelled requests are
     /// passed over, a sign of life restarts the count of silence, anything else is why not.
+    /// The CPU baseline is taken only once a request has been quiet for a whole bound (a walk
+    /// of `/proc` per request would cost every shard), so silence is found out within two.
     async fn reply_to(&mut self, id: u64) -> Result<(serde_json::Map<String, Value>, String), Stop> {
-        let mut life = self.life();
+        let mut life = None;
         let mut quiet = tokio::time::Instant::now() + self.silence;
         loop {
             let next = if self.silence.is_zero() {
@@ -214,8 +216,9 @@ impl Worker {
                 tokio::time::timeout_at(quiet, self.lines.recv()).await.ok()
             };
             let Some(line) = next else {
-                // silent until now: a worker that used CPU or wrote on stderr meanwhile lives
-                let now = self.life();
+                // quiet for a bound: a worker that used CPU or wrote on stderr since the last
+                // look lives (the first look only takes the baseline)
+                let now = Some(self.life());
                 if now == life {
                     return Err(Stop::Silent);
                 }
