@@ -5,9 +5,11 @@
 //! - `start`: a worker's start: spawn and hello.
 //! - `process`: one worker: a request and its reply, cancel, death.
 //! - `reply`: what a line of its stdout says (a reply, a sign of life, a late answer, wrong).
+//! - `life`: the CPU time of its process group, a sign of life without a line.
 //! - `lines`: its stdout read into lines, its stderr logged, a request's line.
 //! - `pool`: the workers of one command, and the pauses of a command that keeps dying.
 
+mod life;
 mod lines;
 mod pool;
 mod process;
