@@ -137,18 +137,8 @@ impl ExecCommand {
         stdin: Vec<u8>,
         cancel: CancellationToken,
     ) -> Result<Value, ShardError> {
-        let mut child = Command::new(&self.program)
-            .args(&self.args)
-            .envs(env)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            // a group of its own: cancelling the handler stops what it started too
-            .process_group(0)
-            .spawn()
+        let (mut child, mut group) = spawn_in_group(Command::new(&self.program).args(&self.args).envs(env))
             .map_err(|e| ShardError(format!("cannot start handler command '{}': {e}", self.program)))?;
-        let mut group = GroupKill::new(child.id());
         let mut input = child.stdin.take().expect("piped stdin");
         let writer = tokio::spawn(async move {
             // a child that does not read its stdin closes the pipe: not an error
@@ -334,6 +324,21 @@ impl Aggregator for ExecAggregator {
             cmd.run(env, stdin, ctx.cancel.clone()).await
         })
     }
+}
+
+/// Starts a handler process (`--exec`, `--worker`): its stdio piped, in a process group of its
+/// own (cancelling the handler stops what it started too) listed with the guard, killed if the
+/// executor dies; the group is killed when the returned [`GroupKill`] drops.
+pub(crate) fn spawn_in_group(cmd: &mut Command) -> std::io::Result<(tokio::process::Child, GroupKill)> {
+    let child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .process_group(0)
+        .spawn()?;
+    let group = GroupKill::new(child.id());
+    Ok((child, group))
 }
 
 /// Kills a handler's process group when dropped before the handler ended (cancelled, timed out,

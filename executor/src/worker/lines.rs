@@ -20,7 +20,6 @@ pub(super) enum Line {
 }
 
 /// A request's JSON object without its closing brace: `Worker::ask` adds its id.
-#[derive(Clone)]
 pub struct Request(String);
 
 impl Request {
@@ -39,8 +38,9 @@ impl Request {
     }
 
     /// The request's line with its id.
-    pub(super) fn with_id(self, id: u64) -> Vec<u8> {
-        let mut line = self.0.into_bytes();
+    pub(super) fn with_id(&self, id: u64) -> Vec<u8> {
+        let mut line = Vec::with_capacity(self.0.len() + 24);
+        line.extend_from_slice(self.0.as_bytes());
         line.extend_from_slice(format!(",\"id\":{id}}}\n").as_bytes());
         line
     }

@@ -116,7 +116,7 @@ async fn ask(
         let mut held = Held { worker: Some(pool.take(node_id).await?), pool: pool.clone() };
         let w = held.worker.as_mut().expect("taken");
         let mut lines = follow.map(|f| f());
-        let r = w.ask(request.clone(), lines.as_deref_mut().map(|l| l as _), label).await;
+        let r = w.ask(&request, lines.as_deref_mut().map(|l| l as _), label).await;
         let w = held.worker.take().expect("taken");
         return match r {
             Ok(v) if w.retiring() => {

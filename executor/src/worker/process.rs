@@ -135,7 +135,7 @@ impl Worker {
     /// asks the worker to stop ([`Worker::cancel`]) if the request was sent whole.
     pub async fn ask(
         &mut self,
-        request: Request,
+        request: &Request,
         follow: Option<&mut (dyn Iterator<Item = serde_json::Map<String, Value>> + Send)>,
         label: &str,
     ) -> Result<Value, Failure> {

@@ -3,7 +3,6 @@
 //! what it prints on stdout before the hello is logged and passed over.
 
 use std::collections::VecDeque;
-use std::process::Stdio;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -12,7 +11,7 @@ use serde_json::Value;
 use tokio::process::Command;
 use tokio::sync::mpsc;
 
-use crate::child::{ExecCommand, GroupKill};
+use crate::child::{spawn_in_group, ExecCommand};
 
 use super::lines::{clip, clip_value, log_stderr, read_lines, Line};
 use super::process::{Worker, PROTOCOL};
@@ -29,19 +28,15 @@ const STRAY_BEFORE_HELLO: usize = 100;
 impl Worker {
     /// Starts `cmd` and waits for its hello.
     pub async fn start(cmd: &ExecCommand, node_id: &str, silence: Duration) -> Result<Worker, String> {
-        let mut child = Command::new(cmd.program())
-            .args(cmd.args())
-            .env("SHARDCTL_WORKER_PROTOCOL", PROTOCOL.to_string())
-            .env("SHARDCTL_NODE_ID", node_id)
-            .env("SHARDCTL_MAX_RESULT_BYTES", cmd.max_output().to_string())
-            .env("SHARDCTL_WORKER_SILENCE_MS", silence.as_millis().to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .process_group(0)
-            .spawn()
-            .map_err(|e| format!("cannot start worker command '{}': {e}", cmd.program()))?;
+        let (mut child, group) = spawn_in_group(
+            Command::new(cmd.program())
+                .args(cmd.args())
+                .env("SHARDCTL_WORKER_PROTOCOL", PROTOCOL.to_string())
+                .env("SHARDCTL_NODE_ID", node_id)
+                .env("SHARDCTL_MAX_RESULT_BYTES", cmd.max_output().to_string())
+                .env("SHARDCTL_WORKER_SILENCE_MS", silence.as_millis().to_string()),
+        )
+        .map_err(|e| format!("cannot start worker command '{}': {e}", cmd.program()))?;
         let pid = child.id().unwrap_or(0);
         let (tx, lines) = mpsc::channel(64);
         tokio::spawn(read_lines(child.stdout.take().expect("piped stdout"), cmd.max_output() + LINE_SLACK, tx));
@@ -58,7 +53,7 @@ impl Worker {
         let mut w = Worker {
             pid,
             stdin: child.stdin.take(),
-            _group: GroupKill::new(child.id()),
+            _group: group,
             child,
             lines,
             next_id: 0,
