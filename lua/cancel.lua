@@ -22,12 +22,13 @@
   KEYS[14] running            zset    tasks not finished
   KEYS[15] scheduled          zset    delayed tasks, by start time
   KEYS[16] unrouted           zset    routed tasks not fully placed
+  KEYS[17] held               hash    held index shards per task and group (lua/include/fair.lua)
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] task id
 
   Returns how many running shards were stopped, or -3 (task missing), -9 (task already ended).
 
-  include: chunked, clock, finish, lanes, task
+  include: chunked, clock, fair, finish, lanes, task
 ]]
 local prefix, tid, now = ARGV[1], ARGV[2], now_ms()
 local t = rcall('HMGET', K.task, 'state', 'kind')
@@ -41,6 +42,7 @@ local stopped = {}
 for _, ref in ipairs(rcall('HKEYS', K.active)) do
   if string.sub(ref, 1, #pre) == pre then stopped[#stopped + 1] = ref end
 end
+unhold_all(prefix, tid)
 if #stopped > 0 then
   call_chunked('HDEL', K.active, stopped)
   call_chunked('SREM', K.stalled, stopped)

@@ -5,7 +5,10 @@
   (released and aggregation jobs at the front, recovered and due retries at the back; the lane
   to start at turns with the claim's seq), then refs routed to this node (one of a kind not
   served goes to its lane's wait), then fresh indexes from the cursors of the served lanes'
-  runnable tasks, by priority then dispatch order across lanes. Refs are
+  runnable tasks: strictly by priority, and within a priority shared fairly by the shards each
+  task and group holds, in proportion to weights, under the tasks' and groups' caps
+  (docs/design/fairness.md; a ref of a task or group at its cap goes to the back of its list,
+  untaken). Refs are
   `<task>:<seq>:<index>`: a ref of another incarnation (its task's `seq` differs), of a task
   gone, cancelled or not started, of a terminal shard, or one already held (in `active`, or taken
   earlier in this call) is dropped. The claim also renews the executor's lease.
@@ -31,6 +34,7 @@
   KEYS[11] routed-nodes  set    nodes that may have a routed list
   KEYS[12] scheduled     zset   delayed tasks, by start time
   KEYS[13] unrouted      zset   routed tasks not fully placed
+  KEYS[14] held          hash   held index shards per task and group (lua/include/fair.lua)
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] count       shards wanted (> 0)
   ARGV[3] lock_ms     lease duration
@@ -39,6 +43,11 @@
                       ahead, to start when a running shard ends)
   ARGV[6] kinds       the kinds served, joined by commas, or `*`: every kind in `kinds` (a kind
                       whose lane keys are gone leaves `kinds`; a push adds it again)
+  ARGV[7] speeds      which tasks' fresh shards may be claimed ahead, joined by commas: an id
+                      (measured short: any number), `-id` (measured long, or enough held
+                      untried: none); `*` (also when absent): any task, any number
+  ARGV[8] probe       how many a task ARGV[7] does not name may get ahead (tried out), once it
+                      has been runnable for 20 ms
 
   Returns { next, flags, ref_1, attempt_1, fails_1, inc_1, ... }; a run of k fresh shards of
   one task (consecutive indexes from its cursor, attempt 1, no fails) is one quadruple
@@ -47,12 +56,13 @@
   the executor's task cache compares it whole (docs/design/identity.md). `next` is 0 when shards were claimed, -2
   when the queue is paused, -3 when the queue has a rate limit and start_now is 0 (the limit
   counts starts: nothing is claimed ahead under it), else how many ms from now the earliest
-  delayed ref or task is due, or the rate limit frees a slot (at least 1), or -1 if none.
+  delayed ref or task is due, or the rate limit frees a slot (at least 1), or -1 if none; -3 also
+  when start_now is 0 and nothing could be claimed ahead (ask again when a run slot frees).
   `flags`: 1 when this claim had to take the executor's lease again (it had expired: the
   executor must check which of its shards are still its own, see extend.lua), plus 2 when the
   queue has a rate limit (the executor gives back what it holds ahead).
 
-  include: chunked, due, hold, lanes, task
+  include: chunked, due, hold, lanes, share_out, task
 ]]
 local prefix, count, lock_ms, token = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local start_now = tonumber(ARGV[5])
@@ -144,14 +154,20 @@ end
 -- refs taken by this call: one call never hands out a ref twice
 local taken = {}
 
+-- what `held` says plus what this call took (lua/include/share_out.lua); refs of a capped task
+-- or group go to the back of their list (at most this many per call: a bounded scan)
+local ledger = new_ledger(now)
+local back = {} -- list key -> refs capped, to push back
+local capped_left = 100
+
 -- an explicit or routed ref, if the current incarnation of its task still wants it and nobody
 -- holds it; a ref has state only once it was claimed and given back, recovered, retried or
 -- released before. A ref of another incarnation has no state to remove: state lives in the
 -- current incarnation's `:shards`.
-local function try_ref(ref, routed)
+local function try_ref(ref, routed, list)
   local tid, inc, idx = split_ref(ref)
   local tkey = tid and task_key(prefix, tid, '')
-  local t = tid and not taken[ref] and rcall('HMGET', tkey, 'state', 'total', 'seq', 'inc', 'kind')
+  local t = tid and not taken[ref] and rcall('HMGET', tkey, 'state', 'total', 'seq', 'inc', 'kind', 'max_running', 'group')
   local state = t and t[3] == inc and t[1]
   local ok = state and state ~= 'cancelled' and state ~= 'delayed'
   if ok and routed and not every and not served[t[5]] then
@@ -186,6 +202,19 @@ local function try_ref(ref, routed)
     junk_left = junk_left - 1
     return
   end
+  if idx ~= 'agg' and ledger.at_cap(tid, t[6], t[7]) then
+    -- its task or group runs as many as it may: to the back of the list, for a later claim
+    local b = back[list]
+    if not b then
+      b = {}
+      back[list] = b
+    end
+    b[#b + 1] = ref
+    taken[ref] = true
+    capped_left = capped_left - 1
+    return
+  end
+  if idx ~= 'agg' then ledger.take(tid, t[7], 1) end
   taken[ref] = true
   local skey = shards_key(prefix, tid)
   local s = rcall('HMGET', skey, idx .. ':attempt', idx .. ':fails')
@@ -203,13 +232,13 @@ end
 -- how many refs at the head of list `key` this call takes or drops
 local function plan_list(key, routed)
   local consumed = 0
-  while n < count and junk_left > 0 do
+  while n < count and junk_left > 0 and capped_left > 0 do
     local peek = rcall('LRANGE', key, consumed, consumed + (count - n) - 1)
     if #peek == 0 then break end
     for _, ref in ipairs(peek) do
       consumed = consumed + 1
-      try_ref(ref, routed)
-      if n >= count or junk_left <= 0 then break end
+      try_ref(ref, routed, key)
+      if n >= count or junk_left <= 0 or capped_left <= 0 then break end
     end
   end
   return consumed
@@ -229,46 +258,26 @@ if n < count and junk_left > 0 and rcall('EXISTS', K.rebalancing) == 0 then
   from_node = plan_list(K.node_wait, true)
 end
 
--- fresh cursors: the head task of every served lane, the best (lowest score) first
-local rank, heads = {}, {} -- lane index -> rank of its head; its head { tid, score } or false
-local function head_of(li)
-  local h = rcall('ZRANGE', lane_key(prefix, lanes[li], 'tasks'), rank[li], rank[li], 'WITHSCORES')
-  heads[li] = h[1] and { h[1], tonumber(h[2]) } or false
+-- fresh cursors, shared fairly among the served lanes' runnable tasks (lua/include/share_out.lua):
+-- those wanted for free run slots among all, those wanted ahead by ARGV[7] and ARGV[8]
+local cands = {}
+if n < count then
+  local now_want = math.min(count - n, math.max(start_now - n, 0))
+  cands = share_out(prefix, lanes, ledger, now_want, count - n - now_want, ARGV[7], tonumber(ARGV[8] or '0'), now, exhausted)
 end
-for li = 1, #lanes do
-  rank[li] = 0
-  if n < count then head_of(li) end
-end
-while n < count do
-  local li
-  for l = 1, #lanes do
-    if heads[l] and (not li or heads[l][2] < heads[li][2]) then li = l end
-  end
-  if not li then break end
-  local tid = heads[li][1]
-  rank[li] = rank[li] + 1
-  local tkey = task_key(prefix, tid, '')
-  local t = rcall('HMGET', tkey, 'cursor', 'total', 'seq', 'inc', 'kind')
-  if not t[1] or (t[5] and t[5] ~= lanes[li]) then
-    -- gone, or an entry left by an earlier task of this id of another kind: not this lane's
-    exhausted[#exhausted + 1] = { li, tid }
-  else
-    local cursor, total = tonumber(t[1]), tonumber(t[2])
-    local k = math.min(count - n, total - cursor)
-    if k > 0 then cursors[#cursors + 1] = { tkey, k } end
-    if cursor + k >= total then exhausted[#exhausted + 1] = { li, tid } end
-    if k > 0 then
-      local pre = tid .. ':' .. t[3] .. ':'
-      out[on + 1], out[on + 2], out[on + 3], out[on + 4] = pre .. cursor, -k, 0, t[4] or ''
-      on = on + 4
-      for i = cursor, cursor + k - 1 do
-        held[hn + 1], held[hn + 2] = pre .. i, token
-        hn = hn + 2
-      end
-      n = n + k
+for _, c in ipairs(cands) do
+  if c.take > 0 then
+    cursors[#cursors + 1] = { c.tkey, c.take }
+    local pre = c.tid .. ':' .. c.seq .. ':'
+    out[on + 1], out[on + 2], out[on + 3], out[on + 4] = pre .. c.cursor, -c.take, 0, c.inc
+    on = on + 4
+    for x = c.cursor, c.cursor + c.take - 1 do
+      held[hn + 1], held[hn + 2] = pre .. x, token
+      hn = hn + 2
     end
+    n = n + c.take
   end
-  if n < count then head_of(li) end
+  if c.left <= 0 then exhausted[#exhausted + 1] = { c.li, c.tid } end
 end
 
 -- commit
@@ -281,6 +290,8 @@ for _, a in ipairs(attempts) do rcall('HSET', a[1], a[2], a[3]) end
 for _, d in ipairs(drops) do drop_state(prefix, d[1], d[2]) end
 for _, c in ipairs(cursors) do rcall('HINCRBY', c[1], 'cursor', c[2]) end
 for _, e in ipairs(exhausted) do rcall('ZREM', lane_key(prefix, lanes[e[1]], 'tasks'), e[2]) end
+for key, refs in pairs(back) do call_chunked('RPUSH', key, refs) end
+ledger.commit()
 
 -- work left in a served lane (or junk left behind): the next blocked executor serving it wakes;
 -- under `*`, a kind whose lane is gone leaves `kinds`
@@ -310,5 +321,8 @@ if n > 0 then
   if junk_left > 0 then pass_on() end
   return out
 end
+-- nothing for a claim only ahead of busy slots (no task measured short): claim again when a
+-- slot frees, not when new work arrives (which could not start here sooner either)
+if start_now <= 0 then return { -3, limited } end
 local due = next_due()
 return { due and math.max(1, due - now) or -1, limited }

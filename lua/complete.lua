@@ -19,6 +19,7 @@
   KEYS[7]  running    zset   tasks not finished
   KEYS[8]  kinds      set    kinds that may have a lane (docs/design/lanes.md)
   KEYS[9]  unreported zset   (a partition's) shares ended, not yet counted in the home
+  KEYS[10] held       hash   held index shards per task and group (lua/include/fair.lua)
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2..] groups: task id, seq (its incarnation), token, m, `p` or `f`, then m entries: for
             `p` (plain: no state, no result) an index each; for `f` an index (or `agg`),
@@ -28,7 +29,7 @@
   Returns one code per shard, in the order given: 1 counted, 0 already terminal (finished
   twice), -1 lock missing, -2 lock mismatch, -3 task missing (or another incarnation).
 
-  include: chunked, clock, events, finish, lanes, task
+  include: chunked, clock, events, fair, finish, lanes, task
 ]]
 local prefix, now = ARGV[1], now_ms()
 
@@ -110,6 +111,7 @@ for gi, g in ipairs(groups) do
   end
 end
 
+local unheld = {} -- { tid, inc, n }: index shards leaving `active`, for the counts
 for gi, g in ipairs(groups) do
   local tid, first, last, inc = g[1], g[2], g[3], g[4]
   local tkey = task_key(prefix, tid, '')
@@ -138,6 +140,7 @@ for gi, g in ipairs(groups) do
     end
   end
   if #mine > 0 then
+    unheld[#unheld + 1] = { tid, inc, #mine }
     local counted, stored, cleared = 0, {}, {}
     for s = 1, #mine, 1000 do
       local e = math.min(s + 999, #mine)
@@ -172,4 +175,5 @@ end
 -- last: the shards leave `active` (see the header on the order of writes)
 call_chunked('HDEL', K.active, taken)
 if rcall('SCARD', K.stalled) > 0 then call_chunked('SREM', K.stalled, taken) end
+for _, u in ipairs(unheld) do unhold(prefix, u[1], u[2], u[3], now) end
 return codes

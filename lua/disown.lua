@@ -10,12 +10,14 @@
   KEYS[3] reroute list
   KEYS[4] stalled set  a given-back ref loses its stall mark
   KEYS[5] marker  zset wakes blocked executors
+  KEYS[6] held    hash held index shards per task and group (lua/include/fair.lua)
+  KEYS[7] meta    hash group caps
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2..] ref, token pairs
 
   Returns how many shards were given back.
 
-  include: hold
+  include: clock, fair, hold, task
 ]]
 local prefix = ARGV[1]
 local n = 0
@@ -26,6 +28,8 @@ for i = 2, #ARGV, 2 do
     requeue(prefix, ref, true)
     rcall('HDEL', K.active, ref)
     rcall('SREM', K.stalled, ref)
+    local tid, inc, idx = split_ref(ref)
+    if tid and idx ~= 'agg' then unhold(prefix, tid, inc, 1, now_ms()) end
     n = n + 1
   end
 end

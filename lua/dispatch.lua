@@ -19,6 +19,7 @@
   KEYS[13] expiring           zset   ended tasks with a retention, by expiry time
   KEYS[14] finished           zset   ended tasks, by end time
   KEYS[15] marker             zset   wakes blocked executors
+  KEYS[16] held               hash   held shards per task (a new task's count starts at 0)
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] task id
   ARGV[3] priority    integer, higher first

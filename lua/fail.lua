@@ -14,6 +14,7 @@
   KEYS[9]  running    zset   tasks not finished
   KEYS[10] kinds      set    kinds that may have a lane (docs/design/lanes.md)
   KEYS[11] unreported zset   (a partition's) shares ended, not yet counted in the home
+  KEYS[12] held       hash   held index shards per task and group (lua/include/fair.lua)
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] node        the failing executor's node: a routed shard's retry goes back to it
   ARGV[3..] groups of 5: ref, token, attempt (of this claim), delay_ms (backoff before the next
@@ -25,7 +26,7 @@
   Returns one code per group: 2 retry scheduled, 1 failed for good (counted), 0 failed for good
   but already terminal, -1 lock missing, -2 lock mismatch, -3 task missing.
 
-  include: clock, events, finish, hold, lanes, task
+  include: clock, events, fair, finish, hold, lanes, task
 ]]
 local prefix, now, node = ARGV[1], now_ms(), ARGV[2]
 local codes = {}
@@ -69,6 +70,7 @@ for i = 3, #ARGV, 5 do
     -- last: the shard leaves `active` (an abort before this leaves it held, for a retry or the sweep)
     rcall('HDEL', K.active, ref)
     rcall('SREM', K.stalled, ref)
+    if code ~= -3 and idx ~= 'agg' then unhold(prefix, tid, inc, 1, now) end
   end
   codes[#codes + 1] = code
 end

@@ -22,6 +22,7 @@
   KEYS[15] scheduled          zset   delayed tasks, by start time
   KEYS[16] kinds              set    kinds that may have a lane (docs/design/lanes.md)
   KEYS[17] unrouted           zset   routed tasks not fully placed
+  KEYS[18] held               hash   held shards per task (a new task's count starts at 0)
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] name
   ARGV[3] fire_ms

@@ -12,6 +12,8 @@
   KEYS[3] kinds   set  kinds that may have a lane (docs/design/lanes.md)
   KEYS[4] reroute list where released refs of routed tasks go
   KEYS[5] marker  zset wakes blocked executors
+  KEYS[6] held    hash held index shards per task and group (lua/include/fair.lua)
+  KEYS[7] meta    hash group caps
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] `front` (a started shard, to the front of its lane's wait), `unstarted` (never started, to the
           front) or `back` (never started, to the back)
@@ -19,7 +21,7 @@
 
   Returns one code per group: 1 released, -1 lock missing, -2 lock mismatch.
 
-  include: hold, task
+  include: clock, fair, hold, task
 ]]
 local prefix, front, undo = ARGV[1], ARGV[2] ~= 'back', ARGV[2] ~= 'front'
 local codes = {}
@@ -42,6 +44,8 @@ for i = 3, #ARGV, 2 do
     end
     rcall('HDEL', K.active, ref)
     rcall('SREM', K.stalled, ref)
+    local _, inc, idx = split_ref(ref)
+    if idx ~= 'agg' then unhold(prefix, tid, inc, 1, now_ms()) end
     code = 1
   end
   codes[#codes + 1] = code

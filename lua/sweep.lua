@@ -28,6 +28,7 @@
   KEYS[11] running       zset   tasks not finished
   KEYS[12] leases        zset   instance -> lease expiry (ms, Redis TIME)
   KEYS[13] unreported    zset   (a partition's) shares ended, not yet counted in the home
+  KEYS[14] held          hash   held index shards per task and group: rebuilt from `active`
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] interval_ms of the full sweep
   ARGV[3] max_stalled   stalls a shard may survive
@@ -37,7 +38,7 @@
   expired and the full sweep was throttled), next is how many ms from now the earliest live
   lease expires (-1: none).
 
-  include: chunked, clock, events, finish, hold, lanes, task
+  include: chunked, clock, events, fair, finish, hold, lanes, task
 ]]
 local prefix, now, interval, max_stalled, reason = ARGV[1], now_ms(), ARGV[2], tonumber(ARGV[3]), ARGV[4]
 
@@ -66,6 +67,7 @@ local function lease_of(token)
 end
 
 local recovered, failed = 0, 0
+local gone = {} -- refs stalled by this call
 local function stall(ref)
   local tid, inc, idx = split_ref(ref)
   local mine = current(prefix, tid, inc)
@@ -88,6 +90,7 @@ local function stall(ref)
   end
   -- last: the shard leaves `active` (an abort before this leaves it held, for the next sweep)
   rcall('HDEL', K.active, ref)
+  gone[ref] = true
 end
 
 if full then
@@ -99,8 +102,11 @@ if full then
   end
 end
 
-local marked = {}
+local marked, refs = {}, {}
 local held = rcall('HGETALL', K.active)
+for i = 1, #held, 2 do
+  if held[i] ~= ACTIVE_PIN then refs[#refs + 1] = held[i] end
+end
 for i = 1, #held, 2 do
   local ref = held[i]
   if ref ~= ACTIVE_PIN then
@@ -113,11 +119,13 @@ for i = 1, #held, 2 do
   end
 end
 if #marked > 0 then call_chunked('SADD', K.stalled, marked) end
+-- the counts fair sharing and caps decide by, exact again whatever a script missed
+recount(prefix, refs, gone, now)
 -- the expired leases found here go (their refs are all back); a lease found expired by a ref's
 -- holder lookup goes too
-local gone = {}
+local lapsed = {}
 for inst, l in pairs(leases) do
-  if l == 'expired' then gone[#gone + 1] = inst end
+  if l == 'expired' then lapsed[#lapsed + 1] = inst end
 end
-if #gone > 0 then call_chunked('ZREM', K.leases, gone) end
+if #lapsed > 0 then call_chunked('ZREM', K.leases, lapsed) end
 return { 1, recovered, failed, #marked, next_expiry() }

@@ -22,6 +22,8 @@ pub fn field(key: &str, value: &str) -> serde_json::Value {
         "shard_timeout_ms",
         "attempts",
         "priority",
+        "weight",
+        "max_running",
         "retain_ms",
         "recovered",
         "shard",
@@ -90,6 +92,7 @@ pub fn settings(queue: &str, s: &QueueSettings, layout: &Layout, masters: Option
         "partitions": layout.count(),
         "partition_tags": tags,
         "partition_masters": masters,
+        "groups": s.groups.iter().map(|(name, g)| (name.clone(), json!({ "weight": g.weight, "max_running": g.max_running }))).collect::<serde_json::Map<_, _>>(),
     })
 }
 

@@ -176,6 +176,10 @@ pub fn settings(queue: &str, s: &QueueSettings, layout: &Layout, masters: Option
         ),
     ];
     out.extend(masters.map(|m| format!("partition masters  {}", m.join(" "))));
+    for (name, g) in &s.groups {
+        let cap = g.max_running.map_or("no cap".to_owned(), |n| format!("max-running {n}"));
+        out.push(format!("group {name}: weight {}, {cap}", g.weight));
+    }
     out
 }
 

@@ -259,8 +259,16 @@ fn out_of_range_durations_are_refused_up_front() {
 
 /// Claims every shard of partition `pk` and completes them, as an executor would.
 async fn run_share(con: &mut redis::aio::MultiplexedConnection, pk: &Keys, seq: u64) {
-    let req =
-        ClaimRequest { count: 100, lock_ms: 60_000, instance: "e1", seq, node: "n1", ahead: 0, kinds: &Served::Every };
+    let req = ClaimRequest {
+        count: 100,
+        lock_ms: 60_000,
+        instance: "e1",
+        seq,
+        node: "n1",
+        ahead: 0,
+        speeds: None,
+        kinds: &Served::Every,
+    };
     let claimed = scripts::claim(con, pk, &req).await.unwrap().shards;
     let all: Vec<Finished<'_>> =
         claimed.iter().map(|c| Finished { claim: c, outcome: FinishedAs::Completed("1") }).collect();

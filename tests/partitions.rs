@@ -22,8 +22,16 @@ use support::Cli;
 /// Claims every shard of partition `pk` there is (claim call `seq` of one simulated executor)
 /// and completes them, or fails them for good (`fail`), as an executor would.
 async fn run_share(con: &mut redis::aio::MultiplexedConnection, pk: &Keys, seq: u64, fail: bool) {
-    let req =
-        ClaimRequest { count: 10, lock_ms: 60_000, instance: "e1", seq, node: "n1", ahead: 0, kinds: &Served::Every };
+    let req = ClaimRequest {
+        count: 10,
+        lock_ms: 60_000,
+        instance: "e1",
+        seq,
+        node: "n1",
+        ahead: 0,
+        speeds: None,
+        kinds: &Served::Every,
+    };
     let claimed = scripts::claim(con, pk, &req).await.unwrap().shards;
     let outcome = if fail { FinishedAs::Failed { delay_ms: 0, reason: "boom" } } else { FinishedAs::Completed("") };
     let all: Vec<Finished<'_>> = claimed.iter().map(|c| Finished { claim: c, outcome: outcome.clone() }).collect();
@@ -529,8 +537,16 @@ async fn a_retry_cut_short_is_completed_by_the_reconciliation() {
     }
     assert_eq!(shardctl_coordinator::partition::report_pending(&mut con, &layout).await.unwrap(), 2);
     // the aggregation runs and records the failure
-    let req =
-        ClaimRequest { count: 1, lock_ms: 60_000, instance: "e1", seq: 2, node: "n1", ahead: 0, kinds: &Served::Every };
+    let req = ClaimRequest {
+        count: 1,
+        lock_ms: 60_000,
+        instance: "e1",
+        seq: 2,
+        node: "n1",
+        ahead: 0,
+        speeds: None,
+        kinds: &Served::Every,
+    };
     let agg = scripts::claim(&mut con, &home, &req).await.unwrap().shards;
     assert_eq!(agg.len(), 1);
     scripts::finish(&mut con, &home, "n1", &[Finished { claim: &agg[0], outcome: FinishedAs::Completed("{}") }])

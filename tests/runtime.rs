@@ -606,6 +606,7 @@ async fn shards_of_a_claim_whose_reply_was_lost_are_recovered() {
         seq: 1 << 40,
         node: &cfg.node_id,
         ahead: 0,
+        speeds: None,
         kinds: &Served::Every,
     };
     let mut con = env.con.clone();

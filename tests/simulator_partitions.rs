@@ -235,6 +235,7 @@ impl Sim {
             seq: ex.seq,
             node: "n",
             ahead: 0,
+            speeds: None,
             kinds: &Served::Every,
         };
         let out = scripts::claim(&mut self.con, &keys, &req).await.map_err(|e| format!("claim: {e}"))?;

@@ -25,6 +25,8 @@
 //! - `bullmq`: `bench/bullmq/bench.js`, BullMQ's best case, on the same Redis.
 //! - `workers`: 2,000 shards sleeping 2 ms at concurrency 8 through the built-in `sleep`, a
 //!   Python `--exec` handler, Python and Node `--worker`s; 5,000 no-op shards through each.
+//! - `fairness`: a 16-shard task of 50 ms shards behind a 3,200-shard one of the same priority
+//!   on 2 executors of concurrency 8, against it alone.
 //!
 //! Redis figures come from `INFO` before and after (CPU = user + sys; commands = the `calls` of
 //! `INFO commandstats`, which counts commands run inside scripts under their own names too).
@@ -32,7 +34,7 @@
 //!
 //! # Layout
 //! `args` ([`BenchArgs`], the command's flags); one file per scenario group (`queue`: e2e and dispatch; `holding`: idle and upkeep; `primes`,
-//! `small`, `rss`, `pickup`, `failover`, `cluster`, `bullmq`, `workers`), `process` (executor processes of
+//! `small`, `rss`, `pickup`, `failover`, `cluster`, `bullmq`, `workers`, `fairness`), `process` (executor processes of
 //! [`Options::exe`]), `stats` (Redis `INFO` figures), `table` (medians against targets),
 //! [`redis_server`] (the private server of `shardctl bench` and `shardctl demo`).
 
@@ -40,6 +42,7 @@ mod args;
 mod bullmq;
 mod cluster;
 mod failover;
+mod fairness;
 mod holding;
 mod pickup;
 mod primes;
@@ -60,7 +63,7 @@ use serde_json::json;
 use shardctl_common::{conn, Home};
 
 pub use args::BenchArgs;
-use scenario::Ctx;
+use scenario::{median, Ctx};
 pub use scenario::{Figures, Options, Scenario};
 
 /// What a bench measured.
@@ -226,6 +229,7 @@ async fn measure(opts: &Options, ctx: &mut Ctx, version: String, mut notes: Vec<
                 Scenario::Failover => failover::run(ctx).await,
                 Scenario::Cluster => cluster::run(ctx).await,
                 Scenario::Workers => workers::run(ctx).await,
+                Scenario::Fairness => fairness::run(ctx).await,
                 Scenario::Bullmq => {
                     let script = bullmq_script.as_deref().expect("prepared");
                     bullmq::run(ctx, script, opts.shards.min(bullmq::CAP)).await
@@ -285,16 +289,6 @@ fn short(v: f64) -> String {
         format!("{v:.0}")
     } else {
         format!("{v:.3}")
-    }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
     }
 }
 

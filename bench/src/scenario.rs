@@ -50,6 +50,8 @@ pub enum Scenario {
     Bullmq,
     /// Handlers in Python and Node: `--worker` and `--exec` against a built-in kind.
     Workers,
+    /// A small task behind a big one of the same priority, against it alone.
+    Fairness,
 }
 
 impl Scenario {
@@ -69,12 +71,24 @@ impl Scenario {
             Scenario::Cluster => "cluster",
             Scenario::Bullmq => "bullmq",
             Scenario::Workers => "workers",
+            Scenario::Fairness => "fairness",
         }
     }
 }
 
 /// The named figures of one run of one scenario.
 pub type Figures = BTreeMap<&'static str, f64>;
+
+/// The median of `v` (not empty).
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
 
 /// What every scenario works with.
 pub(crate) struct Ctx {

@@ -234,7 +234,7 @@ pub async fn resume<C: ConnectionLike + Send>(con: &mut C, home: &Home) -> Resul
 pub const DEFAULT_EVENTS_MAXLEN: u64 = 10_000;
 
 /// A queue's settings stored in Redis (`meta`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueueSettings {
     /// Cap of the event log (approximate, `MAXLEN ~`); 0: no events.
     pub events_maxlen: u64,
@@ -242,6 +242,85 @@ pub struct QueueSettings {
     pub events_completions: bool,
     /// Nothing is claimed.
     pub paused: bool,
+    /// The groups with a setting (docs/design/fairness.md), by name.
+    pub groups: std::collections::BTreeMap<String, GroupSettings>,
+}
+
+/// A group's settings: its weight among the units of a priority, and its cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupSettings {
+    /// Its weight (1 unless set).
+    pub weight: u32,
+    /// At most this many shards of its tasks held at once, if capped.
+    pub max_running: Option<u64>,
+}
+
+/// A change of a group's settings: `Some(None)` removes a cap.
+#[derive(Debug, Clone, Default)]
+pub struct GroupChange {
+    /// The group.
+    pub name: String,
+    /// Its new cap (`Some(None)`: none).
+    pub max_running: Option<Option<u64>>,
+    /// Its new weight.
+    pub weight: Option<u32>,
+}
+
+/// Changes groups' settings in every keyspace of the queue (each partition's claims read their
+/// own `meta`); a group's cap is split over K partitions as a task's is, each at least 1.
+pub async fn set_groups<C: ConnectionLike + Send>(con: &mut C, home: &Home, changes: &[GroupChange]) -> Result<()> {
+    for c in changes {
+        crate::names::validate_group(&c.name)?;
+        if c.max_running == Some(Some(0)) {
+            return Err(Error::invalid(format!("group {}: max-running must be at least 1", c.name)));
+        }
+        if c.weight.is_some_and(|w| !(1..=crate::model::MAX_WEIGHT).contains(&w)) {
+            return Err(Error::invalid(format!("group {}: weight must be 1 to {}", c.name, crate::model::MAX_WEIGHT)));
+        }
+    }
+    let layout = crate::partition::layout::layout(con, home).await?;
+    let k = layout.partitions.len().max(1) as u32;
+    for c in changes {
+        let max_field = format!("group_max:{}", c.name);
+        let weight_field = format!("group_weight:{}", c.name);
+        let mut pipe = redis::pipe();
+        // the home keeps the whole cap (what `config` shows) and the weight; each partition
+        // its part of the cap and the weight
+        match c.max_running {
+            Some(Some(n)) => {
+                pipe.hset(home.meta(), format!("group_cap:{}", c.name), n).ignore();
+            }
+            Some(None) => {
+                pipe.hdel(home.meta(), format!("group_cap:{}", c.name)).ignore();
+            }
+            None => {}
+        }
+        set_group_fields(&mut pipe, &home.meta(), c, &max_field, &weight_field, 1, 1);
+        for (i, keys) in layout.partitions.iter().enumerate() {
+            set_group_fields(&mut pipe, &keys.meta(), c, &max_field, &weight_field, i as u32 + 1, k);
+        }
+        let () = pipe.query_async(con).await?;
+    }
+    Ok(())
+}
+
+fn set_group_fields(pipe: &mut redis::Pipeline, meta: &str, c: &GroupChange, max: &str, weight: &str, p: u32, k: u32) {
+    match c.max_running {
+        Some(Some(n)) => {
+            pipe.hset(meta, max, crate::partition::layout::share_range(p, k, n).1.max(1)).ignore();
+        }
+        Some(None) => {
+            pipe.hdel(meta, max).ignore();
+        }
+        None => {}
+    }
+    if let Some(w) = c.weight {
+        if w == 1 {
+            pipe.hdel(meta, weight).ignore();
+        } else {
+            pipe.hset(meta, weight, w).ignore();
+        }
+    }
 }
 
 /// Changes what is given (`None`: left as it is) and returns the settings after.
@@ -269,10 +348,20 @@ pub async fn queue_settings<C: ConnectionLike + Send>(
     }
     let (maxlen, completions, paused): (Option<u64>, Option<String>, Option<String>) =
         redis::cmd("HMGET").arg(&meta).arg(&["events_maxlen", "events_completions", "paused"]).query_async(con).await?;
+    let all: std::collections::HashMap<String, String> = redis::cmd("HGETALL").arg(&meta).query_async(con).await?;
+    let mut groups = std::collections::BTreeMap::new();
+    for f in all.keys() {
+        if let Some(name) = f.strip_prefix("group_cap:").or_else(|| f.strip_prefix("group_weight:")) {
+            let weight = all.get(&format!("group_weight:{name}")).and_then(|v| v.parse().ok()).unwrap_or(1);
+            let max_running = all.get(&format!("group_cap:{name}")).and_then(|v| v.parse().ok());
+            groups.insert(name.to_owned(), GroupSettings { weight, max_running });
+        }
+    }
     Ok(QueueSettings {
         events_maxlen: maxlen.unwrap_or(DEFAULT_EVENTS_MAXLEN),
         events_completions: completions.as_deref() == Some("1"),
         paused: paused.as_deref() == Some("1"),
+        groups,
     })
 }
 

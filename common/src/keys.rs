@@ -113,6 +113,11 @@ impl Keys {
     pub fn active(&self) -> String {
         self.key("active")
     }
+    /// Hash: held index shards per task (`<id>`) and per group (`g:<name>`), what fair sharing
+    /// and caps decide by (docs/design/fairness.md); rebuilt from `active` by every sweep.
+    pub fn held(&self) -> String {
+        self.key("held")
+    }
     /// Zset: executor instance → its lease's expiry (ms, Redis's clock); while it has not passed,
     /// the shards its tokens hold are not stalled.
     pub fn leases(&self) -> String {

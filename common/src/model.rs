@@ -16,6 +16,8 @@ pub const MAX_PAYLOAD_BYTES: usize = 1 << 20;
 pub const MAX_SHARDS: u64 = 1 << 32;
 /// Priorities range over ±this (the runnable-task score keeps submission order exactly).
 pub const MAX_PRIORITY: i64 = 1_000_000;
+/// Highest weight a task may have (docs/design/fairness.md).
+pub const MAX_WEIGHT: u32 = 1000;
 /// Most attempts per shard (a retry numbers its attempts on past n × attempts).
 pub const MAX_ATTEMPTS: u32 = 10_000;
 /// How long an ended task's keys are kept by default: 7 days.
@@ -48,6 +50,15 @@ pub struct TaskSpec {
     pub backoff: Backoff,
     /// Higher runs first.
     pub priority: i64,
+    /// Its share of the run slots among the tasks of its priority (and group), in proportion to
+    /// the others' weights (docs/design/fairness.md); 1 to [`MAX_WEIGHT`].
+    pub weight: u32,
+    /// The group it shares with (a tenant, a team): fairness is first between groups, then
+    /// between the tasks of one; `None`: a group of its own.
+    pub group: Option<String>,
+    /// At most this many of its shards are held (running, or claimed to run next) at once
+    /// across the cluster; `None`: no cap.
+    pub max_running: Option<u64>,
     /// How shards are placed on executors.
     pub strategy: Strategy,
     /// Virtual nodes per executor on the ring (consistent hash).
@@ -81,6 +92,9 @@ impl TaskSpec {
             && t.keep_results == self.keep_results
             && t.shard_timeout_ms == self.shard_timeout.map_or(0, |d| d.as_millis() as u64)
             && t.retain_ms == self.retain.map_or(0, |d| d.as_millis() as u64)
+            && t.weight == self.weight
+            && t.group == self.group
+            && t.max_running == self.max_running
     }
 
     /// A spec with defaults for everything but id, kind and shard count.
@@ -94,6 +108,9 @@ impl TaskSpec {
             attempts: DEFAULT_ATTEMPTS,
             backoff: Backoff::default(),
             priority: 0,
+            weight: 1,
+            group: None,
+            max_running: None,
             strategy: Strategy::Pull,
             vnodes: DEFAULT_VNODES,
             has_keys: false,
@@ -122,6 +139,15 @@ impl TaskSpec {
         }
         if self.vnodes < 1 || self.vnodes > 10_000 {
             return Err(Error::invalid(format!("vnodes must be 1 to 10000, got {}", self.vnodes)));
+        }
+        if !(1..=MAX_WEIGHT).contains(&self.weight) {
+            return Err(Error::invalid(format!("weight must be 1 to {MAX_WEIGHT}, got {}", self.weight)));
+        }
+        if let Some(g) = &self.group {
+            crate::names::validate_group(g)?;
+        }
+        if self.max_running == Some(0) {
+            return Err(Error::invalid("max-running must be at least 1"));
         }
         if !(-MAX_PRIORITY..=MAX_PRIORITY).contains(&self.priority) {
             return Err(Error::invalid(format!("priority must be within -{MAX_PRIORITY}..={MAX_PRIORITY}")));
@@ -156,7 +182,7 @@ impl TaskSpec {
 
     /// The field/value pairs stored in the task hash at dispatch.
     pub fn fields(&self) -> Vec<(&'static str, String)> {
-        vec![
+        let mut f = vec![
             ("kind", self.kind.clone()),
             ("total", self.shards.to_string()),
             ("items", self.items.to_string()),
@@ -168,11 +194,19 @@ impl TaskSpec {
             ("attempts", self.attempts.to_string()),
             ("backoff", self.backoff.to_string()),
             ("priority", self.priority.to_string()),
+            ("weight", self.weight.to_string()),
             ("keep_results", u8::from(self.keep_results).to_string()),
             ("retain_ms", self.retain.map_or(0, |d| d.as_millis() as u64).to_string()),
             // each record its own incarnation id (docs/design/partitions.md)
             ("nonce", crate::incarnation::nonce()),
-        ]
+        ];
+        if let Some(g) = &self.group {
+            f.push(("group", g.clone()));
+        }
+        if let Some(n) = self.max_running {
+            f.push(("max_running", n.to_string()));
+        }
+        f
     }
 }
 
@@ -207,6 +241,12 @@ pub struct TaskInfo {
     pub backoff: String,
     /// Placement strategy.
     pub strategy: String,
+    /// Its weight among the tasks of its priority and group (docs/design/fairness.md).
+    pub weight: u32,
+    /// Its group, if it names one.
+    pub group: Option<String>,
+    /// Its cap on shards held at once, if any.
+    pub max_running: Option<u64>,
     /// Shards placed so far (routed tasks).
     pub routed: Option<u64>,
     /// Virtual nodes per executor (consistent hash).
@@ -287,6 +327,9 @@ impl TaskInfo {
             attempts: num("attempts")? as u32,
             backoff: h.get("backoff").cloned().unwrap_or_default(),
             strategy: h.get("strategy").cloned().unwrap_or_else(|| "pull".into()),
+            weight: h.get("weight").and_then(|v| v.parse().ok()).unwrap_or(1),
+            group: h.get("group").cloned(),
+            max_running: h.get("max_running").and_then(|v| v.parse().ok()),
             routed: h.get("routed").and_then(|v| v.parse().ok()),
             vnodes: h.get("vnodes").and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_VNODES),
             has_keys: h.get("has_keys").is_some_and(|v| v == "1"),

@@ -49,11 +49,14 @@ pub enum Kind {
     Lock,
     /// A task's kind, the name of its handler (`kind:<k>:wait`, `kind:<k>:tasks`).
     TaskKind,
+    /// A group of tasks that share fairly (fields `g:<group>` of `held`, `group_max:<group>`
+    /// of `meta`).
+    Group,
 }
 
 impl Kind {
     /// Every kind.
-    pub const ALL: [Kind; 8] = [
+    pub const ALL: [Kind; 9] = [
         Kind::Queue,
         Kind::Prefix,
         Kind::TaskId,
@@ -62,6 +65,7 @@ impl Kind {
         Kind::Schedule,
         Kind::Lock,
         Kind::TaskKind,
+        Kind::Group,
     ];
 
     /// What the messages call it.
@@ -75,6 +79,7 @@ impl Kind {
             Kind::Schedule => "schedule name",
             Kind::Lock => "lock name",
             Kind::TaskKind => "kind",
+            Kind::Group => "group",
         }
     }
 
@@ -147,6 +152,11 @@ pub fn validate_task_id(id: &str) -> Result<()> {
 /// Checks a task's kind: 1 to 64 bytes of `A-Z a-z 0-9 . _ -`.
 pub fn validate_kind(kind: &str) -> Result<()> {
     Kind::TaskKind.validate(kind)
+}
+
+/// Checks a group name: 1 to 64 bytes of `A-Z a-z 0-9 . _ -`.
+pub fn validate_group(group: &str) -> Result<()> {
+    Kind::Group.validate(group)
 }
 
 /// Checks a node id: 1 to 64 bytes of `A-Z a-z 0-9 . _ -`.

@@ -248,6 +248,7 @@ async fn under_a_rate_limit_nothing_is_claimed_ahead() {
         seq,
         node: "n1",
         ahead,
+        speeds: None,
         kinds: &shardctl_common::kinds::Served::Every,
     };
     let out = scripts::claim(&mut env.con, &env.keys, &claim(0, 8, 6)).await.unwrap();

@@ -83,8 +83,8 @@ async fn dispatch_of_a_million_shards_is_constant_in_keys() {
     let created: Option<u64> = env.cmd(redis::cmd("ZSCORE").arg(env.keys.index()).arg("big")).await;
     assert_eq!(created, Some(info.created_ms), "the index must hold the task by creation time");
 
-    // lazy shards: claiming k shards adds k fields to `active` and the executor's lease, no key
-    // per shard
+    // lazy shards: claiming k shards adds k fields to `active`, the task's count in `held`
+    // (docs/design/fairness.md) and the executor's lease, no key per shard
     let before = env.all_keys().await;
     let out = env.claim("ex", 0, 7, LONG_LOCK).await;
     let idx: Vec<u64> = out.shards.iter().map(index_of).collect();
@@ -94,10 +94,10 @@ async fn dispatch_of_a_million_shards_is_constant_in_keys() {
     let added: Vec<&String> = after.iter().filter(|k| !before.contains(k)).collect();
     assert_eq!(
         added,
-        [&env.keys.active(), &env.keys.leases()],
-        "claiming 7 shards must add `active` and the lease, nothing per shard: {after:?}"
+        [&env.keys.active(), &env.keys.held(), &env.keys.leases()],
+        "claiming 7 shards must add `active`, `held` and the lease, nothing per shard: {after:?}"
     );
-    assert_eq!(env.dbsize().await, before.len() as u64 + 2);
+    assert_eq!(env.dbsize().await, before.len() as u64 + 3);
     assert_eq!(env.active().await.len(), 7, "the 7 shards are held in `active`");
     assert_eq!(env.count("big", "cursor").await, 7);
 }
@@ -145,6 +145,7 @@ async fn concurrent_claimers_take_each_shard_exactly_once() {
                     seq,
                     node: "test-node",
                     ahead: 0,
+                    speeds: None,
                     kinds: &Served::Every,
                 };
                 let out = scripts::claim(&mut con, &keys, &req).await.expect("claim");
@@ -425,6 +426,7 @@ async fn aggregation_is_enqueued_once_under_racing_completions() {
                 seq: round,
                 node: "test-node",
                 ahead: 0,
+                speeds: None,
                 kinds: &Served::Every,
             };
             let out = scripts::claim(con, &env.keys, &req).await.expect("claim");
@@ -687,10 +689,10 @@ async fn every_key_of_a_queue_shares_one_cluster_slot() {
     let mut spec = TaskSpec::new("t", "noop", 6);
     spec.attempts = 2;
     env.dispatch(&spec).await;
+    let c = env.claim("a", 0, 6, LONG_LOCK).await.shards;
+    // dispatched after: a claim of both would share them (docs/design/fairness.md)
     env.dispatch(&TaskSpec::new("u", "noop", 1)).await;
     seen.extend(env.all_keys().await);
-
-    let c = env.claim("a", 0, 6, LONG_LOCK).await.shards;
     let stuck = env.claim("b", 0, 1, 100).await.shards.remove(0);
     seen.extend(env.all_keys().await);
     assert_eq!(stuck.shard_ref, ShardRef::shard("u", 2, 0), "the other task's shard, left to stall");
@@ -1077,6 +1079,7 @@ async fn completions_recorded_with_a_claim_count_once_and_the_claim_sees_them() 
         seq: 2,
         node: NODE,
         ahead: 0,
+        speeds: None,
         kinds: &Served::Every,
     };
     let (codes, claim) =

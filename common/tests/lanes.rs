@@ -20,7 +20,7 @@ fn spec(id: &str, kind: &str, shards: u64) -> TaskSpec {
 }
 
 async fn claim(env: &mut ScriptEnv, seq: u64, count: usize, kinds: &Served) -> Vec<String> {
-    let req = ClaimRequest { count, lock_ms: 60_000, instance: "e", seq, node: "n1", ahead: 0, kinds };
+    let req = ClaimRequest { count, lock_ms: 60_000, instance: "e", seq, node: "n1", ahead: 0, speeds: None, kinds };
     let out = scripts::claim(&mut env.con, &env.keys, &req).await.expect("claim");
     out.shards.iter().map(|c| c.shard_ref.to_string()).collect()
 }

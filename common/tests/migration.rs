@@ -96,8 +96,16 @@ async fn a_completion_aborted_by_a_migrating_slot_writes_nothing() {
     let mut spec = TaskSpec::new("x", "noop", 2);
     spec.retain = None;
     scripts::dispatch(&mut con, &keys, &spec).await.unwrap();
-    let req =
-        ClaimRequest { count: 2, lock_ms: 60_000, instance: "e1", seq: 1, node: "n1", ahead: 0, kinds: &Served::Every };
+    let req = ClaimRequest {
+        count: 2,
+        lock_ms: 60_000,
+        instance: "e1",
+        seq: 1,
+        node: "n1",
+        ahead: 0,
+        speeds: None,
+        kinds: &Served::Every,
+    };
     let c = scripts::claim(&mut con, &keys, &req).await.unwrap().shards;
     assert_eq!(c.len(), 2);
     // shard 0 completes with no result: `:terminal` exists, `:results` does not

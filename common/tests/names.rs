@@ -33,6 +33,7 @@ const QUEUE_KEYS: &[(&str, QueueKey)] = &[
     ("index", Keys::index),
     ("delayed", Keys::delayed),
     ("active", Keys::active),
+    ("held", Keys::held),
     ("leases", Keys::leases),
     ("running", Keys::running),
     ("finished", Keys::finished),

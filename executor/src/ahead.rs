@@ -10,8 +10,16 @@
 //!
 //! The means are exponentially weighted and kept in atomics: every shard updates one, racing
 //! updates lose a sample, which does not matter for an estimate.
+//!
+//! Shards held ahead go to tasks whose own shards were measured short (a mean per task), none to
+//! those measured long, and a task not measured yet gets some while fewer than `concurrency` of
+//! its shards wait here unstarted: the claim shares slots fairly among tasks
+//! (docs/design/fairness.md), and shards ahead of a slow task beside a fast one would be hours
+//! of work held for the fast one's rate.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// At most this much work (at the observed start rate) is held ahead of the free slots: what a
@@ -31,7 +39,22 @@ const WEIGHT: f64 = 0.125;
 pub(crate) struct Ahead {
     run_ns: AtomicU64,
     claim_ns: AtomicU64,
+    /// Task id → what is known of its shards' speed here; at most [`TASKS`] tasks.
+    per_task: Mutex<HashMap<String, Speed>>,
 }
+
+/// What an executor knows of a task's speed.
+#[derive(Debug, Clone, Copy)]
+enum Speed {
+    /// None ended yet: this many wait here, claimed and not started.
+    Trying(usize),
+    /// The mean run time of its shards (ns).
+    Mean(f64),
+}
+
+/// Tasks whose means are kept: past this many the map starts over (a new task is measured
+/// again from its first shards).
+const TASKS: usize = 256;
 
 /// Moves the mean kept in `cell` (ns, f64 bits; 0 = none yet) by an eighth of `sample`; racing
 /// updates may lose a sample. Also the inline-CPU means of [`crate::handler`].
@@ -47,6 +70,98 @@ impl Ahead {
     /// from it is what the executor achieves, not what the handler alone could).
     pub(crate) fn ran(&self, d: Duration) {
         update(&self.run_ns, d);
+    }
+
+    /// One shard of task `task` took `d` (as [`Ahead::ran`], which this also records).
+    pub(crate) fn ran_for(&self, task: &str, d: Duration) {
+        self.ran(d);
+        let x = d.as_nanos() as f64;
+        let mut m = self.per_task.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(Speed::Mean(v)) = m.get_mut(task) {
+            *v += WEIGHT * (x - *v);
+            return;
+        }
+        if m.len() >= TASKS {
+            m.clear();
+        }
+        m.insert(task.to_owned(), Speed::Mean(x.max(1.0)));
+    }
+
+    /// Shards of tasks `tasks` (one entry per shard, in runs) were claimed: those of a task not
+    /// measured yet wait untried. Returns whether any did (then [`Ahead::is_trying`] tells).
+    pub(crate) fn tried<'a>(&self, tasks: impl Iterator<Item = &'a str>) -> bool {
+        let mut m = self.per_task.lock().unwrap_or_else(|e| e.into_inner());
+        let mut last: Option<(&str, usize)> = None;
+        let add = |m: &mut HashMap<String, Speed>, t: &str, n: usize| match m.get_mut(t) {
+            Some(Speed::Trying(k)) => *k += n,
+            Some(Speed::Mean(_)) => {}
+            None => {
+                if m.len() < TASKS {
+                    m.insert(t.to_owned(), Speed::Trying(n));
+                }
+            }
+        };
+        for t in tasks {
+            match &mut last {
+                Some((l, n)) if *l == t => *n += 1,
+                _ => {
+                    if let Some((l, n)) = last {
+                        add(&mut m, l, n);
+                    }
+                    last = Some((t, 1));
+                }
+            }
+        }
+        if let Some((l, n)) = last {
+            add(&mut m, l, n);
+        }
+        m.values().any(|s| matches!(s, Speed::Trying(_)))
+    }
+
+    /// Whether task `task` is not measured yet.
+    pub(crate) fn is_trying(&self, task: &str) -> bool {
+        matches!(self.per_task.lock().unwrap_or_else(|e| e.into_inner()).get(task), Some(Speed::Trying(_)))
+    }
+
+    /// A shard of `task` that waited untried started.
+    pub(crate) fn started_trying(&self, task: &str) {
+        if let Some(Speed::Trying(n)) = self.per_task.lock().unwrap_or_else(|e| e.into_inner()).get_mut(task) {
+            *n = n.saturating_sub(1);
+        }
+    }
+
+    /// What the claim script's `speeds` says (`lua/claim.lua`, ARGV[7]): the ids of the tasks
+    /// whose own mean run time would have at least one shard held ahead of `concurrency` slots
+    /// (see [`Ahead::target`]), `-id` for the others measured, and for those not measured of
+    /// which `concurrency` or more wait here unstarted; a task not named may get `concurrency`
+    /// ahead.
+    pub(crate) fn speeds(&self, concurrency: usize) -> String {
+        let claim = f64::from_bits(self.claim_ns.load(Ordering::Relaxed));
+        let m = self.per_task.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = String::new();
+        for (task, speed) in m.iter() {
+            let fast = match *speed {
+                Speed::Trying(n) if n < concurrency => continue,
+                Speed::Trying(_) => false,
+                // a shard longer than the hold is never held ahead: claiming it when a slot frees
+                // costs the slot one round trip (~0.3 ms), under 2% of its run, and what the
+                // executors hold ahead of their slots is what a newcomer waits behind
+                Speed::Mean(run) if run > HOLD.as_nanos() as f64 => false,
+                Speed::Mean(run) => {
+                    let rate = concurrency as f64 / run;
+                    let hold = rate * HOLD.as_nanos() as f64;
+                    hold.max((rate * 2.0 * claim).min(hold * 4.0)) >= 1.0
+                }
+            };
+            if !out.is_empty() {
+                out.push(',');
+            }
+            if !fast {
+                out.push('-');
+            }
+            out.push_str(task);
+        }
+        out
     }
 
     /// One claim call took `d`, round trip included.
@@ -129,6 +244,39 @@ mod tests {
         // 50 ms shards quiet for 150 ms: within ten mean run times, no sign either
         let a = ahead(Duration::from_millis(50), Duration::from_micros(300));
         assert_eq!(a.target(16, 1024, Some(Duration::from_millis(150))), 7);
+    }
+
+    fn speeds(a: &Ahead, concurrency: usize) -> Vec<String> {
+        let mut v: Vec<String> =
+            a.speeds(concurrency).split(',').filter(|s| !s.is_empty()).map(str::to_owned).collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn tasks_measured_short_are_claimed_ahead_long_ones_not_and_new_ones_tried() {
+        let a = ahead(Duration::from_micros(200), Duration::from_micros(300));
+        assert!(speeds(&a, 4).is_empty(), "nothing known per task");
+        a.ran_for("tiny", Duration::from_micros(50));
+        a.ran_for("long", Duration::from_millis(500));
+        assert_eq!(speeds(&a, 4), ["-long", "tiny"]);
+        // 5 ms shards on 16 slots: 3200/s, 64 in 20 ms: ahead; on 1 slot, 4: ahead
+        a.ran_for("mid", Duration::from_millis(5));
+        assert!(speeds(&a, 16).contains(&"mid".to_owned()));
+        assert!(speeds(&a, 1).contains(&"mid".to_owned()));
+        // 50 ms shards: longer than the hold, never ahead, whatever the slots
+        a.ran_for("fifty", Duration::from_millis(50));
+        assert!(speeds(&a, 64).contains(&"-fifty".to_owned()));
+        // a new task: tried while fewer than the concurrency wait unstarted
+        assert!(a.tried(["new", "new", "tiny", "new"].into_iter()));
+        assert!(a.is_trying("new") && !a.is_trying("tiny"));
+        assert!(!speeds(&a, 4).iter().any(|s| s.ends_with("new")));
+        a.tried(["new"].into_iter());
+        assert!(speeds(&a, 4).contains(&"-new".to_owned()));
+        a.started_trying("new");
+        assert!(!speeds(&a, 4).iter().any(|s| s.ends_with("new")));
+        a.ran_for("new", Duration::from_micros(10));
+        assert!(speeds(&a, 4).contains(&"new".to_owned()));
     }
 
     #[test]

@@ -54,6 +54,8 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
         let seq = shared.claims.seq.fetch_add(1, Ordering::Relaxed);
         // a paused worker command's kinds wait for another executor or the pause's end
         let claimable = shared.registry.claimable();
+        // shards ahead only for tasks measured short here (docs/design/fairness.md)
+        let speeds = shared.ahead.speeds(concurrency);
         let req = ClaimRequest {
             count,
             lock_ms: shared.cfg.lock_duration.as_millis() as u64,
@@ -61,6 +63,10 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
             seq,
             node: &shared.cfg.node_id,
             ahead: count.saturating_sub(free),
+            // a task not measured yet is tried ahead one shard a claim, and only while no slot
+            // is free here: with one free, this executor would take ahead what an idle one
+            // could start now
+            speeds: Some((&speeds, usize::from(free == 0))),
             kinds: &claimable,
         };
         let mut con = shared.con.clone();
@@ -111,6 +117,7 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
         match outcome {
             Ok(o) if !o.shards.is_empty() => {
                 failures = 0;
+                let trying = shared.ahead.tried(o.shards.iter().map(|c| c.shard_ref.task.as_str()));
                 if o.lease_lapsed {
                     // Redis may have lost data (a restart, a failover to a lagging replica): an
                     // id dispatched again there may reuse an incarnation number, so nothing
@@ -135,7 +142,8 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
                         }
                         let h = Held { claim: claim.clone(), cancel: cancel.clone(), lost: false, reporting: false };
                         held.insert(key, h);
-                        claimed.push(Waiting { claim, cancel });
+                        let trying = trying && shared.ahead.is_trying(&claim.shard_ref.task);
+                        claimed.push(Waiting { claim, cancel, trying });
                     }
                     // set from the map, not counted up and down: a ref claimed again while its
                     // old claim is still held replaces it

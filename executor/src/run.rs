@@ -114,11 +114,11 @@ async fn run(shared: &Shared, claim: &Claimed, cancel: &CancellationToken) -> Ou
     let result = match r.job {
         Job::Shard(index) => {
             let started = std::time::Instant::now();
-            let r = run_handler(shared, claim, &meta, index, cancel).await;
+            let out = run_handler(shared, claim, &meta, index, cancel).await;
             let took = started.elapsed();
             shared.metrics.run_seconds.record(took.as_secs_f64());
-            shared.ahead.ran(took);
-            r
+            shared.ahead.ran_for(&r.task, took);
+            out
         }
         Job::Aggregate => run_aggregator(shared, claim, r, cancel).await,
     };

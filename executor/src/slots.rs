@@ -34,6 +34,8 @@ pub(crate) trait Member: Send + Sync {
 pub(crate) struct Waiting {
     pub(crate) claim: Claimed,
     pub(crate) cancel: CancellationToken,
+    /// Its task is not measured here yet (`crate::ahead`): its start is counted.
+    pub(crate) trying: bool,
 }
 
 #[derive(Default)]

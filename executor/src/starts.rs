@@ -51,6 +51,9 @@ fn start_next(shared: &Arc<Shared>) {
             s.running += 1;
             w
         };
+        if next.trying {
+            shared.ahead.started_trying(&next.claim.shard_ref.task);
+        }
         let slot = Slot(shared.clone());
         // boxed: the task then moves a pointer, not the whole future (a few KB), on its way in
         starts.tracker.spawn(Box::pin(crate::run::shard(shared.clone(), next.claim, next.cancel, slot)));

@@ -39,6 +39,7 @@ local function create_task(prefix, tid, now, priority, start, fields)
   touch_lane(prefix, kind)
   -- whatever an earlier incarnation of this id left (its keys expire one by one, or an abort
   -- part-way left some): never part of the new task. `:keys` is the dispatcher's, written first.
+  rcall('HDEL', K.held, tid, 'u:' .. tid)
   rcall('DEL', task_key(prefix, tid, ':terminal'), task_key(prefix, tid, ':results'), task_key(prefix, tid, ':errors'), task_key(prefix, tid, ':shards'))
   local nonce
   for i = 1, #fields - 1, 2 do

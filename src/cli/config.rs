@@ -22,9 +22,42 @@ pub struct ConfigArgs {
     /// time, then serves the new partitions).
     #[arg(long, value_name = "K")]
     pub partitions: Option<u32>,
+    /// Cap a group: at most N shards of its tasks run at once across the cluster (`NAME=none`
+    /// removes the cap). Repeat for several groups.
+    #[arg(long, value_name = "NAME=N", value_parser = group_cap)]
+    pub group_max_running: Vec<(String, Option<u64>)>,
+    /// A group's weight beside the other groups and lone tasks of a priority (1 to 1000; 1 by
+    /// default). Repeat for several groups.
+    #[arg(long, value_name = "NAME=W", value_parser = group_weight)]
+    pub group_weight: Vec<(String, u32)>,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+fn named<'a>(s: &'a str, what: &str) -> Result<(String, &'a str), String> {
+    let (name, v) = s.split_once('=').ok_or_else(|| format!("'{s}': expected NAME={what}"))?;
+    shardctl_common::names::validate_group(name).map_err(|e| e.to_string())?;
+    Ok((name.to_owned(), v))
+}
+
+fn group_cap(s: &str) -> Result<(String, Option<u64>), String> {
+    let (name, v) = named(s, "N")?;
+    if v == "none" {
+        return Ok((name, None));
+    }
+    match v.parse::<u64>() {
+        Ok(n) if n >= 1 => Ok((name, Some(n))),
+        _ => Err(format!("'{v}': expected a number of shards (at least 1) or none")),
+    }
+}
+
+fn group_weight(s: &str) -> Result<(String, u32), String> {
+    let (name, v) = named(s, "W")?;
+    match v.parse::<u32>() {
+        Ok(w) if (1..=shardctl_common::model::MAX_WEIGHT).contains(&w) => Ok((name, w)),
+        _ => Err(format!("'{v}': expected a weight of 1 to {}", shardctl_common::model::MAX_WEIGHT)),
+    }
 }
 
 fn on_off(s: &str) -> Result<bool, String> {
@@ -45,6 +78,16 @@ pub async fn run(args: &Args, a: &ConfigArgs) -> anyhow::Result<ExitCode> {
     // on a cluster, where each partition lies now
     let masters: Option<Vec<String>> =
         if endpoint.is_cluster() { shardctl_common::partition::masters_of(&mut con, &layout).await? } else { None };
+    let mut changes: Vec<control::GroupChange> = Vec::new();
+    for (name, cap) in &a.group_max_running {
+        changes.push(control::GroupChange { name: name.clone(), max_running: Some(*cap), weight: None });
+    }
+    for (name, w) in &a.group_weight {
+        changes.push(control::GroupChange { name: name.clone(), max_running: None, weight: Some(*w) });
+    }
+    if !changes.is_empty() {
+        control::set_groups(&mut con, &home, &changes).await?;
+    }
     let s = control::queue_settings(&mut con, &home, a.events_maxlen, a.events_completions).await?;
     if a.json {
         outln!("{}", shardctl::json::settings(&args.queue, &s, &layout, masters.as_deref()));

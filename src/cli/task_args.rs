@@ -39,6 +39,17 @@ pub struct TaskArgs {
     /// An attempt running longer is cancelled and fails with "timed out" (default: no limit).
     #[arg(long, value_parser = duration)]
     pub shard_timeout: Option<Duration>,
+    /// Its share of the run slots beside other tasks of its priority (and group), in
+    /// proportion to their weights (1 to 1000).
+    #[arg(long, default_value_t = 1)]
+    pub weight: u32,
+    /// The group (a tenant, a team) it shares with: fairness is first between groups, then
+    /// between the tasks of a group (default: a group of its own).
+    #[arg(long, value_name = "NAME")]
+    pub group: Option<String>,
+    /// At most N of its shards run at once across the cluster (default: no cap).
+    #[arg(long, value_name = "N")]
+    pub max_running: Option<u64>,
     /// Placement: pull (competitive, the default), consistent-hash, round-robin or hash-mod.
     #[arg(long, default_value = "pull", value_parser = |s: &str| s.parse::<Strategy>())]
     pub strategy: Strategy,
@@ -79,6 +90,9 @@ impl TaskArgs {
             attempts: self.attempts,
             backoff: self.backoff,
             priority: self.priority,
+            weight: self.weight,
+            group: self.group.clone(),
+            max_running: self.max_running,
             strategy: self.strategy,
             vnodes: self.vnodes,
             has_keys: false,

@@ -51,6 +51,7 @@ impl World {
         }
         self.check_membership()?;
         self.check_lanes()?;
+        self.check_fair()?;
         for id in &self.ids {
             let v = &self.snap.tasks[id];
             match self.model.tasks.get(id) {

@@ -20,6 +20,7 @@ pub mod clock;
 mod drain;
 pub mod executor;
 mod failover;
+mod fairness;
 pub mod model;
 mod operators;
 pub mod rng;

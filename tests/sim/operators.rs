@@ -49,6 +49,14 @@ impl World {
         spec.payload = format!("{{\"n\":{nonce}}}");
         // a retention that never runs out by itself: `expire_task` plays it out
         spec.retain = self.rng.chance(30).then(|| Duration::from_secs(600));
+        // fair sharing (fairness.rs): some tasks in a group, some capped, weights 1 to 3
+        if self.rng.chance(40) {
+            spec.group = Some(super::fairness::GROUPS[self.rng.below(2)].to_owned());
+        }
+        if self.rng.chance(40) {
+            spec.max_running = Some(self.rng.range(1, 3));
+        }
+        spec.weight = self.rng.range(1, 3) as u32;
         if self.rng.chance(50) {
             spec.strategy = [Strategy::ConsistentHash, Strategy::RoundRobin, Strategy::HashMod][self.rng.below(3)];
         }

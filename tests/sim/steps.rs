@@ -99,7 +99,16 @@ impl World {
         let node = self.execs[e].node.clone();
         let token = format!("{inst}:{seq}");
         let served = self.execs[e].served.clone();
-        let req = ClaimRequest { count, lock_ms: LOCK_MS, instance: &inst, seq, node: &node, ahead: 0, kinds: &served };
+        let req = ClaimRequest {
+            count,
+            lock_ms: LOCK_MS,
+            instance: &inst,
+            seq,
+            node: &node,
+            ahead: 0,
+            speeds: None,
+            kinds: &served,
+        };
         let out = scripts::claim(&mut self.con, &self.keys, &req).await.map_err(|e| format!("claim: {e}"))?;
         let refs: Vec<String> = out.shards.iter().map(|c| c.shard_ref.to_string()).collect();
         let how = if lost { " (reply lost)" } else { "" };
@@ -125,6 +134,11 @@ impl World {
         if !out.shards.is_empty() {
             let had = self.snap.leases[&inst];
             ensure!(out.lease_lapsed != had, "claim says lapsed={}, the lease existed={had}", out.lease_lapsed);
+        }
+        if out.shards.len() < count {
+            // what it passed over, read after it (the checks above read the state before it)
+            self.refresh().await;
+            self.check_none_passed_over(&served)?;
         }
         if lost {
             // the executor saw its claim call fail: it compares every token at its next beat

@@ -70,6 +70,13 @@ impl World {
             tally: Default::default(),
             rb: rollbacks(keys_prefix.as_str()),
         };
+        // a group with a cap throughout (fairness.rs)
+        let cap = shardctl_common::control::GroupChange {
+            name: "gb".into(),
+            max_running: Some(Some(super::fairness::GROUP_CAP)),
+            weight: Some(2),
+        };
+        shardctl_common::control::set_groups(&mut w.con, &w.keys, &[cap]).await.expect("the group cap");
         w.refresh().await;
         if crate::ROLLBACKS {
             w.save().await.expect("the first snapshot");

@@ -195,6 +195,7 @@ pub async fn drop_orphans<C: ConnectionLike + Send>(con: &mut C, layout: &Layout
             pk.leases(),
             pk.marker(),
             pk.active(),
+            pk.held(),
             pk.stalled(),
             pk.stalled_check(),
             pk.limiter(),

@@ -110,6 +110,11 @@ pub async fn create_share_keyed<C: ConnectionLike + Send>(
         if f.0 == "total" {
             f.1 = size.to_string();
         }
+        // a cap is split over the shares as the shards are, each at least 1
+        // (docs/design/fairness.md): their sum is the task's cap unless it is below K
+        if let ("max_running", Some(n)) = (f.0, spec.max_running) {
+            f.1 = share_range(p, k, n).1.max(1).to_string();
+        }
     }
     fields.extend([
         ("part", p.to_string()),
@@ -242,6 +247,9 @@ pub fn spec_of(t: &crate::model::TaskInfo, priority: i64) -> TaskSpec {
     spec.attempts = t.attempts;
     spec.backoff = t.backoff.parse().unwrap_or_default();
     spec.priority = priority;
+    spec.weight = t.weight;
+    spec.group = t.group.clone();
+    spec.max_running = t.max_running;
     spec.shard_timeout = (t.shard_timeout_ms > 0).then(|| std::time::Duration::from_millis(t.shard_timeout_ms));
     spec.keep_results = t.keep_results;
     spec.retain = (t.retain_ms > 0).then(|| std::time::Duration::from_millis(t.retain_ms));

@@ -28,8 +28,9 @@ pub struct ClaimOutcome {
     /// The claim had to take the executor's lease again (it had expired): some held shards may
     /// have been recovered meanwhile, so the executor must check its tokens (see [`extend`]).
     pub lease_lapsed: bool,
-    /// The queue has a rate limit and every shard asked for was wanted ahead: nothing was
-    /// claimed; ask again when a run slot frees.
+    /// Every shard asked for was wanted ahead and none could be taken ahead (the queue has a
+    /// rate limit, or no task is measured short, docs/design/fairness.md): nothing was claimed;
+    /// ask again when a run slot frees.
     pub busy: bool,
     /// The queue has a rate limit: hold nothing ahead (shards claimed ahead before the limit
     /// was set would start uncounted).
@@ -54,6 +55,11 @@ pub struct ClaimRequest<'a> {
     /// Under a queue rate limit the claim takes only the others, so that the limit counts starts:
     /// with none startable now it claims nothing and says [`ClaimOutcome::busy`].
     pub ahead: usize,
+    /// Which tasks' fresh shards may be claimed ahead (docs/design/fairness.md): a list joined
+    /// by commas of ids (measured short: any number) and `-id`s (measured long, or enough held
+    /// untried: none), and how many a task not named may get (to try it out); `None`: any task,
+    /// any number.
+    pub speeds: Option<(&'a str, usize)>,
     /// The kinds served: only their lanes are read (docs/design/lanes.md).
     pub kinds: &'a crate::kinds::Served,
 }
@@ -91,7 +97,7 @@ pub async fn complete_and_claim<C: ConnectionLike + Send>(
 }
 
 /// How many arguments [`claim_args`] passes.
-const CLAIM_ARGC: usize = 6;
+const CLAIM_ARGC: usize = 8;
 
 fn claim_args(inv: &mut ScriptInvocation<'_>, keys: &Keys, req: &ClaimRequest<'_>, token: &str) {
     inv.arg(keys.prefix())
@@ -99,7 +105,9 @@ fn claim_args(inv: &mut ScriptInvocation<'_>, keys: &Keys, req: &ClaimRequest<'_
         .arg(req.lock_ms)
         .arg(token)
         .arg(req.count.saturating_sub(req.ahead))
-        .arg(req.kinds.to_string());
+        .arg(req.kinds.to_string())
+        .arg(req.speeds.map_or("*", |s| s.0))
+        .arg(req.speeds.map_or(0, |s| s.1));
 }
 
 fn parse_claim(v: &[Value], token: &str) -> Result<ClaimOutcome> {

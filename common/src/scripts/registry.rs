@@ -13,9 +13,11 @@ pub const INCLUDES: &[(&str, &str)] = &[
     ("create", include_str!("../../../lua/include/create.lua")),
     ("due", include_str!("../../../lua/include/due.lua")),
     ("events", include_str!("../../../lua/include/events.lua")),
+    ("fair", include_str!("../../../lua/include/fair.lua")),
     ("finish", include_str!("../../../lua/include/finish.lua")),
     ("hold", include_str!("../../../lua/include/hold.lua")),
     ("lanes", include_str!("../../../lua/include/lanes.lua")),
+    ("share_out", include_str!("../../../lua/include/share_out.lua")),
     ("task", include_str!("../../../lua/include/task.lua")),
 ];
 
@@ -141,6 +143,7 @@ pub fn queue_key(keys: &Keys, name: &str, at: &KeyArgs<'_>) -> std::result::Resu
         "tasks" => keys.legacy_tasks(),
         "delayed" => keys.delayed(),
         "active" => keys.active(),
+        "held" => keys.held(),
         "leases" => keys.leases(),
         "stalled" => keys.stalled(),
         "stalled-check" => keys.stalled_check(),

@@ -66,7 +66,16 @@ impl ScriptEnv {
     /// Claims up to `count` shards as executor instance `base`, all under the one token
     /// `<base>:<seq>`; renews the lease of `<base>` for `lock_ms`.
     pub async fn claim(&mut self, base: &str, seq: u64, count: usize, lock_ms: u64) -> ClaimOutcome {
-        let req = ClaimRequest { count, lock_ms, instance: base, seq, node: NODE, ahead: 0, kinds: &Served::Every };
+        let req = ClaimRequest {
+            count,
+            lock_ms,
+            instance: base,
+            seq,
+            node: NODE,
+            ahead: 0,
+            speeds: None,
+            kinds: &Served::Every,
+        };
         scripts::claim(&mut self.con, &self.keys, &req).await.expect("claim")
     }
 
