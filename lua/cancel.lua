@@ -42,7 +42,7 @@ local stopped = {}
 for _, ref in ipairs(rcall('HKEYS', K.active)) do
   if string.sub(ref, 1, #pre) == pre then stopped[#stopped + 1] = ref end
 end
-unhold_all(prefix, tid)
+unhold_all(prefix, tid, now)
 if #stopped > 0 then
   call_chunked('HDEL', K.active, stopped)
   call_chunked('SREM', K.stalled, stopped)

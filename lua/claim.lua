@@ -158,7 +158,8 @@ local taken = {}
 -- or group go to the back of their list (at most this many per call: a bounded scan)
 local ledger = new_ledger(now)
 local back = {} -- list key -> refs capped, to push back
-local capped_left = 100
+local capped_left = 0 -- per list (plan_list)
+local capped = {} -- task ids found at their cap by this call
 
 -- an explicit or routed ref, if the current incarnation of its task still wants it and nobody
 -- holds it; a ref has state only once it was claimed and given back, recovered, retried or
@@ -166,6 +167,15 @@ local capped_left = 100
 -- current incarnation's `:shards`.
 local function try_ref(ref, routed, list)
   local tid, inc, idx = split_ref(ref)
+  if tid and capped[tid] and idx ~= 'agg' and not taken[ref] then
+    -- its task was found at its cap: to the back, not read again
+    local b = back[list] or {}
+    back[list] = b
+    b[#b + 1] = ref
+    taken[ref] = true
+    capped_left = capped_left - 1
+    return
+  end
   local tkey = tid and task_key(prefix, tid, '')
   local t = tid and not taken[ref] and rcall('HMGET', tkey, 'state', 'total', 'seq', 'inc', 'kind', 'max_running', 'group')
   local state = t and t[3] == inc and t[1]
@@ -203,6 +213,7 @@ local function try_ref(ref, routed, list)
     return
   end
   if idx ~= 'agg' and ledger.at_cap(tid, t[6], t[7]) then
+    capped[tid] = true
     -- its task or group runs as many as it may: to the back of the list, for a later claim
     local b = back[list]
     if not b then
@@ -232,6 +243,7 @@ end
 -- how many refs at the head of list `key` this call takes or drops
 local function plan_list(key, routed)
   local consumed = 0
+  capped_left = 100
   while n < count and junk_left > 0 and capped_left > 0 do
     local peek = rcall('LRANGE', key, consumed, consumed + (count - n) - 1)
     if #peek == 0 then break end

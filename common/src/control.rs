@@ -304,6 +304,18 @@ pub async fn set_groups<C: ConnectionLike + Send>(con: &mut C, home: &Home, chan
     Ok(())
 }
 
+/// Writes every group's settings again over the queue's current layout (after a change of its
+/// partition count: a new partition has none, and a cap is split over the new count).
+pub async fn reapply_groups<C: ConnectionLike + Send>(con: &mut C, home: &Home) -> Result<()> {
+    let s = queue_settings(con, home, None, None).await?;
+    let changes: Vec<GroupChange> = s
+        .groups
+        .into_iter()
+        .map(|(name, g)| GroupChange { name, max_running: Some(g.max_running), weight: Some(g.weight) })
+        .collect();
+    set_groups(con, home, &changes).await
+}
+
 fn set_group_fields(pipe: &mut redis::Pipeline, meta: &str, c: &GroupChange, max: &str, weight: &str, p: u32, k: u32) {
     match c.max_running {
         Some(Some(n)) => {

@@ -192,3 +192,21 @@ async fn the_counts_follow_every_exit_and_the_sweep_rebuilds_them() {
     shardctl_common::control::cancel_in(&mut env.con, &env.keys, "t").await.unwrap();
     assert_eq!(held(&mut env).await, HashMap::new());
 }
+
+#[tokio::test]
+async fn tasks_at_their_caps_take_no_place_among_the_candidates() {
+    let mut env = ScriptEnv::start("fair_capped_window").await;
+    // more capped tasks of a higher priority than a claim considers
+    for i in 0..70 {
+        let spec = TaskSpec { priority: 5, max_running: Some(1), ..TaskSpec::new(format!("c{i}"), "noop", 10) };
+        env.dispatch(&spec).await;
+    }
+    let first = per_task(&env.claim("ex", 1, 100, LOCK).await.shards);
+    assert_eq!(first.len(), 64, "one claim considers 64 tasks: {first:?}");
+    assert!(first.values().all(|&n| n == 1), "{first:?}");
+    let second = per_task(&env.claim("ex", 2, 100, LOCK).await.shards);
+    assert_eq!(second.len(), 6, "the capped ones are passed over: {second:?}");
+    // all 70 at their caps: a task of a lower priority behind them runs
+    env.dispatch(&TaskSpec::new("low", "noop", 10)).await;
+    assert_eq!(per_task(&env.claim("ex", 3, 5, LOCK).await.shards), shares(&[("low", 5)]));
+}

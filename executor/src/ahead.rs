@@ -20,7 +20,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// At most this much work (at the observed start rate) is held ahead of the free slots: what a
 /// higher-priority task or another executor waits at worst for shards this one claimed ahead.
@@ -40,7 +40,28 @@ pub(crate) struct Ahead {
     run_ns: AtomicU64,
     claim_ns: AtomicU64,
     /// Task id → what is known of its shards' speed here; at most [`TASKS`] tasks.
-    per_task: Mutex<HashMap<String, Speed>>,
+    per_task: Mutex<HashMap<String, Known>>,
+}
+
+/// A task's speed as known here, and when its last shard was claimed or ended.
+#[derive(Debug, Clone, Copy)]
+struct Known {
+    speed: Speed,
+    seen: Instant,
+}
+
+/// A task seen within this long is named to the claim script ([`Ahead::speeds`]).
+const RECENT: Duration = Duration::from_secs(10);
+
+/// Makes room for a new task in `m`: past [`TASKS`], those not seen for a minute go, and if
+/// that is not enough, all (they are measured again from their next shards).
+fn make_room(m: &mut HashMap<String, Known>) {
+    if m.len() >= TASKS {
+        m.retain(|_, k| k.seen.elapsed() < Duration::from_secs(60));
+    }
+    if m.len() >= TASKS {
+        m.clear();
+    }
 }
 
 /// What an executor knows of a task's speed.
@@ -76,29 +97,37 @@ impl Ahead {
     pub(crate) fn ran_for(&self, task: &str, d: Duration) {
         self.ran(d);
         let x = d.as_nanos() as f64;
+        let now = Instant::now();
         let mut m = self.per_task.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(Speed::Mean(v)) = m.get_mut(task) {
-            *v += WEIGHT * (x - *v);
+        if let Some(k) = m.get_mut(task) {
+            k.seen = now;
+            if let Speed::Mean(v) = &mut k.speed {
+                *v += WEIGHT * (x - *v);
+                return;
+            }
+            k.speed = Speed::Mean(x.max(1.0));
             return;
         }
-        if m.len() >= TASKS {
-            m.clear();
-        }
-        m.insert(task.to_owned(), Speed::Mean(x.max(1.0)));
+        make_room(&mut m);
+        m.insert(task.to_owned(), Known { speed: Speed::Mean(x.max(1.0)), seen: now });
     }
 
     /// Shards of tasks `tasks` (one entry per shard, in runs) were claimed: those of a task not
     /// measured yet wait untried. Returns whether any did (then [`Ahead::is_trying`] tells).
     pub(crate) fn tried<'a>(&self, tasks: impl Iterator<Item = &'a str>) -> bool {
+        let now = Instant::now();
         let mut m = self.per_task.lock().unwrap_or_else(|e| e.into_inner());
         let mut last: Option<(&str, usize)> = None;
-        let add = |m: &mut HashMap<String, Speed>, t: &str, n: usize| match m.get_mut(t) {
-            Some(Speed::Trying(k)) => *k += n,
-            Some(Speed::Mean(_)) => {}
-            None => {
-                if m.len() < TASKS {
-                    m.insert(t.to_owned(), Speed::Trying(n));
+        let add = |m: &mut HashMap<String, Known>, t: &str, n: usize| match m.get_mut(t) {
+            Some(k) => {
+                k.seen = now;
+                if let Speed::Trying(w) = &mut k.speed {
+                    *w += n;
                 }
+            }
+            None => {
+                make_room(m);
+                m.insert(t.to_owned(), Known { speed: Speed::Trying(n), seen: now });
             }
         };
         for t in tasks {
@@ -115,17 +144,19 @@ impl Ahead {
         if let Some((l, n)) = last {
             add(&mut m, l, n);
         }
-        m.values().any(|s| matches!(s, Speed::Trying(_)))
+        m.values().any(|k| matches!(k.speed, Speed::Trying(_)))
     }
 
     /// Whether task `task` is not measured yet.
     pub(crate) fn is_trying(&self, task: &str) -> bool {
-        matches!(self.per_task.lock().unwrap_or_else(|e| e.into_inner()).get(task), Some(Speed::Trying(_)))
+        let m = self.per_task.lock().unwrap_or_else(|e| e.into_inner());
+        matches!(m.get(task).map(|k| k.speed), Some(Speed::Trying(_)))
     }
 
-    /// A shard of `task` that waited untried started.
+    /// A shard of `task` that waited untried started, or was given back unstarted.
     pub(crate) fn started_trying(&self, task: &str) {
-        if let Some(Speed::Trying(n)) = self.per_task.lock().unwrap_or_else(|e| e.into_inner()).get_mut(task) {
+        let mut m = self.per_task.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(Known { speed: Speed::Trying(n), .. }) = m.get_mut(task) {
             *n = n.saturating_sub(1);
         }
     }
@@ -139,8 +170,8 @@ impl Ahead {
         let claim = f64::from_bits(self.claim_ns.load(Ordering::Relaxed));
         let m = self.per_task.lock().unwrap_or_else(|e| e.into_inner());
         let mut out = String::new();
-        for (task, speed) in m.iter() {
-            let fast = match *speed {
+        for (task, k) in m.iter().filter(|(_, k)| k.seen.elapsed() < RECENT) {
+            let fast = match k.speed {
                 Speed::Trying(n) if n < concurrency => continue,
                 Speed::Trying(_) => false,
                 // a shard longer than the hold is never held ahead: claiming it when a slot frees

@@ -37,6 +37,9 @@ fn start_next(shared: &Arc<Shared>) {
             let Some(w) = s.waiting.pop_front() else { return };
             if w.cancel.is_cancelled() {
                 drop(s);
+                if w.trying {
+                    shared.ahead.started_trying(&w.claim.shard_ref.task);
+                }
                 crate::run::unstarted(shared, w.claim, &w.cancel);
                 continue;
             }
@@ -87,6 +90,9 @@ pub(crate) async fn trim_loop(shared: Arc<Shared>, stop: tokio_util::sync::Cance
         if !excess.is_empty() {
             tracing::debug!(released = excess.len(), keep, "giving back shards claimed ahead");
             for w in excess {
+                if w.trying {
+                    shared.ahead.started_trying(&w.claim.shard_ref.task);
+                }
                 if w.claim.shard_ref.is_aggregate() {
                     // to the front, as it came
                     crate::run::unstarted(&shared, w.claim, &w.cancel);

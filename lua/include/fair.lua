@@ -42,9 +42,10 @@ local function held_add(field, n)
 end
 
 -- Takes `n` held index shards of task `tid`, incarnation `inc`, out of the counts (nothing for
--- another incarnation's); when that frees a slot under the task's or its group's cap, wakes the
--- executors of its lane (the claim that found the cap full got nothing and blocked). The caller
--- has read the task's lane (touch_lane) before its first write.
+-- another incarnation's), their usage brought up to `now` first; when that frees a slot under
+-- the task's cap it wakes the task's lane, under its group's every lane (the claims that found
+-- the cap full got nothing and blocked). It reads the lanes it wakes right before: a script
+-- aborted there (a slot being migrated) has left the counts for the sweep to rebuild.
 local function unhold(prefix, tid, inc, n, now)
   if n <= 0 then return end
   local t = rcall('HMGET', task_key(prefix, tid, ''), 'seq', 'group', 'max_running', 'kind')
@@ -52,29 +53,44 @@ local function unhold(prefix, tid, inc, n, now)
   local left = held_add(tid, -n)
   usage_fold(tid, left + n, now)
   local freed = t[3] and left < tonumber(t[3]) and left + n >= tonumber(t[3])
+  local group_freed = false
   if t[2] then
     local g = held_add('g:' .. t[2], -n)
     usage_fold('g:' .. t[2], g + n, now)
     local gmax = tonumber(rcall('HGET', K.meta, 'group_max:' .. t[2]) or '')
-    if gmax and g < gmax and g + n >= gmax then freed = true end
+    group_freed = gmax and g < gmax and g + n >= gmax
   end
-  if freed and t[4] then wake_lane(prefix, t[4]) end
+  -- the claims that found a cap full got nothing and blocked: wake the task's lane, and for a
+  -- group (whose tasks may be of any kind) every lane
+  if group_freed then
+    for _, kind in ipairs(rcall('SMEMBERS', K.kinds)) do
+      touch_lane(prefix, kind)
+      wake_lane(prefix, kind)
+    end
+  elseif freed and t[4] then
+    touch_lane(prefix, t[4])
+    wake_lane(prefix, t[4])
+  end
 end
 
 -- Forgets task `tid`'s count and usage (it ended, or a new task took its id): its group's count
--- loses it.
-local function unhold_all(prefix, tid)
+-- loses it, its usage brought up to `now` first.
+local function unhold_all(prefix, tid, now)
   local n = tonumber(rcall('HGET', K.held, tid) or '0')
   rcall('HDEL', K.held, tid, 'u:' .. tid)
   if n <= 0 then return end
   local g = rcall('HGET', task_key(prefix, tid, ''), 'group')
-  if g then held_add('g:' .. g, -n) end
+  if g then
+    local left = held_add('g:' .. g, -n)
+    usage_fold('g:' .. g, left + n, now)
+  end
 end
 
--- Rebuilds the counts of `held` from `refs` (the fields of `active`; `skip[ref]` for those gone since): the
--- counts are then exact whatever an earlier script missed.
+-- Rebuilds the counts of `held` from `refs` (the fields of `active`; `skip[ref]` for those gone
+-- since): the counts are then exact whatever an earlier script missed. A count that changes has
+-- its usage brought up to `now` with the count it had.
 local function recount(prefix, refs, skip, now)
-  local per, seqs = {}, {}
+  local per = {}
   for _, ref in ipairs(refs) do
     local tid, inc, idx = split_ref(ref)
     if tid and idx ~= 'agg' and not skip[ref] then
@@ -82,34 +98,38 @@ local function recount(prefix, refs, skip, now)
       per[key] = (per[key] or 0) + 1
     end
   end
-  local fields, groups = {}, {}
+  local want = {} -- field -> count
   for key, n in pairs(per) do
     local tid, inc = string.match(key, '^(.*):(%d+)$')
     local t = rcall('HMGET', task_key(prefix, tid, ''), 'seq', 'group')
     if t[1] == inc then
-      fields[#fields + 1] = tid
-      fields[#fields + 1] = n
-      if t[2] then groups[t[2]] = (groups[t[2]] or 0) + n end
+      want[tid] = n
+      if t[2] then want['g:' .. t[2]] = (want['g:' .. t[2]] or 0) + n end
     end
-  end
-  for g, n in pairs(groups) do
-    fields[#fields + 1] = 'g:' .. g
-    fields[#fields + 1] = n
   end
   -- a count no shard backs goes; a usage stays while its task runs (a group's while it is
   -- above a slot-ms), so that the hash does not grow with every task ever run
-  local stale = {}
-  local now_set = {}
-  for i = 1, #fields, 2 do now_set[fields[i]] = true end
-  for _, f in ipairs(rcall('HKEYS', K.held)) do
+  local have = {}
+  local flat = rcall('HGETALL', K.held)
+  for i = 1, #flat, 2 do have[flat[i]] = flat[i + 1] end
+  local stale, fields = {}, {}
+  for f, v in pairs(have) do
     if string.sub(f, 1, 4) == 'u:g:' then
-      local g = string.sub(f, 3)
-      if not now_set[g] and usage_at(rcall('HGET', K.held, f), 0, now) < 1 then stale[#stale + 1] = f end
+      if not want[string.sub(f, 3)] and usage_at(v, 0, now) < 1 then stale[#stale + 1] = f end
     elseif string.sub(f, 1, 2) == 'u:' then
       local state = rcall('HGET', task_key(prefix, string.sub(f, 3), ''), 'state')
       if state ~= 'running' and state ~= 'aggregating' and state ~= 'delayed' then stale[#stale + 1] = f end
-    elseif not now_set[f] then
+    elseif not want[f] then
+      usage_fold(f, tonumber(v) or 0, now)
       stale[#stale + 1] = f
+    end
+  end
+  for f, n in pairs(want) do
+    local old = tonumber(have[f] or '0') or 0
+    if old ~= n then
+      usage_fold(f, old, now)
+      fields[#fields + 1] = f
+      fields[#fields + 1] = n
     end
   end
   if #stale > 0 then call_chunked('HDEL', K.held, stale) end

@@ -12,8 +12,12 @@
 -- counts held now weigh against the usage of the past.
 local PROJECT_MS = 1000
 
--- Runnable tasks of a lane a claim considers, by priority then dispatch order.
-local WINDOW = 32
+-- Runnable tasks a claim considers, over all the lanes it reads (each lane at least
+-- LANE_MIN), by priority then dispatch order; tasks at their caps are passed over without
+-- counting, reading at most PAGES windows of a lane.
+local WINDOW = 64
+local LANE_MIN = 8
+local PAGES = 4
 
 -- A task not measured yet is tried ahead only once it has been runnable this long (ms): until
 -- then the executors idle beside the one claiming have had no time to take their part.
@@ -119,7 +123,8 @@ end
 
 -- Hands out up to `want` fresh shards among `units` (only to fast tasks when `fast_only`) by
 -- water-filling: the lowest unit gets enough to reach the next one's level (or on a tie an even
--- part of what is left), so a claim costs O(candidates²) whatever its count.
+-- part of what is left, at least), so the loop ends within a few rounds of the candidates
+-- whatever the count.
 local function fill(L, units, want, fast_only)
   local function room(c)
     if c.left <= 0 then return 0 end
@@ -147,15 +152,15 @@ local function fill(L, units, want, fast_only)
     local q = math.huge
     if unl then q = math.min(q, math.ceil((unl - ul) * u.w / PROJECT_MS)) end
     if cnl then q = math.min(q, math.ceil((cnl - cl) * c.w / PROJECT_MS)) end
-    if q < 1 then
-      -- a tie: an even part of what is left (of the group's room, under a group cap)
-      local spread = want
-      if u.group then
-        local h, cap = L.group(u.group)
-        if cap then spread = math.min(spread, cap - h) end
-      end
-      q = math.ceil(spread / (um * cm))
+    -- at least an even part of what is left (of the group's room, under a group cap): levels
+    -- closer than that are as good as tied, and the loop then ends within a few rounds of the
+    -- candidates whatever the count
+    local spread = want
+    if u.group then
+      local h, cap = L.group(u.group)
+      if cap then spread = math.min(spread, cap - h) end
     end
+    q = math.max(q, math.ceil(spread / (um * cm)))
     q = math.min(q, want, room(c))
     c.take, c.left = c.take + q, c.left - q
     if fast_only then c.ahead = c.ahead - q end
@@ -203,26 +208,34 @@ local function share_out(prefix, lanes, L, now_want, ahead_want, speeds, probe, 
     end
   end
   local cands = {}
+  local per_lane = math.max(LANE_MIN, math.floor(WINDOW / math.max(#lanes, 1)))
   for li = 1, #lanes do
-    local r = rcall('ZRANGE', lane_key(prefix, lanes[li], 'tasks'), 0, WINDOW - 1, 'WITHSCORES')
-    for i = 1, #r, 2 do
-      local tid = r[i]
-      local tkey = task_key(prefix, tid, '')
-      local t = rcall('HMGET', tkey, 'cursor', 'total', 'seq', 'inc', 'kind', 'weight', 'group', 'max_running', 'created_ms', 'start_ms', 'retried_ms')
-      if not t[1] or (t[5] and t[5] ~= lanes[li]) or tonumber(t[1]) >= tonumber(t[2]) then
-        exhausted[#exhausted + 1] = { li, tid }
-      else
-        local score = tonumber(r[i + 1])
-        local since = math.max(tonumber(t[9] or '0') or 0, tonumber(t[10] or '0') or 0, tonumber(t[11] or '0') or 0)
-        local try = (now - since >= TRY_AFTER_MS) and probe or 0
-        cands[#cands + 1] = {
-          li = li, tid = tid, tkey = tkey, score = score, band = math.floor(score / 4294967296),
-          cursor = tonumber(t[1]), left = tonumber(t[2]) - tonumber(t[1]), seq = t[3], inc = t[4] or '',
-          w = math.max(tonumber(t[6] or '1') or 1, 0.001), group = t[7] or false,
-          cap = tonumber(t[8] or ''), take = 0,
-          ahead = (all and math.huge) or named[tid] or try,
-        }
+    local got, from = 0, 0
+    for _ = 1, PAGES do
+      local r = rcall('ZRANGE', lane_key(prefix, lanes[li], 'tasks'), from, from + per_lane - 1, 'WITHSCORES')
+      for i = 1, #r, 2 do
+        local tid = r[i]
+        local tkey = task_key(prefix, tid, '')
+        local t = rcall('HMGET', tkey, 'cursor', 'total', 'seq', 'inc', 'kind', 'weight', 'group', 'max_running', 'created_ms', 'start_ms', 'retried_ms')
+        if not t[1] or (t[5] and t[5] ~= lanes[li]) or tonumber(t[1]) >= tonumber(t[2]) then
+          exhausted[#exhausted + 1] = { li, tid }
+        elseif L.room(tid, tonumber(t[8] or ''), t[7] or false) > 0 then
+          local score = tonumber(r[i + 1])
+          local since = math.max(tonumber(t[9] or '0') or 0, tonumber(t[10] or '0') or 0, tonumber(t[11] or '0') or 0)
+          local try = (now - since >= TRY_AFTER_MS) and probe or 0
+          cands[#cands + 1] = {
+            li = li, tid = tid, tkey = tkey, score = score, band = math.floor(score / 4294967296),
+            cursor = tonumber(t[1]), left = tonumber(t[2]) - tonumber(t[1]), seq = t[3], inc = t[4] or '',
+            w = math.max(tonumber(t[6] or '1') or 1, 0.001), group = t[7] or false,
+            cap = tonumber(t[8] or ''), take = 0,
+            ahead = (all and math.huge) or named[tid] or try,
+          }
+          got = got + 1
+        end
+        -- (a task at its cap is passed over: it takes no place among the candidates)
       end
+      from = from + per_lane
+      if got >= per_lane or #r < 2 * per_lane then break end
     end
   end
   table.sort(cands, function(x, y) return x.score < y.score end)

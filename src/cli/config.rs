@@ -72,7 +72,12 @@ pub async fn run(args: &Args, a: &ConfigArgs) -> anyhow::Result<ExitCode> {
     let (endpoint, mut con) = connect(args).await?;
     let home = args.home()?;
     let layout = match a.partitions {
-        Some(k) => shardctl_common::partition::set_count(&mut con, &home, k, endpoint.is_cluster()).await?,
+        Some(k) => {
+            let layout = shardctl_common::partition::set_count(&mut con, &home, k, endpoint.is_cluster()).await?;
+            // the groups' caps and weights over the new partitions
+            control::reapply_groups(&mut con, &home).await?;
+            layout
+        }
         None => shardctl_common::partition::layout(&mut con, &home).await?,
     };
     // on a cluster, where each partition lies now
