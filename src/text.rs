@@ -54,6 +54,21 @@ fn task_line(t: &TaskInfo, id_w: usize, kind_w: usize) -> String {
     )
 }
 
+/// How a running task shares the executors (docs/design/fairness.md): the shards it holds
+/// against the queue's `total`, its weight, group and cap; `None` when it holds nothing known.
+pub fn sharing(t: &TaskInfo, total: u64) -> Option<String> {
+    let running = t.running?;
+    let pct = if total > 0 { format!(" ({:.0}%)", running as f64 * 100.0 / total as f64) } else { String::new() };
+    let mut s = format!("sharing: {running} of the {total} shards running in the queue{pct}, weight {}", t.weight);
+    if let Some(g) = &t.group {
+        s.push_str(&format!(", group {g}"));
+    }
+    if let Some(c) = t.max_running {
+        s.push_str(&format!(", max-running {c}"));
+    }
+    Some(s)
+}
+
 fn human_secs(s: f64) -> String {
     match s {
         s if s < 60.0 => format!("{s:.1}s"),

@@ -140,8 +140,19 @@ async fn the_dashboard_follows_a_run_and_draws_failed_shards_in_their_cells() {
     assert_eq!(t["state"], "failed", "a refused action changed the task: {t}");
 
     // a running task: its progress advances on the page without a reload
-    cli.ok(&["dispatch", "--kind", "sleep", "--payload", r#"{"ms":250}"#, "--shards", "40", "--task-id", "slow"]);
+    let sharing = ["--weight", "2", "--group", "ops", "--max-running", "3"];
+    let slow = ["dispatch", "--kind", "sleep", "--payload", r#"{"ms":250}"#, "--shards", "40", "--task-id", "slow"];
+    cli.ok(&[&slow[..], &sharing[..]].concat());
     b.client.goto(&format!("{base}/#/task/slow")).await.unwrap();
+    // how it shares the executors (docs/design/fairness.md)
+    let shown = b
+        .until(
+            "the sharing row",
+            PATIENCE,
+            "const s = document.getElementById('sharing'); return s && s.textContent.includes(' running · weight 2 · group ops · max-running 3') ? s.textContent : '';",
+        )
+        .await;
+    assert!(shown.as_str().is_some_and(|s| !s.is_empty()), "{shown}");
     b.eval("window.notReloaded = true; return 1;").await;
     let first = b.until("the progress bar", PATIENCE, "const p = document.getElementById('progress'); return p && p.getAttribute('max') === '40' ? Number(p.value) + 1 : 0;").await;
     let first = first.as_u64().unwrap() - 1;

@@ -127,6 +127,7 @@ fn a_cap_holds_by_active_and_by_the_handlers_log_also_through_a_sigkill() {
     let mut most = 0;
     let start = Instant::now();
     let mut killed_at = None;
+    let (mut said_capped, mut shown_sharing) = (false, false);
     while start.elapsed() < Duration::from_secs(60) {
         most = most.max(held_per_task(&cli).get("capped").copied().unwrap_or(0));
         if killed_at.is_none() && start.elapsed() > Duration::from_millis(1200) {
@@ -137,8 +138,18 @@ fn a_cap_holds_by_active_and_by_the_handlers_log_also_through_a_sigkill() {
         if t["state"] == "completed" {
             break;
         }
+        // status says what holds it back, and what it holds
+        assert!(t["running"].as_u64().is_some_and(|n| n <= 3), "{t}");
+        said_capped |=
+            t["stuck"].as_array().unwrap().iter().any(|s| s.as_str().unwrap().starts_with("capped: 3 of 3 running"));
+        if !shown_sharing {
+            let text = cli.ok(&["status", "capped"]);
+            shown_sharing = text.contains("sharing: ") && text.contains("max-running 3");
+        }
         std::thread::sleep(Duration::from_millis(10));
     }
+    assert!(said_capped, "status never said the task was held back by its cap");
+    assert!(shown_sharing, "status never showed how the task shares the executors");
     let t = cli.json(&["wait", "capped", "--timeout", "30s", "--json"], 0);
     assert_eq!((t["done"].as_u64(), t["failed"].as_u64()), (Some(40), Some(0)), "{t}");
     assert!(most <= 3, "{most} shards held at once under a cap of 3");

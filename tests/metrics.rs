@@ -319,6 +319,30 @@ fn metrics_of_a_known_run_on_executor_and_coordinator() {
     assert_eq!(c.terminate().code(), Some(0), "coordinator: {}", c.log());
 }
 
+/// Per group (docs/design/fairness.md): the shards its tasks hold and those still to hand out.
+#[test]
+fn group_gauges_show_what_a_group_holds_and_what_waits() {
+    let cli = Cli::start("group-gauges");
+    let caddr = free_addr();
+    let e = cli.executor("g1", &["--concurrency", "4"]);
+    let c = cli.background("coordinator", &["coordinator", "--metrics-addr", &caddr, "--refresh", "200ms"]);
+    for id in ["team-a", "team-b"] {
+        let args = ["dispatch", "--kind", "sleep", "--payload", r#"{"ms":300}"#, "--shards", "40", "--group", "team"];
+        cli.ok(&[&args[..], &["--task-id", id]].concat());
+    }
+    let g = [("queue", cli.queue.as_str()), ("group", "team")];
+    let s = scrape_until(&caddr, "the group's gauges", &[&e, &c], |s| {
+        s.get("shardctl_group_running", &g).is_some_and(|n| n >= 1.0)
+            && s.get("shardctl_group_waiting", &g).is_some_and(|n| n > 0.0)
+    });
+    assert!(s.value("shardctl_group_running", &g) <= 4.0, "{}", s.text);
+    assert!(s.value("shardctl_group_waiting", &g) <= 80.0, "{}", s.text);
+    promtool_check("coordinator with groups", &s.text);
+    for id in ["team-a", "team-b"] {
+        cli.ok(&["cancel", id]);
+    }
+}
+
 #[test]
 fn redis_outage_counts_reconnects() {
     let mut cli = Cli::start("reconnects");

@@ -22,6 +22,7 @@
 //! - [`incarnation`]: the incarnation id no failover reissues, the dispatch lease.
 //! - [`model`]: task ids, the task spec, a task record and a share as read.
 //! - [`shard_ref`]: refs, `<task>:<seq>:<index>` or `<task>:<seq>:agg`.
+//! - [`task_info`]: a task as read back from its hash, and a share's marks.
 //! - [`task_state`]: a task's lifecycle state.
 //! - [`names`]: the rules for every user-given name in a key (queues, prefix, task and node ids,
 //!   instances, schedules, locks): one rule per kind, and why no two names make one key.
@@ -79,6 +80,7 @@ pub mod shard_ref;
 pub mod share;
 pub mod slot;
 pub mod split;
+pub mod task_info;
 pub mod task_state;
 pub mod time;
 

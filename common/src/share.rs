@@ -128,6 +128,25 @@ pub async fn sums<C: ConnectionLike + Send>(con: &mut C, home: &Home, t: &TaskIn
     Ok(sum)
 }
 
+/// Shards of task `t` held now over its shares (running, or claimed to start next): each
+/// keyspace's count in `held` (docs/design/fairness.md); and of its group, when it has one.
+pub async fn held<C: ConnectionLike + Send>(con: &mut C, home: &Home, t: &TaskInfo) -> Result<(u64, Option<u64>)> {
+    let (mut task, mut group) = (0, t.group.as_ref().map(|_| 0));
+    for s in of(con, home, t).await? {
+        let mut cmd = redis::cmd("HMGET");
+        cmd.arg(s.keys.held()).arg(&t.task_id);
+        if let Some(g) = &t.group {
+            cmd.arg(format!("g:{g}"));
+        }
+        let v: Vec<Option<u64>> = cmd.query_async(con).await?;
+        task += v.first().copied().flatten().unwrap_or(0);
+        if let Some(n) = group.as_mut() {
+            *n += v.get(1).copied().flatten().unwrap_or(0);
+        }
+    }
+    Ok((task, group))
+}
+
 /// Every failure reason of task `t`, at the task's shard indexes, in index order (each share's
 /// reasons at its base).
 pub async fn reasons<C: ConnectionLike + Send>(con: &mut C, home: &Home, t: &TaskInfo) -> Result<Vec<(u64, String)>> {

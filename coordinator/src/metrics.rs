@@ -7,7 +7,8 @@
 //!   sweep per interval across all of them, so sum them over processes.
 //! - The progress gauges are set by the coordinator daemon ([`crate::daemon`]) every refresh from
 //!   what Redis holds: per task (labels `queue`, `task`, `kind`) for the running tasks and those
-//!   finished within the retention; per queue (label `queue`).
+//!   finished within the retention; per group of tasks (labels `queue`, `group`); per queue
+//!   (label `queue`).
 //!
 //! How a finished task leaves the metrics: once it is out of the retention the daemon stops
 //! setting its gauges, and the exporter (installed with an idle timeout of three refreshes for
@@ -49,6 +50,10 @@ pub const QUEUE_RUNNING_TASKS: &str = "shardctl_queue_running_tasks";
 pub const QUEUE_FAILED_TASKS: &str = "shardctl_queue_failed_tasks";
 /// Gauge: executors whose membership heartbeat is within the member timeout.
 pub const EXECUTORS_LIVE: &str = "shardctl_executors_live";
+/// Gauge: shards a group's tasks hold (label `group`; docs/design/fairness.md).
+pub const GROUP_RUNNING: &str = "shardctl_group_running";
+/// Gauge: shards of a group's running tasks not handed out yet.
+pub const GROUP_WAITING: &str = "shardctl_group_waiting";
 
 /// Describes every metric of the coordinator to the installed recorder (call once, after
 /// installing it).
@@ -65,6 +70,8 @@ pub fn describe() {
     describe_gauge!(QUEUE_PAUSED, "1 while the queue is paused (shardctl pause: no claims), else 0.");
     describe_gauge!(QUEUE_RUNNING_TASKS, "Tasks not finished.");
     describe_gauge!(QUEUE_FAILED_TASKS, "Tasks that ended failed within the retention.");
+    describe_gauge!(GROUP_RUNNING, "Shards a group's tasks hold: running, or claimed to start next.");
+    describe_gauge!(GROUP_WAITING, "Shards of a group's running tasks not handed out yet.");
     describe_gauge!(EXECUTORS_LIVE, "Executors whose membership heartbeat is within the member timeout.");
 }
 
@@ -94,6 +101,11 @@ pub fn publish(queue: &str, s: &Snapshot) {
         metrics::gauge!(TASK_SHARDS_DONE, labels.clone()).set(t.done as f64);
         metrics::gauge!(TASK_SHARDS_FAILED, labels.clone()).set(t.failed as f64);
         metrics::gauge!(TASK_PROGRESS_RATIO, labels).set(t.ratio());
+    }
+    for (g, load) in &s.groups {
+        let labels = vec![Label::new("queue", q.clone()), Label::new("group", g.clone())];
+        metrics::gauge!(GROUP_RUNNING, labels.clone()).set(load.running as f64);
+        metrics::gauge!(GROUP_WAITING, labels).set(load.waiting as f64);
     }
     let labels = vec![Label::new("queue", q)];
     metrics::gauge!(QUEUE_WAITING, labels.clone()).set(s.counts.waiting as f64);

@@ -14,7 +14,26 @@ pub async fn task<C: ConnectionLike + Send>(con: &mut C, home: &Home, id: &str) 
     let h: HashMap<String, String> = redis::cmd("HGETALL").arg(home.task(id)).query_async(con).await?;
     let mut t = TaskInfo::from_hash(id, &h)?.ok_or_else(|| Error::NoTask(id.to_owned()))?;
     live_counts(con, home, &mut t).await?;
+    if !t.state.is_finished() {
+        t.running = Some(shardctl_common::share::held(con, home, &t).await?.0);
+    }
     Ok(t)
+}
+
+/// Shards held now (running, or claimed to start next) over the queue's keyspaces: the task
+/// counts of `held` (docs/design/fairness.md), groups and usages left out.
+pub async fn held_total<C: ConnectionLike + Send>(con: &mut C, home: &Home) -> Result<u64> {
+    let layout = shardctl_common::partition::layout(con, home).await?;
+    let mut n = 0;
+    for k in layout.partitions.iter().chain([home.keys()]) {
+        let h: HashMap<String, String> = redis::cmd("HGETALL").arg(k.held()).query_async(con).await?;
+        n += h
+            .iter()
+            .filter(|(f, _)| !f.starts_with("g:") && !f.starts_with("u:"))
+            .filter_map(|(_, v)| v.parse::<u64>().ok())
+            .sum::<u64>();
+    }
+    Ok(n)
 }
 
 /// A task counts its shards in its home as each share ends: while it runs (or waits for its

@@ -37,9 +37,20 @@ impl TaskProgress {
     }
 }
 
+/// One group's load (docs/design/fairness.md).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GroupLoad {
+    /// Shards its tasks hold (running, or claimed to start next).
+    pub running: u64,
+    /// Shards of its running tasks not handed out yet.
+    pub waiting: u64,
+}
+
 /// One reading of a queue's progress.
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
+    /// The groups of its tasks, by name.
+    pub groups: std::collections::BTreeMap<String, GroupLoad>,
     /// Waiting, active and delayed shards.
     pub counts: ShardCounts,
     /// The running tasks, then those finished within the retention.
@@ -66,8 +77,20 @@ pub async fn snapshot(con: &mut Conn, home: &Home, now_ms: u64, retention: Durat
     let mut out = Snapshot { running_tasks: running.len() as u64, ..Default::default() };
     if !ids.is_empty() {
         // what the live counts need of each task (no payload)
-        const FIELDS: [&str; 11] =
-            ["kind", "state", "total", "done", "failed", "partitions", "inc", "seq", "strategy", "cursor", "routed"];
+        const FIELDS: [&str; 12] = [
+            "kind",
+            "state",
+            "total",
+            "done",
+            "failed",
+            "partitions",
+            "inc",
+            "seq",
+            "strategy",
+            "cursor",
+            "routed",
+            "group",
+        ];
         let mut pipe = redis::pipe();
         for id in &ids {
             pipe.cmd("HMGET").arg(home.task(id)).arg(&FIELDS);
@@ -88,6 +111,9 @@ pub async fn snapshot(con: &mut Conn, home: &Home, now_ms: u64, retention: Durat
             if state == "failed" {
                 out.failed_tasks += 1;
             }
+            if let Some(g) = t.group.as_ref().filter(|_| state == "running") {
+                out.groups.entry(g.clone()).or_default().waiting += t.total.saturating_sub(t.cursor);
+            }
             out.tasks.push(TaskProgress {
                 id: id.clone(),
                 kind,
@@ -96,6 +122,16 @@ pub async fn snapshot(con: &mut Conn, home: &Home, now_ms: u64, retention: Durat
                 done: done.unwrap_or(0),
                 failed: failed.unwrap_or(0),
             });
+        }
+    }
+    // what each group holds, over the queue's keyspaces
+    let layout = shardctl_common::partition::layout(con, home).await?;
+    for k in layout.partitions.iter().chain([home.keys()]) {
+        let h: HashMap<String, String> = redis::cmd("HGETALL").arg(k.held()).query_async(con).await?;
+        for (f, v) in h {
+            if let (Some(g), Ok(n)) = (f.strip_prefix("g:"), v.parse::<u64>()) {
+                out.groups.entry(g.to_owned()).or_default().running += n;
+            }
         }
     }
     out.counts = progress::shard_counts(con, home).await?;

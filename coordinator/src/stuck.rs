@@ -31,6 +31,23 @@ pub enum Stuck {
         /// The kinds the live executors serve.
         served: Vec<String>,
     },
+    /// The task holds as many shards as its cap (`--max-running`): its other shards wait for
+    /// one to end.
+    Capped {
+        /// Shards it holds.
+        running: u64,
+        /// Its cap.
+        cap: u64,
+    },
+    /// Its group holds as many shards as the group's cap (`config --group-max-running`).
+    GroupCapped {
+        /// The group.
+        group: String,
+        /// Shards the group's tasks hold.
+        running: u64,
+        /// The group's cap.
+        cap: u64,
+    },
     /// The queue's rate limit lets no more shards start in its window.
     RateLimited {
         /// Starts allowed per window.
@@ -58,6 +75,12 @@ impl fmt::Display for Stuck {
                 "no live executor serves kind '{kind}'; served: {} (start one with --kinds {kind})",
                 if served.is_empty() { "none".to_owned() } else { served.join(", ") }
             ),
+            Stuck::Capped { running, cap } => {
+                write!(f, "capped: {running} of {cap} running (--max-running); the others wait for one to end")
+            }
+            Stuck::GroupCapped { group, running, cap } => {
+                write!(f, "capped: its group '{group}' runs {running} of {cap} (--group-max-running); the others wait")
+            }
             Stuck::RateLimited { max, per_ms } => {
                 write!(f, "the queue's rate limit ({max} per {per_ms} ms) lets no more shards start for now")
             }
@@ -104,6 +127,20 @@ pub async fn reasons<C: ConnectionLike + Send>(con: &mut C, home: &Home, t: &Tas
                 if !served.contains(&t.kind) {
                     out.push(Stuck::Unserved { kind: t.kind.clone(), served: served.into_iter().collect() });
                 }
+            }
+        }
+    }
+    // held back by a cap, with fresh shards left (docs/design/fairness.md)
+    if t.max_running.is_some() || t.group.is_some() {
+        let (running, group_running) = shardctl_common::share::held(con, home, t).await?;
+        if let Some(cap) = t.max_running.filter(|&c| running >= c) {
+            out.push(Stuck::Capped { running, cap });
+        }
+        if let (Some(g), Some(n)) = (&t.group, group_running) {
+            let cap: Option<u64> =
+                redis::cmd("HGET").arg(home.meta()).arg(format!("group_cap:{g}")).query_async(con).await?;
+            if let Some(cap) = cap.filter(|&c| n >= c) {
+                out.push(Stuck::GroupCapped { group: g.clone(), running: n, cap });
             }
         }
     }

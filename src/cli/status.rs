@@ -63,6 +63,12 @@ pub async fn run(args: &Args, a: &StatusArgs) -> anyhow::Result<ExitCode> {
         outln!("{v}");
     } else {
         outln!("{}", shardctl::text::task_lines(std::slice::from_ref(&t))[0]);
+        if t.running.is_some() {
+            let total = progress::held_total(&mut con, &home).await?;
+            if let Some(l) = shardctl::text::sharing(&t, total) {
+                outln!("{l}");
+            }
+        }
         for s in &stuck {
             outln!("waiting: {s}");
         }

@@ -213,6 +213,8 @@ function taskView(id) {
       spec.replaceChildren(...[
         row("kind", t.kind), row("strategy", t.strategy), row("shards", t.total), row("items", t.items),
         row("attempts", t.attempts), row("backoff", t.backoff),
+        row("sharing", el("span", { id: "sharing", text: (t.running === null || t.running === undefined ? "" : t.running + " running · ")
+          + "weight " + t.weight + (t.group ? " · group " + t.group : "") + (t.max_running ? " · max-running " + t.max_running : "") })),
         row("shard timeout", t.shard_timeout_ms ? span(t.shard_timeout_ms / 1000) : "none"),
         row("keep results", t.keep_results ? "yes" : "no"), row("retention", t.retain_ms ? span(t.retain_ms / 1000) : "until cleaned"),
         row("created", when(t.created_ms)), row("starts", t.start_ms ? when(t.start_ms) : "at once"),
