@@ -15,7 +15,7 @@ pub struct TaskInfo {
     /// Task id.
     pub task_id: String,
     /// Its incarnation: the queue's submission number when this task under this id was
-    /// dispatched (refs carry it, see [`ShardRef`]).
+    /// dispatched (refs carry it, see [`ShardRef`](crate::shard_ref::ShardRef)).
     pub seq: u64,
     /// Its incarnation id across slots, `<seq>.<nonce>` (never reissued after a failover, see
     /// [`crate::incarnation`]); what a share names its home by.
