@@ -20,20 +20,23 @@ pub async fn task<C: ConnectionLike + Send>(con: &mut C, home: &Home, id: &str) 
     Ok(t)
 }
 
-/// Shards held now (running, or claimed to start next) over the queue's keyspaces: the task
-/// counts of `held` (docs/design/fairness.md), groups and usages left out.
-pub async fn held_total<C: ConnectionLike + Send>(con: &mut C, home: &Home) -> Result<u64> {
+/// The counts of `held` (docs/design/fairness.md) summed over the queue's keyspaces: task id or
+/// `g:<group>` -> shards held now (running, or claimed to start next); usages left out.
+pub async fn held_counts<C: ConnectionLike + Send>(con: &mut C, home: &Home) -> Result<HashMap<String, u64>> {
     let layout = shardctl_common::partition::layout(con, home).await?;
-    let mut n = 0;
+    let mut out: HashMap<String, u64> = HashMap::new();
     for k in layout.partitions.iter().chain([home.keys()]) {
         let h: HashMap<String, String> = redis::cmd("HGETALL").arg(k.held()).query_async(con).await?;
-        n += h
-            .iter()
-            .filter(|(f, _)| !f.starts_with("g:") && !f.starts_with("u:"))
-            .filter_map(|(_, v)| v.parse::<u64>().ok())
-            .sum::<u64>();
+        for (f, v) in h.into_iter().filter(|(f, _)| !f.starts_with("u:")) {
+            *out.entry(f).or_default() += v.parse::<u64>().unwrap_or(0);
+        }
     }
-    Ok(n)
+    Ok(out)
+}
+
+/// Shards held now over the queue (the tasks' counts of [`held_counts`]).
+pub async fn held_total<C: ConnectionLike + Send>(con: &mut C, home: &Home) -> Result<u64> {
+    Ok(held_counts(con, home).await?.iter().filter(|(f, _)| !f.starts_with("g:")).map(|(_, n)| n).sum())
 }
 
 /// A task counts its shards in its home as each share ends: while it runs (or waits for its

@@ -125,13 +125,9 @@ pub async fn snapshot(con: &mut Conn, home: &Home, now_ms: u64, retention: Durat
         }
     }
     // what each group holds, over the queue's keyspaces
-    let layout = shardctl_common::partition::layout(con, home).await?;
-    for k in layout.partitions.iter().chain([home.keys()]) {
-        let h: HashMap<String, String> = redis::cmd("HGETALL").arg(k.held()).query_async(con).await?;
-        for (f, v) in h {
-            if let (Some(g), Ok(n)) = (f.strip_prefix("g:"), v.parse::<u64>()) {
-                out.groups.entry(g.to_owned()).or_default().running += n;
-            }
+    for (f, n) in progress::held_counts(con, home).await? {
+        if let Some(g) = f.strip_prefix("g:") {
+            out.groups.entry(g.to_owned()).or_default().running += n;
         }
     }
     out.counts = progress::shard_counts(con, home).await?;
