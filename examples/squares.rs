@@ -37,9 +37,10 @@ impl Aggregator for Sum {
         Box::pin(async move {
             let mut sum = 0;
             for o in ctx.results.iter() {
-                let r = o.result.as_ref().map_err(|e| ShardError(format!("shard {}: {e}", o.index)))?;
+                let r = o.result.as_ref().map_err(|e| ShardError::new(format!("shard {}: {e}", o.index)))?;
                 // a result this aggregator cannot read is refused, never counted as 0
-                sum += r.as_u64().ok_or_else(|| ShardError(format!("shard {} returned {r}, not a sum", o.index)))?;
+                sum +=
+                    r.as_u64().ok_or_else(|| ShardError::new(format!("shard {} returned {r}, not a sum", o.index)))?;
             }
             Ok(json!({ "sum": sum }))
         })

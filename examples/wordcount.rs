@@ -76,12 +76,12 @@ impl Aggregator for Total {
         Box::pin(async move {
             let (mut words, mut lines) = (0, 0);
             for o in ctx.results.iter() {
-                let r = o.result.as_ref().map_err(|e| ShardError(format!("shard {} failed: {e}", o.index)))?;
+                let r = o.result.as_ref().map_err(|e| ShardError::new(format!("shard {} failed: {e}", o.index)))?;
                 // a result this aggregator cannot read is refused, never counted as 0
                 let count = |field: &str| {
                     r[field]
                         .as_u64()
-                        .ok_or_else(|| ShardError(format!("shard {} returned {r}, not word counts", o.index)))
+                        .ok_or_else(|| ShardError::new(format!("shard {} returned {r}, not word counts", o.index)))
                 };
                 words += count("words")?;
                 lines += count("lines")?;

@@ -1,10 +1,12 @@
 --[[
   Cancels a task: no shard of it is claimed again, its running shards lose their tokens (their
   executors learn it at their next heartbeat, see extend.lua, and stop the handlers), and it
-  ends `cancelled` without aggregation. Its refs waiting out a retry backoff leave `delayed` now;
-  refs of it still queued in its lane, node lists or `reroute` are dropped by the claim that meets
-  them (claim.lua try_ref). Its per-shard state (`task:<id>:shards`) goes now. Nothing here is
-  proportional to the queued work: only `active` and `delayed` are read.
+  ends `cancelled` without aggregation. Its refs waiting out a retry backoff leave `delayed` now,
+  and those queued in its lane's wait too while it holds at most 10,000 refs
+  (lua/include/lanes.lua, lane_drop_task); refs of it still queued in a longer lane, node lists
+  or `reroute` are dropped by the claim that meets them (claim.lua try_ref). Its per-shard state
+  (`task:<id>:shards`) goes now. Nothing here is proportional to more than 10,000 queued refs:
+  `active`, `delayed` and a short lane are read.
 
   KEYS[1]  task:<id>          hash
   KEYS[2]  active             hash    ref -> token
@@ -28,7 +30,7 @@
 
   Returns how many running shards were stopped, or -3 (task missing), -9 (task already ended).
 
-  include: chunked, clock, fair, finish, lanes, task
+  include: clock, finish, lanes, stop
 ]]
 local prefix, tid, now = ARGV[1], ARGV[2], now_ms()
 local t = rcall('HMGET', K.task, 'state', 'kind')
@@ -36,24 +38,9 @@ local state = t[1]
 if not state then return -3 end
 if state == 'completed' or state == 'failed' or state == 'cancelled' then return -9 end
 rcall('ZREM', lane_key(prefix, t[2], 'tasks'), tid)
+-- its retries already due, queued in its lane: no work any more (a long lane is left to claims)
+lane_drop_task(prefix, t[2], tid)
 for _, set in ipairs({ K.unrouted, K.scheduled }) do rcall('ZREM', set, tid) end
-local pre = tid .. ':'
-local stopped = {}
-for _, ref in ipairs(rcall('HKEYS', K.active)) do
-  if string.sub(ref, 1, #pre) == pre then stopped[#stopped + 1] = ref end
-end
-unhold_all(prefix, tid, now)
-if #stopped > 0 then
-  call_chunked('HDEL', K.active, stopped)
-  call_chunked('SREM', K.stalled, stopped)
-end
--- retries in their backoff: out of `delayed` (no executor wakes for them)
-local gone = {}
-for _, ref in ipairs(rcall('ZRANGE', K.delayed, 0, -1)) do
-  if string.sub(ref, 1, #pre) == pre then gone[#gone + 1] = ref end
-end
-if #gone > 0 then call_chunked('ZREM', K.delayed, gone) end
-rcall('DEL', shards_key(prefix, tid))
-rcall('HINCRBY', K.meta, 'cancels', 1)
+local stopped = stop_refs(prefix, tid, now)
 end_task(prefix, tid, 'cancelled', now)
-return #stopped
+return stopped

@@ -10,7 +10,7 @@
   (docs/design/fairness.md; a ref of a task or group at its cap goes to the back of its list,
   untaken). Refs are
   `<task>:<seq>:<index>`: a ref of another incarnation (its task's `seq` differs), of a task
-  gone, cancelled or not started, of a terminal shard, or one already held (in `active`, or taken
+  gone, ended or not started, of a terminal shard, or one already held (in `active`, or taken
   earlier in this call) is dropped. The claim also renews the executor's lease.
 
   The queue-wide rate limit (`meta` limit_max, limit_per_ms; set by `shardctl limit`) is a
@@ -179,7 +179,9 @@ local function try_ref(ref, routed, list)
   local tkey = tid and task_key(prefix, tid, '')
   local t = tid and not taken[ref] and rcall('HMGET', tkey, 'state', 'total', 'seq', 'inc', 'kind', 'max_running', 'group')
   local state = t and t[3] == inc and t[1]
-  local ok = state and state ~= 'cancelled' and state ~= 'delayed'
+  -- a task that ended (cancelled, halted: docs/design/failure-policies.md) or has not started
+  -- wants none of its refs
+  local ok = state == 'running' or state == 'aggregating'
   if ok and routed and not every and not served[t[5]] then
     -- placed on this node before its executor served other kinds: any executor serving the
     -- kind takes it from the lane (its placement is lost, never the shard)

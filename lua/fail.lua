@@ -1,7 +1,10 @@
 --[[
   Records failed attempts of claimed shards (and aggregation jobs), each only if its token still
-  holds it. With attempts left the ref waits in `delayed` for its backoff; otherwise it is
-  terminal and counted as failed with its reason (an aggregation job fails its task).
+  holds it, by the class its handler gave it (docs/design/failure-policies.md): `r` retried
+  after its backoff while attempts are left, else terminal and counted as failed with its reason
+  (an aggregation job fails its task); `p` terminal now; `a` (retry after) due after its delay,
+  its fail count left as it was (past 100 deferrals, as `r`); `f` terminal now, and its task
+  halts. A task whose failures pass its `max_failures` halts (lua/include/halt.lua).
 
   KEYS[1]  active     hash   ref -> token
   KEYS[2]  stalled    set
@@ -15,10 +18,13 @@
   KEYS[10] kinds      set    kinds that may have a lane (docs/design/lanes.md)
   KEYS[11] unreported zset   (a partition's) shares ended, not yet counted in the home
   KEYS[12] held       hash   held index shards per task and group (lua/include/fair.lua)
+  KEYS[13] unrouted   zset   routed tasks not fully placed (a halted one leaves it)
+  KEYS[14] routed-nodes set  nodes that may have a routed list (a halted task's refs leave them)
+  KEYS[15] reroute    list   recovered and released refs of routed tasks (likewise)
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] node        the failing executor's node: a routed shard's retry goes back to it
-  ARGV[3..] groups of 5: ref, token, attempt (of this claim), delay_ms (backoff before the next
-            attempt), reason
+  ARGV[3..] groups of 6: ref, token, attempt (of this claim), delay_ms (backoff before the next
+            attempt, or a retry-after's delay), reason, class (r, p, a, f)
 
   Refs are `<task>:<seq>:<index>`: one of another incarnation, or outside the task, is refused
   (-3) and let go, nothing recorded.
@@ -26,29 +32,39 @@
   Returns one code per group: 2 retry scheduled, 1 failed for good (counted), 0 failed for good
   but already terminal, -1 lock missing, -2 lock mismatch, -3 task missing.
 
-  include: clock, events, fair, finish, hold, lanes, task
+  include: clock, events, fair, finish, halt, hold, lanes, task
 ]]
 local prefix, now, node = ARGV[1], now_ms(), ARGV[2]
+-- deferrals a shard may have before a retry-after counts as a failure (common::failure)
+local MAX_DEFERRALS = 100
 local codes = {}
-for i = 3, #ARGV, 5 do
-  local ref, token, attempt, delay, reason = ARGV[i], ARGV[i + 1], ARGV[i + 2], tonumber(ARGV[i + 3]), ARGV[i + 4]
+for i = 3, #ARGV, 6 do
+  local ref, token, attempt, delay, reason, class = ARGV[i], ARGV[i + 1], ARGV[i + 2], tonumber(ARGV[i + 3]), ARGV[i + 4], ARGV[i + 5]
   -- a failed shard always has a reason: `retry` finds the failed shards by it
   if reason == '' then reason = 'failed' end
   local code = holds(ref, token)
+  local halt -- why its task halts, once this ref is recorded
   if code == 0 then
     local tid, inc, idx = split_ref(ref)
     local tkey = tid and task_key(prefix, tid, '')
-    local t = rcall('HMGET', tkey, 'attempts', 'seq', 'total', 'strategy')
+    local t = rcall('HMGET', tkey, 'attempts', 'seq', 'total', 'strategy', 'max_failures', 'part')
     local max = tonumber(t[1] or '0')
     if not tid or t[2] ~= inc or (idx ~= 'agg' and not (tonumber(idx) and tonumber(idx) < tonumber(t[3]))) then
       -- another incarnation's shard (or one outside the task): let go, nothing recorded
       code = -3
     else
-      -- read first: an abort at a key of a slot being migrated leaves this shard held, unrecorded
+      -- read first (its lane too: a halt writes it): an abort at a key of a slot being migrated
+      -- leaves this shard held, unrecorded
       touch_task(prefix, tid)
+      -- a handler's fail_task halts its task, not a share (over partitions: as permanent)
+      local fatal = class == 'f' and not t[6]
+      if fatal or t[5] then touch_halt(prefix, tid) end
       local skey = shards_key(prefix, tid)
-      local fails = rcall('HINCRBY', skey, idx .. ':fails', 1)
-      if fails < max then
+      raise_attempt_hw(prefix, tid, attempt)
+      local final = class == 'p' or class == 'f'
+      local defer = class == 'a' and rcall('HINCRBY', skey, idx .. ':defers', 1) <= MAX_DEFERRALS
+      local fails = defer and tonumber(rcall('HGET', skey, idx .. ':fails') or '0') or rcall('HINCRBY', skey, idx .. ':fails', 1)
+      if not final and (defer or fails < max) then
         rcall('HSET', skey, idx .. ':attempt', attempt)
         if idx ~= 'agg' and t[4] ~= 'pull' then rcall('HSET', skey, idx .. ':node', node) end
         if idx ~= 'agg' then rcall('HSET', task_key(prefix, tid, ':errors'), idx, reason) end
@@ -56,14 +72,20 @@ for i = 3, #ARGV, 5 do
         rcall('ZADD', K.delayed, due, ref)
         -- blocked executors learn the due time and wake for it
         rcall('ZADD', K.marker, 'LT', due, 'delayed')
-        emit('event', 'shard_retried', 'task', tid, 'shard', idx, 'attempt', attempt, 'reason', reason)
+        emit('event', defer and 'shard_deferred' or 'shard_retried', 'task', tid, 'shard', idx, 'attempt', attempt, 'reason', reason, 'due_ms', due)
         code = 2
       else
         drop_state(prefix, tid, idx)
         if idx == 'agg' then
           code = finish_task(prefix, tid, false, reason, now)
         else
-          code = mark_terminal(prefix, tid, tonumber(idx), 'failed', 'errors', reason, now)
+          code = mark_terminal(prefix, tid, tonumber(idx), 'failed', 'errors', reason, now, fatal)
+          if code == 2 and fatal then
+            halt = 'failed by its handler: shard ' .. idx .. ' asked to fail the task: ' .. last_line(reason)
+          elseif code == 2 then
+            halt = fast_reason(prefix, tid)
+          end
+          if code == 2 then code = 1 end
         end
       end
     end
@@ -71,6 +93,7 @@ for i = 3, #ARGV, 5 do
     rcall('HDEL', K.active, ref)
     rcall('SREM', K.stalled, ref)
     if code ~= -3 and idx ~= 'agg' then unhold(prefix, tid, inc, 1, now) end
+    if halt then halt_task(prefix, tid, halt, now) end
   end
   codes[#codes + 1] = code
 end

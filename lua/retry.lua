@@ -4,7 +4,10 @@
   (a routed task's to `reroute`, placed by the current ring); `failed` drops by as many and the
   task is `running` again, so aggregation follows once every shard is terminal. A task whose
   shards all completed but whose aggregation failed runs its aggregation again. A finished task
-  stops expiring. `retried_ms` records when (a waiter's time counts from it).
+  stops expiring. `retried_ms` records when (a waiter's time counts from it). A task that halted
+  (failed fast, docs/design/failure-policies.md) also runs again the shards the halt left
+  unfinished (handed out, not terminal), and goes back to its runnable set (or `unrouted`) for
+  those never handed out.
 
   KEYS[1]  task:<id>          hash
   KEYS[2]  kinds              set    kinds that may have a lane (docs/design/lanes.md)
@@ -23,6 +26,7 @@
   KEYS[15] reroute            list   recovered and released refs of routed tasks
   KEYS[16] running            zset   tasks not finished
   KEYS[17] stalled            set    stall candidates of the last sweep
+  KEYS[18] unrouted           zset   routed tasks not fully placed
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] task id
   ARGV[3] (a share of a partitioned task) the home's new round: the share takes it, and a share
@@ -36,7 +40,7 @@
 ]]
 local prefix, tid, now = ARGV[1], ARGV[2], now_ms()
 local tkey = K.task
-local t = rcall('HMGET', tkey, 'state', 'keep_results', 'failed', 'agg_error', 'round')
+local t = rcall('HMGET', tkey, 'state', 'keep_results', 'failed', 'agg_error', 'round', 'halted')
 local state = t[1]
 if not state then return -3 end
 -- every refusal before the first write (the round below is one)
@@ -57,13 +61,44 @@ for _, idx in ipairs(rcall('HKEYS', task_key(prefix, tid, ':errors'))) do
   -- a reason without the terminal bit belongs to a shard still retrying
   if rcall('GETBIT', task_key(prefix, tid, ':terminal'), idx) == 1 then again[#again + 1] = idx end
 end
-local agg_again = #again == 0 and state == 'failed' and t[4] ~= false
-if #again == 0 and not agg_again then return 0 end
+-- a halted task: also its shards handed out and left unfinished, the zero bits of its terminal
+-- bitmap below its cursor (`routed` for a routed task); a bit past the bitmap's end is zero
+local unfinished = {}
+local h = t[6] and state == 'failed' and rcall('HMGET', tkey, 'strategy', 'cursor', 'routed', 'total')
+if h then
+  local bound = tonumber((h[1] == 'pull' and h[2]) or h[3] or '0')
+  local tk = task_key(prefix, tid, ':terminal')
+  local bits = rcall('STRLEN', tk) * 8
+  local from = 0
+  while from < bound do
+    local p = from
+    if from < bits then
+      p = rcall('BITPOS', tk, 0, from, bits - 1, 'BIT')
+      if p == -1 then p = bits end
+    end
+    if p >= bound then break end
+    unfinished[#unfinished + 1] = tostring(p)
+    from = p + 1
+  end
+end
+local agg_again = #again == 0 and #unfinished == 0 and state == 'failed' and t[4] ~= false
+if #again == 0 and #unfinished == 0 and not agg_again then return 0 end
 -- read first: the lane its shards or its aggregation job go to
 touch_task_lane(prefix, tid)
 rcall('HSET', tkey, 'retried_ms', now)
 
 if ended then reopen_ended(prefix, tid) end
+if h then
+  -- runnable again for the shards never handed out; the limit counts anew
+  rcall('HDEL', tkey, 'halted')
+  local total = tonumber(h[4])
+  if h[1] == 'pull' and tonumber(h[2]) < total then
+    local p = rcall('HMGET', tkey, 'priority', 'seq', 'kind')
+    lane_add_task(prefix, p[3], tid, tonumber(p[1] or '0'), tonumber(p[2]))
+  elseif h[1] ~= 'pull' and tonumber(h[3] or '0') < total then
+    rcall('ZADD', K.unrouted, now, tid)
+  end
+end
 local aref = tid .. ':' .. rcall('HGET', tkey, 'seq') .. ':agg'
 if agg_again then
   rcall('ZREM', K.delayed, aref)
@@ -79,16 +114,23 @@ if state == 'aggregating' then withdraw_aggregation(prefix, tid, aref) end
 -- the number of an attempt it already made (the `fail` kind decides by it) and the claim knows
 -- the shard has state
 local retries = rcall('HINCRBY', tkey, 'retries', 1)
-local attempts = tonumber(rcall('HGET', tkey, 'attempts') or '1') * retries
+-- past the highest attempt a handler saw, should deferrals or stalls have passed `attempts`
+local attempts = math.max(tonumber(rcall('HGET', tkey, 'attempts') or '1') * retries, tonumber(rcall('HGET', tkey, 'attempt_hw') or '0'))
 local pre = tid .. ':' .. rcall('HGET', tkey, 'seq') .. ':'
 local skey = shards_key(prefix, tid)
 for _, idx in ipairs(again) do
   rcall('SETBIT', task_key(prefix, tid, ':terminal'), idx, 0)
-  drop_state(prefix, tid, idx)
-  requeue(prefix, pre .. idx, false)
-  rcall('HSET', skey, idx .. ':attempt', attempts)
 end
-call_chunked('HDEL', task_key(prefix, tid, ':errors'), again)
+for _, list in ipairs({ again, unfinished }) do
+  for _, idx in ipairs(list) do
+    drop_state(prefix, tid, idx)
+    requeue(prefix, pre .. idx, false)
+    rcall('HSET', skey, idx .. ':attempt', attempts)
+  end
+  -- an unfinished shard's reason is that of an attempt before the halt
+  if #list > 0 then call_chunked('HDEL', task_key(prefix, tid, ':errors'), list) end
+end
 rcall('HINCRBY', tkey, 'failed', -#again)
-emit('event', 'task_retried', 'task', tid, 'shards', #again)
-return #again
+rcall('HDEL', tkey, 'first_failure')
+emit('event', 'task_retried', 'task', tid, 'shards', #again + #unfinished)
+return #again + #unfinished

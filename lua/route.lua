@@ -13,7 +13,7 @@
   ARGV[4] node count  k, then k node ids, then one node number (1..k) per shard of the chunk
 
   Returns the new `routed` value, or -3 (task missing), -6 (routed moved: read it again), -9
-  (task cancelled, or delayed: nothing to place now).
+  (task cancelled or ended, or delayed: nothing to place now).
 ]]
 local prefix, tid, from, k = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local routed = rcall('HGET', K.task, 'routed')
@@ -25,6 +25,11 @@ if state == 'cancelled' or state == 'delayed' then
   return -9
 end
 if tonumber(routed) ~= from then return -6 end
+-- nor does one that ended early (halted: docs/design/failure-policies.md)
+if state == 'failed' or state == 'completed' then
+  rcall('ZREM', K.unrouted, tid)
+  return -9
+end
 local lists = {}
 for j = 1, k do lists[j] = {} end
 local n = #ARGV - 4 - k

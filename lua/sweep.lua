@@ -13,7 +13,8 @@
     mark the held refs whose holder has no entry now.
 
   A stalled ref goes back to its lane's wait (a routed task's to `reroute`) with its stalled count raised,
-  or past max_stalled fails for good with `reason`.
+  or past max_stalled fails for good with `reason`; a task whose failures then pass its
+  `max_failures` halts (lua/include/halt.lua), once the sweep's other writes are done.
 
   KEYS[1]  stalled-check string PX the throttle of the full sweep
   KEYS[2]  stalled       set    candidates of the last full sweep
@@ -29,6 +30,9 @@
   KEYS[12] leases        zset   instance -> lease expiry (ms, Redis TIME)
   KEYS[13] unreported    zset   (a partition's) shares ended, not yet counted in the home
   KEYS[14] held          hash   held index shards per task and group: rebuilt from `active`
+  KEYS[15] delayed       zset   ref -> due time (a halted task's refs leave it)
+  KEYS[16] unrouted      zset   routed tasks not fully placed (a halted one leaves it)
+  KEYS[17] routed-nodes  set    nodes that may have a routed list (a halted task's refs leave them)
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] interval_ms of the full sweep
   ARGV[3] max_stalled   stalls a shard may survive
@@ -38,7 +42,7 @@
   expired and the full sweep was throttled), next is how many ms from now the earliest live
   lease expires (-1: none).
 
-  include: chunked, clock, events, fair, finish, hold, lanes, task
+  include: chunked, clock, events, fair, finish, halt, hold, lanes, task
 ]]
 local prefix, now, interval, max_stalled, reason = ARGV[1], now_ms(), ARGV[2], tonumber(ARGV[3]), ARGV[4]
 
@@ -68,11 +72,19 @@ end
 
 local recovered, failed = 0, 0
 local gone = {} -- refs stalled by this call
+local halts = {} -- tasks whose failures passed their limit, to halt last
 local function stall(ref)
   local tid, inc, idx = split_ref(ref)
   local mine = current(prefix, tid, inc)
   -- read first: an abort at a key of a slot being migrated leaves this shard held, unrecorded
-  if mine then touch_task(prefix, tid) end
+  if mine then
+    touch_task(prefix, tid)
+    if rcall('HEXISTS', task_key(prefix, tid, ''), 'max_failures') == 1 then touch_halt(prefix, tid) end
+  end
+  if mine then
+    -- the attempt that stalled was seen by its handler: a retry numbers past it
+    raise_attempt_hw(prefix, tid, rcall('HGET', shards_key(prefix, tid), idx .. ':attempt') or 1)
+  end
   if not mine then
     -- another incarnation's shard: let go, nothing recorded
   elseif rcall('HINCRBY', shards_key(prefix, tid), idx .. ':stalled', 1) > max_stalled then
@@ -80,7 +92,7 @@ local function stall(ref)
     if idx == 'agg' then
       finish_task(prefix, tid, false, reason, now)
     else
-      mark_terminal(prefix, tid, tonumber(idx), 'failed', 'errors', reason, now)
+      if mark_terminal(prefix, tid, tonumber(idx), 'failed', 'errors', reason, now, false) == 2 then halts[#halts + 1] = tid end
     end
     failed = failed + 1
   else
@@ -121,6 +133,8 @@ end
 if #marked > 0 then call_chunked('SADD', K.stalled, marked) end
 -- the counts fair sharing and caps decide by, exact again whatever a script missed
 recount(prefix, refs, gone, now)
+-- tasks past their failure limit halt (their keys and lanes were read by `stall`)
+for _, tid in ipairs(halts) do halt_task(prefix, tid, fast_reason(prefix, tid), now) end
 -- the expired leases found here go (their refs are all back); a lease found expired by a ref's
 -- holder lookup goes too
 local lapsed = {}

@@ -24,6 +24,7 @@ pub fn field(key: &str, value: &str) -> serde_json::Value {
         "priority",
         "weight",
         "max_running",
+        "max_failures",
         "retain_ms",
         "recovered",
         "shard",
@@ -40,6 +41,8 @@ pub fn field(key: &str, value: &str) -> serde_json::Value {
         "attempt",
         "shards",
         "fire_ms",
+        "due_ms",
+        "stopped",
     ];
     const FLAGS: &[&str] = &["has_keys", "keep_results"];
     if NUMBERS.contains(&key) {

@@ -58,6 +58,7 @@ pub use shardctl_common::model::TaskSpec;
 pub use shardctl_common::{Error, Home, Keys, Result};
 pub use shardctl_coordinator::{dispatch, wait};
 pub use shardctl_executor::{
-    AggregateContext, Aggregator, BoxFuture, ExecutorConfig, Handler, Registry, ShardContext, ShardError, StatsSnapshot,
+    AggregateContext, Aggregator, BoxFuture, ExecutorConfig, Failure, Handler, Registry, ShardContext, ShardError,
+    StatsSnapshot,
 };
 pub use {shardctl_common as common, shardctl_coordinator as coordinator, shardctl_executor as executor};

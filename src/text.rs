@@ -124,25 +124,37 @@ pub fn ended(t: &TaskInfo) -> Vec<String> {
     out
 }
 
-/// A task's result, or its aggregation's failure (none while neither is known).
+/// Why a task failed early (docs/design/failure-policies.md), its result, or its aggregation's
+/// failure (none while none is known).
 pub fn outcome(t: &TaskInfo) -> Vec<String> {
     let result = t.result.as_ref().map(|r| format!("result: {r}"));
-    result.into_iter().chain(t.aggregation_error.as_ref().map(|e| format!("aggregation failed: {e}"))).collect()
+    let agg = t.aggregation_error.as_ref().map(|e| format!("aggregation failed: {e}"));
+    t.halted.clone().into_iter().chain(result).chain(agg).collect()
 }
 
-/// The `top` most frequent reasons among failed shards (index, reason), with their counts, most
-/// frequent first; each reason's first line.
+/// The `top` most frequent causes among failed shards (index, reason), with their counts, most
+/// frequent first: reasons are grouped by their summary's shape (a traceback's message and
+/// frame, numbers and ids folded: `shardctl_common::reason`), each shown by its first shard's
+/// summary.
 pub fn top_reasons(failed: &[(u64, String)], top: usize) -> Vec<String> {
-    let mut by_reason: HashMap<&str, u64> = HashMap::new();
-    for (_, why) in failed {
-        *by_reason.entry(why.as_str()).or_default() += 1;
+    use shardctl_common::reason::{shape, summary};
+    // shape -> (count, first shard, its summary)
+    let mut by_cause: HashMap<String, (u64, u64, String)> = HashMap::new();
+    for (i, why) in failed {
+        let s = summary(why);
+        let e = by_cause.entry(shape(&s)).or_insert((0, *i, s.clone()));
+        e.0 += 1;
+        if *i < e.1 {
+            (e.1, e.2) = (*i, s);
+        }
     }
-    let mut ranked: Vec<(&str, u64)> = by_reason.into_iter().collect();
-    ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let mut ranked: Vec<(u64, u64, String)> = by_cause.into_values().collect();
+    ranked.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
     let more = if ranked.len() > top { format!(" (the {top} most frequent)") } else { String::new() };
     let mut out = vec![format!("failures by reason{more}:")];
-    for (why, n) in ranked.into_iter().take(top) {
-        out.push(format!("  {n:>7} × {}", why.lines().next().unwrap_or_default()));
+    for (n, first, why) in ranked.into_iter().take(top) {
+        let eg = if n > 1 { format!(" (first: shard {first})") } else { format!(" (shard {first})") };
+        out.push(format!("  {n:>7} × {why}{eg}"));
     }
     out
 }
@@ -241,15 +253,23 @@ pub fn retried(id: &str, retried: u64, before: &TaskInfo) -> String {
         n if before.state.is_finished() && before.failed == 0 => {
             format!("task {id}: its aggregation runs again ({n} job)")
         }
+        n if before.halted.is_some() => format!(
+            "task {id}: {n} failed and stopped shards queued again, the shards never started follow; \
+             aggregation follows when all are done"
+        ),
         n => format!("task {id}: {n} failed shards queued again; aggregation follows when all are done"),
     }
 }
 
-/// A task's failed shards with their reasons (`status --failed`), and its aggregation's failure.
+/// A task's failed shards with their reasons (`status --failed`), each reason's summary (a
+/// traceback's message and frame), and its aggregation's failure.
 pub fn failed(t: &TaskInfo, failed: &[(u64, String)]) -> Vec<String> {
-    let mut out: Vec<String> = failed.iter().map(|(i, r)| format!("shard {i}: {r}")).collect();
+    let mut out: Vec<String> =
+        failed.iter().map(|(i, r)| format!("shard {i}: {}", shardctl_common::reason::summary(r))).collect();
     if failed.is_empty() {
         out.push(format!("task {}: no failed shards", t.task_id));
+    } else if failed.iter().any(|(_, r)| r.trim().contains('\n')) {
+        out.push("(each reason's summary: --json shows them whole, tracebacks included)".to_owned());
     }
     // the aggregation is no shard, but a failure of it is the task's
     out.extend(t.aggregation_error.as_ref().map(|e| format!("aggregation failed: {e}")));
@@ -283,8 +303,18 @@ mod tests {
             [(0, "b"), (1, "a\nline two"), (2, "a\nline two"), (3, "c")].map(|(i, r)| (i, r.to_owned())).into();
         let lines = top_reasons(&failed, 2);
         assert_eq!(lines[0], "failures by reason (the 2 most frequent):");
-        assert_eq!(lines[1], "        2 × a");
-        assert_eq!(lines[2], "        1 × b");
+        assert_eq!(lines[1], "        2 × a (first: shard 1)");
+        assert_eq!(lines[2], "        1 × b (shard 0)");
         assert_eq!(lines.len(), 3);
+        // one cause, a row number each, and a traceback: one group, its message and frame shown
+        let tb = |row: u64| {
+            format!("Traceback (most recent call last):\n  File \"/app/r.py\", line 9, in handle\nValueError: bad date in row {row}")
+        };
+        let failed: Vec<(u64, String)> = (0..60).map(|i| (i * 10 + 3, tb(i * 100))).collect();
+        let lines = top_reasons(&failed, 5);
+        assert_eq!(
+            lines,
+            ["failures by reason:", "       60 × ValueError: bad date in row 0 (at r.py:9 in handle) (first: shard 3)"]
+        );
     }
 }

@@ -441,6 +441,16 @@ fn config_schedule_list_and_watch_events_match_their_schemas() {
     assert_eq!(out.code(), 3, "{out:?}");
     cli.ok(&["retry", "flaky"]);
     assert_eq!(cli.run(&["wait", "flaky"]).code(), 3);
+    // a failure that defers its shard, then one that fails its task at once
+    let payload = r#"{"rate":1.0,"class":"retry_after","after_ms":10}"#;
+    let deferred = ["dispatch", "--kind", "fail", "--payload", payload, "--shards", "1", "--task-id", "deferred"];
+    cli.ok(&deferred);
+    await_event(&cli, "shard_deferred");
+    cli.ok(&["cancel", "deferred"]);
+    let fatal = r#"{"rate":1.0,"class":"fail_task"}"#;
+    let out =
+        cli.run(&["dispatch", "--kind", "fail", "--payload", fatal, "--shards", "3", "--task-id", "fatal", "--wait"]);
+    assert_eq!(out.code(), 3, "{out:?}");
     // the schedules' tasks have run meanwhile (completed, each shard logged as completed)
     await_event(&cli, "task_completed");
     await_event(&cli, "shard_completed");

@@ -61,6 +61,7 @@ fn exported() -> BTreeSet<String> {
         em::SHARDS_CLAIMED,
         em::SHARDS_COMPLETED,
         em::SHARDS_FAILED,
+        em::ATTEMPTS_FAILED,
         em::SHARDS_RETRIED,
         em::SHARDS_RELEASED,
         em::AGGREGATIONS,

@@ -33,7 +33,11 @@ async fn run_share(con: &mut redis::aio::MultiplexedConnection, pk: &Keys, seq: 
         kinds: &Served::Every,
     };
     let claimed = scripts::claim(con, pk, &req).await.unwrap().shards;
-    let outcome = if fail { FinishedAs::Failed { delay_ms: 0, reason: "boom" } } else { FinishedAs::Completed("") };
+    let outcome = if fail {
+        FinishedAs::Failed { delay_ms: 0, reason: "boom", failure: shardctl_common::failure::Failure::Retry }
+    } else {
+        FinishedAs::Completed("")
+    };
     let all: Vec<Finished<'_>> = claimed.iter().map(|c| Finished { claim: c, outcome: outcome.clone() }).collect();
     scripts::finish(con, pk, "n1", &all).await.unwrap();
 }

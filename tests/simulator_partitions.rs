@@ -275,8 +275,11 @@ impl Sim {
             self.execs[e].held.retain(|(_, h, _)| h.token != c.token || h.shard_ref != c.shard_ref);
             return Ok(());
         }
-        let outcome =
-            if fail { FinishedAs::Failed { delay_ms: 0, reason: "simulated" } } else { FinishedAs::Completed(&result) };
+        let outcome = if fail {
+            FinishedAs::Failed { delay_ms: 0, reason: "simulated", failure: shardctl_common::failure::Failure::Retry }
+        } else {
+            FinishedAs::Completed(&result)
+        };
         let codes = scripts::finish(&mut self.con, &keys, "n", &[Finished { claim: &c, outcome }])
             .await
             .map_err(|e| format!("finish: {e}"))?;

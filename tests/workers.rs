@@ -296,7 +296,7 @@ fn the_python_library_passes_its_own_tests() {
         .expect("python3 runs");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
-    assert!(err.contains("Ran 14 tests"), "{err}");
+    assert!(err.contains("Ran 15 tests"), "{err}");
 }
 
 /// `pip install ./clients/python` as its README says, into a fresh virtualenv (pip fetches the
@@ -361,7 +361,7 @@ fn the_node_library_passes_its_own_tests() {
         .expect("node runs");
     let said = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{said}");
-    assert!(said.contains("# pass 9") && said.contains("# fail 0"), "{said}");
+    assert!(said.contains("# pass 10") && said.contains("# fail 0"), "{said}");
 }
 
 #[test]

@@ -27,6 +27,8 @@
 //!   Python `--exec` handler, Python and Node `--worker`s; 5,000 no-op shards through each.
 //! - `fairness`: a 16-shard task of 50 ms shards behind a 3,200-shard one of the same priority
 //!   on 2 executors of concurrency 8, against it alone.
+//! - `failures`: 600 shards of which 60 fail the same way on every attempt: the time to the
+//!   failed verdict with the failures retried, permanent, and with `--max-failures 10`.
 //!
 //! Redis figures come from `INFO` before and after (CPU = user + sys; commands = the `calls` of
 //! `INFO commandstats`, which counts commands run inside scripts under their own names too).
@@ -34,7 +36,7 @@
 //!
 //! # Layout
 //! `args` ([`BenchArgs`], the command's flags); one file per scenario group (`queue`: e2e and dispatch; `holding`: idle and upkeep; `primes`,
-//! `small`, `rss`, `pickup`, `failover`, `cluster`, `bullmq`, `workers`, `fairness`), `process` (executor processes of
+//! `small`, `rss`, `pickup`, `failover`, `cluster`, `bullmq`, `workers`, `fairness`, `failures`), `process` (executor processes of
 //! [`Options::exe`]), `stats` (Redis `INFO` figures), `table` (medians against targets),
 //! [`redis_server`] (the private server of `shardctl bench` and `shardctl demo`).
 
@@ -42,6 +44,7 @@ mod args;
 mod bullmq;
 mod cluster;
 mod failover;
+mod failures;
 mod fairness;
 mod holding;
 mod pickup;
@@ -230,6 +233,7 @@ async fn measure(opts: &Options, ctx: &mut Ctx, version: String, mut notes: Vec<
                 Scenario::Cluster => cluster::run(ctx).await,
                 Scenario::Workers => workers::run(ctx).await,
                 Scenario::Fairness => fairness::run(ctx).await,
+                Scenario::Failures => failures::run(ctx).await,
                 Scenario::Bullmq => {
                     let script = bullmq_script.as_deref().expect("prepared");
                     bullmq::run(ctx, script, opts.shards.min(bullmq::CAP)).await

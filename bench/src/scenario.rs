@@ -52,6 +52,8 @@ pub enum Scenario {
     Workers,
     /// A small task behind a big one of the same priority, against it alone.
     Fairness,
+    /// Time to a failed verdict: failures retried, permanent, and with `--max-failures`.
+    Failures,
 }
 
 impl Scenario {
@@ -72,6 +74,7 @@ impl Scenario {
             Scenario::Bullmq => "bullmq",
             Scenario::Workers => "workers",
             Scenario::Fairness => "fairness",
+            Scenario::Failures => "failures",
         }
     }
 }

@@ -36,6 +36,18 @@ export interface Aggregation {
 
 export const PROTOCOL: 1;
 
+/** The shard fails for good now, whatever attempts are left (malformed input). */
+export class Permanent extends Error {}
+
+/** Not now: the next attempt not before `seconds` from now; it uses no attempt. */
+export class RetryAfter extends Error {
+  constructor(seconds: number, message?: string);
+  readonly seconds: number;
+}
+
+/** A fatal error of the whole task: the task fails at once, its other shards stopped. */
+export class FailTask extends Error {}
+
 export function serve(
   handler: (shard: Shard) => unknown | Promise<unknown>,
   aggregator?: (agg: Aggregation) => unknown | Promise<unknown>,

@@ -4,7 +4,10 @@
  * (docs/handlers.md). `serve(handler, aggregator)` says hello on stdout, then answers the
  * executor's requests one at a time: `handler(shard)` for a shard, `aggregator(agg)` for an
  * aggregation. Either may be async. A returned value is the result (JSON-able); a throw or a
- * rejection fails the attempt with its message. A cancel (the shard's lock lost, its task
+ * rejection fails the attempt with its message and stack (its last 4 KiB), retried after the
+ * task's backoff. Throw `Permanent` for a failure no attempt can mend (the shard fails for good
+ * now), `RetryAfter(seconds)` when an upstream asks to come back later (no attempt used),
+ * `FailTask` for a fatal error of the whole task (it fails at once). A cancel (the shard's lock lost, its task
  * cancelled, its timeout passed) sets `shard.cancelled()` and aborts `shard.signal`; the
  * executor kills the worker if it does not answer within 2 s.
  *
@@ -20,6 +23,34 @@
 const readline = require('node:readline');
 
 const PROTOCOL = 1;
+
+/** The most of a stack sent (its end, nearest the error). */
+const STACK_BYTES = 4096;
+
+/** The shard fails for good now, whatever attempts are left (malformed input). */
+class Permanent extends Error {
+  get name() { return 'Permanent'; }
+  get failureClass() { return 'permanent'; }
+}
+
+/** Not now: the next attempt not before `seconds` (an upstream answered 429); no attempt used. */
+class RetryAfter extends Error {
+  constructor(seconds, message) {
+    if (typeof seconds !== 'number' || !(seconds >= 0) || !Number.isFinite(seconds)) {
+      throw new TypeError(`RetryAfter takes a number of seconds >= 0, not ${String(seconds)}`);
+    }
+    super(message || `retry after ${seconds}s`);
+    this.seconds = seconds;
+  }
+  get name() { return 'RetryAfter'; }
+  get failureClass() { return 'retry_after'; }
+}
+
+/** A fatal error of the whole task (a missing credential): the task fails at once. */
+class FailTask extends Error {
+  get name() { return 'FailTask'; }
+  get failureClass() { return 'fail_task'; }
+}
 
 let protocolWrite = null;
 
@@ -129,6 +160,21 @@ function reason(e) {
   return String(e);
 }
 
+/** The error reply for `e`: its reason, its stack (bounded), its class. */
+function errorReply(id, e) {
+  const reply = { type: 'error', id, error: reason(e) };
+  if (e instanceof Error && typeof e.stack === 'string') {
+    reply.traceback = e.stack.length > STACK_BYTES ? '...\n' + e.stack.slice(-STACK_BYTES) : e.stack;
+  }
+  const cls = e instanceof Error ? e.failureClass : undefined;
+  if (cls === 'permanent' || cls === 'retry_after' || cls === 'fail_task') {
+    reply.class = cls;
+    // the executor cuts a delay to 24 h: so is it here
+    if (cls === 'retry_after') reply.retry_after_ms = Math.round(Math.min(e.seconds, 86400) * 1000);
+  }
+  return reply;
+}
+
 /**
  * Answers the executor's requests until it closes stdin; resolves then.
  * @param {(shard: Shard) => any} handler
@@ -229,7 +275,7 @@ function serve(handler, aggregator, io = {}) {
         }
       } catch (e) {
         if (m.type === 'aggregate' && lines) await lines.drain();
-        reply = { type: 'error', id: m.id, error: controller.signal.aborted ? 'cancelled' : reason(e) };
+        reply = controller.signal.aborted ? { type: 'error', id: m.id, error: 'cancelled' } : errorReply(m.id, e);
       }
       if (alive) clearInterval(alive);
       if (typeof reply !== 'string' && last) reply.retire = true;
@@ -240,4 +286,4 @@ function serve(handler, aggregator, io = {}) {
   })();
 }
 
-module.exports = { serve, Shard, Aggregation, PROTOCOL };
+module.exports = { serve, Shard, Aggregation, Permanent, RetryAfter, FailTask, PROTOCOL };

@@ -41,6 +41,8 @@
 //!   one source of jitter.
 //! - [`conn`]: connecting to Redis (one server or a cluster), a dedicated connection for blocking
 //!   waits.
+//! - [`reason`]: a failure reason's summary (message and frame) and shape (numbers and ids folded).
+//! - [`failure`]: what a failed attempt means ([`failure::Failure`]), a task's failure limit.
 //! - [`redis_url`]: single-server and `redis+cluster://` URLs, and their redacted form.
 //! - [`error`]: the error enum and the script error codes.
 //! - [`time`]: wall-clock milliseconds and duration parsing.
@@ -60,6 +62,7 @@ pub mod conn;
 pub mod control;
 pub mod cron;
 pub mod error;
+pub mod failure;
 pub mod home;
 pub mod incarnation;
 pub mod keys;
@@ -69,6 +72,7 @@ pub mod lock;
 pub mod model;
 pub mod names;
 pub mod partition;
+pub mod reason;
 pub mod redis_url;
 pub mod retry;
 pub mod ring;

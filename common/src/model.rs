@@ -56,6 +56,9 @@ pub struct TaskSpec {
     /// At most this many of its shards are held (running, or claimed to run next) at once
     /// across the cluster; `None`: no cap.
     pub max_running: Option<u64>,
+    /// Once more of its shards than this have failed for good, the task fails at once (its
+    /// running shards stopped, no aggregation): docs/design/failure-policies.md; `None`: no limit.
+    pub max_failures: Option<crate::failure::Threshold>,
     /// How shards are placed on executors.
     pub strategy: Strategy,
     /// Virtual nodes per executor on the ring (consistent hash).
@@ -92,6 +95,7 @@ impl TaskSpec {
             && t.weight == self.weight
             && t.group == self.group
             && t.max_running == self.max_running
+            && t.max_failures == self.max_failures.map(|m| m.of(self.shards))
     }
 
     /// A spec with defaults for everything but id, kind and shard count.
@@ -108,6 +112,7 @@ impl TaskSpec {
             weight: 1,
             group: None,
             max_running: None,
+            max_failures: None,
             strategy: Strategy::Pull,
             vnodes: DEFAULT_VNODES,
             has_keys: false,
@@ -202,6 +207,9 @@ impl TaskSpec {
         }
         if let Some(n) = self.max_running {
             f.push(("max_running", n.to_string()));
+        }
+        if let Some(m) = self.max_failures {
+            f.push(("max_failures", m.of(self.shards).to_string()));
         }
         f
     }

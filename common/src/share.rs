@@ -147,8 +147,9 @@ pub async fn held<C: ConnectionLike + Send>(con: &mut C, home: &Home, t: &TaskIn
     Ok((task, group))
 }
 
-/// Every failure reason of task `t`, at the task's shard indexes, in index order (each share's
-/// reasons at its base).
+/// The reasons of task `t`'s shards failed for good, at the task's shard indexes, in index order
+/// (each share's reasons at its base); a shard that failed an attempt and still retries is not
+/// among them.
 pub async fn reasons<C: ConnectionLike + Send>(con: &mut C, home: &Home, t: &TaskInfo) -> Result<Vec<(u64, String)>> {
     let mut v: Vec<(u64, String)> = Vec::new();
     for s in of(con, home, t).await? {
@@ -157,9 +158,16 @@ pub async fn reasons<C: ConnectionLike + Send>(con: &mut C, home: &Home, t: &Tas
         }
         let h: std::collections::HashMap<String, String> =
             redis::cmd("HGETALL").arg(s.keys.errors(&t.task_id)).query_async(con).await?;
-        v.extend(
-            h.into_iter().filter_map(|(k, r)| k.parse::<u64>().ok().filter(|&i| i < s.size).map(|i| (s.base + i, r))),
-        );
+        let mine: Vec<(u64, String)> =
+            h.into_iter().filter_map(|(k, r)| k.parse::<u64>().ok().filter(|&i| i < s.size).map(|i| (i, r))).collect();
+        // a reason without the terminal bit is a shard's that still retries (or was stopped): not
+        // a failure (yet)
+        let mut pipe = redis::pipe();
+        for (i, _) in &mine {
+            pipe.cmd("GETBIT").arg(s.keys.terminal(&t.task_id)).arg(i);
+        }
+        let bits: Vec<u8> = if mine.is_empty() { Vec::new() } else { pipe.query_async(con).await? };
+        v.extend(mine.into_iter().zip(bits).filter(|(_, b)| *b == 1).map(|((i, r), _)| (s.base + i, r)));
     }
     v.sort();
     Ok(v)
@@ -317,10 +325,13 @@ pub async fn outcomes<C: ConnectionLike + Send>(
             byte & (0x80 >> (i % 8)) != 0
         };
         for ((&i, r), e) in fields.iter().zip(results).zip(errors) {
+            // a shard not ended has no outcome, whatever reason an attempt of it left
+            if !ended(i) {
+                continue;
+            }
             let stored = match (r, e) {
                 (_, Some(e)) => Stored::Error(e),
-                (r, None) if ended(i) => Stored::Result(r),
-                (_, None) => continue,
+                (r, None) => Stored::Result(r),
             };
             out.push((s.base + i, stored));
         }

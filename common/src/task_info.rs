@@ -49,6 +49,13 @@ pub struct TaskInfo {
     /// Its shards held now (running, or claimed to start next) over its shares, when read
     /// (`held`, docs/design/fairness.md): `status` and the dashboard read it for a running task.
     pub running: Option<u64>,
+    /// Once more shards than this failed for good the task fails at once (`--max-failures`,
+    /// docs/design/failure-policies.md), if it has such a limit.
+    pub max_failures: Option<u64>,
+    /// Why the task ended early, failed (a fail-fast or a handler's `fail_task`), if it did.
+    pub halted: Option<String>,
+    /// The first shard that failed for good, `<index> <reason>` (its reason's last line, cut).
+    pub first_failure: Option<String>,
     /// Shards placed so far (routed tasks).
     pub routed: Option<u64>,
     /// Virtual nodes per executor (consistent hash).
@@ -133,6 +140,9 @@ impl TaskInfo {
             group: h.get("group").cloned(),
             max_running: h.get("max_running").and_then(|v| v.parse().ok()),
             running: None,
+            max_failures: h.get("max_failures").and_then(|v| v.parse().ok()),
+            halted: h.get("halted").cloned(),
+            first_failure: h.get("first_failure").cloned(),
             routed: h.get("routed").and_then(|v| v.parse().ok()),
             vnodes: h.get("vnodes").and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_VNODES),
             has_keys: h.get("has_keys").is_some_and(|v| v == "1"),

@@ -140,6 +140,11 @@ async fn stale_refs_of_a_cancelled_task_are_never_counted_by_a_new_task_under_it
     assert_eq!(env.release(&c[6]).await, Ok(1));
     control::cancel(&mut env.con, &env.keys, "x").await.unwrap();
     assert_eq!(control::clean(&mut env.con, &env.keys, Some(Duration::ZERO)).await.unwrap(), 1);
+    // the cancel took its queued refs out of its (short) lane; in a lane too long to filter
+    // they stay for the claims to drop, as here
+    assert!(env.wait_list().await.is_empty());
+    let lane = env.keys.lane_wait("noop");
+    env.cmd::<()>(redis::cmd("RPUSH").arg(&lane).arg("x:1:6").arg("x:1:5")).await;
     assert_eq!(env.wait_list().await, ["x:1:6", "x:1:5"], "queued refs are left for claims to drop");
     // the fixed task is dispatched again under the same id, with fewer shards
     env.dispatch(&TaskSpec::new("x", "noop", 3)).await;

@@ -1003,7 +1003,11 @@ async fn complete_batches_of_interleaved_tasks_return_codes_in_the_order_given()
         ("a:1:0", done(r#""a0""#), Ok(1)),
         ("gone:4:0", done(r#""g0""#), Err(ScriptCode::TaskMissing)),
         ("b:2:2", done(r#""b2""#), Err(ScriptCode::LockMismatch)),
-        ("a:1:1", FinishedAs::Failed { delay_ms: 1000, reason: "boom" }, Ok(2)),
+        (
+            "a:1:1",
+            FinishedAs::Failed { delay_ms: 1000, reason: "boom", failure: shardctl_common::failure::Failure::Retry },
+            Ok(2),
+        ),
         ("c:3:0", done(r#""c0""#), Ok(1)),
         ("a:1:2", done(r#""a2""#), Ok(1)),
         ("c:3:1", done(r#""c1 again""#), Err(ScriptCode::LockMissing)),
@@ -1102,7 +1106,10 @@ async fn completions_recorded_with_a_claim_count_once_and_the_claim_sees_them() 
     assert_eq!(env.count("t", "done").await, 3);
 
     // a failure is not a completion: refused before anything is sent
-    let failed = [Finished { claim: &claim.shards[0], outcome: FinishedAs::Failed { delay_ms: 0, reason: "x" } }];
+    let failed = [Finished {
+        claim: &claim.shards[0],
+        outcome: FinishedAs::Failed { delay_ms: 0, reason: "x", failure: shardctl_common::failure::Failure::Retry },
+    }];
     let e = scripts::complete_and_claim(&mut env.con, &env.keys, &failed, &ClaimRequest { seq: 4, ..req })
         .await
         .expect_err("a failure cannot ride on a claim");

@@ -48,6 +48,21 @@ pub enum Stuck {
         /// The group's cap.
         cap: u64,
     },
+    /// Its shards fail because their `--worker` cannot start (a missing module, a bad path):
+    /// they retry after their backoff, and will fail the same way.
+    FailsToStart {
+        /// The task's kind.
+        kind: String,
+        /// The start's error, summed up (`shardctl_common::reason::summary`).
+        reason: String,
+    },
+    /// Its shards fail an attempt and wait to retry after their backoff.
+    Retrying {
+        /// Of the failing shards read, how many wait to retry.
+        shards: u64,
+        /// One's reason, summed up.
+        reason: String,
+    },
     /// The queue's rate limit lets no more shards start in its window.
     RateLimited {
         /// Starts allowed per window.
@@ -80,6 +95,13 @@ impl fmt::Display for Stuck {
             }
             Stuck::GroupCapped { group, running, cap } => {
                 write!(f, "capped: its group '{group}' runs {running} of {cap} (--group-max-running); the others wait")
+            }
+            Stuck::FailsToStart { kind, reason } => {
+                write!(f, "the worker of kind '{kind}' fails to start, its shards retry in vain: {reason}")
+            }
+            Stuck::Retrying { shards, reason } => {
+                let n = if *shards >= SAMPLED { format!("{shards} or more") } else { shards.to_string() };
+                write!(f, "{n} of its shards failed an attempt and wait to retry (status --failed lists them once failed for good): {reason}")
             }
             Stuck::RateLimited { max, per_ms } => {
                 write!(f, "the queue's rate limit ({max} per {per_ms} ms) lets no more shards start for now")
@@ -144,10 +166,42 @@ pub async fn reasons<C: ConnectionLike + Send>(con: &mut C, home: &Home, t: &Tas
             }
         }
     }
+    out.extend(retrying(con, home, t).await?);
     if let (Some(max), Some(per)) = (limit_max.filter(|&m| m > 0), limit_per) {
         if limit_used.unwrap_or(0) >= max {
             out.push(Stuck::RateLimited { max, per_ms: per });
         }
     }
     Ok(out)
+}
+
+/// How many failing shards' reasons [`retrying`] reads at most.
+const SAMPLED: u64 = 50;
+
+/// Whether shards of `t` failed an attempt and wait to retry (reasons without their terminal bit,
+/// among the first [`SAMPLED`] of its home's `:errors`; a task spread over partitions keeps them
+/// in its shares, not read here): a worker that cannot start first (every attempt will fail).
+async fn retrying<C: ConnectionLike + Send>(con: &mut C, home: &Home, t: &TaskInfo) -> Result<Option<Stuck>> {
+    use shardctl_common::reason::{summary, START_FAILED};
+    if t.partitions > 1 {
+        return Ok(None);
+    }
+    let (_, flat): (u64, Vec<String>) =
+        redis::cmd("HSCAN").arg(home.errors(&t.task_id)).arg(0).arg("COUNT").arg(SAMPLED).query_async(con).await?;
+    let pairs: Vec<(u64, String)> =
+        flat.chunks(2).filter_map(|p| Some((p.first()?.parse().ok()?, p.get(1)?.clone()))).collect();
+    if pairs.is_empty() {
+        return Ok(None);
+    }
+    let mut pipe = redis::pipe();
+    for (i, _) in &pairs {
+        pipe.cmd("GETBIT").arg(home.terminal(&t.task_id)).arg(i);
+    }
+    let bits: Vec<u8> = pipe.query_async(con).await?;
+    let waiting: Vec<&String> = pairs.iter().zip(bits).filter(|(_, b)| *b == 0).map(|((_, r), _)| r).collect();
+    if let Some(r) = waiting.iter().find(|r| r.starts_with(START_FAILED)) {
+        let reason = summary(&r[START_FAILED.len()..]);
+        return Ok(Some(Stuck::FailsToStart { kind: t.kind.clone(), reason }));
+    }
+    Ok(waiting.first().map(|r| Stuck::Retrying { shards: waiting.len() as u64, reason: summary(r) }))
 }

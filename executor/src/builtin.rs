@@ -1,12 +1,15 @@
 //! The built-in kinds: `primes` (count primes in the shard's range on rayon; the aggregate is the
 //! total), `noop` (benchmarks), `sleep` (`{"ms":N}`, chaos tests) and `fail` (`{"rate":R}`: fails
-//! that fraction of attempts, deterministically by task, shard and attempt), plus the summary
+//! that fraction of attempts, deterministically by task, shard and attempt; `"class"` says what
+//! its failures mean), plus the summary
 //! aggregator used for kinds without one of their own.
+
+use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::handler::{AggregateContext, Aggregator, BoxFuture, Handler, ShardContext, ShardError};
+use crate::handler::{AggregateContext, Aggregator, BoxFuture, Failure, Handler, ShardContext, ShardError};
 
 /// Counts the primes in `[start, end)` with a segmented sieve.
 pub fn count_primes(start: u64, end: u64) -> u64 {
@@ -103,10 +106,9 @@ impl Aggregator for PrimesTotal {
             let mut total = 0u64;
             for o in ctx.results.iter() {
                 if let Ok(v) = &o.result {
-                    total += v
-                        .get("primes")
-                        .and_then(Value::as_u64)
-                        .ok_or_else(|| ShardError(format!("shard {} result has no \"primes\" count: {v}", o.index)))?;
+                    total += v.get("primes").and_then(Value::as_u64).ok_or_else(|| {
+                        ShardError::new(format!("shard {} result has no \"primes\" count: {v}", o.index))
+                    })?;
                 }
             }
             Ok(json!({ "primes": total }))
@@ -126,7 +128,7 @@ pub fn check_payload(kind: &str, payload: &str) -> Result<(), String> {
             let p = serde_json::from_str::<FailPayload>(payload)
                 .map_err(|e| format!("kind fail needs a payload {{\"rate\":R}} (got {}): {e}", clip(payload)))?;
             if (0.0..=1.0).contains(&p.rate) {
-                Ok(())
+                p.failure().map(drop)
             } else {
                 Err(format!("kind fail needs a rate from 0 to 1, got {}", p.rate))
             }
@@ -180,6 +182,29 @@ pub struct Fail;
 #[serde(deny_unknown_fields)]
 struct FailPayload {
     rate: f64,
+    /// What the injected failures say (docs/design/failure-policies.md): `retry` (the default),
+    /// `permanent`, `retry_after` (after `after_ms`, default 1000) or `fail_task`.
+    #[serde(default)]
+    class: Option<String>,
+    #[serde(default)]
+    after_ms: Option<u64>,
+    /// The same shards fail on every attempt (malformed input), not a fresh draw per attempt.
+    #[serde(default)]
+    sticky: bool,
+}
+
+impl FailPayload {
+    /// The class of its injected failures; an error names the classes.
+    fn failure(&self) -> Result<Failure, String> {
+        let after = Duration::from_millis(self.after_ms.unwrap_or(1000));
+        match self.class.as_deref().unwrap_or("retry") {
+            "retry" => Ok(Failure::Retry),
+            "permanent" => Ok(Failure::Permanent),
+            "retry_after" => Ok(Failure::retry_after(after)),
+            "fail_task" => Ok(Failure::FailTask),
+            c => Err(format!("kind fail: class '{c}' is not one of retry, permanent, retry_after, fail_task")),
+        }
+    }
 }
 
 /// FNV-1a: a stable hash, the same on every node and every run.
@@ -207,13 +232,16 @@ impl Handler for Fail {
         Box::pin(async move {
             let p: FailPayload = ctx.payload_as()?;
             if !(0.0..=1.0).contains(&p.rate) {
-                return Err(ShardError(format!(
+                return Err(ShardError::new(format!(
                     "malformed payload for kind fail: rate {} is not in 0.0..=1.0",
                     p.rate
                 )));
             }
-            if fails_at(&ctx.task_id, ctx.index, ctx.attempt, p.rate) {
-                return Err(ShardError(format!("injected failure (rate {}, attempt {})", p.rate, ctx.attempt)));
+            let drawn = if p.sticky { 0 } else { ctx.attempt };
+            if fails_at(&ctx.task_id, ctx.index, drawn, p.rate) {
+                let failure = p.failure().map_err(ShardError::new)?;
+                let reason = format!("injected failure (rate {}, attempt {})", p.rate, ctx.attempt);
+                return Err(ShardError { reason, failure });
             }
             Ok(Value::Null)
         })
@@ -235,6 +263,15 @@ mod tests {
 
     fn naive(a: u64, b: u64) -> u64 {
         (a..b).filter(|&n| n >= 2 && (2..).take_while(|d| d * d <= n).all(|d| n % d != 0)).count() as u64
+    }
+
+    #[test]
+    fn fail_payloads_name_their_class() {
+        assert!(check_payload("fail", r#"{"rate":0.5,"class":"permanent"}"#).is_ok());
+        assert!(check_payload("fail", r#"{"rate":1,"class":"retry_after","after_ms":5}"#).is_ok());
+        let e = check_payload("fail", r#"{"rate":1,"class":"later"}"#).unwrap_err();
+        assert!(e.contains("'later' is not one of"), "{e}");
+        assert!(check_payload("fail", r#"{"rate":2,"class":"permanent"}"#).is_err());
     }
 
     #[test]

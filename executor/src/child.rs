@@ -1,7 +1,7 @@
 //! The any-language handler protocol: `--exec CMD` runs CMD per shard (no shell) with the shard's
 //! facts in `SHARDCTL_*` variables and the task payload on stdin; its stdout is the result (JSON
 //! when it parses, else a string); a non-zero exit fails the attempt with the stderr tail as the
-//! reason. `--aggregate-exec CMD` reads `{"shard":i,"result":...}` / `{"shard":i,"error":"..."}`
+//! reason (its exit code may classify the failure: [`crate::exit_codes`]). `--aggregate-exec CMD` reads `{"shard":i,"result":...}` / `{"shard":i,"error":"..."}`
 //! lines on stdin in shard order and prints the task result.
 
 use std::process::Stdio;
@@ -12,7 +12,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
-use crate::handler::{AggregateContext, Aggregator, BoxFuture, Handler, ShardContext, ShardError};
+use crate::exit_codes::ExitCodes;
+use crate::handler::{AggregateContext, Aggregator, BoxFuture, Failure, Handler, ShardContext, ShardError};
 
 /// Largest result a child may print, in bytes, unless configured otherwise.
 pub const DEFAULT_MAX_OUTPUT: usize = 1 << 20;
@@ -86,6 +87,7 @@ pub struct ExecCommand {
     program: String,
     args: Vec<String>,
     max_output: usize,
+    exit_codes: ExitCodes,
 }
 
 impl ExecCommand {
@@ -93,7 +95,13 @@ impl ExecCommand {
     pub fn parse(line: &str, max_output: usize) -> Result<Self, String> {
         let mut words = split_command(line)?;
         let program = words.remove(0);
-        Ok(ExecCommand { program, args: words, max_output })
+        Ok(ExecCommand { program, args: words, max_output, exit_codes: ExitCodes::default() })
+    }
+
+    /// The same command, its exit codes meaning what `codes` says.
+    pub fn with_exit_codes(mut self, codes: ExitCodes) -> Self {
+        self.exit_codes = codes;
+        self
     }
 
     /// Whether the program can be started at all: a path names an executable file, a bare name
@@ -138,7 +146,7 @@ impl ExecCommand {
         cancel: CancellationToken,
     ) -> Result<Value, ShardError> {
         let (mut child, mut group) = spawn_in_group(Command::new(&self.program).args(&self.args).envs(env))
-            .map_err(|e| ShardError(format!("cannot start handler command '{}': {e}", self.program)))?;
+            .map_err(|e| ShardError::new(format!("cannot start handler command '{}': {e}", self.program)))?;
         let mut input = child.stdin.take().expect("piped stdin");
         let writer = tokio::spawn(async move {
             // a child that does not read its stdin closes the pipe: not an error
@@ -178,8 +186,8 @@ impl ExecCommand {
         writer.abort();
         // it ended by itself: what it left running in its group is its own business
         group.disarm();
-        let status = status.map_err(|e| ShardError(format!("handler command '{}' failed: {e}", self.program)))?;
-        let out = out.map_err(|e| ShardError(format!("reading handler output: {e}")))?;
+        let status = status.map_err(|e| ShardError::new(format!("handler command '{}' failed: {e}", self.program)))?;
+        let out = out.map_err(|e| ShardError::new(format!("reading handler output: {e}")))?;
         if !status.success() {
             let tail = String::from_utf8_lossy(&err).trim().to_owned();
             let how = match status.code() {
@@ -189,18 +197,17 @@ impl ExecCommand {
                     format!("was killed by signal {}", status.signal().unwrap_or(0))
                 }
             };
-            return Err(ShardError(if tail.is_empty() {
-                format!("handler {how}")
-            } else {
-                format!("handler {how}: {tail}")
-            }));
+            let failure = self.exit_codes.failure(status.code(), out.as_deref().unwrap_or_default());
+            let how = if failure == Failure::Retry { how } else { format!("{how} ({})", failure.name()) };
+            let reason = if tail.is_empty() { format!("handler {how}") } else { format!("handler {how}: {tail}") };
+            return Err(ShardError { reason, failure });
         }
         // a handler that succeeded may still have said something: kept in the debug log
         if !err.is_empty() && tracing::enabled!(tracing::Level::DEBUG) {
             tracing::debug!(program = %self.program, "handler stderr: {}", String::from_utf8_lossy(&err).trim());
         }
         let Some(out) = out else {
-            return Err(ShardError(format!("handler output exceeds the limit of {} bytes", self.max_output)));
+            return Err(ShardError::new(format!("handler output exceeds the limit of {} bytes", self.max_output)));
         };
         let text = String::from_utf8(out).map_err(|_| ShardError::new("handler output is not valid UTF-8"))?;
         let text = text.trim();

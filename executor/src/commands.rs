@@ -8,6 +8,7 @@ use shardctl_common::kinds::Served;
 use shardctl_common::{Error, Result};
 
 use crate::child::{ExecAggregator, ExecCommand, ExecHandler};
+use crate::exit_codes::ExitCodes;
 use crate::worker::{self, WorkerAggregator, WorkerHandler};
 use crate::Registry;
 
@@ -28,6 +29,8 @@ pub struct Commands {
     /// How long a worker's request may run with no sign of life from it before the worker is
     /// replaced (`--worker-silence`; `None`: [`worker::DEFAULT_SILENCE`]; zero: never).
     pub worker_silence: Option<std::time::Duration>,
+    /// What the exit codes of `exec` and `aggregate_exec` mean (`--exit-code`).
+    pub exit_codes: ExitCodes,
 }
 
 impl Commands {
@@ -36,6 +39,7 @@ impl Commands {
     pub fn registry(&self, max_output: usize) -> Result<Registry> {
         let command = |flag: &str, line: &str| {
             ExecCommand::parse(line, max_output)
+                .map(|c| c.with_exit_codes(self.exit_codes.clone()))
                 .and_then(|c| c.check_runnable().map(|()| c))
                 .map_err(|e| Error::invalid(format!("--{flag}: {e}")))
         };

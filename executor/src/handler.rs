@@ -13,29 +13,56 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+pub use shardctl_common::failure::Failure;
+
 /// A boxed, sendable future: what the traits return, so that they stay object safe.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
-/// Why an attempt failed: the reason stored with the shard.
+/// Why an attempt failed: the reason stored with the shard, and what the failure means for the
+/// shard and its task (docs/design/failure-policies.md). `ShardError::new` (and `?` on any error)
+/// is a plain failure, retried after the task's backoff.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ShardError(pub String);
+pub struct ShardError {
+    /// The reason stored with the shard (its last 2 KiB), shown by `status`, given to the
+    /// aggregation.
+    pub reason: String,
+    /// What the failure means: retried, failed for good, deferred, or the task failed.
+    pub failure: Failure,
+}
 
 impl ShardError {
-    /// A failure with this reason.
+    /// A failure with this reason, retried after the task's backoff while attempts are left.
     pub fn new(reason: impl Into<String>) -> Self {
-        ShardError(reason.into())
+        ShardError { reason: reason.into(), failure: Failure::Retry }
+    }
+
+    /// A failure no attempt can mend (malformed input): the shard fails for good now.
+    pub fn permanent(reason: impl Into<String>) -> Self {
+        ShardError { reason: reason.into(), failure: Failure::Permanent }
+    }
+
+    /// Not now (an upstream said 429): the next attempt not before `after` (at most 24 h), which
+    /// uses no attempt and leaves the backoff as it was.
+    pub fn retry_after(after: Duration, reason: impl Into<String>) -> Self {
+        ShardError { reason: reason.into(), failure: Failure::retry_after(after) }
+    }
+
+    /// A fatal error for the whole task (a missing credential): the shard fails for good and the
+    /// task fails at once, its other shards stopped.
+    pub fn fail_task(reason: impl Into<String>) -> Self {
+        ShardError { reason: reason.into(), failure: Failure::FailTask }
     }
 }
 
 impl std::fmt::Display for ShardError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.reason)
     }
 }
 
 impl<E: std::error::Error> From<E> for ShardError {
     fn from(e: E) -> Self {
-        ShardError(e.to_string())
+        ShardError::new(e.to_string())
     }
 }
 
@@ -68,7 +95,7 @@ impl ShardContext {
     /// Parses the payload.
     pub fn payload_as<T: DeserializeOwned>(&self) -> Result<T, ShardError> {
         serde_json::from_str(&self.payload)
-            .map_err(|e| ShardError(format!("malformed payload for kind {}: {e}", self.kind)))
+            .map_err(|e| ShardError::new(format!("malformed payload for kind {}: {e}", self.kind)))
     }
 
     /// Runs CPU-heavy `f` on the rayon pool, or inline when such work has been tiny (see
@@ -119,7 +146,8 @@ where
     T: Send + 'static,
     F: FnOnce() -> T + Send + 'static,
 {
-    let panicked = |p: Box<dyn std::any::Any + Send>| ShardError(format!("handler panicked: {}", panic_message(&*p)));
+    let panicked =
+        |p: Box<dyn std::any::Any + Send>| ShardError::new(format!("handler panicked: {}", panic_message(&*p)));
     let slot = cpu_mean(kind);
     let mean = f64::from_bits(slot.load(Ordering::Relaxed));
     if mean > 0.0 && mean < INLINE_BELOW.as_nanos() as f64 {

@@ -11,6 +11,7 @@
 //! - [`registry`]: the [`Registry`] of which handler serves which kind (the built-ins and
 //!   yours), and the kinds an executor claims.
 //! - [`child`]: `--exec` / `--aggregate-exec`, one process per shard.
+//! - [`exit_codes`]: what an `--exec` handler's exit code means (`--exit-code`).
 //! - `guard`: a process that kills the handlers' process groups if the executor dies.
 //! - [`commands`]: a registry whose kinds not built in are run by commands (`--exec`,
 //!   `--worker` and their aggregators).
@@ -67,6 +68,7 @@ pub mod child;
 mod claim;
 pub mod commands;
 pub mod config;
+pub mod exit_codes;
 mod guard;
 pub mod handler;
 mod heartbeat;
@@ -88,7 +90,8 @@ pub mod worker;
 
 pub use config::ExecutorConfig;
 pub use handler::{
-    run_cpu, run_cpu_of, AggregateContext, Aggregator, BoxFuture, Handler, ShardContext, ShardError, ShardOutcome,
+    run_cpu, run_cpu_of, AggregateContext, Aggregator, BoxFuture, Failure, Handler, ShardContext, ShardError,
+    ShardOutcome,
 };
 pub use registry::Registry;
 pub use runtime::{Executor, Sharing, With};

@@ -10,6 +10,8 @@
 //! (apart from
 //! the rare report of a shard already terminal, or of a task removed meanwhile).
 
+use shardctl_common::failure::Failure;
+
 use metrics::{describe_counter, describe_gauge, describe_histogram, Counter, Gauge, Histogram, Label, Unit};
 
 /// Counter: refs claimed (shards and aggregation jobs).
@@ -18,6 +20,10 @@ pub const SHARDS_CLAIMED: &str = "shardctl_shards_claimed_total";
 pub const SHARDS_COMPLETED: &str = "shardctl_shards_completed_total";
 /// Counter, label `class`: shards failed for good by this executor.
 pub const SHARDS_FAILED: &str = "shardctl_shards_failed_total";
+/// Counter, label `failure` (`retry`, `permanent`, `retry_after`, `fail_task`): failed attempts
+/// (shards and aggregation jobs) by what their handler said the failure means
+/// (docs/design/failure-policies.md).
+pub const ATTEMPTS_FAILED: &str = "shardctl_attempts_failed_total";
 /// Counter: failed attempts scheduled for a retry (shards and aggregation jobs).
 pub const SHARDS_RETRIED: &str = "shardctl_shards_retried_total";
 /// Counter: refs given back (claimable at once): at shutdown, or claimed ahead and not started.
@@ -45,6 +51,9 @@ pub const REDIS_RECONNECTS: &str = "shardctl_redis_reconnects_total";
 pub const FAILURE_CLASSES: [&str; 8] =
     ["panic", "exit", "no_handler", "too_large", "payload", "cancelled", "timeout", "error"];
 
+/// The values of the `failure` label of [`ATTEMPTS_FAILED`] (`Failure::name`).
+pub const ATTEMPT_FAILURES: [&str; 4] = ["retry", "permanent", "retry_after", "fail_task"];
+
 /// Bucket bounds of [`SHARD_RUN_SECONDS`]: a millisecond to an hour.
 pub const RUN_SECONDS_BUCKETS: &[f64] =
     &[0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0];
@@ -62,6 +71,7 @@ pub fn describe() {
     describe_counter!(SHARDS_CLAIMED, "Refs claimed by this executor (shards and aggregation jobs).");
     describe_counter!(SHARDS_COMPLETED, "Shards completed and counted by this executor.");
     describe_counter!(SHARDS_FAILED, "Shards failed for good by this executor, by class of reason.");
+    describe_counter!(ATTEMPTS_FAILED, "Failed attempts, by what their handler said the failure means.");
     describe_counter!(SHARDS_RETRIED, "Failed attempts scheduled for a retry (shards and aggregation jobs).");
     describe_counter!(
         SHARDS_RELEASED,
@@ -107,6 +117,8 @@ pub(crate) struct Metrics {
     pub(crate) claimed: Counter,
     pub(crate) completed: Counter,
     failed: [Counter; FAILURE_CLASSES.len()],
+    /// By [`ATTEMPT_FAILURES`].
+    attempts_failed: [Counter; 4],
     pub(crate) retried: Counter,
     pub(crate) released: Counter,
     pub(crate) aggregations_completed: Counter,
@@ -134,6 +146,7 @@ impl Metrics {
             claimed: metrics::counter!(SHARDS_CLAIMED, base.clone()),
             completed: metrics::counter!(SHARDS_COMPLETED, base.clone()),
             failed: FAILURE_CLASSES.map(|c| metrics::counter!(SHARDS_FAILED, with("class", c))),
+            attempts_failed: ATTEMPT_FAILURES.map(|c| metrics::counter!(ATTEMPTS_FAILED, with("failure", c))),
             retried: metrics::counter!(SHARDS_RETRIED, base.clone()),
             released: metrics::counter!(SHARDS_RELEASED, base.clone()),
             aggregations_completed: metrics::counter!(AGGREGATIONS, with("outcome", "completed")),
@@ -154,6 +167,12 @@ impl Metrics {
         let class = reason_class(reason);
         let i = FAILURE_CLASSES.iter().position(|c| *c == class).expect("every class is listed");
         self.failed[i].increment(1);
+    }
+
+    /// Counts a failed attempt by its class.
+    pub(crate) fn attempt_failed(&self, f: Failure) {
+        let i = ATTEMPT_FAILURES.iter().position(|c| *c == f.name()).expect("every class is listed");
+        self.attempts_failed[i].increment(1);
     }
 
     /// Counts a failed Redis call if it failed on the connection (not a script's refusal).

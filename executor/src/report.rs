@@ -9,6 +9,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use shardctl_common::failure::Failure;
 use shardctl_common::scripts::{self, Claimed, Finished, FinishedAs, GiveBack};
 use shardctl_common::ScriptCode;
 use tokio_util::sync::CancellationToken;
@@ -90,7 +91,7 @@ async fn record(shared: &Shared, batch: &[Report], closing: &CancellationToken) 
     let reasons: Vec<String> = batch
         .iter()
         .map(|r| match &r.outcome {
-            Outcome::Failed(e) => e.0.clone(),
+            Outcome::Failed(e) => e.reason.clone(),
             _ => String::new(),
         })
         .collect();
@@ -99,20 +100,23 @@ async fn record(shared: &Shared, batch: &[Report], closing: &CancellationToken) 
     let mut sent = Vec::new();
     let (mut releases, mut unstarted, mut given_back): (Vec<&Claimed>, Vec<&Claimed>, Vec<&Claimed>) =
         (Vec::new(), Vec::new(), Vec::new());
-    let mut delays = Vec::with_capacity(batch.len());
     for (r, reason) in batch.iter().zip(&reasons) {
-        let delay_ms = match &r.outcome {
-            Outcome::Failed(_) => retry_delay_ms(shared, &r.claim),
-            _ => 0,
-        };
-        delays.push(delay_ms);
         match &r.outcome {
             Outcome::Completed(result) => {
                 finished.push(Finished { claim: &r.claim, outcome: FinishedAs::Completed(result) });
                 sent.push(r.sent);
             }
-            Outcome::Failed(_) => {
-                finished.push(Finished { claim: &r.claim, outcome: FinishedAs::Failed { delay_ms, reason } });
+            Outcome::Failed(e) => {
+                // a retry-after's own delay (Redis's clock adds it), else the task's backoff
+                let delay_ms = match e.failure {
+                    Failure::RetryAfter(d) => d.as_millis() as u64,
+                    _ => retry_delay_ms(shared, &r.claim),
+                };
+                shared.metrics.attempt_failed(e.failure);
+                finished.push(Finished {
+                    claim: &r.claim,
+                    outcome: FinishedAs::Failed { delay_ms, reason, failure: e.failure },
+                });
                 sent.push(r.sent);
             }
             Outcome::Release => releases.push(&r.claim),
@@ -191,8 +195,9 @@ async fn record(shared: &Shared, batch: &[Report], closing: &CancellationToken) 
 /// state shows the outcome recorded, in the same incarnation of its task, is counted as the
 /// first call's: a completion when the shard is terminal; a failure when it is terminal or its
 /// failure count passed the claim's (failed for good if this was its last attempt, else
-/// retried). Its count in Redis was made once, by that call or, should this executor's lock
-/// have expired meanwhile, by the executor that ran it again; it is not reported as refused.
+/// retried); a deferral when the ref waits in `delayed`. Its count in Redis was made once, by
+/// that call or, should this executor's lock have expired meanwhile, by the executor that ran it
+/// again; it is not reported as refused.
 pub(crate) async fn lost_replies(
     shared: &Shared,
     finished: &[Finished<'_>],
@@ -205,23 +210,27 @@ pub(crate) async fn lost_replies(
         let (Err(ScriptCode::LockMissing), true, shardctl_common::model::Job::Shard(i)) = (&c, sent, r.job) else {
             continue;
         };
-        type Read = (Option<u64>, u8, Option<u32>, Option<u32>);
+        type Read = (Option<u64>, u8, Option<u32>, Option<u32>, Option<f64>);
         let read: redis::RedisResult<Read> = redis::pipe()
             .hget(shared.keys.task(&r.task), "seq")
             .getbit(shared.keys.terminal(&r.task), i as usize)
             .hget(shared.keys.shards(&r.task), format!("{i}:fails"))
             .hget(shared.keys.task(&r.task), "attempts")
+            .zscore(shared.keys.delayed(), r.to_string())
             .query_async(&mut con)
             .await;
-        let Ok((Some(seq), terminal, fails, attempts)) = read else { continue };
+        let Ok((Some(seq), terminal, fails, attempts, due)) = read else { continue };
         if seq != r.seq {
             continue;
         }
         let code = match &f.outcome {
             FinishedAs::Completed(_) if terminal == 1 => 1,
-            FinishedAs::Failed { .. } if terminal == 1 || fails.is_some_and(|n| n > f.claim.fails) => {
-                // the last attempt fails for good; any other is retried
-                if f.claim.fails + 1 >= attempts.unwrap_or(1) {
+            // a deferral raises no count: the ref waiting in `delayed` is its record
+            FinishedAs::Failed { failure: Failure::RetryAfter(_), .. } if due.is_some() && terminal == 0 => 2,
+            FinishedAs::Failed { failure, .. } if terminal == 1 || fails.is_some_and(|n| n > f.claim.fails) => {
+                // the last attempt (or a permanent failure) fails for good; any other is retried
+                let last = f.claim.fails + 1 >= attempts.unwrap_or(1);
+                if last || (terminal == 1 && matches!(failure, Failure::Permanent | Failure::FailTask)) {
                     1
                 } else {
                     2
@@ -249,7 +258,7 @@ pub(crate) fn count(shared: &Shared, finished: &[Finished<'_>], codes: &scripts:
                 Stats::add(&s.completed, 1);
                 m.completed.increment(1);
             }
-            (FinishedAs::Failed { reason, delay_ms }, Ok(2)) => {
+            (FinishedAs::Failed { reason, delay_ms, .. }, Ok(2)) => {
                 Stats::add(&s.retried, 1);
                 m.retried.increment(1);
                 tracing::info!(shard = %shared.shown(&f.claim.shard_ref), attempt = f.claim.attempt, retry_in_ms = delay_ms, "shard failed: {reason}");

@@ -30,7 +30,7 @@ pub(crate) async fn shard(shared: Arc<Shared>, claim: Claimed, cancel: Cancellat
     if let Some(t) = started {
         let how = match &outcome {
             Outcome::Completed(_) => "completed".to_owned(),
-            Outcome::Failed(e) => format!("failed: {}", e.0),
+            Outcome::Failed(e) => format!("failed: {}", e.reason),
             other => format!("{other:?}"),
         };
         tracing::debug!(shard = %shared.shown(&claim.shard_ref), ms = t.elapsed().as_millis() as u64, "shard ended: {how}");
@@ -138,7 +138,7 @@ fn encode(v: &Value, limit: usize) -> Result<String, ShardError> {
     }
     let s = v.to_string();
     if s.len() > limit {
-        return Err(ShardError(format!("result is {} bytes; the limit is {limit}", s.len())));
+        return Err(ShardError::new(format!("result is {} bytes; the limit is {limit}", s.len())));
     }
     Ok(s)
 }
@@ -152,12 +152,15 @@ async fn run_handler(
 ) -> Result<Value, ShardError> {
     let info = &meta.info;
     let Some(handler) = shared.registry.handler_for(&info.kind) else {
-        return Err(ShardError(format!("no handler for kind {} on node {}", info.kind, shared.node_id)));
+        return Err(ShardError::new(format!("no handler for kind {} on node {}", info.kind, shared.node_id)));
     };
     // a share's shards are the task's base..base+total: the handler sees the task's index
     let (local, index, total) = (index, info.global_index(index), info.task_total());
     if local >= info.total || index >= total || info.items < total {
-        return Err(ShardError(format!("shard {index} is outside the task ({total} shards, {} items)", info.items)));
+        return Err(ShardError::new(format!(
+            "shard {index} is outside the task ({total} shards, {} items)",
+            info.items
+        )));
     }
     let key = if info.has_keys {
         let mut con = shared.con.clone();
@@ -167,10 +170,12 @@ async fn run_handler(
             .arg(local)
             .query_async(&mut con)
             .await
-            .map_err(|e| ShardError(format!("reading the shard key: {e}")))?;
+            .map_err(|e| ShardError::new(format!("reading the shard key: {e}")))?;
         // a share recreated after its partition's master lost it (and its keys) has none: the
         // handler is not handed its index in place of its key
-        k.ok_or_else(|| ShardError(format!("the key of shard {index} is missing (lost with its partition's writes?)")))?
+        k.ok_or_else(|| {
+            ShardError::new(format!("the key of shard {index} is missing (lost with its partition's writes?)"))
+        })?
     } else {
         index.to_string()
     };
@@ -203,14 +208,14 @@ async fn run_aggregator(
     shared.tasks.forget(&r.task);
     let meta = crate::tasks::load(&mut con, &shared.keys, &r.task)
         .await
-        .map_err(|e| ShardError(format!("reading the task: {e}")))?
+        .map_err(|e| ShardError::new(format!("reading the task: {e}")))?
         .filter(|m| m.info.seq == r.seq)
         .ok_or_else(|| ShardError::new("task missing"))?;
     // its shares where the task was dispatched, read now (an executor started before the
     // queue's partitions changed reads them where they are)
     let results = crate::aggregate::outcomes(&mut con, &shared.home, &meta.info, &claim.token)
         .await
-        .map_err(|e| ShardError(format!("reading shard results: {e}")))?;
+        .map_err(|e| ShardError::new(format!("reading shard results: {e}")))?;
     let info = meta.info;
     let ctx = AggregateContext {
         task_id: info.task_id.clone(),
@@ -246,10 +251,10 @@ async fn guarded(
     tokio::select! {
         r = CatchUnwind(fut) => match r {
             Ok(r) => r,
-            Err(p) => Err(ShardError(format!("handler panicked: {}", panic_message(&*p)))),
+            Err(p) => Err(ShardError::new(format!("handler panicked: {}", panic_message(&*p)))),
         },
         _ = cancel.cancelled() => Err(ShardError::new("cancelled")),
-        _ = deadline => Err(ShardError(format!("timed out after {:?}", limit.unwrap_or_default()))),
+        _ = deadline => Err(ShardError::new(format!("timed out after {:?}", limit.unwrap_or_default()))),
     }
 }
 

@@ -1,9 +1,23 @@
 --[[
   The end of shards and tasks: terminal marks counted once, the aggregation enqueued, a task
-  ended, reopened, or its aggregation withdrawn.
+  ended, reopened, or its aggregation withdrawn; a reason's line shown.
 
   include: task, lanes, events
 ]]
+-- The last line of `reason` that is not blank, cut to at most 300 bytes on a UTF-8 boundary: a
+-- traceback's last line names its exception, its first says nothing.
+local function last_line(reason)
+  local last = reason or ''
+  for line in string.gmatch(last, '[^\n]+') do
+    if string.find(line, '%S') then last = line end
+  end
+  local n = 300
+  if #last <= n then return last end
+  -- a continuation byte (10xxxxxx) right after the cut: its character would be cut in two
+  while n > 0 and string.byte(last, n + 1) >= 128 and string.byte(last, n + 1) < 192 do n = n - 1 end
+  return string.sub(last, 1, n)
+end
+
 -- Enqueues the aggregation job of a task whose every shard is terminal (`c`: its done, failed
 -- and seq).
 local function enqueue_aggregation(prefix, tid, done, failed, seq, now)
@@ -34,13 +48,15 @@ end
 -- Marks shard `idx` of a task terminal and counts it in `field` ('done' or 'failed'), once:
 -- SETBIT returns the old bit, so a second finish of the same shard counts nothing.
 -- Stores `value` in the task's `suffix` hash ('results' or 'errors') when given.
--- Enqueues the aggregation job when this was the last shard. Returns 1 if counted, 0 if not.
-local function mark_terminal(prefix, tid, idx, field, suffix, value, now)
+-- Enqueues the aggregation job when this was the last shard. Returns 1 if counted, 0 if not, 2
+-- if counted as failed past the task's `max_failures`, or with `halting` (a handler's
+-- `fail_task`): the caller then halts the task (lua/include/halt.lua), which never aggregates.
+local function mark_terminal(prefix, tid, idx, field, suffix, value, now, halting)
   local tkey = task_key(prefix, tid, '')
   -- an index past the total belongs to an earlier task under the same id: never counted
   if idx >= tonumber(rcall('HGET', tkey, 'total') or '0') then return 0 end
   if rcall('SETBIT', task_key(prefix, tid, ':terminal'), idx, 1) == 1 then return 0 end
-  rcall('HINCRBY', tkey, field, 1)
+  local count = rcall('HINCRBY', tkey, field, 1)
   if value and value ~= '' then
     rcall('HSET', task_key(prefix, tid, ':' .. suffix), idx, value)
   end
@@ -49,6 +65,12 @@ local function mark_terminal(prefix, tid, idx, field, suffix, value, now)
     rcall('HDEL', task_key(prefix, tid, ':errors'), idx)
   else
     emit('event', 'shard_failed', 'task', tid, 'shard', idx, 'reason', value)
+    -- the first failure, for the reasons shown (its last line: a traceback's first says nothing)
+    if count == 1 then rcall('HSET', tkey, 'first_failure', idx .. ' ' .. last_line(value)) end
+    -- past its limit the task halts (docs/design/failure-policies.md): the caller does it, once
+    -- the failing ref's own writes are done; it never aggregates
+    local limit = tonumber(rcall('HGET', tkey, 'max_failures') or '')
+    if halting or (limit and count > limit) then return 2 end
   end
   maybe_aggregate(prefix, tid, now)
   return 1

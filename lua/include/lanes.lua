@@ -60,6 +60,30 @@ local function lane_push(prefix, kind, refs, front)
   wake_lane(prefix, kind)
 end
 
+-- The longest list `list_drop_task` filters: a longer one is left to the claims that meet the
+-- task's refs (a bounded script, whatever the queued work).
+local LIST_FILTER_MAX = 10000
+
+-- Takes the refs of task `tid` out of list `key` when it holds at most LIST_FILTER_MAX refs (a
+-- task that ended: its refs there are no work, and the counts of waiting shards are exact at
+-- once). The list is written only when it held some.
+local function list_drop_task(key, tid)
+  if rcall('LLEN', key) > LIST_FILTER_MAX then return end
+  local pre = tid .. ':'
+  local keep, dropped = {}, false
+  for _, ref in ipairs(rcall('LRANGE', key, 0, -1)) do
+    if string.sub(ref, 1, #pre) == pre then dropped = true else keep[#keep + 1] = ref end
+  end
+  if not dropped then return end
+  rcall('DEL', key)
+  if #keep > 0 then call_chunked('RPUSH', key, keep) end
+end
+
+-- Takes the refs of task `tid` out of the wait of lane `kind` (see `list_drop_task`).
+local function lane_drop_task(prefix, kind, tid)
+  list_drop_task(lane_key(prefix, kind, 'wait'), tid)
+end
+
 -- Makes pull task `tid` runnable in lane `kind`, and wakes it.
 local function lane_add_task(prefix, kind, tid, priority, seq)
   rcall('SADD', K.kinds, kind)

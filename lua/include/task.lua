@@ -40,13 +40,23 @@ local function current(prefix, tid, inc)
   return tid ~= nil and rcall('HGET', task_key(prefix, tid, ''), 'seq') == inc
 end
 
--- The hash of a task's per-shard state: `<index>:attempt`, `:fails`, `:stalled`, `:node` (and
--- `agg:*`), only for shards that were claimed more than once, failed, stalled or routed back.
+-- The hash of a task's per-shard state: `<index>:attempt`, `:fails`, `:stalled`, `:node`,
+-- `:defers` (and `agg:*`), only for shards that were claimed more than once, failed, stalled,
+-- deferred or routed back.
 local function shards_key(prefix, tid)
   return task_key(prefix, tid, ':shards')
 end
 
 -- Forgets one shard's state.
 local function drop_state(prefix, tid, idx)
-  rcall('HDEL', shards_key(prefix, tid), idx .. ':attempt', idx .. ':fails', idx .. ':stalled', idx .. ':node')
+  rcall('HDEL', shards_key(prefix, tid), idx .. ':attempt', idx .. ':fails', idx .. ':stalled', idx .. ':node', idx .. ':defers')
+end
+
+-- Keeps in the task's `attempt_hw` the highest attempt number a handler of it has seen (a
+-- failure, a deferral, a stall, a stop): a retry numbers its attempts past it (lua/retry.lua), as
+-- deferrals and stalls may pass `attempts`.
+local function raise_attempt_hw(prefix, tid, attempt)
+  local tkey = task_key(prefix, tid, '')
+  local a = tonumber(attempt)
+  if a and a > tonumber(rcall('HGET', tkey, 'attempt_hw') or '0') then rcall('HSET', tkey, 'attempt_hw', a) end
 end

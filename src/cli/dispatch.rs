@@ -27,8 +27,9 @@ pub struct DispatchArgs {
     /// Wait for the task to end (progress bar on stderr), then print its result.
     #[arg(long)]
     pub wait: bool,
-    /// Queue the task even though live executors run and none of them serves its kind (they
-    /// fail its shards, "no handler for kind"; one that serves it may join before).
+    /// Queue the task even though live executors run and none of them serves its kind: its
+    /// shards wait (no executor that does not serve the kind claims them) until one that serves
+    /// it starts; `status` and `wait` say so meanwhile.
     #[arg(long)]
     pub unserved: bool,
     /// With --wait: give up after this long.

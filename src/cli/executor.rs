@@ -12,6 +12,7 @@ use shardctl_coordinator::sweep::{SweepConfig, DEFAULT_MAX_STALLED};
 use shardctl_executor::child::DEFAULT_MAX_OUTPUT;
 use shardctl_executor::commands::Commands;
 use shardctl_executor::config::{self as cfg, ExecutorConfig};
+use shardctl_executor::exit_codes::ExitCodes;
 
 use super::args::{duration, Args};
 
@@ -54,6 +55,13 @@ pub struct ExecutorArgs {
     /// their own aggregation (primes: the count; noop, sleep, fail: the summary of counts).
     #[arg(long)]
     pub aggregate_exec: Option<String>,
+    /// What an --exec (or --aggregate-exec) handler's exit code means: CLASS=CODES, the class
+    /// one of permanent (the shard fails for good now), retry-after (the next attempt after the
+    /// {"retry_after_ms":N} it printed, else 30s; no attempt used), fail-task (the task fails at
+    /// once) or retry (the backoff). Repeatable. Defaults: permanent=65 retry-after=75
+    /// fail-task=78 (sysexits.h); any other non-zero code: retry.
+    #[arg(long = "exit-code", value_name = "CLASS=CODES")]
+    pub exit_code: Vec<String>,
     /// A --worker request with no sign of life for this long (no line from the worker on stdout
     /// or stderr, no CPU time) fails its attempt and the worker is replaced: a frozen worker, or
     /// a reply stuck in a buffer the worker did not flush. The libraries send a sign of life
@@ -129,6 +137,8 @@ pub async fn run(args: &Args, a: &ExecutorArgs) -> anyhow::Result<ExitCode> {
         worker: a.worker.clone(),
         aggregate_worker: a.aggregate_worker.clone(),
         worker_silence: Some(a.worker_silence),
+        exit_codes: ExitCodes::parse(&a.exit_code)
+            .map_err(|e| shardctl_common::Error::invalid(format!("--exit-code: {e}")))?,
     };
     let registry = commands.registry(a.max_result_bytes)?;
     let endpoint = shardctl_common::conn::open(&args.redis_url()?)?;

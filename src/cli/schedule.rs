@@ -131,6 +131,14 @@ async fn run_add(args: &Args, a: &AddArgs) -> anyhow::Result<ExitCode> {
     // created at the server's time: fire times are judged by that clock (docs/design/clock.md)
     let now = server_now_ms(&mut con, args.home()?.keys()).await?;
     let s = Schedule::new(&a.name, &a.cron, &a.tz, a.overlap, a.misfire, grace, &spec, now)?;
+    if spec.max_failures.is_some() && shardctl_common::partition::layout(&mut con, &args.home()?).await?.partitioned() {
+        // as dispatch refuses it (docs/design/failure-policies.md, Over partitions)
+        return Err(Error::invalid(
+            "--max-failures is not supported yet on a queue with partitions (config --partitions): add the \
+             schedule without it, or to a queue of one partition",
+        )
+        .into());
+    }
     schedule::add(&mut con, &args.home()?, &s, a.replace).await?;
     let next = s.next_after(now).map_or_else(|| "never".to_owned(), |t| shardctl_common::cron::show(t, &s.tz));
     outln!("schedule {} added: '{}' in {}; next fire {next}", s.name, s.cron, s.tz);

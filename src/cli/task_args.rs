@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use clap::{ArgAction, Args as ClapArgs};
 use shardctl_common::backoff::Backoff;
+use shardctl_common::failure::Threshold;
 use shardctl_common::model::{TaskSpec, DEFAULT_ATTEMPTS};
 use shardctl_common::ring::{Strategy, DEFAULT_VNODES};
 use shardctl_common::Error;
@@ -50,6 +51,11 @@ pub struct TaskArgs {
     /// At most N of its shards run at once across the cluster (default: no cap).
     #[arg(long, value_name = "N")]
     pub max_running: Option<u64>,
+    /// Fail fast: once more than N (or N% of its) shards have failed for good, the task fails
+    /// at once, its running shards stopped, without aggregation (default: no limit; 0: the
+    /// first failure fails it). `retry` runs the failed and the stopped shards again.
+    #[arg(long, value_name = "N|N%", value_parser = |s: &str| s.parse::<Threshold>())]
+    pub max_failures: Option<Threshold>,
     /// Placement: pull (competitive, the default), consistent-hash, round-robin or hash-mod.
     #[arg(long, default_value = "pull", value_parser = |s: &str| s.parse::<Strategy>())]
     pub strategy: Strategy,
@@ -93,6 +99,7 @@ impl TaskArgs {
             weight: self.weight,
             group: self.group.clone(),
             max_running: self.max_running,
+            max_failures: self.max_failures,
             strategy: self.strategy,
             vnodes: self.vnodes,
             has_keys: false,

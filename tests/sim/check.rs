@@ -13,6 +13,8 @@
 //!   score in the past), `routed-nodes` only the executors' nodes, and lists only refs;
 //! - only current incarnations of unended tasks are held or delayed, only non-terminal shards
 //!   are held;
+//! - a halted task says so, ended failed, never aggregates (no aggregation job queued) and
+//!   holds or queues nothing; a running task is within its failure limit;
 //! - a task the model does not know (never dispatched, cleaned, expired) has no key at all;
 //! - a lane's wait holds refs of its own kind only (of the current incarnations), and a lane
 //!   with refs waiting is listed in `kinds` (so that an executor serving every kind finds it).
@@ -159,7 +161,20 @@ fn check_task(id: &str, tm: &TaskModel, v: &TaskView, copies: &HashMap<&str, usi
         _ => {}
     }
     let cancelled = u32::from(tm.state == State::Cancelled);
-    ensure!(tm.ends <= tm.rounds + cancelled, "task {id}:{inc} ended {} times in {} rounds", tm.ends, tm.rounds);
+    ensure!(
+        tm.ends <= tm.rounds + cancelled + tm.halts,
+        "task {id}:{inc} ended {} times in {} rounds and {} halts",
+        tm.ends,
+        tm.rounds,
+        tm.halts
+    );
+    // a halt is said, and only while it stands (docs/design/failure-policies.md)
+    let said = v.hash.contains_key("halted");
+    ensure!(said == tm.halted, "task {id}:{inc}: `halted` {said}, the model says {}", tm.halted);
+    ensure!(!tm.halted || tm.state == State::Failed, "task {id}:{inc} halted but {:?}", tm.state);
+    if let Some(m) = tm.max_failures.filter(|_| !tm.halted && tm.state == State::Running) {
+        ensure!(mfailed <= m, "task {id}:{inc}: {mfailed} shards failed past its limit of {m}, and it runs");
+    }
     if tm.state == State::Cancelled {
         // its queued refs are left for the claims to drop
         return Ok(());

@@ -68,8 +68,14 @@ pub struct TaskModel {
     pub agg_fails: u32,
     /// Aggregation rounds: 1 per enqueue of the aggregation job (a retry starts another).
     pub rounds: u32,
-    /// Ends (completed, failed, cancelled): at most one per round, and one cancel.
+    /// Ends (completed, failed, cancelled): at most one per round, one cancel, one per halt.
     pub ends: u32,
+    /// Its `max_failures` (docs/design/failure-policies.md), if any.
+    pub max_failures: Option<u64>,
+    /// It halted (failed fast, or failed by a handler) and was not retried since.
+    pub halted: bool,
+    /// Halts: each ended it once.
+    pub halts: u32,
 }
 
 impl TaskModel {
@@ -90,7 +96,33 @@ impl TaskModel {
             agg_fails: 0,
             rounds: 0,
             ends: 0,
+            max_failures: None,
+            halted: false,
+            halts: 0,
         }
+    }
+
+    /// Whether shard `idx` failing for good now (its handler's `fail_task` when `fatal`) halts the
+    /// task: past its `max_failures`, or asked.
+    pub fn halts_on_failure(&self, fatal: bool) -> bool {
+        fatal || self.max_failures.is_some_and(|m| self.count(Term::Failed) + 1 > m)
+    }
+
+    /// Shard `idx` failed for good and the task halts (lua/include/halt.lua): it ends failed at
+    /// once, and never aggregates.
+    pub fn fail_and_halt(&mut self, idx: u64) {
+        assert!(self.terminal[idx as usize].is_none(), "model: shard {idx} counted twice");
+        self.terminal[idx as usize] = Some(Term::Failed);
+        self.fails[idx as usize] = 0;
+        self.halt();
+    }
+
+    /// The task halts: it ends failed at once.
+    pub fn halt(&mut self) {
+        self.state = State::Failed;
+        self.halted = true;
+        self.halts += 1;
+        self.ends += 1;
     }
 
     /// True for a routed task (placed on node lists).

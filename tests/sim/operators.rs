@@ -57,6 +57,10 @@ impl World {
             spec.max_running = Some(self.rng.range(1, 3));
         }
         spec.weight = self.rng.range(1, 3) as u32;
+        // fail-fast (docs/design/failure-policies.md): some tasks fail once 1 or 2 shards failed
+        if self.rng.chance(30) {
+            spec.max_failures = Some(shardctl_common::failure::Threshold::Count(self.rng.range(0, 2)));
+        }
         if self.rng.chance(50) {
             spec.strategy = [Strategy::ConsistentHash, Strategy::RoundRobin, Strategy::HashMod][self.rng.below(3)];
         }
@@ -90,6 +94,7 @@ impl World {
                 let mut tm = TaskModel::new(seq, spec.shards, spec.attempts, nonce, spec.retain.is_some());
                 tm.strategy = spec.strategy;
                 tm.kind = spec.kind.clone();
+                tm.max_failures = spec.max_failures.map(|m| m.of(spec.shards));
                 let shards = spec.shards;
                 tm.spec = routed.then_some(spec);
                 self.model.tasks.insert(id.clone(), tm);
@@ -127,9 +132,19 @@ impl World {
 
     /// An operator retries task `id`'s failed shards (or its failed aggregation).
     pub async fn retry(&mut self, id: &str) -> Outcome {
+        // a halted task also runs again its shards handed out (below its cursor) and unfinished
+        let bound = self.snap.tasks.get(id).map_or(0, |v| {
+            if v.hash.get("strategy").is_some_and(|s| s != "pull") {
+                v.num("routed")
+            } else {
+                v.num("cursor")
+            }
+        });
         let expected = self.model.tasks.get(id).map(|tm| {
             let failed = tm.count(Term::Failed);
-            (tm.state, if failed > 0 { failed } else { u64::from(tm.state == State::Failed) })
+            let unfinished =
+                if tm.halted { (0..bound).filter(|&i| tm.terminal[i as usize].is_none()).count() as u64 } else { 0 };
+            (tm.state, if failed + unfinished > 0 { failed + unfinished } else { u64::from(tm.state == State::Failed) })
         });
         let r = shardctl_common::retry::retry(&mut self.con, &self.keys, id).await;
         self.note(format!("retry {id} ({expected:?}): {r:?}"));
@@ -139,7 +154,19 @@ impl World {
             (Some((s, want)), Ok(n)) if s != State::Cancelled => {
                 ensure!(n == want, "retry of {id} ({s:?}) sent {n} again, the model expects {want}");
                 let tm = self.model.tasks.get_mut(id).expect("retried task");
-                if tm.count(Term::Failed) > 0 {
+                if tm.halted {
+                    // the limit counts anew; its unfinished shards were requeued
+                    tm.halted = false;
+                    for i in 0..tm.total as usize {
+                        if tm.terminal[i] == Some(Term::Failed) {
+                            tm.terminal[i] = None;
+                        }
+                        if tm.terminal[i].is_none() {
+                            tm.fails[i] = 0;
+                        }
+                    }
+                    tm.state = State::Running;
+                } else if tm.count(Term::Failed) > 0 {
                     for i in 0..tm.total as usize {
                         if tm.terminal[i] == Some(Term::Failed) {
                             tm.terminal[i] = None;

@@ -5,6 +5,7 @@
 
 use std::collections::HashSet;
 
+use shardctl_common::failure::Failure;
 use shardctl_common::model::Job;
 use shardctl_common::scripts::{self, ClaimRequest, Claimed, Finished, FinishedAs};
 use shardctl_common::ScriptCode;
@@ -38,8 +39,9 @@ impl World {
         }
     }
 
-    /// What complete (`fail` false) or fail must answer for `c`.
-    fn expected_code(&self, c: &Claimed, fail: bool) -> i64 {
+    /// What complete (`fail` false) or fail (of class `class`) must answer for `c`.
+    fn expected_code(&self, c: &Claimed, fail: bool, class: Failure) -> i64 {
+        let last = matches!(class, Failure::Permanent | Failure::FailTask);
         if let Some(code) = self.holder_code(c) {
             return code;
         }
@@ -49,9 +51,9 @@ impl World {
         match (c.shard_ref.job, fail) {
             (Job::Shard(i), _) if i >= tm.total => -3,
             (Job::Shard(i), false) => i64::from(tm.terminal[i as usize].is_none()),
-            (Job::Shard(i), true) if tm.fails[i as usize] + 1 < tm.attempts => 2,
+            (Job::Shard(i), true) if !last && tm.fails[i as usize] + 1 < tm.attempts => 2,
             (Job::Shard(i), true) => i64::from(tm.terminal[i as usize].is_none()),
-            (Job::Aggregate, true) if tm.agg_fails + 1 < tm.attempts => 2,
+            (Job::Aggregate, true) if !last && tm.agg_fails + 1 < tm.attempts => 2,
             (Job::Aggregate, _) => i64::from(tm.state == State::Aggregating),
         }
     }
@@ -190,14 +192,22 @@ impl World {
         let h = &self.execs[e].held[j];
         let (claim, spec, again) = (h.claim.clone(), h.spec, h.reported);
         let r = claim.shard_ref.to_string();
-        let expected = self.expected_code(&claim, delay.is_some());
+        // a failure is mostly plain; some are permanent, a few fail their task
+        // (docs/design/failure-policies.md)
+        let class = match (delay, self.rng.below(10)) {
+            (None, _) => Failure::Retry,
+            (Some(_), 0) => Failure::FailTask,
+            (Some(_), 1 | 2) => Failure::Permanent,
+            _ => Failure::Retry,
+        };
+        let expected = self.expected_code(&claim, delay.is_some(), class);
         let result = match claim.shard_ref.job {
             Job::Shard(i) => TaskModel::result(spec.inc, spec.nonce, i),
             Job::Aggregate => TaskModel::agg_result(spec.inc, spec.nonce),
         };
         let outcome = match delay {
             None => FinishedAs::Completed(&result),
-            Some(delay_ms) => FinishedAs::Failed { delay_ms, reason: "boom" },
+            Some(delay_ms) => FinishedAs::Failed { delay_ms, reason: "boom", failure: class },
         };
         let items = [Finished { claim: &claim, outcome }];
         let node = &self.execs[e].node;
@@ -206,7 +216,7 @@ impl World {
         let got = code_of(&codes[0]);
         let what = match delay {
             None => "completes".to_owned(),
-            Some(d) => format!("fails (retry in {d} ms)"),
+            Some(d) => format!("fails ({}, retry in {d} ms)", class.name()),
         };
         let how = match (again, lost) {
             (true, _) => " again (its first reply was lost)",
@@ -215,7 +225,7 @@ impl World {
         };
         self.note(format!("{} {what} {r}{how}: {got}", claim.token));
         ensure!(got == expected, "{} {what} {r}{how}: code {got}, the model expects {expected}", claim.token);
-        self.apply_report(&claim, delay.is_some(), got);
+        self.apply_report(&claim, delay.is_some(), got, class);
         if lost {
             self.execs[e].held[j].reported = true;
         } else {
@@ -225,7 +235,7 @@ impl World {
     }
 
     /// What an accepted complete or fail did to the model.
-    fn apply_report(&mut self, c: &Claimed, fail: bool, code: i64) {
+    fn apply_report(&mut self, c: &Claimed, fail: bool, code: i64, class: Failure) {
         if code < 0 {
             return;
         }
@@ -233,6 +243,7 @@ impl World {
         match (c.shard_ref.job, fail, code) {
             (Job::Shard(i), false, 1) => tm.set_terminal(i, Term::Done),
             (Job::Shard(i), true, 2) => tm.fails[i as usize] += 1,
+            (Job::Shard(i), true, 1) if tm.halts_on_failure(class == Failure::FailTask) => tm.fail_and_halt(i),
             (Job::Shard(i), true, 1) => tm.set_terminal(i, Term::Failed),
             (Job::Shard(i), _, _) => tm.fails[i as usize] = 0,
             (Job::Aggregate, true, 2) => tm.agg_fails += 1,

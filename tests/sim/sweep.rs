@@ -64,6 +64,15 @@ impl World {
                 .map(|(r, _)| r)
                 .collect();
             confirmed.sort();
+            // tasks this sweep halted (a stall failed a shard past their limit): their refs left
+            // every list and `active` with the halt, and they halt last
+            let halted: HashSet<String> = self
+                .model
+                .tasks
+                .iter()
+                .filter(|(id, t)| !t.halted && self.snap.tasks[*id].hash.contains_key("halted"))
+                .map(|(id, _)| id.clone())
+                .collect();
             let (mut recovered, mut failed) = (0, 0);
             for r in &confirmed {
                 ensure!(!self.snap.active.contains_key(*r), "the sweep confirmed {r} stalled but left it held");
@@ -81,7 +90,13 @@ impl World {
                             reason.map(String::as_str) == Some(STALLED_REASON),
                             "{r} failed stalled with {reason:?}"
                         );
-                        tm.set_terminal(i, Term::Failed);
+                        if halted.contains(&sr.task) {
+                            tm.terminal[i as usize] = Some(Term::Failed);
+                            tm.fails[i as usize] = 0;
+                        } else {
+                            ensure!(!tm.halts_on_failure(false), "the sweep failed {r} past its task's limit, no halt");
+                            tm.set_terminal(i, Term::Failed);
+                        }
                         failed += 1;
                     }
                     Job::Aggregate if view.hash.get("state").map(String::as_str) == Some("failed") => {
@@ -92,17 +107,27 @@ impl World {
                         failed += 1;
                     }
                     _ => {
-                        ensure!(requeued, "the sweep recovered {r} but did not requeue it");
+                        ensure!(
+                            requeued || halted.contains(&sr.task),
+                            "the sweep recovered {r} but did not requeue it"
+                        );
                         recovered += 1;
                     }
                 }
+            }
+            for id in &halted {
+                let tm = self.model.tasks.get_mut(id).expect("a halted task");
+                let failed = tm.count(Term::Failed);
+                ensure!(tm.max_failures.is_some_and(|m| failed > m), "the sweep halted {id}, {failed} failed");
+                tm.halt();
             }
             ensure!(
                 (rep.recovered, rep.failed) == (recovered, failed),
                 "sweep reports {rep:?}, the refs it confirmed ({confirmed:?}) say {recovered} recovered, {failed} failed"
             );
             let confirmed: HashSet<&String> = confirmed.into_iter().collect();
-            for (r, t) in pre.active.iter().filter(|(r, _)| !confirmed.contains(r)) {
+            let of_halted = |r: &String| r.parse::<ShardRef>().is_ok_and(|sr| halted.contains(&sr.task));
+            for (r, t) in pre.active.iter().filter(|(r, _)| !confirmed.contains(r) && !of_halted(r)) {
                 let now = self.snap.active.get(r);
                 ensure!(now == Some(t), "the sweep moved {r} from {t} to {now:?}");
             }

@@ -52,9 +52,42 @@ test('results, errors and the shard fields, sync and async handlers', async (t) 
   w.send(shard(1));
   assert.deepStrictEqual(await w.read(), { type: 'result', id: 1, result: ['t', 'k', 1, 10, 10, 20, '1', 1, { x: 1 }] });
   w.send(shard(2));
-  assert.deepStrictEqual(await w.read(), { type: 'error', id: 2, error: 'TypeError: no good' });
+  const r = await w.read();
+  assert.deepStrictEqual([r.type, r.id, r.error, r.class], ['error', 2, 'TypeError: no good', undefined]);
+  // the stack comes along: the message, then the frames
+  assert.match(r.traceback, /^TypeError: no good\n\s+at /);
   w.send(shard(3));
   assert.deepStrictEqual(await w.read(), { type: 'result', id: 3, result: 'later' });
+});
+
+test('failures carry their class', async (t) => {
+  const w = await worker(t, `
+    const { Permanent, RetryAfter, FailTask } = require(${JSON.stringify(LIB)});
+    serve(async (s) => {
+      if (s.index === 1) throw new Permanent('malformed date in row ' + s.start);
+      if (s.index === 2) throw new RetryAfter(1.5, '429 from the API');
+      if (s.index === 3) throw new FailTask('no API_TOKEN');
+      if (s.index === 4) throw new RetryAfter('soon');
+      throw new Error('x'.repeat(6000));
+    });`);
+  w.send(shard(1));
+  let r = await w.read();
+  assert.deepStrictEqual([r.class, r.error], ['permanent', 'Permanent: malformed date in row 10']);
+  w.send(shard(2));
+  r = await w.read();
+  assert.deepStrictEqual([r.class, r.retry_after_ms, r.error], ['retry_after', 1500, 'RetryAfter: 429 from the API']);
+  w.send(shard(3));
+  assert.strictEqual((await w.read()).class, 'fail_task');
+  // a RetryAfter without a number is the handler's own error: a plain failure that says so
+  w.send(shard(4));
+  r = await w.read();
+  assert.strictEqual(r.class, undefined);
+  assert.match(r.error, /RetryAfter takes a number of seconds/);
+  // a long stack is cut to its end
+  w.send(shard(5));
+  r = await w.read();
+  assert.ok(r.traceback.length <= 4096 + 4, r.traceback.length);
+  assert.ok(r.traceback.startsWith('...\n'));
 });
 
 test('console.log and process.stdout.write go to stderr, not into the protocol', async (t) => {

@@ -2,7 +2,11 @@
 
 ``serve(handler, aggregator=None)`` says hello on stdout, then answers the executor's requests
 one at a time: ``handler(shard)`` for a shard, ``aggregator(aggregation)`` for an aggregation.
-A handler returns any JSON-able value; an exception fails the attempt with its message. A
+A handler returns any JSON-able value; an exception fails the attempt with its message and
+its traceback (its last 4 KiB), retried after the task's backoff. Raise ``Permanent`` for a
+failure no attempt can mend (the shard fails for good now), ``RetryAfter(seconds)`` when an
+upstream asks to come back later (no attempt used), ``FailTask`` for a fatal error of the whole
+task (it fails at once). A
 cancel (the shard's lock lost, its task cancelled, its timeout passed) sets
 ``shard.cancelled()``; the executor kills the worker if it does not answer within 2 s.
 
@@ -23,11 +27,45 @@ import queue
 import sys
 import threading
 import time
+import traceback
 from collections import namedtuple
 
-__all__ = ["serve", "Shard", "Aggregation", "Outcome", "PROTOCOL"]
+__all__ = ["serve", "Shard", "Aggregation", "Outcome", "Permanent", "RetryAfter", "FailTask", "PROTOCOL"]
 
 PROTOCOL = 1
+
+# the longest a RetryAfter defers a shard (the executor's bound too)
+MAX_RETRY_AFTER_S = 24 * 3600
+
+# the most of a traceback sent (its end: the frames nearest the error, and the message)
+TRACEBACK_BYTES = 4096
+
+
+class Permanent(Exception):
+    """The shard fails for good now, whatever attempts are left: no attempt can mend it
+    (malformed input)."""
+
+    failure_class = "permanent"
+
+
+class RetryAfter(Exception):
+    """Not now: the next attempt not before ``seconds`` from now (an upstream answered 429). It
+    uses no attempt and leaves the backoff as it was."""
+
+    failure_class = "retry_after"
+
+    def __init__(self, seconds, message=""):
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < float("inf"):
+            raise ValueError("RetryAfter takes a finite number of seconds >= 0, not %r" % (seconds,))
+        super().__init__(message or "retry after %gs" % seconds)
+        self.seconds = seconds
+
+
+class FailTask(Exception):
+    """A fatal error of the whole task (a missing credential): the shard fails for good and the
+    task fails at once, its other shards stopped."""
+
+    failure_class = "fail_task"
 
 _protocol_out = None
 
@@ -215,6 +253,22 @@ def _reason(e):
     return "%s: %s" % (type(e).__name__, text) if text else type(e).__name__
 
 
+def _error_reply(rid, e, last):
+    """The error reply for exception ``e``: its reason, its traceback (bounded), its class."""
+    reply = dict(type="error", id=rid, error=_reason(e), **last)
+    tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+    if len(tb) > TRACEBACK_BYTES:
+        tb = "...\n" + tb[-TRACEBACK_BYTES:]
+    reply["traceback"] = tb
+    cls = getattr(e, "failure_class", None)
+    if cls in ("permanent", "retry_after", "fail_task"):
+        reply["class"] = cls
+        if cls == "retry_after":
+            # the executor cuts a delay to 24 h: so is it here, before it can overflow
+            reply["retry_after_ms"] = int(min(e.seconds, MAX_RETRY_AFTER_S) * 1000)
+    return reply
+
+
 def serve(handler, aggregator=None, stdin=None, stdout=None, max_requests=None):
     """Answers the executor's requests until it closes stdin, then returns.
 
@@ -277,8 +331,10 @@ def serve(handler, aggregator=None, stdin=None, stdout=None, max_requests=None):
                 except (TypeError, ValueError) as e:
                     ch.reply(dict(type="error", id=rid, error="the result is not JSON: %s" % e, **last))
             except Exception as e:  # a handler's failure fails the attempt, not the worker
-                why = "cancelled" if cancel.is_set() else _reason(e)
-                ch.reply(dict(type="error", id=rid, error=why, **last))
+                if cancel.is_set():
+                    ch.reply(dict(type="error", id=rid, error="cancelled", **last))
+                else:
+                    ch.reply(_error_reply(rid, e, last))
             finally:
                 ch.finish(rid)
     finally:

@@ -63,10 +63,62 @@ class WorkerTest(unittest.TestCase):
         send(p, shard(1))
         self.assertEqual(read(p), {"type": "result", "id": 1, "result": ["t", "k", 1, 10, 10, 20, "1", 1, {"x": 1}]})
         send(p, shard(2))
-        self.assertEqual(read(p), {"type": "error", "id": 2, "error": "ValueError: no good"})
+        r = read(p)
+        self.assertEqual({k: r[k] for k in ("type", "id", "error")}, {"type": "error", "id": 2, "error": "ValueError: no good"})
+        # the traceback comes along: its last line is the message, a frame names the handler
+        self.assertTrue(r["traceback"].startswith("Traceback (most recent call last):"), r["traceback"])
+        self.assertEqual(r["traceback"].rstrip().splitlines()[-1], "ValueError: no good")
+        self.assertIn("in handle", r["traceback"])
+        self.assertNotIn("class", r)
         # the worker lives on after a failing shard
         send(p, shard(3))
         self.assertEqual(read(p)["result"][2], 3)
+
+    def test_failures_carry_their_class(self):
+        p = self.worker("""
+            from shardctl_worker import Permanent, RetryAfter, FailTask
+            def handle(s):
+                if s.index == 1:
+                    raise Permanent("malformed date in row %d" % s.start)
+                if s.index == 2:
+                    raise RetryAfter(1.5, "429 from the API")
+                if s.index == 3:
+                    raise FailTask("no API_TOKEN")
+                if s.index == 4:
+                    raise RetryAfter("soon")
+                if s.index == 6:
+                    raise RetryAfter(1e300, "much later")
+                if s.index == 7:
+                    raise RetryAfter(float("inf"))
+                raise ZeroDivisionError("z" * 3000) from KeyError("k" * 3000)
+            serve(handle)
+        """)
+        send(p, shard(1))
+        r = read(p)
+        self.assertEqual((r["class"], r["error"]), ("permanent", "Permanent: malformed date in row 10"))
+        send(p, shard(2))
+        r = read(p)
+        self.assertEqual((r["class"], r["retry_after_ms"], r["error"]), ("retry_after", 1500, "RetryAfter: 429 from the API"))
+        send(p, shard(3))
+        self.assertEqual(read(p)["class"], "fail_task")
+        # a RetryAfter without a number is the handler's own error: a plain failure that says so
+        send(p, shard(4))
+        r = read(p)
+        self.assertNotIn("class", r)
+        self.assertIn("RetryAfter takes a finite number of seconds", r["error"])
+        # a huge delay is cut to 24 h; an infinite one is the handler's own error
+        send(p, shard(6))
+        self.assertEqual(read(p)["retry_after_ms"], 86400000)
+        send(p, shard(7))
+        r = read(p)
+        self.assertNotIn("class", r)
+        self.assertIn("finite number of seconds", r["error"])
+        # a long traceback (two chained) is cut to its end, the message kept
+        send(p, shard(5))
+        r = read(p)
+        self.assertLessEqual(len(r["traceback"]), 4096 + 4)
+        self.assertTrue(r["traceback"].startswith("...\n"))
+        self.assertTrue(r["traceback"].rstrip().endswith("ZeroDivisionError: " + "z" * 3000))
 
     def test_a_result_that_is_not_json_fails_the_shard_not_the_worker(self):
         p = self.worker("""

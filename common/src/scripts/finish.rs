@@ -5,6 +5,7 @@ use redis::aio::ConnectionLike;
 use redis::ScriptInvocation;
 
 use crate::error::{Error, Result};
+use crate::failure::Failure;
 use crate::keys::Keys;
 use crate::model::Job;
 
@@ -26,12 +27,14 @@ pub struct Finished<'a> {
 pub enum FinishedAs<'a> {
     /// Success with a result (JSON text; empty when there is nothing to keep).
     Completed(&'a str),
-    /// Failure, with the backoff before the next attempt and the reason.
+    /// Failure, with the backoff before the next attempt, the reason and its class.
     Failed {
-        /// Backoff before the next attempt (unused when none is left).
+        /// Backoff before the next attempt (unused when none is left), or a retry-after's delay.
         delay_ms: u64,
         /// Why it failed.
         reason: &'a str,
+        /// What the failure means (docs/design/failure-policies.md).
+        failure: Failure,
     },
 }
 
@@ -89,8 +92,8 @@ pub(super) fn completion_args(inv: &mut ScriptInvocation<'_>, keys: &Keys, items
     }
 }
 
-/// Records completions (code 1 counted, 0 already terminal) and failures (2 retry scheduled,
-/// 1 failed for good, 0 already terminal), each checked against its token. One code per item,
+/// Records completions (code 1 counted, 0 already terminal) and failures (2 retry scheduled or
+/// deferred, 1 failed for good, 0 already terminal), each checked against its token. One code per item,
 /// in the order given.
 pub async fn finish<C: ConnectionLike + Send>(
     con: &mut C,
@@ -123,12 +126,13 @@ pub async fn finish<C: ConnectionLike + Send>(
         inv.arg(keys.prefix()).arg(node);
         for &i in &fail {
             let it = &items[i];
-            let FinishedAs::Failed { delay_ms, reason } = it.outcome else { unreachable!() };
+            let FinishedAs::Failed { delay_ms, reason, failure } = it.outcome else { unreachable!() };
             inv.arg(it.claim.shard_ref.to_string())
                 .arg(&it.claim.token)
                 .arg(it.claim.attempt)
                 .arg(delay_ms)
-                .arg(reason);
+                .arg(reason)
+                .arg(failure.code());
         }
         let c: Vec<i64> = inv.invoke_async(con).await?;
         for (&i, c) in fail.iter().zip(codes(c)) {

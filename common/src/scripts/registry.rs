@@ -15,9 +15,11 @@ pub const INCLUDES: &[(&str, &str)] = &[
     ("events", include_str!("../../../lua/include/events.lua")),
     ("fair", include_str!("../../../lua/include/fair.lua")),
     ("finish", include_str!("../../../lua/include/finish.lua")),
+    ("halt", include_str!("../../../lua/include/halt.lua")),
     ("hold", include_str!("../../../lua/include/hold.lua")),
     ("lanes", include_str!("../../../lua/include/lanes.lua")),
     ("share_out", include_str!("../../../lua/include/share_out.lua")),
+    ("stop", include_str!("../../../lua/include/stop.lua")),
     ("task", include_str!("../../../lua/include/task.lua")),
 ];
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use shardctl_common::conn::open;
 use shardctl_common::conn::Conn;
+use shardctl_common::failure::Failure;
 use shardctl_common::kinds::Served;
 use shardctl_common::model::TaskSpec;
 use shardctl_common::scripts::{self, ClaimOutcome, ClaimRequest, Claimed, Finished, FinishedAs, SweepReport};
@@ -87,7 +88,12 @@ impl ScriptEnv {
 
     /// Fails one claim with `reason`, retrying after `delay_ms` if attempts are left.
     pub async fn fail(&mut self, c: &Claimed, delay_ms: u64, reason: &str) -> Code {
-        let items = [Finished { claim: c, outcome: FinishedAs::Failed { delay_ms, reason } }];
+        self.fail_as(c, delay_ms, reason, Failure::Retry).await
+    }
+
+    /// Fails one claim with `reason` and the class `failure` (docs/design/failure-policies.md).
+    pub async fn fail_as(&mut self, c: &Claimed, delay_ms: u64, reason: &str, failure: Failure) -> Code {
+        let items = [Finished { claim: c, outcome: FinishedAs::Failed { delay_ms, reason, failure } }];
         one(scripts::finish(&mut self.con, &self.keys, NODE, &items).await.expect("finish (fail)"))
     }
 

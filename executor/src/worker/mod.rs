@@ -129,11 +129,11 @@ async fn ask(
             }
             Err(f) if f.keep && w.retiring() => {
                 pool.let_go(w);
-                Err(ShardError(f.reason))
+                Err(ShardError { reason: f.reason, failure: f.class })
             }
             Err(f) if f.keep => {
                 pool.give_back(w);
-                Err(ShardError(f.reason))
+                Err(ShardError { reason: f.reason, failure: f.class })
             }
             Err(f) if f.unread && tries < UNREAD_TRIES => {
                 pool.exited_unread(w, &f.reason);
@@ -141,14 +141,14 @@ async fn ask(
             }
             Err(f) if f.unread => {
                 pool.exited_unread(w, &f.reason);
-                Err(ShardError(format!(
+                Err(ShardError::new(format!(
                     "{UNREAD_TRIES} workers in a row exited before reading the request; the last: {}",
                     f.reason
                 )))
             }
             Err(f) => {
                 pool.died(w, &f.reason);
-                Err(ShardError(f.reason))
+                Err(ShardError::new(f.reason))
             }
         };
     }

@@ -9,6 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::child::ExecCommand;
+use shardctl_common::reason::START_FAILED;
+
 use crate::handler::ShardError;
 
 use super::process::Worker;
@@ -60,8 +62,8 @@ impl Pool {
         {
             let d = self.deaths.lock().unwrap();
             if let Some(t) = d.not_before.filter(|t| Instant::now() < *t) {
-                return Err(ShardError(format!(
-                    "worker command keeps dying at start ({} times in a row; next try in {:.0?}): {}",
+                return Err(ShardError::new(format!(
+                    "{START_FAILED}the command keeps dying at start ({} times in a row; next try in {:.0?}): {}",
                     d.in_a_row,
                     t - Instant::now(),
                     d.last
@@ -87,7 +89,7 @@ impl Pool {
         });
         match rx.await {
             Ok(Ok(w)) => Ok(w),
-            Ok(Err(why)) => Err(ShardError(why)),
+            Ok(Err(why)) => Err(ShardError::new(format!("{START_FAILED}{why}"))),
             Err(_) => Err(ShardError::new("the worker's start was cut short")),
         }
     }

@@ -15,6 +15,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, ChildStdin};
 use tokio::sync::mpsc;
 
+use shardctl_common::failure::Failure as Class;
+
 use crate::child::{GroupKill, STDERR_TAIL};
 
 use super::lines::{clip, clip_value, tail_of, Line, Request};
@@ -37,11 +39,13 @@ pub struct Failure {
     /// Whether the worker exited without reading the request: the shard did not start in it,
     /// and goes to another worker without failing an attempt.
     pub unread: bool,
+    /// What the worker said the failure means (a plain failure unless it answered with a class).
+    pub class: Class,
 }
 
 impl Failure {
     fn fatal(reason: impl Into<String>) -> Self {
-        Failure { reason: reason.into(), keep: false, unread: false }
+        Failure { reason: reason.into(), keep: false, unread: false, class: Class::Retry }
     }
 }
 
@@ -276,13 +280,9 @@ impl Worker {
         match v.get("type").and_then(Value::as_str) {
             Some("result") => Ok(v.remove("result").unwrap_or(Value::Null)),
             Some("error") => {
-                let why = match v.remove("error") {
-                    Some(Value::String(s)) => s,
-                    Some(other) => other.to_string(),
-                    None => "the worker reported an error without a reason".to_owned(),
-                };
+                let (why, class) = super::reply::error_of(&mut v);
                 // stored as the shard's reason: its last 2 KiB, as for `--exec`'s stderr
-                Err(Failure { reason: tail_of(&why, STDERR_TAIL), keep: true, unread: false })
+                Err(Failure { reason: tail_of(&why, STDERR_TAIL), keep: true, unread: false, class })
             }
             _ => Err(Failure::fatal(format!("worker wrote a reply of unknown type to request {id}: {}", clip(text)))),
         }
@@ -319,7 +319,7 @@ impl Worker {
             self.cancelled.pop_front();
         }
         self.set_running("(idle)");
-        Failure { reason: "cancelled".to_owned(), keep, unread: false }
+        Failure { reason: "cancelled".to_owned(), keep, unread: false, class: Class::Retry }
     }
 
     /// `f`, with the worker's exit status and stderr tail if it died.

@@ -6,7 +6,10 @@
 //! surrogate pair (`JSON.stringify` writes `"\ud83d"` for a lone surrogate, a JSON text that
 //! RFC 8259 allows but strict parsers refuse) has each lone half read as U+FFFD.
 
+use std::time::Duration;
+
 use serde_json::{Map, Value};
+use shardctl_common::failure::Failure;
 
 /// What one line said, while request `current` ran.
 pub(super) enum Said {
@@ -38,6 +41,50 @@ pub(super) fn said(text: &str, current: Option<u64>, last: u64, cancelled: &[u64
         Some(i) if cancelled.contains(&i) => Said::Late,
         _ => Said::WrongId(v.get("id").cloned().unwrap_or(Value::Null)),
     }
+}
+
+/// The reason and class of an error reply (docs/handlers.md): `error`, with `traceback` before it
+/// when given (the message last, so the last line names the exception), and `class` with
+/// `retry_after_ms` (docs/design/failure-policies.md). A class the executor does not know, or a
+/// `retry_after` without a delay, is a plain failure, and its reason says so first (its message
+/// stays last).
+pub(super) fn error_of(v: &mut Map<String, Value>) -> (String, Failure) {
+    let why = match v.remove("error") {
+        Some(Value::String(s)) => s,
+        Some(other) => other.to_string(),
+        None => "the worker reported an error without a reason".to_owned(),
+    };
+    let mut reason = match v.get("traceback").and_then(Value::as_str).map(str::trim_end) {
+        Some(tb) if !tb.trim().is_empty() && tb.ends_with(why.trim()) => tb.to_owned(),
+        Some(tb) if !tb.trim().is_empty() => format!("{tb}\n{why}"),
+        _ => why,
+    };
+    let class = match v.get("class") {
+        None | Some(Value::Null) => Some(Failure::Retry),
+        Some(c) => match c.as_str() {
+            Some("retry") => Some(Failure::Retry),
+            Some("permanent") => Some(Failure::Permanent),
+            Some("fail_task") => Some(Failure::FailTask),
+            Some("retry_after") => {
+                let ms = v.get("retry_after_ms").and_then(Value::as_f64).filter(|ms| ms.is_finite() && *ms >= 0.0);
+                match ms {
+                    Some(ms) => Some(Failure::retry_after(Duration::from_millis(ms.min(u64::MAX as f64) as u64))),
+                    None => {
+                        reason = format!("(class retry_after without a retry_after_ms of 0 or more: retried after the backoff) {reason}");
+                        Some(Failure::Retry)
+                    }
+                }
+            }
+            _ => None,
+        },
+    };
+    let class = class.unwrap_or_else(|| {
+        // a hostile class is cut: the reason's end (its message) must stay within the 2 KiB kept
+        let c: String = v.get("class").map(Value::to_string).unwrap_or_default().chars().take(64).collect();
+        reason = format!("(unknown failure class {c}: retried after the backoff) {reason}");
+        Failure::Retry
+    });
+    (reason, class)
 }
 
 /// `text` as a JSON object, lone surrogates read as U+FFFD; `None` when it is not one.
@@ -103,6 +150,29 @@ pub(super) fn lone_surrogates_replaced(text: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn error_replies_carry_their_class_and_traceback() {
+        let of = |t: &str| error_of(&mut object(t).unwrap());
+        assert_eq!(of(r#"{"error":"boom"}"#), ("boom".to_owned(), Failure::Retry));
+        assert_eq!(of(r#"{"error":"bad row","class":"permanent"}"#).1, Failure::Permanent);
+        assert_eq!(of(r#"{"error":"no key","class":"fail_task"}"#).1, Failure::FailTask);
+        let ms = |n: u64| Failure::RetryAfter(Duration::from_millis(n));
+        assert_eq!(of(r#"{"error":"429","class":"retry_after","retry_after_ms":1500}"#).1, ms(1500));
+        let (why, c) = of(r#"{"error":"429","class":"retry_after"}"#);
+        assert_eq!(c, Failure::Retry);
+        assert!(why.starts_with("(class retry_after without") && why.ends_with(") 429"), "{why}");
+        let (why, c) = of(r#"{"error":"x","class":"later"}"#);
+        assert_eq!(c, Failure::Retry);
+        assert!(why.contains("unknown failure class \"later\""), "{why}");
+        let huge = format!(r#"{{"error":"x","class":"{}"}}"#, "c".repeat(10_000));
+        assert!(of(&huge).0.len() < 200, "a hostile class is cut");
+        // Python's traceback ends with the message; Node's stack starts with it
+        let py = r#"{"error":"ValueError: bad","traceback":"Traceback (most recent call last):\n  File \"w.py\", line 3\nValueError: bad\n"}"#;
+        assert_eq!(of(py).0, "Traceback (most recent call last):\n  File \"w.py\", line 3\nValueError: bad");
+        let js = r#"{"error":"Error: bad","traceback":"Error: bad\n    at h (/w.js:3:9)"}"#;
+        assert_eq!(of(js).0, "Error: bad\n    at h (/w.js:3:9)\nError: bad");
+    }
 
     #[test]
     fn lone_halves_become_the_replacement_character_and_pairs_stay() {

@@ -207,12 +207,14 @@ function taskView(id) {
         el("p", {}, el("progress", { id: "progress", max: Math.max(1, t.total), value: t.done + t.failed }), " ",
           el("span", { id: "counts", text: t.done + " done, " + t.failed + " failed of " + t.total }), " · " + [rate, eta].filter(Boolean).join(" · ")),
         t.stuck.length ? el("div", { class: "why", text: "Not moving: " + t.stuck.join("; ") }) : "",
+        t.halted ? el("div", { class: "why", id: "halted", text: t.halted }) : "",
         t.result !== null ? el("div", {}, el("strong", { text: "Result " }), el("pre", { id: "result", text: JSON.stringify(t.result, null, 1) })) : "",
         t.aggregation_error !== null ? el("div", {}, el("strong", { text: "Aggregation failed: " }), el("pre", { id: "aggregation-error", text: t.aggregation_error })) : "");
       const row = (k, v) => [el("dt", { text: k }), el("dd", {}, v)];
       spec.replaceChildren(...[
         row("kind", t.kind), row("strategy", t.strategy), row("shards", t.total), row("items", t.items),
         row("attempts", t.attempts), row("backoff", t.backoff),
+        ...(t.max_failures !== null && t.max_failures !== undefined ? row("max failures", t.max_failures) : []),
         row("sharing", el("span", { id: "sharing", text: (t.running === null || t.running === undefined ? "" : t.running + " running · ")
           + "weight " + t.weight + (t.group ? " · group " + t.group : "") + (t.max_running ? " · max-running " + t.max_running : "") })),
         row("shard timeout", t.shard_timeout_ms ? span(t.shard_timeout_ms / 1000) : "none"),
