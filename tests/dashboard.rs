@@ -139,6 +139,24 @@ async fn the_dashboard_follows_a_run_and_draws_failed_shards_in_their_cells() {
     let t = cli.json(&["status", "broken", "--json"], 0);
     assert_eq!(t["state"], "failed", "a refused action changed the task: {t}");
 
+    // a task that failed fast says why, and shows its limit (docs/design/failure-policies.md)
+    let fast = r#"{"rate":0.5,"sticky":true,"class":"permanent"}"#;
+    let halt = ["dispatch", "--kind", "fail", "--payload", fast, "--shards", "20", "--max-failures", "2"];
+    cli.ok(&[&halt[..], &["--task-id", "halted"][..]].concat());
+    assert_eq!(cli.run(&["wait", "halted", "--timeout", "60s"]).code(), 3);
+    b.client.goto(&format!("{base}/#/task/halted")).await.unwrap();
+    let why = b
+        .until(
+            "the halt's reason",
+            PATIENCE,
+            "const h = document.getElementById('halted'); return h ? h.textContent : '';",
+        )
+        .await;
+    let why = why.as_str().unwrap_or_default();
+    assert!(why.starts_with("failed fast: 3 of 20 shards failed for good (limit 2); first: shard "), "{why}");
+    let spec = b.eval("const d = document.querySelector('dl.spec'); return d ? d.textContent : '';").await;
+    assert!(spec.as_str().unwrap_or_default().contains("max failures2"), "{spec}");
+
     // a running task: its progress advances on the page without a reload
     let sharing = ["--weight", "2", "--group", "ops", "--max-running", "3"];
     let slow = ["dispatch", "--kind", "sleep", "--payload", r#"{"ms":250}"#, "--shards", "40", "--task-id", "slow"];
