@@ -37,6 +37,8 @@ local t = rcall('HMGET', K.task, 'state', 'kind')
 local state = t[1]
 if not state then return -3 end
 if state == 'completed' or state == 'failed' or state == 'cancelled' then return -9 end
+-- read first: its lane (tasks, wait), written below (docs/design/declared-keys.md)
+touch_lane(prefix, t[2])
 rcall('ZREM', lane_key(prefix, t[2], 'tasks'), tid)
 -- its retries already due, queued in its lane: no work any more (a long lane is left to claims)
 lane_drop_task(prefix, t[2], tid)

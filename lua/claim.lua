@@ -199,8 +199,9 @@ local function try_ref(ref, routed, list)
   if ok and idx == 'agg' then
     ok = state == 'aggregating'
   elseif ok then
+    -- an index ref only of a running task: a settled one aggregates with shards cancelled
     local i = tonumber(idx)
-    ok = i ~= nil and i < tonumber(t[2])
+    ok = state == 'running' and i ~= nil and i < tonumber(t[2])
     if ok and rcall('GETBIT', task_key(prefix, tid, ':terminal'), idx) == 1 then
       -- terminal (requeued after it finished): its state, if any, goes with the ref
       rcall('EXISTS', shards_key(prefix, tid))

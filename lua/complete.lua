@@ -2,7 +2,9 @@
   Completes claimed shards (and aggregation jobs), each only if its token still holds it; a batch
   costs a handful of commands per task, not per shard. A shard is counted once: the terminal
   bitmap decides (BITFIELD returns each old bit). The last terminal shard of a task enqueues
-  `<task>:<seq>:agg`; completing that records the result.
+  `<task>:<seq>:agg`; completing that records the result. A task whose `done` reaches its
+  `success_when` settles once the call's other writes are done (lua/include/settle.lua): its
+  other shards are cancelled and it aggregates (docs/design/failure-policies.md).
 
   A shard of another incarnation (its task's `seq` is not the one given), past the task's total,
   or of a task gone is refused (-3) and let go. Writes come in an order that an abort part-way
@@ -20,6 +22,10 @@
   KEYS[8]  kinds      set    kinds that may have a lane (docs/design/lanes.md)
   KEYS[9]  unreported zset   (a partition's) shares ended, not yet counted in the home
   KEYS[10] held       hash   held index shards per task and group (lua/include/fair.lua)
+  KEYS[11] delayed    zset   ref -> due time (a settled task's refs leave it)
+  KEYS[12] unrouted   zset   routed tasks not fully placed (a settled one leaves it)
+  KEYS[13] routed-nodes set  nodes that may have a routed list (a settled task's refs leave them)
+  KEYS[14] reroute    list   recovered and released refs of routed tasks (likewise)
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2..] groups: task id, seq (its incarnation), token, m, `p` or `f`, then m entries: for
             `p` (plain: no state, no result) an index each; for `f` an index (or `agg`),
@@ -29,7 +35,7 @@
   Returns one code per shard, in the order given: 1 counted, 0 already terminal (finished
   twice), -1 lock missing, -2 lock mismatch, -3 task missing (or another incarnation).
 
-  include: chunked, clock, events, fair, finish, lanes, task
+  include: chunked, clock, events, fair, finish, halt, lanes, settle, task
 ]]
 local prefix, now = ARGV[1], now_ms()
 
@@ -92,14 +98,19 @@ for gi, g in ipairs(groups) do
     end
   end
   if any then
-    local t = rcall('HMGET', task_key(prefix, tid, ''), 'seq', 'total', 'done', 'failed', 'kind')
+    local t = rcall('HMGET', task_key(prefix, tid, ''), 'seq', 'total', 'done', 'failed', 'kind', 'success_when')
     tasks[gi] = t
     if t[1] == inc then
       local sfx = { ':terminal' }
       if kept then sfx[#sfx + 1] = ':results' end
       if state then sfx[#sfx + 1] = ':errors'; sfx[#sfx + 1] = ':shards' end
-      -- the aggregation job ends the task: its retention touches every key of it
+      -- the aggregation job ends the task: its retention touches every key of it; a task that
+      -- may settle (k-of-n) too, and the lists a settle writes
       if agg then sfx = nil end
+      if t[6] and not agg then
+        sfx = nil
+        touch_halt(prefix, tid)
+      end
       touch_task(prefix, tid, sfx)
       -- the last shard enqueues the aggregation job in the task's lane (whichever group of
       -- the call it is in): every task's lane is read, once per call
@@ -112,6 +123,7 @@ for gi, g in ipairs(groups) do
 end
 
 local unheld = {} -- { tid, inc, n }: index shards leaving `active`, for the counts
+local settles = {} -- tasks that met their `success_when`, settled last
 for gi, g in ipairs(groups) do
   local tid, first, last, inc = g[1], g[2], g[3], g[4]
   local tkey = task_key(prefix, tid, '')
@@ -164,7 +176,8 @@ for gi, g in ipairs(groups) do
       end
     end
     if counted > 0 then
-      rcall('HINCRBY', tkey, 'done', counted)
+      local done = rcall('HINCRBY', tkey, 'done', counted)
+      if t[6] and done >= tonumber(t[6]) then settles[#settles + 1] = tid end
       if #stored > 0 then call_chunked('HSET', task_key(prefix, tid, ':results'), stored) end
       if #cleared > 0 then call_chunked('HDEL', task_key(prefix, tid, ':errors'), cleared) end
       maybe_aggregate(prefix, tid, now)
@@ -176,4 +189,5 @@ end
 call_chunked('HDEL', K.active, taken)
 if rcall('SCARD', K.stalled) > 0 then call_chunked('SREM', K.stalled, taken) end
 for _, u in ipairs(unheld) do unhold(prefix, u[1], u[2], u[3], now) end
+for _, tid in ipairs(settles) do settle_task(prefix, tid, now) end
 return codes

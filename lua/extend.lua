@@ -17,7 +17,7 @@
   ARGV[5..] ref, token pairs (only needed when the lease expired, or to check)
 
   Returns { status, cancels, ... }: status 0 and the 1-based pair numbers of the lost shards,
-  negated for a shard of a cancelled or halted task (none when all is kept), or status -1 when the lease
+  negated for a shard of a cancelled, halted or settled task (none when all is kept), or status -1 when the lease
   expired or tasks were cancelled and no pairs were given (call again with them, in `check`
   mode).
 
@@ -51,10 +51,10 @@ for s = 1, #refs, 4000 do
     local pair = s + j - 1
     if cur[j] ~= ARGV[2 * pair + 4] then
       -- cancelled: the ref's own incarnation of its task is (not a later one under the id), or
-      -- it halted (docs/design/failure-policies.md): its shards were stopped, not lost
+      -- it halted or settled (docs/design/failure-policies.md): its shards were stopped, not lost
       local tid, inc = split_ref(refs[pair])
-      local t = tid and rcall('HMGET', task_key(prefix, tid, ''), 'state', 'seq', 'halted')
-      if t and (t[1] == 'cancelled' or (t[1] == 'failed' and t[3])) and t[2] == inc then
+      local t = tid and rcall('HMGET', task_key(prefix, tid, ''), 'state', 'seq', 'halted', 'settled')
+      if t and (t[1] == 'cancelled' or t[3] or t[4]) and t[2] == inc then
         lost[#lost + 1] = -pair
       else
         lost[#lost + 1] = pair

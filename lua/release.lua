@@ -36,6 +36,8 @@ for i = 3, #ARGV, 2 do
     -- a ref of another incarnation is let go, not requeued
     if requeue(prefix, ref, front) then
       released = released + 1
+      -- a started shard's attempt was seen by its handler: a retry numbers past it
+      if not undo then raise_attempt_hw(prefix, tid, rcall('HGET', skey, field) or 1) end
       if undo then
         -- the claim never started it: as if it had not been claimed (no state for a lazy shard)
         local was = tonumber(before or '1') - 1

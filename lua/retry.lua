@@ -34,17 +34,19 @@
 
   Returns how many shards (or 1 for the aggregation) go again: 0 when nothing failed, or -3
   (task missing), -9 (task cancelled), -10 (its results were not kept: aggregation would miss
-  them).
+  them), -13 (it met its --success-when: nothing to retry).
 
   include: chunked, clock, events, finish, hold, lanes, task
 ]]
 local prefix, tid, now = ARGV[1], ARGV[2], now_ms()
 local tkey = K.task
-local t = rcall('HMGET', tkey, 'state', 'keep_results', 'failed', 'agg_error', 'round', 'halted')
+local t = rcall('HMGET', tkey, 'state', 'keep_results', 'failed', 'agg_error', 'round', 'halted', 'settled')
 local state = t[1]
 if not state then return -3 end
 -- every refusal before the first write (the round below is one)
 if state == 'cancelled' then return -9 end
+-- a task that met its `success_when` met its goal (docs/design/failure-policies.md)
+if t[7] then return -13 end
 local ended = state == 'completed' or state == 'failed'
 if ended and t[2] == '0' then return -10 end
 if ARGV[3] then

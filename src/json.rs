@@ -25,6 +25,8 @@ pub fn field(key: &str, value: &str) -> serde_json::Value {
         "weight",
         "max_running",
         "max_failures",
+        "success_when",
+        "cancelled",
         "retain_ms",
         "recovered",
         "shard",

@@ -43,8 +43,10 @@ fn task_line(t: &TaskInfo, id_w: usize, kind_w: usize) -> String {
         (false, None, None) => "eta ?".to_owned(),
     };
     let rate = if t.retried_ms.is_none() && starts_in.is_none() { format!(" {rate:.0}/s") } else { String::new() };
+    // k-of-n: the shards cancelled once it met its `--success-when`
+    let cancelled = t.cancelled.map_or(String::new(), |n| format!(", {n} cancelled"));
     format!(
-        "{:<id_w$}  {:<kind_w$}  {:<11} [{bar}] {:>5.1}% {finished}/{} ({} failed){rate} {eta}",
+        "{:<id_w$}  {:<kind_w$}  {:<11} [{bar}] {:>5.1}% {finished}/{} ({} failed{cancelled}){rate} {eta}",
         t.task_id,
         t.kind,
         t.state.as_str(),
@@ -118,8 +120,13 @@ pub fn ended(t: &TaskInfo) -> Vec<String> {
         None => format!("in {:.2}s", took(t.created_ms)),
     };
     let (id, state) = (&t.task_id, t.state.as_str());
-    let mut out =
-        vec![format!("task {id} {state}: {} of {} shards done, {} failed, {time}", t.done, t.total, t.failed)];
+    let cancelled = t
+        .cancelled
+        .map_or(String::new(), |n| format!(", {n} cancelled (--success-when {} met)", t.success_when.unwrap_or(0)));
+    let mut out = vec![format!(
+        "task {id} {state}: {} of {} shards done, {} failed{cancelled}, {time}",
+        t.done, t.total, t.failed
+    )];
     out.extend(outcome(t));
     out
 }

@@ -344,7 +344,7 @@ fn a_worker_that_cannot_start_is_said_by_wait_and_status_with_its_error() {
 fn over_partitions_max_failures_is_refused_and_fail_task_fails_only_its_shard() {
     let cli = Cli::start("fp-parts");
     cli.json(&["config", "--partitions", "3", "--json"], 0);
-    let refused = "--max-failures is not supported yet on a queue with partitions";
+    let refused = "--max-failures and --success-when are not supported yet on a queue with partitions";
     cli.rejects(&["dispatch", "--kind", "noop", "--shards", "30", "--max-failures", "2"], 2, refused);
     cli.rejects(
         &["schedule", "add", "n", "--cron", "@daily", "--kind", "noop", "--shards", "3", "--max-failures", "1"],
@@ -375,4 +375,57 @@ fn over_partitions_max_failures_is_refused_and_fail_task_fails_only_its_shard() 
     let (done, failed) = (t["done"].as_u64().unwrap(), t["failed"].as_u64().unwrap());
     assert_eq!((t["state"].as_str(), done + failed), (Some("failed"), 30), "{t}");
     assert!(failed > 0 && t["halted"].is_null(), "{t}");
+}
+
+const K_OF_N: &str = r#"
+import sys, time
+from shardctl_worker import serve
+def handle(s):
+    # the last ten are stragglers
+    time.sleep(0.02 if s.index < 30 else 20)
+    return s.index
+def aggregate(a):
+    ok = [o.shard for o in a.outcomes if o.error is None]
+    return {"shards": ok, "done": a.done, "cancelled": a.cancelled, "total": a.total}
+serve(handle, aggregate)
+"#;
+
+#[test]
+fn success_when_cancels_the_stragglers_and_aggregates_exactly_the_succeeded_shards() {
+    let dir = tempdir("kofn");
+    let w = write(&dir, "k.py", K_OF_N);
+    let cmd = format!("python3 {}", w.display());
+    let cli = Cli::start("fp-kofn").with_env("PYTHONPATH", &format!("{}/clients/python", env!("CARGO_MANIFEST_DIR")));
+    let _ex = cli.executor("k1", &["--worker", &cmd, "--aggregate-worker", &cmd, "--concurrency", "4"]);
+    let started = Instant::now();
+    let t = cli.json(
+        &[
+            "dispatch",
+            "--kind",
+            "report",
+            "--shards",
+            "40",
+            "--success-when",
+            "75%",
+            "--task-id",
+            "k",
+            "--wait",
+            "--json",
+        ],
+        0,
+    );
+    // the stragglers (20 s each) were stopped: the task did not wait for them
+    assert!(started.elapsed() < Duration::from_secs(18), "took {:?}", started.elapsed());
+    assert_eq!((t["state"].as_str(), t["success_when"].as_u64()), (Some("completed"), Some(30)), "{t}");
+    let (done, cancelled) = (t["done"].as_u64().unwrap(), t["cancelled"].as_u64().unwrap());
+    assert_eq!((done, cancelled, t["failed"].as_u64()), (30, 10, Some(0)), "{t}");
+    let r = &t["result"];
+    let want: Vec<u64> = (0..30).collect();
+    assert_eq!(r["shards"], serde_json::json!(want), "the aggregation saw exactly the succeeded shards: {t}");
+    assert_eq!((r["done"].as_u64(), r["cancelled"].as_u64()), (Some(30), Some(10)), "{t}");
+    let status = cli.ok(&["status", "k"]);
+    assert!(status.contains("10 cancelled"), "{status}");
+    assert_eq!(events(&cli, "task_settled").len(), 1);
+    let out = cli.run(&["retry", "k"]);
+    assert!(out.code() != 0 && out.stderr.contains("met its --success-when"), "{out:?}");
 }

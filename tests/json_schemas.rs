@@ -451,6 +451,9 @@ fn config_schedule_list_and_watch_events_match_their_schemas() {
     let out =
         cli.run(&["dispatch", "--kind", "fail", "--payload", fatal, "--shards", "3", "--task-id", "fatal", "--wait"]);
     assert_eq!(out.code(), 3, "{out:?}");
+    // k-of-n: a task that settles once 2 of its 40 shards completed
+    let k = ["dispatch", "--kind", "sleep", "--payload", r#"{"ms":100}"#, "--shards", "40", "--success-when", "2"];
+    cli.ok(&[&k[..], &["--task-id", "k", "--wait"][..]].concat());
     // the schedules' tasks have run meanwhile (completed, each shard logged as completed)
     await_event(&cli, "task_completed");
     await_event(&cli, "shard_completed");

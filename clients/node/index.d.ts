@@ -27,6 +27,8 @@ export interface Aggregation {
   total: number;
   done: number;
   failed: number;
+  /** Shards cancelled once the task met its --success-when (they have no outcome). */
+  cancelled: number;
   attempt: number;
   payload: unknown;
   signal: AbortSignal;

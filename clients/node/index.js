@@ -24,7 +24,7 @@ const readline = require('node:readline');
 
 const PROTOCOL = 1;
 
-/** The most of a stack sent (its end, nearest the error). */
+/** The most of a stack sent (its head: the message and the innermost frames). */
 const STACK_BYTES = 4096;
 
 /** The shard fails for good now, whatever attempts are left (malformed input). */
@@ -99,6 +99,8 @@ class Aggregation {
     this.total = msg.total;
     this.done = msg.done;
     this.failed = msg.failed;
+    /** k-of-n (--success-when): shards cancelled once the task met its goal (no outcome). */
+    this.cancelled = msg.cancelled || 0;
     this.attempt = msg.attempt;
     this.payload = msg.payload === undefined ? null : msg.payload;
     this.signal = controller.signal;
@@ -164,7 +166,8 @@ function reason(e) {
 function errorReply(id, e) {
   const reply = { type: 'error', id, error: reason(e) };
   if (e instanceof Error && typeof e.stack === 'string') {
-    reply.traceback = e.stack.length > STACK_BYTES ? '...\n' + e.stack.slice(-STACK_BYTES) : e.stack;
+    // V8 lists the message and the innermost frames first: the head is kept
+    reply.traceback = e.stack.length > STACK_BYTES ? e.stack.slice(0, STACK_BYTES) + '\n...' : e.stack;
   }
   const cls = e instanceof Error ? e.failureClass : undefined;
   if (cls === 'permanent' || cls === 'retry_after' || cls === 'fail_task') {

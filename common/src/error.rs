@@ -132,6 +132,8 @@ pub enum ScriptCode {
     NotDueYet,
     /// -12: the queue's partitions changed since the caller read them.
     LayoutChanged,
+    /// -13: the task met its `--success-when` (retry: nothing to run again).
+    Settled,
     /// Any other negative code: a script and this binary disagree.
     Unknown(i64),
 }
@@ -153,6 +155,7 @@ impl ScriptCode {
             -10 => Some(ScriptCode::ResultsDiscarded),
             -11 => Some(ScriptCode::NotDueYet),
             -12 => Some(ScriptCode::LayoutChanged),
+            -13 => Some(ScriptCode::Settled),
             c => Some(ScriptCode::Unknown(c)),
         }
     }
@@ -179,6 +182,7 @@ impl fmt::Display for ScriptCode {
             ScriptCode::ResultsDiscarded => f.write_str("the task's per-shard results were not kept"),
             ScriptCode::NotDueYet => f.write_str("the fire time is later than the Redis server's clock"),
             ScriptCode::LayoutChanged => f.write_str("the queue's partitions changed since they were read"),
+            ScriptCode::Settled => f.write_str("the task met its --success-when"),
             ScriptCode::Unknown(c) => write!(f, "unknown script code {c}"),
         }
     }
@@ -230,6 +234,13 @@ pub(crate) fn refused(id: &str, code: i64, what: &str) -> Error {
                  again instead"
             ),
         ),
+        Some(c @ ScriptCode::Settled) => Error::refused(
+            c,
+            format!(
+                "task '{id}' met its --success-when: its other shards were cancelled on purpose, so there is nothing \
+                 to retry; dispatch a new task to run them"
+            ),
+        ),
         Some(c) => Error::refused(c, format!("cannot {what} task '{id}': {c}")),
         None => Error::Protocol(format!("unexpected reply {code} to {what}")),
     }
@@ -255,7 +266,8 @@ mod tests {
         assert_eq!(ScriptCode::from_code(-10), Some(ScriptCode::ResultsDiscarded));
         assert_eq!(ScriptCode::from_code(-11), Some(ScriptCode::NotDueYet));
         assert_eq!(ScriptCode::from_code(-12), Some(ScriptCode::LayoutChanged));
-        assert_eq!(ScriptCode::from_code(-13), Some(ScriptCode::Unknown(-13)));
+        assert_eq!(ScriptCode::from_code(-13), Some(ScriptCode::Settled));
+        assert_eq!(ScriptCode::from_code(-14), Some(ScriptCode::Unknown(-14)));
         assert!(ScriptCode::LockMissing.is_lock_lost() && ScriptCode::LockMismatch.is_lock_lost());
         assert!(!ScriptCode::TaskMissing.is_lock_lost());
     }

@@ -63,11 +63,32 @@ pub enum Threshold {
 }
 
 impl Threshold {
-    /// The number of shards it stands for in a task of `total`.
+    /// The number of shards it stands for in a task of `total`, a percentage rounded down (a
+    /// limit on failures: `--max-failures`).
     pub fn of(self, total: u64) -> u64 {
         match self {
             Threshold::Count(n) => n,
-            Threshold::Percent(p) => ((total as f64) * p / 100.0).floor() as u64,
+            Threshold::Percent(_) => u64::try_from(u128::from(total) * self.millis() / 100_000).unwrap_or(u64::MAX),
+        }
+    }
+
+    /// A percentage in thousandths of a percent (exact integer arithmetic: 4.1% of 100,000 is
+    /// 4,100, not the 4,099 a float product gives).
+    fn millis(self) -> u128 {
+        match self {
+            Threshold::Count(_) => 0,
+            Threshold::Percent(p) => (p * 1000.0).round() as u128,
+        }
+    }
+
+    /// The number of shards it stands for in a task of `total`, a percentage rounded up (a goal:
+    /// `--success-when 90%` of 15 shards is 14).
+    pub fn at_least(self, total: u64) -> u64 {
+        match self {
+            Threshold::Count(n) => n,
+            Threshold::Percent(_) => {
+                u64::try_from((u128::from(total) * self.millis()).div_ceil(100_000)).unwrap_or(u64::MAX)
+            }
         }
     }
 }
@@ -114,6 +135,10 @@ mod tests {
             assert!(e.contains(bad), "{bad}: {e}");
         }
         assert_eq!(Threshold::Percent(10.0).to_string(), "10%");
+        assert_eq!(Threshold::Percent(90.0).at_least(15), 14);
+        assert_eq!("4.1%".parse::<Threshold>().unwrap().of(100_000), 4100);
+        assert_eq!("100%".parse::<Threshold>().unwrap().at_least(1 << 32), 1 << 32);
+        assert_eq!(Threshold::Count(7).at_least(15), 7);
     }
 
     #[test]

@@ -59,6 +59,10 @@ pub struct TaskSpec {
     /// Once more of its shards than this have failed for good, the task fails at once (its
     /// running shards stopped, no aggregation): docs/design/failure-policies.md; `None`: no limit.
     pub max_failures: Option<crate::failure::Threshold>,
+    /// Once this many of its shards (or this share of them, rounded up) completed, its other
+    /// shards are cancelled and it aggregates (k-of-n, docs/design/failure-policies.md);
+    /// `None`: every shard runs.
+    pub success_when: Option<crate::failure::Threshold>,
     /// How shards are placed on executors.
     pub strategy: Strategy,
     /// Virtual nodes per executor on the ring (consistent hash).
@@ -96,6 +100,7 @@ impl TaskSpec {
             && t.group == self.group
             && t.max_running == self.max_running
             && t.max_failures == self.max_failures.map(|m| m.of(self.shards))
+            && t.success_when == self.success_when.map(|m| m.at_least(self.shards))
     }
 
     /// A spec with defaults for everything but id, kind and shard count.
@@ -113,6 +118,7 @@ impl TaskSpec {
             group: None,
             max_running: None,
             max_failures: None,
+            success_when: None,
             strategy: Strategy::Pull,
             vnodes: DEFAULT_VNODES,
             has_keys: false,
@@ -147,6 +153,14 @@ impl TaskSpec {
         }
         if let Some(g) = &self.group {
             crate::names::validate_group(g)?;
+        }
+        if let Some(k) = self.success_when.map(|m| m.at_least(self.shards)) {
+            if k < 1 || k > self.shards {
+                return Err(Error::invalid(format!(
+                    "success-when must stand for 1 to the task's {} shards, got {k}",
+                    self.shards
+                )));
+            }
         }
         if self.max_running == Some(0) {
             return Err(Error::invalid("max-running must be at least 1"));
@@ -210,6 +224,9 @@ impl TaskSpec {
         }
         if let Some(m) = self.max_failures {
             f.push(("max_failures", m.of(self.shards).to_string()));
+        }
+        if let Some(m) = self.success_when {
+            f.push(("success_when", m.at_least(self.shards).to_string()));
         }
         f
     }

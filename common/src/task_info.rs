@@ -52,6 +52,10 @@ pub struct TaskInfo {
     /// Once more shards than this failed for good the task fails at once (`--max-failures`,
     /// docs/design/failure-policies.md), if it has such a limit.
     pub max_failures: Option<u64>,
+    /// Once this many shards completed, the others are cancelled (`--success-when`, absolute).
+    pub success_when: Option<u64>,
+    /// Shards cancelled when the task met its `success_when` (never counted as done).
+    pub cancelled: Option<u64>,
     /// Why the task ended early, failed (a fail-fast or a handler's `fail_task`), if it did.
     pub halted: Option<String>,
     /// The first shard that failed for good, `<index> <reason>` (its reason's last line, cut).
@@ -142,6 +146,8 @@ impl TaskInfo {
             running: None,
             max_failures: h.get("max_failures").and_then(|v| v.parse().ok()),
             halted: h.get("halted").cloned(),
+            success_when: h.get("success_when").and_then(|v| v.parse().ok()),
+            cancelled: h.get("cancelled").and_then(|v| v.parse().ok()),
             first_failure: h.get("first_failure").cloned(),
             routed: h.get("routed").and_then(|v| v.parse().ok()),
             vnodes: h.get("vnodes").and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_VNODES),

@@ -241,3 +241,57 @@ async fn a_cancel_takes_its_due_retries_out_of_the_lane_at_once() {
     // the waiting count is exact at once: only u's retry waits
     assert_eq!(env.wait_list().await, vec!["u:2:0".to_owned()]);
 }
+
+#[tokio::test]
+async fn a_retry_after_a_halt_numbers_past_every_attempt_a_handler_saw() {
+    let mut env = ScriptEnv::start("fp_attempts").await;
+    let spec = TaskSpec { attempts: 1, max_failures: Some(Threshold::Count(0)), ..TaskSpec::new("t", "noop", 2) };
+    env.dispatch(&spec).await;
+    let c = env.claim("ex", 1, 2, LOCK).await.shards;
+    let (a, b) = (c[0].clone(), c[1].clone());
+    // shard b ran twice, given back at shutdowns (attempts 1 and 2 seen by its handlers)
+    assert_eq!(env.release(&b).await, Ok(1));
+    let b2 = env.claim("ex", 2, 1, LOCK).await.shards[0].clone();
+    assert_eq!((b2.shard_ref.clone(), b2.attempt), (b.shard_ref.clone(), 2));
+    assert_eq!(env.release(&b2).await, Ok(1));
+    // a fails for good past a limit of 0: the task halts while b waits in the lane
+    assert_eq!(env.fail_as(&a, 0, "bad", Failure::Permanent).await, Ok(1));
+    assert_eq!(shardctl_common::retry::retry(&mut env.con, &env.keys, "t").await.unwrap(), 2);
+    let c = env.claim("ex", 3, 2, LOCK).await.shards;
+    let b3 = c.iter().find(|x| x.shard_ref == b.shard_ref).expect("b again");
+    assert!(b3.attempt > 2, "attempt {} was seen already", b3.attempt);
+}
+
+#[tokio::test]
+async fn success_when_settles_the_task_cancels_the_rest_and_it_completes() {
+    let mut env = ScriptEnv::start("fp_settle").await;
+    let spec = TaskSpec { success_when: Some(Threshold::Percent(60.0)), ..TaskSpec::new("t", "noop", 10) };
+    env.dispatch(&spec).await;
+    assert_eq!(env.count("t", "success_when").await, 6);
+    let c = env.claim("ex", 1, 10, LOCK).await.shards;
+    assert_eq!(env.fail_as(&c[0], 0, "bad row", Failure::Permanent).await, Ok(1));
+    for s in &c[1..6] {
+        assert_eq!(env.complete(s, "").await, Ok(1));
+    }
+    assert_eq!(env.field("t", "state").await.as_deref(), Some("running"));
+    // the sixth success: settled, the other three cancelled where they run
+    assert_eq!(env.complete(&c[6], "7").await, Ok(1));
+    assert_eq!(env.field("t", "state").await.as_deref(), Some("aggregating"));
+    assert_eq!((env.count("t", "done").await, env.count("t", "cancelled").await), (6, 3));
+    assert_eq!(env.active().await, Vec::<String>::new());
+    for s in &c[7..] {
+        assert!(env.complete(s, "").await.is_err(), "a cancelled shard's outcome is refused");
+    }
+    assert_eq!(env.count("t", "done").await, 6, "a cancelled shard is never counted as done");
+    let held: Vec<usize> = env.extend("ex", &[&c[7], &c[8]], LOCK).await;
+    assert!(held.is_empty(), "the heartbeat reports them cancelled, not lost: {held:?}");
+    // the aggregation runs once and the task completes, the failure before it settled aside
+    let agg = env.claim("ex", 2, 10, LOCK).await.shards;
+    assert_eq!(agg.len(), 1);
+    assert!(agg[0].shard_ref.is_aggregate());
+    assert_eq!(env.complete(&agg[0], "{}").await, Ok(1));
+    assert_eq!(env.field("t", "state").await.as_deref(), Some("completed"));
+    assert_eq!(events(&mut env, "task_settled").await.len(), 1);
+    let e = shardctl_common::retry::retry(&mut env.con, &env.keys, "t").await.unwrap_err().to_string();
+    assert!(e.contains("met its --success-when"), "{e}");
+}

@@ -28,12 +28,18 @@ async fn scan_hash(con: &mut Conn, key: &str) -> Result<HashMap<u64, String>> {
     }
 }
 
-/// Every shard's outcome: its stored result (`null` when none was stored) or its failure, read
+/// Every ended shard's outcome: its stored result (`null` when none was stored) or its failure, read
 /// from each of the task's shares (`shardctl_common::share`) at its base, once the share is
 /// checked: a share that lost writes after its count (a failover of its partition's master)
 /// makes its count forgotten (`uncount.lua`, for the holder of the aggregation's claim `token`)
-/// and the aggregation fail, to run again once the share is counted anew.
-pub(crate) async fn outcomes(con: &mut Conn, home: &Home, task: &TaskInfo, token: &str) -> Result<Vec<ShardOutcome>> {
+/// and the aggregation fail, to run again once the share is counted anew. Also the shards
+/// cancelled when the task met its `success_when`, which have no outcome.
+pub(crate) async fn outcomes(
+    con: &mut Conn,
+    home: &Home,
+    task: &TaskInfo,
+    token: &str,
+) -> Result<(Vec<ShardOutcome>, Vec<u64>)> {
     use shardctl_common::share::{check_counted, Counted};
     let (mut results, mut errors) = (HashMap::new(), HashMap::new());
     let shares = shardctl_common::share::of(con, home, task).await?;
@@ -73,14 +79,34 @@ pub(crate) async fn outcomes(con: &mut Conn, home: &Home, task: &TaskInfo, token
         results.extend(at(scan_hash(con, &s.keys.results(&task.task_id)).await?));
         errors.extend(at(scan_hash(con, &s.keys.errors(&task.task_id)).await?));
     }
-    Ok((0..task.total)
-        .map(|index| {
-            let result = match (results.get(&index), errors.get(&index)) {
-                (_, Some(e)) => Err(e.clone()),
-                (Some(r), None) => Ok(serde_json::from_str(r).unwrap_or_else(|_| Value::String(r.clone()))),
-                (None, None) => Ok(Value::Null),
-            };
-            ShardOutcome { index, result }
-        })
-        .collect())
+    // a task that met its `success_when` (k-of-n, one slot: docs/design/failure-policies.md)
+    // aggregates the shards that ended; the others were cancelled
+    let ended: Option<Vec<u8>> = if task.cancelled.is_some() {
+        Some(
+            redis::cmd("GET")
+                .arg(home.keys().terminal(&task.task_id))
+                .query_async::<Option<Vec<u8>>>(con)
+                .await?
+                .unwrap_or_default(),
+        )
+    } else {
+        None
+    };
+    let is_ended = |i: u64| {
+        ended.as_ref().is_none_or(|b| b.get((i / 8) as usize).is_some_and(|byte| byte & (0x80 >> (i % 8)) != 0))
+    };
+    let (mut out, mut cancelled) = (Vec::new(), Vec::new());
+    for index in 0..task.total {
+        if !is_ended(index) {
+            cancelled.push(index);
+            continue;
+        }
+        let result = match (results.get(&index), errors.get(&index)) {
+            (_, Some(e)) => Err(e.clone()),
+            (Some(r), None) => Ok(serde_json::from_str(r).unwrap_or_else(|_| Value::String(r.clone()))),
+            (None, None) => Ok(Value::Null),
+        };
+        out.push(ShardOutcome { index, result });
+    }
+    Ok((out, cancelled))
 }

@@ -324,6 +324,7 @@ impl Aggregator for ExecAggregator {
                 ("SHARDCTL_SHARD_TOTAL", ctx.total.to_string()),
                 ("SHARDCTL_DONE", ctx.done.to_string()),
                 ("SHARDCTL_FAILED", ctx.failed.to_string()),
+                ("SHARDCTL_CANCELLED", ctx.cancelled.len().to_string()),
                 ("SHARDCTL_ATTEMPT", ctx.attempt.to_string()),
                 ("SHARDCTL_NODE_ID", ctx.node_id.to_string()),
                 ("SHARDCTL_PHASE", "aggregate".to_owned()),

@@ -225,8 +225,11 @@ pub struct AggregateContext {
     pub attempt: u32,
     /// The executor's node id.
     pub node_id: Arc<str>,
-    /// Every shard's outcome, in shard order.
+    /// Every ended shard's outcome, in shard order.
     pub results: Arc<Vec<ShardOutcome>>,
+    /// The shards cancelled when the task met its `--success-when` (k-of-n), in shard order:
+    /// they have no outcome, and are never counted as done. Empty for any other task.
+    pub cancelled: Arc<Vec<u64>>,
     /// Cancelled when the job's lock is lost.
     pub cancel: CancellationToken,
 }

@@ -213,7 +213,7 @@ async fn run_aggregator(
         .ok_or_else(|| ShardError::new("task missing"))?;
     // its shares where the task was dispatched, read now (an executor started before the
     // queue's partitions changed reads them where they are)
-    let results = crate::aggregate::outcomes(&mut con, &shared.home, &meta.info, &claim.token)
+    let (results, cancelled) = crate::aggregate::outcomes(&mut con, &shared.home, &meta.info, &claim.token)
         .await
         .map_err(|e| ShardError::new(format!("reading shard results: {e}")))?;
     let info = meta.info;
@@ -228,6 +228,7 @@ async fn run_aggregator(
         attempt: claim.attempt,
         node_id: shared.node_id.clone(),
         results: Arc::new(results),
+        cancelled: Arc::new(cancelled),
         cancel: cancel.clone(),
     };
     let aggregator = shared.registry.aggregator_for(&info.kind);

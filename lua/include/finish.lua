@@ -127,9 +127,10 @@ end
 local function finish_task(prefix, tid, ok, value, now)
   local tkey = task_key(prefix, tid, '')
   if rcall('HGET', tkey, 'state') ~= 'aggregating' then return 0 end
-  local failed = tonumber(rcall('HGET', tkey, 'failed'))
+  local f = rcall('HMGET', tkey, 'failed', 'settled')
   local state = 'completed'
-  if not ok or failed > 0 then state = 'failed' end
+  -- a settled task met its goal of k successes, whatever failed before (k-of-n)
+  if not ok or (tonumber(f[1]) > 0 and not f[2]) then state = 'failed' end
   if ok then
     rcall('HSET', tkey, 'result', value)
   else

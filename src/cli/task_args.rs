@@ -56,6 +56,11 @@ pub struct TaskArgs {
     /// first failure fails it). `retry` runs the failed and the stopped shards again.
     #[arg(long, value_name = "N|N%", value_parser = |s: &str| s.parse::<Threshold>())]
     pub max_failures: Option<Threshold>,
+    /// k-of-n: once N (or N% of its) shards completed, its other shards are cancelled (stopped
+    /// where they run) and it aggregates over those that ended; it ends completed (default:
+    /// every shard runs).
+    #[arg(long, value_name = "N|N%", value_parser = |s: &str| s.parse::<Threshold>())]
+    pub success_when: Option<Threshold>,
     /// Placement: pull (competitive, the default), consistent-hash, round-robin or hash-mod.
     #[arg(long, default_value = "pull", value_parser = |s: &str| s.parse::<Strategy>())]
     pub strategy: Strategy,
@@ -100,6 +105,7 @@ impl TaskArgs {
             group: self.group.clone(),
             max_running: self.max_running,
             max_failures: self.max_failures,
+            success_when: self.success_when,
             strategy: self.strategy,
             vnodes: self.vnodes,
             has_keys: false,

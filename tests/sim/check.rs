@@ -168,6 +168,13 @@ fn check_task(id: &str, tm: &TaskModel, v: &TaskView, copies: &HashMap<&str, usi
         tm.rounds,
         tm.halts
     );
+    // k-of-n: a settled task counts its cancelled shards, and only a settled one
+    let cancelled = v.hash.get("cancelled").map(|c| c.parse::<u64>().unwrap_or(u64::MAX));
+    ensure!(
+        cancelled == tm.settled.then(|| tm.cancelled()),
+        "task {id}:{inc}: `cancelled` {cancelled:?}, the model says {:?}",
+        tm.settled.then(|| tm.cancelled())
+    );
     // a halt is said, and only while it stands (docs/design/failure-policies.md)
     let said = v.hash.contains_key("halted");
     ensure!(said == tm.halted, "task {id}:{inc}: `halted` {said}, the model says {}", tm.halted);
@@ -185,7 +192,7 @@ fn check_task(id: &str, tm: &TaskModel, v: &TaskView, copies: &HashMap<&str, usi
     for i in 0..total {
         let r = format!("{id}:{inc}:{i}");
         let n = copies.get(r.as_str()).copied().unwrap_or(0);
-        let want = usize::from(i < cursor && tm.terminal[i as usize].is_none() && !tm.state.ended());
+        let want = usize::from(i < cursor && tm.terminal[i as usize].is_none() && !tm.state.ended() && !tm.settled);
         ensure!(
             n == want,
             "shard {r} ({:?}, cursor {cursor}) is queued or held {n} times, expected {want}",

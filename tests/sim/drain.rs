@@ -95,7 +95,8 @@ impl World {
             if tm.state != State::Cancelled {
                 // a halted task ends with shards unfinished
                 ensure!(
-                    matches!(tm.state, State::Completed | State::Failed) && (done + failed == tm.total || tm.halted),
+                    matches!(tm.state, State::Completed | State::Failed)
+                        && (done + failed + tm.cancelled() == tm.total || tm.halted),
                     "at quiescence task {id}:{} is {:?} with {done} + {failed} of {}",
                     tm.inc,
                     tm.state,

@@ -76,6 +76,10 @@ pub struct TaskModel {
     pub halted: bool,
     /// Halts: each ended it once.
     pub halts: u32,
+    /// Its `success_when` (k-of-n), if any.
+    pub success_when: Option<u64>,
+    /// It met its `success_when`: its unfinished shards are cancelled.
+    pub settled: bool,
 }
 
 impl TaskModel {
@@ -99,6 +103,8 @@ impl TaskModel {
             max_failures: None,
             halted: false,
             halts: 0,
+            success_when: None,
+            settled: false,
         }
     }
 
@@ -152,9 +158,32 @@ impl TaskModel {
         }
     }
 
-    /// The aggregation ended (ok: its job completed).
+    /// Shard `idx` completed: counted, and the task settles if that met its `success_when`
+    /// while it runs (lua/include/settle.lua): its unfinished shards cancelled, its aggregation
+    /// enqueued.
+    pub fn complete(&mut self, idx: u64) {
+        self.set_terminal(idx, Term::Done);
+        if self.state == State::Running && self.success_when.is_some_and(|k| self.count(Term::Done) >= k) {
+            self.settled = true;
+            self.state = State::Aggregating;
+            self.rounds += 1;
+        }
+    }
+
+    /// Shards settling cancelled: unfinished ones of a settled task.
+    pub fn cancelled(&self) -> u64 {
+        if self.settled {
+            self.terminal.iter().filter(|t| t.is_none()).count() as u64
+        } else {
+            0
+        }
+    }
+
+    /// The aggregation ended (ok: its job completed); a settled task met its goal, whatever
+    /// failed before.
     pub fn end_aggregation(&mut self, ok: bool) {
-        self.state = if ok && self.count(Term::Failed) == 0 { State::Completed } else { State::Failed };
+        self.state =
+            if ok && (self.count(Term::Failed) == 0 || self.settled) { State::Completed } else { State::Failed };
         self.agg_fails = 0;
         self.ends += 1;
     }

@@ -61,6 +61,10 @@ impl World {
         if self.rng.chance(30) {
             spec.max_failures = Some(shardctl_common::failure::Threshold::Count(self.rng.range(0, 2)));
         }
+        // k-of-n: some tasks settle once some of their shards completed
+        if self.rng.chance(25) {
+            spec.success_when = Some(shardctl_common::failure::Threshold::Count(self.rng.range(1, spec.shards)));
+        }
         if self.rng.chance(50) {
             spec.strategy = [Strategy::ConsistentHash, Strategy::RoundRobin, Strategy::HashMod][self.rng.below(3)];
         }
@@ -95,6 +99,7 @@ impl World {
                 tm.strategy = spec.strategy;
                 tm.kind = spec.kind.clone();
                 tm.max_failures = spec.max_failures.map(|m| m.of(spec.shards));
+                tm.success_when = spec.success_when.map(|m| m.at_least(spec.shards));
                 let shards = spec.shards;
                 tm.spec = routed.then_some(spec);
                 self.model.tasks.insert(id.clone(), tm);
@@ -151,6 +156,12 @@ impl World {
         match (expected, r) {
             (None, Err(Error::NoTask(_))) => Ok(()),
             (Some((State::Cancelled, _)), Err(Error::Refused { code: ScriptCode::TaskEnded, .. })) => Ok(()),
+            // a task that met its success_when met its goal: nothing to retry
+            (Some(_), Err(Error::Refused { code: ScriptCode::Settled, .. }))
+                if self.model.tasks.get(id).is_some_and(|t| t.settled) =>
+            {
+                Ok(())
+            }
             (Some((s, want)), Ok(n)) if s != State::Cancelled => {
                 ensure!(n == want, "retry of {id} ({s:?}) sent {n} again, the model expects {want}");
                 let tm = self.model.tasks.get_mut(id).expect("retried task");

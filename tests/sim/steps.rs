@@ -241,7 +241,7 @@ impl World {
         }
         let tm = self.model.tasks.get_mut(&c.shard_ref.task).expect("accepted: the task exists");
         match (c.shard_ref.job, fail, code) {
-            (Job::Shard(i), false, 1) => tm.set_terminal(i, Term::Done),
+            (Job::Shard(i), false, 1) => tm.complete(i),
             (Job::Shard(i), true, 2) => tm.fails[i as usize] += 1,
             (Job::Shard(i), true, 1) if tm.halts_on_failure(class == Failure::FailTask) => tm.fail_and_halt(i),
             (Job::Shard(i), true, 1) => tm.set_terminal(i, Term::Failed),

@@ -118,7 +118,7 @@ class Shard:
 
 
 class Aggregation:
-    """One aggregation: ``task_id``, ``kind``, ``total``, ``done``, ``failed``, ``attempt``,
+    """One aggregation: ``task_id``, ``kind``, ``total``, ``done``, ``failed``, ``cancelled``, ``attempt``,
     ``payload``, and ``outcomes``, an iterator of ``Outcome(shard, result, error)`` in shard
     order. The library reads the outcome lines as they come (a cancel must get through), so
     they are buffered while the aggregator is slower than the pipe."""
@@ -129,6 +129,9 @@ class Aggregation:
         self.total = msg.get("total")
         self.done = msg.get("done")
         self.failed = msg.get("failed")
+        # k-of-n (--success-when): shards cancelled once the task met its goal; they have no
+        # outcome
+        self.cancelled = msg.get("cancelled", 0)
         self.attempt = msg.get("attempt")
         self.payload = msg.get("payload")
         self._lines = lines
@@ -261,11 +264,15 @@ def _error_reply(rid, e, last):
         tb = "...\n" + tb[-TRACEBACK_BYTES:]
     reply["traceback"] = tb
     cls = getattr(e, "failure_class", None)
+    seconds = getattr(e, "seconds", None)
+    if cls == "retry_after" and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
+                                 or not 0 <= seconds < float("inf")):
+        cls = None  # an exception of its own that says retry_after without a delay: plain
     if cls in ("permanent", "retry_after", "fail_task"):
         reply["class"] = cls
         if cls == "retry_after":
             # the executor cuts a delay to 24 h: so is it here, before it can overflow
-            reply["retry_after_ms"] = int(min(e.seconds, MAX_RETRY_AFTER_S) * 1000)
+            reply["retry_after_ms"] = int(min(seconds, MAX_RETRY_AFTER_S) * 1000)
     return reply
 
 

@@ -18,6 +18,7 @@ pub const INCLUDES: &[(&str, &str)] = &[
     ("halt", include_str!("../../../lua/include/halt.lua")),
     ("hold", include_str!("../../../lua/include/hold.lua")),
     ("lanes", include_str!("../../../lua/include/lanes.lua")),
+    ("settle", include_str!("../../../lua/include/settle.lua")),
     ("share_out", include_str!("../../../lua/include/share_out.lua")),
     ("stop", include_str!("../../../lua/include/stop.lua")),
     ("task", include_str!("../../../lua/include/task.lua")),

@@ -33,12 +33,12 @@ pub(crate) async fn create_over<C: ConnectionLike + Send>(
         if !layout.partitioned() {
             return Ok(None);
         }
-        if spec.max_failures.is_some() {
-            // the home does not learn its shares' failures soon enough yet
+        if spec.max_failures.is_some() || spec.success_when.is_some() {
+            // the home does not learn its shares' counts soon enough yet
             // (docs/design/failure-policies.md, Over partitions)
             return Err(Error::invalid(
-                "--max-failures is not supported yet on a queue with partitions (config --partitions): \
-                 dispatch without it, or to a queue of one partition",
+                "--max-failures and --success-when are not supported yet on a queue with partitions \
+                 (config --partitions): dispatch without them, or to a queue of one partition",
             ));
         }
         let created = match shard_keys {

@@ -46,16 +46,23 @@ impl Request {
     }
 }
 
-/// The last `max` bytes of `s` (at a char boundary).
-pub(super) fn tail_of(s: &str, max: usize) -> String {
+/// `s` kept to at most `max` bytes by its head and its tail (half each, cut on character
+/// boundaries, joined by a line `…`): a reason keeps both the message of a stack (first) and of a
+/// traceback (last), and the innermost frames of either.
+pub(super) fn ends_of(s: &str, max: usize) -> String {
     if s.len() <= max {
         return s.to_owned();
     }
-    let mut from = s.len() - max;
+    let half = max.saturating_sub(5) / 2;
+    let mut head = half;
+    while !s.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut from = s.len() - half;
     while !s.is_char_boundary(from) {
         from += 1;
     }
-    format!("…{}", &s[from..])
+    format!("{}\n…\n{}", &s[..head], &s[from..])
 }
 
 pub(super) fn clip(s: &str) -> String {
@@ -143,5 +150,27 @@ pub(super) async fn log_stderr(
             let what = running.lock().unwrap().clone();
             tracing::info!(worker = pid, shard = %what, "worker stderr: {text}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_reason_keeps_its_head_and_its_tail() {
+        let node = format!(
+            "Error: boom\n    at handle (/app/w.js:3:9)\n{}Error: boom",
+            "    at outer (/lib/x.js:1:1)\n".repeat(200)
+        );
+        let kept = ends_of(&node, 2048);
+        assert!(kept.len() <= 2048, "{}", kept.len());
+        assert!(
+            kept.starts_with("Error: boom\n    at handle (/app/w.js:3:9)") && kept.ends_with("Error: boom"),
+            "{kept}"
+        );
+        assert_eq!(ends_of("short", 2048), "short");
+        let wide = "é".repeat(2000);
+        assert!(ends_of(&wide, 2048).len() <= 2048);
     }
 }

@@ -74,6 +74,8 @@ impl Aggregator for WorkerAggregator {
             request.insert("total".into(), ctx.total.into());
             request.insert("done".into(), ctx.done.into());
             request.insert("failed".into(), ctx.failed.into());
+            // k-of-n: the shards with no outcome line were cancelled
+            request.insert("cancelled".into(), (ctx.cancelled.len() as u64).into());
             request.insert("attempt".into(), ctx.attempt.into());
             request.insert("payload".into(), payload(&ctx.payload));
             let request = Request::from_map(request);

@@ -19,7 +19,7 @@ use shardctl_common::failure::Failure as Class;
 
 use crate::child::{GroupKill, STDERR_TAIL};
 
-use super::lines::{clip, clip_value, tail_of, Line, Request};
+use super::lines::{clip, clip_value, ends_of, Line, Request};
 use super::reply::{self, Said};
 
 /// The protocol version spoken.
@@ -281,8 +281,9 @@ impl Worker {
             Some("result") => Ok(v.remove("result").unwrap_or(Value::Null)),
             Some("error") => {
                 let (why, class) = super::reply::error_of(&mut v);
-                // stored as the shard's reason: its last 2 KiB, as for `--exec`'s stderr
-                Err(Failure { reason: tail_of(&why, STDERR_TAIL), keep: true, unread: false, class })
+                // stored as the shard's reason: 2 KiB of it, its head and its tail (a stack's
+                // message and innermost frames come first, a traceback's last)
+                Err(Failure { reason: ends_of(&why, STDERR_TAIL), keep: true, unread: false, class })
             }
             _ => Err(Failure::fatal(format!("worker wrote a reply of unknown type to request {id}: {}", clip(text)))),
         }

@@ -205,7 +205,7 @@ function taskView(id) {
       head.replaceChildren(
         el("h2", {}, "Task ", el("span", { id: "task-id", text: t.task_id }), " ", stateBadge(t.state)),
         el("p", {}, el("progress", { id: "progress", max: Math.max(1, t.total), value: t.done + t.failed }), " ",
-          el("span", { id: "counts", text: t.done + " done, " + t.failed + " failed of " + t.total }), " · " + [rate, eta].filter(Boolean).join(" · ")),
+          el("span", { id: "counts", text: t.done + " done, " + t.failed + " failed" + (t.cancelled ? ", " + t.cancelled + " cancelled" : "") + " of " + t.total }), " · " + [rate, eta].filter(Boolean).join(" · ")),
         t.stuck.length ? el("div", { class: "why", text: "Not moving: " + t.stuck.join("; ") }) : "",
         t.halted ? el("div", { class: "why", id: "halted", text: t.halted }) : "",
         t.result !== null ? el("div", {}, el("strong", { text: "Result " }), el("pre", { id: "result", text: JSON.stringify(t.result, null, 1) })) : "",
