@@ -37,7 +37,7 @@ class Permanent extends Error {
 class RetryAfter extends Error {
   constructor(seconds, message) {
     if (typeof seconds !== 'number' || !(seconds >= 0) || !Number.isFinite(seconds)) {
-      throw new TypeError(`RetryAfter takes a number of seconds >= 0, not ${String(seconds)}`);
+      throw new TypeError(`RetryAfter takes a finite number of seconds >= 0, not ${String(seconds)}`);
     }
     super(message || `retry after ${seconds}s`);
     this.seconds = seconds;

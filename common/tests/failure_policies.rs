@@ -295,3 +295,20 @@ async fn success_when_settles_the_task_cancels_the_rest_and_it_completes() {
     let e = shardctl_common::retry::retry(&mut env.con, &env.keys, "t").await.unwrap_err().to_string();
     assert!(e.contains("met its --success-when"), "{e}");
 }
+
+#[tokio::test]
+async fn the_first_failure_keeps_a_message_line_of_a_traceback_or_a_stack() {
+    let mut env = ScriptEnv::start("fp_first").await;
+    env.dispatch(&TaskSpec::new("t", "noop", 1)).await;
+    env.dispatch(&TaskSpec::new("u", "noop", 1)).await;
+    let c = env.claim("ex", 1, 2, LOCK).await.shards;
+    let node = "/app/w.js:3\n  throw new Error('boom');\n  ^\n\nError: boom\n    at Object.<anonymous> (/app/w.js:3:9)\n    at Module._compile (node:internal/modules/cjs/loader:1256:14)\n\nNode.js v18.17.0\n";
+    let py = "Traceback (most recent call last):\n  File \"w.py\", line 3, in h\nValueError: bad date\n";
+    for (s, why) in c.iter().zip([node, py]) {
+        assert_eq!(env.fail_as(s, 0, why, Failure::Permanent).await, Ok(1));
+    }
+    let first =
+        |id: &str| format!("0 {}", if c[0].shard_ref.task == id { "Error: boom" } else { "ValueError: bad date" });
+    assert_eq!(env.field("t", "first_failure").await, Some(first("t")));
+    assert_eq!(env.field("u", "first_failure").await, Some(first("u")));
+}

@@ -4,12 +4,18 @@
 
   include: task, lanes, events
 ]]
--- The last line of `reason` that is not blank, cut to at most 300 bytes on a UTF-8 boundary: a
--- traceback's last line names its exception, its first says nothing.
+-- The last line of `reason` that is not blank, nor a stack's frame, nor Node's version line,
+-- cut to at most 300 bytes on a UTF-8 boundary: a traceback's last line names its exception, its
+-- first says nothing; a stack's message comes before its frames.
 local function last_line(reason)
   local last = reason or ''
   for line in string.gmatch(last, '[^\n]+') do
-    if string.find(line, '%S') then last = line end
+    -- a stack's frames (`    at f (file:1:2)`, after its message) and the version Node prints
+    -- after a crash's stack name no failure
+    if string.find(line, '%S') and not string.find(line, '^%s+at .+:%d+:%d+%)?%s*$')
+      and not string.find(line, '^Node%.js v%d') then
+      last = line
+    end
   end
   local n = 300
   if #last <= n then return last end
