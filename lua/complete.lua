@@ -185,9 +185,16 @@ for gi, g in ipairs(groups) do
   end
   for _, idx in ipairs(dropped) do drop_state(prefix, tid, idx) end
 end
+-- tasks that met their goal settle (their held refs and counts go with it), before anything
+-- below may read a key it did not read first (a wake of every lane by `unhold`)
+local settled = {}
+for _, tid in ipairs(settles) do
+  if settle_task(prefix, tid, now) == 1 then settled[tid] = true end
+end
 -- last: the shards leave `active` (see the header on the order of writes)
 call_chunked('HDEL', K.active, taken)
 if rcall('SCARD', K.stalled) > 0 then call_chunked('SREM', K.stalled, taken) end
-for _, u in ipairs(unheld) do unhold(prefix, u[1], u[2], u[3], now) end
-for _, tid in ipairs(settles) do settle_task(prefix, tid, now) end
+for _, u in ipairs(unheld) do
+  if not settled[u[1]] then unhold(prefix, u[1], u[2], u[3], now) end
+end
 return codes

@@ -34,7 +34,7 @@
 
   Returns how many shards (or 1 for the aggregation) go again: 0 when nothing failed, or -3
   (task missing), -9 (task cancelled), -10 (its results were not kept: aggregation would miss
-  them), -13 (it met its --success-when: nothing to retry).
+  them), -13 (it met its --success-when: nothing to retry but a failed aggregation).
 
   include: chunked, clock, events, finish, hold, lanes, task
 ]]
@@ -45,8 +45,10 @@ local state = t[1]
 if not state then return -3 end
 -- every refusal before the first write (the round below is one)
 if state == 'cancelled' then return -9 end
--- a task that met its `success_when` met its goal (docs/design/failure-policies.md)
-if t[7] then return -13 end
+-- a task that met its `success_when` met its goal (docs/design/failure-policies.md): only a
+-- failed aggregation of it runs again
+local settled = t[7] ~= false
+if settled and not (state == 'failed' and t[4]) then return -13 end
 local ended = state == 'completed' or state == 'failed'
 if ended and t[2] == '0' then return -10 end
 if ARGV[3] then
@@ -59,7 +61,7 @@ if ARGV[3] then
 end
 
 local again = {}
-for _, idx in ipairs(rcall('HKEYS', task_key(prefix, tid, ':errors'))) do
+for _, idx in ipairs(settled and {} or rcall('HKEYS', task_key(prefix, tid, ':errors'))) do
   -- a reason without the terminal bit belongs to a shard still retrying
   if rcall('GETBIT', task_key(prefix, tid, ':terminal'), idx) == 1 then again[#again + 1] = idx end
 end

@@ -25,7 +25,7 @@ pub fn task_lines(tasks: &[TaskInfo]) -> Vec<String> {
 
 fn task_line(t: &TaskInfo, id_w: usize, kind_w: usize) -> String {
     const WIDTH: usize = 24;
-    let finished = t.done + t.failed;
+    let finished = t.done + t.failed + t.cancelled.unwrap_or(0);
     let frac = if t.total == 0 { 1.0 } else { finished as f64 / t.total as f64 };
     let filled = ((frac * WIDTH as f64).round() as usize).min(WIDTH);
     let bar = format!("{}{}", "#".repeat(filled), "-".repeat(WIDTH - filled));

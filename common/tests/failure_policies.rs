@@ -312,3 +312,84 @@ async fn the_first_failure_keeps_a_message_line_of_a_traceback_or_a_stack() {
     assert_eq!(env.field("t", "first_failure").await, Some(first("t")));
     assert_eq!(env.field("u", "first_failure").await, Some(first("u")));
 }
+
+/// k met by the completion that also makes every shard terminal: the task met its goal and
+/// completes, whatever failed before.
+#[tokio::test]
+async fn k_met_by_the_last_shard_completes_despite_an_earlier_failure() {
+    let mut env = ScriptEnv::start("fp_k_last").await;
+    let spec = TaskSpec { success_when: Some(Threshold::Count(2)), ..TaskSpec::new("t", "noop", 3) };
+    env.dispatch(&spec).await;
+    let c = env.claim("ex", 1, 3, LOCK).await.shards;
+    assert_eq!(c.len(), 3);
+    assert_eq!(env.fail_as(&c[0], 0, "bad row", Failure::Permanent).await, Ok(1));
+    assert_eq!(env.complete(&c[1], "").await, Ok(1));
+    assert_eq!(env.field("t", "state").await.as_deref(), Some("running"));
+    // the second success: k = 2 met, and it is also the last shard
+    assert_eq!(env.complete(&c[2], "").await, Ok(1));
+    assert_eq!(env.field("t", "state").await.as_deref(), Some("aggregating"));
+    let agg = env.claim("ex", 2, 10, LOCK).await.shards;
+    assert!(agg[0].shard_ref.is_aggregate());
+    assert_eq!(env.complete(&agg[0], "{}").await, Ok(1));
+    // nothing was left to cancel, but the goal was met: it completes
+    assert_eq!(env.field("t", "state").await.as_deref(), Some("completed"), "2 of 3 succeeded, k = 2");
+}
+
+/// The same met in one batch: one shard done in a batch that completes every other shard.
+#[tokio::test]
+async fn k_met_in_a_batch_that_ends_every_shard() {
+    let mut env = ScriptEnv::start("fp_k_batch").await;
+    let spec = TaskSpec { success_when: Some(Threshold::Count(3)), ..TaskSpec::new("t", "noop", 4) };
+    env.dispatch(&spec).await;
+    let c = env.claim("ex", 1, 4, LOCK).await.shards;
+    assert_eq!(env.fail_as(&c[0], 0, "bad row", Failure::Permanent).await, Ok(1));
+    let items: Vec<_> = c[1..]
+        .iter()
+        .map(|s| shardctl_common::scripts::Finished {
+            claim: s,
+            outcome: shardctl_common::scripts::FinishedAs::Completed(""),
+        })
+        .collect();
+    shardctl_common::scripts::finish(&mut env.con, &env.keys, support::NODE, &items).await.unwrap();
+    let agg = env.claim("ex", 2, 10, LOCK).await.shards;
+    assert_eq!(env.complete(&agg[0], "{}").await, Ok(1));
+    assert_eq!(env.field("t", "state").await.as_deref(), Some("completed"), "3 of 4 succeeded, k = 3");
+}
+
+/// A settled task whose aggregation failed for good: `retry` runs its aggregation again (and
+/// nothing else).
+#[tokio::test]
+async fn a_settled_task_whose_aggregation_failed_can_be_retried() {
+    let mut env = ScriptEnv::start("fp_k_aggfail").await;
+    let spec = TaskSpec { success_when: Some(Threshold::Count(1)), ..TaskSpec::new("t", "noop", 3) };
+    env.dispatch(&spec).await;
+    let c = env.claim("ex", 1, 1, LOCK).await.shards;
+    assert_eq!(env.complete(&c[0], "").await, Ok(1));
+    assert_eq!(env.field("t", "settled").await.as_deref(), Some("1"));
+    let agg = env.claim("ex", 2, 10, LOCK).await.shards;
+    assert!(agg[0].shard_ref.is_aggregate());
+    assert_eq!(env.fail_as(&agg[0], 0, "upstream 503", Failure::Permanent).await, Ok(1));
+    assert_eq!(env.field("t", "state").await.as_deref(), Some("failed"));
+    let r = shardctl_common::retry::retry(&mut env.con, &env.keys, "t").await;
+    assert!(matches!(r, Ok(1)), "the aggregation should run again: {r:?}");
+}
+
+/// The aggregation job of a settled task lost to the sweep (its holder froze): the heartbeat
+/// reports it lost, not cancelled.
+#[tokio::test]
+async fn a_settled_tasks_aggregation_lost_to_the_sweep_is_lost_not_cancelled() {
+    let mut env = ScriptEnv::start("fp_k_agglost").await;
+    let spec = TaskSpec { success_when: Some(Threshold::Count(1)), ..TaskSpec::new("t", "noop", 3) };
+    env.dispatch(&spec).await;
+    let c = env.claim("ex", 1, 1, LOCK).await.shards;
+    assert_eq!(env.complete(&c[0], "").await, Ok(1));
+    let agg = env.claim("ex", 2, 10, LOCK).await.shards;
+    assert!(agg[0].shard_ref.is_aggregate());
+    env.drop_lease("ex").await;
+    let r = env.sweep(60_000, 5).await.unwrap();
+    assert_eq!(r.recovered, 1);
+    let other = env.claim("ex2", 1, 10, LOCK).await.shards;
+    assert!(other[0].shard_ref.is_aggregate());
+    let lost = env.extend_checked("ex", &[&agg[0]], LOCK, true).await;
+    assert_eq!(lost, vec![0], "its lock was taken over: lost, not a cancel");
+}

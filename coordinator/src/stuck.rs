@@ -183,7 +183,8 @@ const SAMPLED: u64 = 50;
 /// in its shares, not read here): a worker that cannot start first (every attempt will fail).
 async fn retrying<C: ConnectionLike + Send>(con: &mut C, home: &Home, t: &TaskInfo) -> Result<Option<Stuck>> {
     use shardctl_common::reason::{summary, START_FAILED};
-    if t.partitions > 1 {
+    // a settled task's unfinished shards were cancelled, not retrying
+    if t.partitions > 1 || t.cancelled.is_some() {
         return Ok(None);
     }
     let (_, flat): (u64, Vec<String>) =

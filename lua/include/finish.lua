@@ -133,10 +133,12 @@ end
 local function finish_task(prefix, tid, ok, value, now)
   local tkey = task_key(prefix, tid, '')
   if rcall('HGET', tkey, 'state') ~= 'aggregating' then return 0 end
-  local f = rcall('HMGET', tkey, 'failed', 'settled')
+  local f = rcall('HMGET', tkey, 'failed', 'settled', 'success_when', 'done')
   local state = 'completed'
-  -- a settled task met its goal of k successes, whatever failed before (k-of-n)
-  if not ok or (tonumber(f[1]) > 0 and not f[2]) then state = 'failed' end
+  -- a task that met its goal of k successes (settled, or reached it with its last shard)
+  -- completes whatever failed before (k-of-n)
+  local met = f[2] or (f[3] and tonumber(f[4]) >= tonumber(f[3]))
+  if not ok or (tonumber(f[1]) > 0 and not met) then state = 'failed' end
   if ok then
     rcall('HSET', tkey, 'result', value)
   else

@@ -182,8 +182,8 @@ impl TaskModel {
     /// The aggregation ended (ok: its job completed); a settled task met its goal, whatever
     /// failed before.
     pub fn end_aggregation(&mut self, ok: bool) {
-        self.state =
-            if ok && (self.count(Term::Failed) == 0 || self.settled) { State::Completed } else { State::Failed };
+        let met = self.settled || self.success_when.is_some_and(|k| self.count(Term::Done) >= k);
+        self.state = if ok && (self.count(Term::Failed) == 0 || met) { State::Completed } else { State::Failed };
         self.agg_fails = 0;
         self.ends += 1;
     }

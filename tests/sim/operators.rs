@@ -146,6 +146,10 @@ impl World {
             }
         });
         let expected = self.model.tasks.get(id).map(|tm| {
+            // a settled task runs again only a failed aggregation
+            if tm.settled {
+                return (tm.state, u64::from(tm.state == State::Failed));
+            }
             let failed = tm.count(Term::Failed);
             let unfinished =
                 if tm.halted { (0..bound).filter(|&i| tm.terminal[i as usize].is_none()).count() as u64 } else { 0 };
@@ -156,10 +160,17 @@ impl World {
         match (expected, r) {
             (None, Err(Error::NoTask(_))) => Ok(()),
             (Some((State::Cancelled, _)), Err(Error::Refused { code: ScriptCode::TaskEnded, .. })) => Ok(()),
-            // a task that met its success_when met its goal: nothing to retry
-            (Some(_), Err(Error::Refused { code: ScriptCode::Settled, .. }))
-                if self.model.tasks.get(id).is_some_and(|t| t.settled) =>
+            // a task that met its success_when met its goal: nothing to retry but its aggregation
+            (Some((s, _)), Err(Error::Refused { code: ScriptCode::Settled, .. }))
+                if s != State::Failed && self.model.tasks.get(id).is_some_and(|t| t.settled) =>
             {
+                Ok(())
+            }
+            (Some((State::Failed, 1)), Ok(1)) if self.model.tasks.get(id).is_some_and(|t| t.settled) => {
+                let tm = self.model.tasks.get_mut(id).expect("retried task");
+                tm.state = State::Aggregating;
+                tm.rounds += 1;
+                tm.agg_fails = 0;
                 Ok(())
             }
             (Some((s, want)), Ok(n)) if s != State::Cancelled => {
