@@ -4,7 +4,7 @@
  * (docs/handlers.md). `serve(handler, aggregator)` says hello on stdout, then answers the
  * executor's requests one at a time: `handler(shard)` for a shard, `aggregator(agg)` for an
  * aggregation. Either may be async. A returned value is the result (JSON-able); a throw or a
- * rejection fails the attempt with its message and stack (its last 4 KiB), retried after the
+ * rejection fails the attempt with its message and stack (its first 4 KiB), retried after the
  * task's backoff. Throw `Permanent` for a failure no attempt can mend (the shard fails for good
  * now), `RetryAfter(seconds)` when an upstream asks to come back later (no attempt used),
  * `FailTask` for a fatal error of the whole task (it fails at once). A cancel (the shard's lock lost, its task
