@@ -53,7 +53,7 @@ for s = 1, #refs, 4000 do
       -- cancelled: the ref's own incarnation of its task is (not a later one under the id), or
       -- it halted or settled (docs/design/failure-policies.md): its shards were stopped, not lost
       local tid, inc, idx = split_ref(refs[pair])
-      local t = tid and rcall('HMGET', task_key(prefix, tid, ''), 'state', 'seq', 'halted', 'settled')
+      local t = tid and rcall('HMGET', task_key(prefix, tid, ''), 'state', 'seq', 'halted', 'cancelled')
       -- (a settled task's aggregation job is its own: lost, not cancelled)
       if t and (t[1] == 'cancelled' or t[3] or (t[4] and idx ~= 'agg')) and t[2] == inc then
         lost[#lost + 1] = -pair

@@ -40,7 +40,7 @@
 ]]
 local prefix, tid, now = ARGV[1], ARGV[2], now_ms()
 local tkey = K.task
-local t = rcall('HMGET', tkey, 'state', 'keep_results', 'failed', 'agg_error', 'round', 'halted', 'settled')
+local t = rcall('HMGET', tkey, 'state', 'keep_results', 'failed', 'agg_error', 'round', 'halted', 'cancelled')
 local state = t[1]
 if not state then return -3 end
 -- every refusal before the first write (the round below is one)

@@ -26,7 +26,7 @@ if state == 'cancelled' or state == 'delayed' then
 end
 if tonumber(routed) ~= from then return -6 end
 -- nor does one that ended, or settled (halted, k-of-n: docs/design/failure-policies.md)
-if state == 'failed' or state == 'completed' or rcall('HEXISTS', K.task, 'settled') == 1 then
+if state == 'failed' or state == 'completed' or rcall('HEXISTS', K.task, 'cancelled') == 1 then
   rcall('ZREM', K.unrouted, tid)
   return -9
 end

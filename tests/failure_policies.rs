@@ -80,22 +80,8 @@ fn permanent_failures_run_once_and_max_failures_fails_the_task_at_once_then_retr
     let ex = cli.executor("n1", &["--worker", &cmd, "--concurrency", "4"]);
 
     // without a limit: each of the 60 runs once (no backoff of 30 s is waited), the task fails
-    let t = cli.json(
-        &[
-            "dispatch",
-            "--kind",
-            "report",
-            "--shards",
-            "600",
-            "--backoff",
-            "fixed:30s",
-            "--task-id",
-            "all",
-            "--wait",
-            "--json",
-        ],
-        3,
-    );
+    let report = ["dispatch", "--kind", "report", "--shards", "600", "--backoff", "fixed:30s"];
+    let t = cli.json(&[&report[..], &["--task-id", "all", "--wait", "--json"][..]].concat(), 3);
     assert_eq!((t["done"].as_u64(), t["failed"].as_u64()), (Some(540), Some(60)), "{t}\n{}", ex.log());
     let n = runs(&log);
     assert!((0..600).all(|i| n.get(&i) == Some(&1)), "every shard, failing ones too, ran exactly once");
@@ -103,20 +89,7 @@ fn permanent_failures_run_once_and_max_failures_fails_the_task_at_once_then_retr
 
     // with --max-failures 10: failed fast, well before a backoff step of 30 s would pass
     let started = Instant::now();
-    let out = cli.run(&[
-        "dispatch",
-        "--kind",
-        "report",
-        "--shards",
-        "600",
-        "--backoff",
-        "fixed:30s",
-        "--max-failures",
-        "10",
-        "--task-id",
-        "fast",
-        "--wait",
-    ]);
+    let out = cli.run(&[&report[..], &["--max-failures", "10", "--task-id", "fast", "--wait"][..]].concat());
     let took = started.elapsed();
     assert_eq!(out.code(), 3, "{out:?}");
     assert!(took < Duration::from_secs(25), "failed fast only after {took:?}");

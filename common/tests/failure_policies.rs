@@ -365,7 +365,7 @@ async fn a_settled_task_whose_aggregation_failed_can_be_retried() {
     env.dispatch(&spec).await;
     let c = env.claim("ex", 1, 1, LOCK).await.shards;
     assert_eq!(env.complete(&c[0], "").await, Ok(1));
-    assert_eq!(env.field("t", "settled").await.as_deref(), Some("1"));
+    assert_eq!(env.field("t", "cancelled").await.as_deref(), Some("2"), "settled");
     let agg = env.claim("ex", 2, 10, LOCK).await.shards;
     assert!(agg[0].shard_ref.is_aggregate());
     assert_eq!(env.fail_as(&agg[0], 0, "upstream 503", Failure::Permanent).await, Ok(1));

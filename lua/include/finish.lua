@@ -133,7 +133,7 @@ end
 local function finish_task(prefix, tid, ok, value, now)
   local tkey = task_key(prefix, tid, '')
   if rcall('HGET', tkey, 'state') ~= 'aggregating' then return 0 end
-  local f = rcall('HMGET', tkey, 'failed', 'settled', 'success_when', 'done')
+  local f = rcall('HMGET', tkey, 'failed', 'cancelled', 'success_when', 'done')
   local state = 'completed'
   -- a task that met its goal of k successes (settled, or reached it with its last shard)
   -- completes whatever failed before (k-of-n)
