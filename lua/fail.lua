@@ -56,7 +56,7 @@ for i = 3, #ARGV, 6 do
       -- read first (its lane too: a halt writes it): an abort at a key of a slot being migrated
       -- leaves this shard held, unrecorded
       touch_task(prefix, tid)
-      -- a handler's fail_task halts its task, not a share (over partitions: as permanent)
+      -- a handler's fail_task halts its task; a share's asks its home to (the home decides)
       local fatal = class == 'f' and not t[6]
       if fatal or t[5] then touch_halt(prefix, tid) end
       local skey = shards_key(prefix, tid)
@@ -80,6 +80,8 @@ for i = 3, #ARGV, 6 do
           code = finish_task(prefix, tid, false, reason, now)
         else
           code = mark_terminal(prefix, tid, tonumber(idx), 'failed', 'errors', reason, now, fatal)
+          -- a share asks its home, which decides (coordinator/src/partition/decide.rs): the first ask
+          if class == 'f' and t[6] and code == 1 then rcall('HSETNX', tkey, 'halt_asked', idx .. ' ' .. last_line(reason)) end
           if code == 2 and fatal then
             halt = 'failed by its handler: shard ' .. idx .. ' asked to fail the task: ' .. last_line(reason)
           elseif code == 2 then

@@ -77,17 +77,6 @@ local fields = {}
 for i = 9, #ARGV do fields[#fields + 1] = ARGV[i] end
 local layout = rcall('HMGET', K.meta, 'partitions', 'partition_tags')
 if tonumber(layout[1] or '1') > 1 then
-  -- over partitions a task has no failure limit nor k-of-n goal yet
-  -- (docs/design/failure-policies.md): the record does not claim one (the firing coordinator
-  -- says so in its log)
-  local kept = {}
-  for i = 1, #fields - 1, 2 do
-    if fields[i] ~= 'max_failures' and fields[i] ~= 'success_when' then
-      kept[#kept + 1] = fields[i]
-      kept[#kept + 1] = fields[i + 1]
-    end
-  end
-  fields = kept
   fields[#fields + 1] = 'partitions'
   fields[#fields + 1] = layout[1]
   fields[#fields + 1] = 'partition_tags'

@@ -33,18 +33,23 @@
   retry their failed shards in it); a task in any other state is left as it is (returns 0):
   reopened, it would have nothing to run and nothing to end it.
 
+  A halted task (failed fast, docs/design/failure-policies.md) is reopened even with no count to
+  forget, its reason gone; a settled one (k-of-n) is refused.
+
   Returns the new round, 0 (nothing to forget), or -3 (task missing), -9 (task cancelled), -10
-  (its results were not kept), -12 (its partitions are no longer the queue's: a change of the
+  (its results were not kept), -13 (settled), -12 (its partitions are no longer the queue's: a change of the
   layout since it ran; no executor would serve its shares, docs/design/partitions-repair.md).
 
   include: clock, events, finish, lanes
 ]]
 local prefix, tid, now, to = ARGV[1], ARGV[2], now_ms(), tonumber(ARGV[3])
 local tkey = K.task
-local t = rcall('HMGET', tkey, 'state', 'keep_results', 'seq', 'partition_tags', 'round')
+local t = rcall('HMGET', tkey, 'state', 'keep_results', 'seq', 'partition_tags', 'round', 'halted', 'cancelled')
 local state = t[1]
 if not state then return -3 end
 if state == 'cancelled' then return -9 end
+-- settled (k-of-n): its cancelled shards never run again (its aggregation alone may: retry.lua)
+if t[7] then return -13 end
 if to > 0 and to <= tonumber(t[5] or '0') then return 0 end
 if t[4] ~= (rcall('HGET', K.meta, 'partition_tags') or '') then return -12 end
 local ended = state == 'completed' or state == 'failed'
@@ -58,23 +63,26 @@ if #ARGV >= 4 then
 else
   for p = 1, tonumber(rcall('HGET', tkey, 'partitions') or '0') do
     local v = rcall('HGET', tkey, 'part:' .. p)
-    if v and tonumber(string.match(v, '/(%d+)$')) > 0 then forget[#forget + 1] = { p, v } end
+    if v and select(2, share_count(v)) > 0 then forget[#forget + 1] = { p, v } end
   end
 end
-if #forget == 0 and state ~= 'running' then return 0 end
+-- a halted task (failed fast) runs again even with no count to forget: its shares, halted before
+-- they were counted, rerun their failed and unfinished shards (the limit counts anew)
+if #forget == 0 and state ~= 'running' and not t[6] then return 0 end
 -- read first: the lane the aggregation job may leave
 touch_task_lane(prefix, tid)
 local round = to
 if to > 0 then rcall('HSET', tkey, 'round', to) else round = rcall('HINCRBY', tkey, 'round', 1) end
 local again = 0
 for _, pv in ipairs(forget) do
-  local d, f = string.match(pv[2], '^(%d+)/(%d+)$')
-  rcall('HINCRBY', tkey, 'done', 0 - tonumber(d))
-  rcall('HINCRBY', tkey, 'failed', 0 - tonumber(f))
-  again = again + tonumber(f)
+  local d, f = share_count(pv[2])
+  rcall('HINCRBY', tkey, 'done', 0 - d)
+  rcall('HINCRBY', tkey, 'failed', 0 - f)
+  again = again + f
   rcall('HDEL', tkey, 'part:' .. pv[1], 'round:' .. pv[1])
 end
 rcall('HSET', tkey, 'retried_ms', now)
+rcall('HDEL', tkey, 'halted', 'first_failure')
 if ended then
   reopen_ended(prefix, tid)
 elseif state == 'aggregating' then

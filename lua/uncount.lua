@@ -2,8 +2,8 @@
   Forgets the count of a share that lost writes after it was counted in the home (a failover of
   its partition's master: replication is asynchronous), found by the aggregation: the share is
   running again (its lost shards are claimed or recovered and run again) or is gone (the
-  reconciliation creates it again). Its `part:<p>` field goes, its counts leave `done` and
-  `failed`, and the task is `running` again, its aggregation job withdrawn (the one calling
+  reconciliation creates it again). Its `part:<p>` field goes, its counts leave `done`,
+  `failed` and `cancelled`, and the task is `running` again, its aggregation job withdrawn (the one calling
   this is refused when it reports). When the share ends again, report.lua counts it anew, and
   the aggregation is enqueued once every share is counted again (docs/design/partitions.md, reconciliation).
 
@@ -32,9 +32,10 @@ local aref = tid .. ':' .. t[4] .. ':agg'
 if rcall('HGET', K.active, aref) ~= ARGV[5] then return 0 end
 -- read first: the lane the aggregation job may leave
 touch_task_lane(prefix, tid)
-local d, f = string.match(t[3], '^(%d+)/(%d+)$')
-rcall('HINCRBY', K.task, 'done', 0 - tonumber(d))
-rcall('HINCRBY', K.task, 'failed', 0 - tonumber(f))
+local d, f, c = share_count(t[3])
+rcall('HINCRBY', K.task, 'done', 0 - d)
+rcall('HINCRBY', K.task, 'failed', 0 - f)
+if c > 0 then rcall('HINCRBY', K.task, 'cancelled', 0 - c) end
 rcall('HDEL', K.task, 'part:' .. p, 'round:' .. p)
 withdraw_aggregation(prefix, tid, aref)
 emit('event', 'share_uncounted', 'task', tid, 'partition', p, 'done', d, 'failed', f)

@@ -313,19 +313,89 @@ fn a_worker_that_cannot_start_is_said_by_wait_and_status_with_its_error() {
     assert!(failed.contains("no failed shards"), "{failed}");
 }
 
+const PARTED: &str = r#"#!/bin/sh
+i=$SHARDCTL_SHARD_INDEX
+echo "$i $SHARDCTL_ATTEMPT" >> "$LOG"
+if [ $((i % 5)) = 0 ] && [ ! -e "$FIXED" ]; then echo "bad row $i" >&2; exit 65; fi
+sleep 0.2
+echo 1
+"#;
+
+/// The shares' states of task `id` over the queue's partitions (`config --json` names them).
+fn share_states(cli: &Cli, id: &str) -> Vec<Option<String>> {
+    let v = cli.json(&["config", "--json"], 0);
+    let tags: Vec<String> =
+        v["partition_tags"].as_array().unwrap().iter().map(|t| t.as_str().unwrap().to_owned()).collect();
+    let mut con = cli.con();
+    tags.iter()
+        .map(|t| redis::cmd("HGET").arg(format!("{{{t}}}:task:{id}")).arg("state").query(&mut con).unwrap())
+        .collect()
+}
+
 #[test]
-fn over_partitions_max_failures_is_refused_and_fail_task_fails_only_its_shard() {
-    let cli = Cli::start("fp-parts");
+fn over_partitions_the_home_fails_fast_once_stops_every_share_and_retry_mends_it() {
+    let dir = tempdir("parts");
+    let h = executable(&dir, "h.sh", PARTED);
+    let (log, fixed) = (dir.join("runs.log"), dir.join("fixed"));
+    let cli = Cli::start("fp-parts").with_env("LOG", log.to_str().unwrap()).with_env("FIXED", fixed.to_str().unwrap());
     cli.json(&["config", "--partitions", "3", "--json"], 0);
-    let refused = "--max-failures and --success-when are not supported yet on a queue with partitions";
-    cli.rejects(&["dispatch", "--kind", "noop", "--shards", "30", "--max-failures", "2"], 2, refused);
-    cli.rejects(
-        &["schedule", "add", "n", "--cron", "@daily", "--kind", "noop", "--shards", "3", "--max-failures", "1"],
-        2,
-        refused,
+    let exec = h.to_str().unwrap();
+    let _a = cli.executor("p1", &["--exec", exec, "--concurrency", "3"]);
+    let _b = cli.executor("p2", &["--exec", exec, "--concurrency", "3"]);
+    // shards 0, 30 and 60 start each share: failures cross the limit in several shares at once
+    let out = cli.run(&[
+        "dispatch",
+        "--kind",
+        "rows",
+        "--shards",
+        "90",
+        "--max-failures",
+        "3",
+        "--task-id",
+        "pf",
+        "--wait",
+        "--timeout",
+        "60s",
+    ]);
+    assert_eq!(out.code(), 3, "{out:?}");
+    assert!(out.stdout.contains("failed fast: ") && out.stdout.contains("(limit 3); first: shard "), "{out:?}");
+    let s = cli.json(&["status", "pf", "--json"], 0);
+    assert_eq!((s["state"].as_str(), s["max_failures"].as_u64()), (Some("failed"), Some(3)), "{s}");
+    assert!(s["done"].as_u64().unwrap() < 72, "the task stopped early: {s}");
+    // every share stops as its home decided, at once (its running handlers too)
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while share_states(&cli, "pf").iter().any(|st| st.as_deref() != Some("failed")) {
+        assert!(Instant::now() < deadline, "shares still running: {:?}", share_states(&cli, "pf"));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(2500));
+    let before = runs(&log);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(runs(&log), before, "no shard starts after the shares stopped");
+    assert!(before.values().all(|&k| k == 1), "no shard ran twice");
+    assert_eq!(events(&cli, "task_halted").len(), 1, "decided once");
+    assert!(events(&cli, "task_aggregating").is_empty(), "a halted task never aggregates");
+
+    // mended: retry runs what did not complete, in every share, and the task completes
+    std::fs::write(&fixed, "").unwrap();
+    cli.ok(&["retry", "pf"]);
+    let t = cli.json(&["wait", "pf", "--timeout", "60s", "--json"], 0);
+    assert_eq!(
+        (t["state"].as_str(), t["done"].as_u64(), t["failed"].as_u64()),
+        (Some("completed"), Some(90), Some(0)),
+        "{t}"
     );
+    assert!(t["halted"].is_null(), "{t}");
+    let after = runs(&log);
+    assert!((0..90u64).all(|i| after.contains_key(&i)), "every shard ran");
+    assert!(after.values().all(|&k| k <= 2), "no shard ran more than once again: {after:?}");
+}
+
+#[test]
+fn over_partitions_a_handlers_fail_task_halts_the_whole_task() {
+    let cli = Cli::start("fp-parts-fatal");
+    cli.json(&["config", "--partitions", "3", "--json"], 0);
     let _ex = cli.executor("p1", &["--concurrency", "4"]);
-    // a share never halts alone: its handler's fail_task fails that shard for good
     let payload = r#"{"rate":0.2,"sticky":true,"class":"fail_task"}"#;
     let t = cli.json(
         &[
@@ -335,7 +405,7 @@ fn over_partitions_max_failures_is_refused_and_fail_task_fails_only_its_shard() 
             "--payload",
             payload,
             "--shards",
-            "30",
+            "300",
             "--task-id",
             "fp",
             "--wait",
@@ -345,9 +415,10 @@ fn over_partitions_max_failures_is_refused_and_fail_task_fails_only_its_shard() 
         ],
         3,
     );
-    let (done, failed) = (t["done"].as_u64().unwrap(), t["failed"].as_u64().unwrap());
-    assert_eq!((t["state"].as_str(), done + failed), (Some("failed"), 30), "{t}");
-    assert!(failed > 0 && t["halted"].is_null(), "{t}");
+    let why = t["halted"].as_str().unwrap_or_default();
+    assert!(why.starts_with("failed by its handler: shard ") && why.contains("asked to fail the task"), "{t}");
+    assert!(t["done"].as_u64().unwrap() + t["failed"].as_u64().unwrap() < 300, "it stopped early: {t}");
+    assert_eq!(events(&cli, "task_halted").len(), 1);
 }
 
 const K_OF_N: &str = r#"
@@ -365,11 +436,27 @@ serve(handle, aggregate)
 
 #[test]
 fn success_when_cancels_the_stragglers_and_aggregates_exactly_the_succeeded_shards() {
-    let dir = tempdir("kofn");
+    k_of_n(1);
+}
+
+#[test]
+fn over_partitions_success_when_aggregates_exactly_the_succeeded_shards() {
+    k_of_n(3);
+}
+
+/// 40 shards, the last ten stragglers, `--success-when 75%`, over `partitions`.
+fn k_of_n(partitions: u32) {
+    let dir = tempdir(&format!("kofn{partitions}"));
     let w = write(&dir, "k.py", K_OF_N);
     let cmd = format!("python3 {}", w.display());
-    let cli = Cli::start("fp-kofn").with_env("PYTHONPATH", &format!("{}/clients/python", env!("CARGO_MANIFEST_DIR")));
-    let _ex = cli.executor("k1", &["--worker", &cmd, "--aggregate-worker", &cmd, "--concurrency", "4"]);
+    let cli = Cli::start(&format!("fp-kofn{partitions}"))
+        .with_env("PYTHONPATH", &format!("{}/clients/python", env!("CARGO_MANIFEST_DIR")));
+    if partitions > 1 {
+        cli.json(&["config", "--partitions", &partitions.to_string(), "--json"], 0);
+    }
+    // slots for every straggler and more: over partitions the claims take shards of every share
+    // in turn, so stragglers start beside the others, never before them all
+    let _ex = cli.executor("k1", &["--worker", &cmd, "--aggregate-worker", &cmd, "--concurrency", "12"]);
     let started = Instant::now();
     let t = cli.json(
         &[
@@ -388,7 +475,7 @@ fn success_when_cancels_the_stragglers_and_aggregates_exactly_the_succeeded_shar
         0,
     );
     // the stragglers (20 s each) were stopped: the task did not wait for them
-    assert!(started.elapsed() < Duration::from_secs(18), "took {:?}", started.elapsed());
+    assert!(started.elapsed() < Duration::from_secs(18), "took {:?}\n{}", started.elapsed(), _ex.log());
     assert_eq!((t["state"].as_str(), t["success_when"].as_u64()), (Some("completed"), Some(30)), "{t}");
     let (done, cancelled) = (t["done"].as_u64().unwrap(), t["cancelled"].as_u64().unwrap());
     assert_eq!((done, cancelled, t["failed"].as_u64()), (30, 10, Some(0)), "{t}");

@@ -480,6 +480,7 @@ fn config_schedule_list_and_watch_events_match_their_schemas() {
     // a queue spread over partitions logs them (seen below)
     seen.insert("share_counted");
     seen.insert("share_uncounted");
+    seen.insert("share_stopped");
     let unseen: Vec<&&str> = known.difference(&seen).collect();
     assert!(unseen.is_empty(), "no event of kinds {unseen:?} was logged: {logged:?}");
 
@@ -621,4 +622,30 @@ fn watch_over_partitions_matches_the_schema() {
     assert_eq!(uncounted.len(), 1, "{out}");
     event.check("watch --json (share_uncounted)", &uncounted[0]);
     event.rejects("a partition as text", &with(&uncounted[0], "/partition", json!("1")));
+
+    // a task that meets its success goal: its home settles, then each share stops
+    // (`share_stopped`, shown with its partition)
+    let k = ["dispatch", "--kind", "sleep", "--payload", r#"{"ms":200}"#, "--shards", "40", "--success-when", "2"];
+    cli.ok(&[&k[..], &["--task-id", "pk", "--wait"][..]].concat());
+    let mut logged = 0;
+    for (i, log) in std::iter::once(cli.key("events"))
+        .chain(tags.as_array().unwrap().iter().map(|t| format!("{{{}}}:events", t.as_str().unwrap())))
+        .enumerate()
+    {
+        let entries: Vec<(String, std::collections::HashMap<String, String>)> =
+            redis::cmd("XRANGE").arg(log).arg("-").arg("+").query(&mut con).unwrap();
+        let shown = |e: &str| i == 0 || e.starts_with("shard_") || e == "share_stopped";
+        logged += entries.iter().filter(|(_, f)| f["task"] == "pk" && shown(&f["event"])).count();
+    }
+    let out = cli.ok(&["watch", "--task", "pk", "--from-start", "--count", &logged.to_string(), "--json"]);
+    let stopped: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|e| e["event"] == "share_stopped")
+        .collect();
+    assert_eq!(stopped.len(), 2, "{out}");
+    for e in &stopped {
+        event.check("watch --json (share_stopped)", e);
+    }
+    event.rejects("a stopped count as text", &with(&stopped[0], "/stopped", json!("1")));
 }

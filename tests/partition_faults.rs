@@ -426,7 +426,15 @@ async fn a_count_of_an_older_round_is_replaced_by_the_newer_report() {
         .query_async(&mut con)
         .await
         .unwrap();
-    let r = scripts::ShareReport { task: "o".into(), home_inc: inc, partition: 1, round: 2, done: 2, failed: 0 };
+    let r = scripts::ShareReport {
+        task: "o".into(),
+        home_inc: inc,
+        partition: 1,
+        round: 2,
+        done: 2,
+        failed: 0,
+        ..Default::default()
+    };
     assert_eq!(scripts::report(&mut con, &home, &r).await.unwrap(), scripts::Reported::Counted);
     let (part, done, failed): (String, u64, u64) =
         redis::cmd("HMGET").arg(home.task("o")).arg(&["part:1", "done", "failed"]).query_async(&mut con).await.unwrap();

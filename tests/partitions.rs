@@ -310,7 +310,15 @@ async fn a_report_lost_between_two_slots_is_repeated_and_counted_once() {
     }
     // a report counted but never acknowledged (the crash came between the two slots' writes)
     let inc = shardctl_common::share::home_inc_of(&mut con, &home, "r").await.unwrap().unwrap();
-    let r = ShareReport { task: "r".into(), home_inc: inc.clone(), partition: 1, round: 0, done: 3, failed: 0 };
+    let r = ShareReport {
+        task: "r".into(),
+        home_inc: inc.clone(),
+        partition: 1,
+        round: 0,
+        done: 3,
+        failed: 0,
+        ..Default::default()
+    };
     assert_eq!(scripts::report(&mut con, &home, &r).await.unwrap(), Reported::Counted);
     assert_eq!(scripts::report(&mut con, &home, &r).await.unwrap(), Reported::Already, "counted twice");
     // a report of another incarnation counts nothing, not even one of the same seq (a home
@@ -566,7 +574,15 @@ async fn a_retry_cut_short_is_completed_by_the_reconciliation() {
     assert_eq!((state.as_str(), done, failed), ("running", 0, 0), "the shares' counts forgotten");
     // a late report of the old round counts nothing
     let inc = shardctl_common::share::home_inc_of(&mut con, &home, "r").await.unwrap().unwrap();
-    let old = ShareReport { task: "r".into(), home_inc: inc, partition: 1, round: 0, done: 0, failed: 2 };
+    let old = ShareReport {
+        task: "r".into(),
+        home_inc: inc,
+        partition: 1,
+        round: 0,
+        done: 0,
+        failed: 2,
+        ..Default::default()
+    };
     assert_eq!(scripts::report(&mut con, &home, &old).await.unwrap(), Reported::Already);
     // the reconciliation retries both shares in round 1: their shards are claimable again
     shardctl_coordinator::partition::reconcile(&mut con, &layout).await.unwrap();

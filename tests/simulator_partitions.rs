@@ -144,7 +144,7 @@ impl Sim {
     }
 
     async fn step(&mut self, n: u64) -> Outcome {
-        let weights: [u64; 14] = [6, 25, 25, 8, 10, 4, 3, 3, 4, 3, 1, 2, 4, 2 * u64::from(ROLLBACKS)];
+        let weights: [u64; 15] = [6, 25, 25, 8, 10, 4, 3, 3, 4, 3, 1, 2, 4, 2 * u64::from(ROLLBACKS), 4];
         let total: u64 = weights.iter().sum();
         let mut pick = self.rng.next() % total;
         let mut action = 0;
@@ -198,6 +198,7 @@ impl Sim {
                 self.lose(&id, p).await
             }
             13 => self.rollback(n).await,
+            14 => self.decide(n).await,
             _ => {
                 for s in 0..=K as usize {
                     let k = self.space(s).clone();
@@ -214,12 +215,19 @@ impl Sim {
         spec.attempts = 1 + self.rng.below(3) as u32;
         // a quarter drop their results at their end (`end_share.lua` in every share)
         spec.keep_results = !self.rng.chance(25);
+        // a third fail fast past a limit, a quarter settle at a goal (decided by the home)
+        if self.rng.chance(33) {
+            spec.max_failures = Some(shardctl_common::failure::Threshold::Count(self.rng.below(2) as u64));
+        } else if self.rng.chance(33) {
+            spec.success_when =
+                Some(shardctl_common::failure::Threshold::Count(1 + self.rng.below(shards as usize) as u64));
+        }
         self.nonce += 1;
         spec.payload = format!("{{\"n\":{}}}", self.nonce);
         let r = shardctl_coordinator::partition::dispatch(&mut self.con, &self.layout, &spec).await;
         self.note(format!(
-            "dispatch {id} ({shards} shards, {} attempts, keep results {}): {r:?}",
-            spec.attempts, spec.keep_results
+            "dispatch {id} ({shards} shards, {} attempts, keep results {}, max failures {:?}, success when {:?}): {r:?}",
+            spec.attempts, spec.keep_results, spec.max_failures, spec.success_when
         ));
         Ok(())
     }
@@ -312,10 +320,10 @@ impl Sim {
             for (task, _) in pending {
                 // read as the executors' reporter reads it (report_share): one HMGET, and only an
                 // ended share is reported (one running again after a retry has nothing to count)
-                type Fields = (Option<String>, Option<u64>, Option<u64>, Option<u64>, Option<String>);
+                type Fields = (Option<String>, Option<u64>, Option<u64>, Option<u64>, Option<String>, Option<u64>);
                 let f: Fields = redis::cmd("HMGET")
                     .arg(pk.task(&task))
-                    .arg(&["home_inc", "round", "done", "failed", "state"])
+                    .arg(&["home_inc", "round", "done", "failed", "state", "cancelled"])
                     .query_async(&mut self.con)
                     .await
                     .map_err(|e| e.to_string())?;
@@ -324,7 +332,17 @@ impl Sim {
                 else {
                     continue;
                 };
-                let r = ShareReport { task: task.clone(), home_inc, partition: p as u32, round, done, failed };
+                let cancelled = f.5.unwrap_or(0);
+                let r = ShareReport {
+                    task: task.clone(),
+                    home_inc,
+                    partition: p as u32,
+                    round,
+                    done,
+                    failed,
+                    cancelled,
+                    ..Default::default()
+                };
                 let got = scripts::report(&mut self.con, &self.layout.home, &r).await.map_err(|e| e.to_string())?;
                 self.note(format!("report of {task} in partition {p}, cut before its ack: {got:?}"));
             }
@@ -485,10 +503,13 @@ impl Sim {
             }
             let num = |f: &str| h.get(f).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
             let (total, done, failed, seq) = (num("total"), num("done"), num("failed"), num("seq"));
+            // shards a settled task cancelled (k-of-n), as its shares' counts said
+            let cancelled = num("cancelled");
+            let halted = h.contains_key("halted");
             let state = h.get("state").cloned().unwrap_or_default();
             let nonce = faults::nonce_of(h.get("payload"));
             ensure!(done + failed <= total, "{id}: home counts {done}+{failed} past its total {total}");
-            let (mut sum_d, mut sum_f) = (0, 0);
+            let (mut sum_d, mut sum_f, mut sum_c) = (0, 0, 0);
             for p in 1..=K {
                 let pk = self.layout.partitions[p as usize - 1].clone();
                 let size = share_range(p, K, total).1;
@@ -536,10 +557,13 @@ impl Sim {
                     }
                 }
                 if let Some(v) = h.get(&format!("part:{p}")) {
-                    let (d, f) = v.split_once('/').ok_or(format!("{id}: part:{p} = {v}"))?;
-                    let (d, f): (u64, u64) = (d.parse().unwrap(), f.parse().unwrap());
+                    // `done/failed`, and `/cancelled` for a share settled as its home ordered
+                    let n: Vec<u64> = v.split('/').map(|x| x.parse().unwrap_or(u64::MAX)).collect();
+                    ensure!((2..=3).contains(&n.len()) && !n.contains(&u64::MAX), "{id}: part:{p} = {v}");
+                    let (d, f, c) = (n[0], n[1], n.get(2).copied().unwrap_or(0));
                     sum_d += d;
                     sum_f += f;
+                    sum_c += c;
                     // a share counted is ended with those counts (unless cleaned away since, or it
                     // lost writes after its count: the aggregation forgets the count)
                     if mine && !self.lost.contains(&(id.clone(), p, nonce)) {
@@ -550,19 +574,42 @@ impl Sim {
                             "{id} share {p} counted in the home while {st}"
                         );
                         ensure!(
-                            (snum("done"), snum("failed")) == (d, f),
-                            "{id} share {p}: counted {d}/{f}, has {}/{}",
+                            (snum("done"), snum("failed"), snum("cancelled")) == (d, f, c),
+                            "{id} share {p}: counted {d}/{f}/{c}, has {}/{}/{}",
                             snum("done"),
-                            snum("failed")
+                            snum("failed"),
+                            snum("cancelled")
                         );
                     }
-                } else if state != "running" && state != "cancelled" && size > 0 {
+                } else if state != "running" && state != "cancelled" && !halted && size > 0 {
                     return Err(format!("{id} is {state} but share {p} is not counted"));
                 }
+                // a share of a halted task stops, or ends, as its home ordered: never counted
+                // afterwards, and the task never aggregates (checked below)
             }
-            ensure!((sum_d, sum_f) == (done, failed), "{id}: home counts {done}/{failed}, its shares' {sum_d}/{sum_f}");
-            if state == "aggregating" || state == "completed" || state == "failed" {
-                ensure!(done + failed == total, "{id} {state} with {done}+{failed} of {total}");
+            ensure!(
+                (sum_d, sum_f, sum_c) == (done, failed, cancelled),
+                "{id}: home counts {done}/{failed}/{cancelled}, its shares' {sum_d}/{sum_f}/{sum_c}"
+            );
+            if (state == "aggregating" || state == "completed" || state == "failed") && !halted {
+                ensure!(
+                    done + failed + cancelled == total,
+                    "{id} {state} with {done}+{failed}+{cancelled} cancelled of {total}"
+                );
+            }
+            // a limit holds: a task past its max_failures never aggregates nor completes
+            if let Some(max) = h.get("max_failures").and_then(|m| m.parse::<u64>().ok()) {
+                ensure!(
+                    failed <= max || !matches!(state.as_str(), "aggregating" | "completed"),
+                    "{id} {state} with {failed} failed past its limit {max}"
+                );
+            }
+            ensure!(!halted || state != "completed", "{id} completed although halted");
+            // a settled task cancelled only shards that never completed: its goal is met
+            if let (Some(goal), true) = (h.get("success_when").and_then(|g| g.parse::<u64>().ok()), cancelled > 0) {
+                if matches!(state.as_str(), "aggregating" | "completed") {
+                    ensure!(done >= goal, "{id} {state}: settled with {done} done, its goal {goal}");
+                }
             }
             // aggregation jobs of this incarnation: at most one anywhere, none once ended
             let agg = format!("{id}:{seq}:agg");
@@ -598,8 +645,21 @@ impl Sim {
             let key = self.agg_key(&id, seq).await?;
             let recorded = self.aggregated.get(&key).copied().unwrap_or(0);
             ensure!(recorded <= 1, "{id} incarnation {seq}: aggregation recorded {recorded} times in one round");
+            ensure!(!halted || recorded == 0, "{id} incarnation {seq}: aggregated although halted");
         }
         Ok(())
+    }
+
+    /// The decision pass of a serving process (`partition::decide_pass`), its throttle lapsed.
+    async fn decide(&mut self, n: u64) -> Outcome {
+        let () = redis::cmd("DEL")
+            .arg(self.layout.home.decide_check())
+            .query_async(&mut self.con)
+            .await
+            .map_err(|e| e.to_string())?;
+        let r = shardctl_coordinator::partition::decide_pass(&mut self.con, &self.layout).await;
+        self.note(format!("#{n} decision pass: {r:?}"));
+        r.map(|_| ()).map_err(|e| format!("decide: {e}"))
     }
 
     /// Runs everything to its end: one executor claims and completes all there is, the reports
@@ -624,6 +684,7 @@ impl Sim {
                 .await
                 .map_err(|e| e.to_string())?;
             shardctl_coordinator::partition::reconcile(&mut self.con, &self.layout).await.map_err(|e| e.to_string())?;
+            self.decide(0).await?;
             self.check().await?;
             let mut open = Vec::new();
             for i in 0..IDS {
@@ -657,13 +718,28 @@ impl Sim {
                 .query_async(&mut self.con)
                 .await
                 .map_err(|e| e.to_string())?;
+            let (halted, cancelled): (Option<String>, Option<u64>) = redis::cmd("HMGET")
+                .arg(self.layout.home.task(&id))
+                .arg(&["halted", "cancelled"])
+                .query_async(&mut self.con)
+                .await
+                .map_err(|e| e.to_string())?;
             let Some(state) = state else { continue };
             if state == "cancelled" {
                 continue;
             }
             let (total, done, failed, seq) =
                 (total.unwrap_or(0), done.unwrap_or(0), failed.unwrap_or(0), seq.unwrap_or(0));
-            ensure!(done + failed == total, "{id} {state}: {done}+{failed} of {total}");
+            if halted.is_some() {
+                // failed fast: it ended without every shard, and never aggregated (checked)
+                ensure!(state == "failed", "{id} halted but {state}");
+                continue;
+            }
+            let cancelled = cancelled.unwrap_or(0);
+            ensure!(
+                done + failed + cancelled == total,
+                "{id} {state}: {done}+{failed}+{cancelled} cancelled of {total}"
+            );
             let key = self.agg_key(&id, seq).await?;
             let n = self.aggregated.get(&key).copied().unwrap_or(0);
             // an aggregation whose reply was lost counts in Redis but not here: at most once

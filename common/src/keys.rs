@@ -143,6 +143,10 @@ impl Keys {
     pub fn stalled_check(&self) -> String {
         self.key("stalled-check")
     }
+    /// String PX (a home's): the throttle of the decision pass over partitions.
+    pub fn decide_check(&self) -> String {
+        self.key("decide-check")
+    }
     /// Hash: the per-shard state of one task's shards, fields `<index>:attempt`, `:fails`,
     /// `:stalled`, `:node` (and `agg:*`), only while a shard needs them.
     pub fn shards(&self, id: &str) -> String {

@@ -56,22 +56,27 @@ async fn retry_over<C: ConnectionLike + Send>(con: &mut C, home: &Home, id: &str
         // the home record is its one share: `retry.lua` on it
         return retry_here(con, home, id).await;
     }
-    let mut fields: Vec<String> = ["state", "round"].map(str::to_owned).to_vec();
+    let mut fields: Vec<String> = ["state", "round", "halted", "cancelled"].map(str::to_owned).to_vec();
     fields.extend((1..=layout.count()).map(|p| format!("part:{p}")));
     let row: Vec<Option<String>> = redis::cmd("HMGET").arg(home.task(id)).arg(&fields).query_async(con).await?;
-    let state = row[0].clone();
+    let (state, halted, settled) = (row[0].clone(), row[2].is_some(), row[3].is_some());
+    // a share's count is `<done>/<failed>[/<cancelled>]`
     let failed_parts: Vec<u32> = (1..=layout.count())
         .filter(|p| {
-            row[1 + *p as usize]
+            row[3 + *p as usize]
                 .as_deref()
-                .and_then(|v| v.split_once('/'))
-                .is_some_and(|(_, f)| f.parse::<u64>().is_ok_and(|f| f > 0))
+                .and_then(|v| v.split('/').nth(1))
+                .is_some_and(|f| f.parse::<u64>().is_ok_and(|f| f > 0))
         })
         .collect();
     match state.as_deref() {
+        // settled (k-of-n): refused, or its failed aggregation alone runs again, as in one slot
+        Some("running" | "completed" | "failed" | "aggregating") if settled => retry_here(con, home, id).await,
+        // halted (failed fast): its shares run their failed and unfinished shards again
+        Some("failed") if halted => reopen_and_retry(con, &layout, id).await,
         Some("running") => {
             let round = row[1].as_deref().and_then(|r| r.parse().ok()).unwrap_or(0);
-            let counted: Vec<bool> = (1..=layout.count()).map(|p| row[1 + p as usize].is_some()).collect();
+            let counted: Vec<bool> = (1..=layout.count()).map(|p| row[3 + p as usize].is_some()).collect();
             if failed_parts.is_empty() && !uncounted_failures(con, &layout, id, &counted).await? {
                 return resume_retries(con, &layout, id, round).await;
             }

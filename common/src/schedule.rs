@@ -175,13 +175,6 @@ impl Schedule {
         let code: i64 = inv.invoke_async(con).await?;
         if code == 1 {
             let layout = crate::partition::layout::task_layout(con, home, &id).await?;
-            if layout.partitioned() && self.fields.iter().any(|(f, _)| f == "max_failures" || f == "success_when") {
-                tracing::warn!(
-                    schedule = %self.name,
-                    "task {id} runs without its --max-failures or --success-when: not supported over \
-                     partitions yet (docs/design/failure-policies.md)"
-                );
-            }
             // its shares (none to create for a task of one partition: its home record is its share)
             let h: std::collections::HashMap<String, String> =
                 redis::cmd("HGETALL").arg(home.task(&id)).query_async(con).await?;

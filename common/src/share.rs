@@ -244,7 +244,9 @@ pub async fn check_counted<C: ConnectionLike + Send>(
     if s.is_home() {
         return Ok(Counted::Sound);
     }
-    let row = read(con, &s.keys, &t.task_id, &t.inc, &["total", "state", "done", "failed", "results_dropped"]).await?;
+    let row =
+        read(con, &s.keys, &t.task_id, &t.inc, &["total", "state", "done", "failed", "results_dropped", "cancelled"])
+            .await?;
     let bits: u64 = redis::cmd("BITCOUNT").arg(s.keys.terminal(&t.task_id)).query_async(con).await?;
     // (another slot: a command of its own)
     let counted_home: Option<String> =
@@ -257,7 +259,14 @@ pub async fn check_counted<C: ConnectionLike + Send>(
     // (a share's round may be older than the home's: a retry reruns only the shares with
     // failures; the counts tell a retry lost after its count)
     let ended = ended(state);
-    if ended && counted_home.as_deref() != Some(format!("{}/{}", num(&v[2]), num(&v[3])).as_str()) {
+    // a share settled as its home ordered counts its unended shards as cancelled
+    // (docs/design/failure-policies.md, Over partitions): they have no terminal bit
+    let cancelled = num(&v[5]);
+    let count = match cancelled {
+        0 => format!("{}/{}", num(&v[2]), num(&v[3])),
+        c => format!("{}/{}/{c}", num(&v[2]), num(&v[3])),
+    };
+    if ended && counted_home.as_deref() != Some(count.as_str()) {
         return Ok(Counted::Lost("ended with other counts than its count"));
     }
     if v[4].is_some() {
@@ -265,7 +274,7 @@ pub async fn check_counted<C: ConnectionLike + Send>(
         // since (a failover of the home's master); aggregating again would read no result
         return Ok(Counted::Incomplete("its results were dropped when the task ended".to_owned()));
     }
-    if !ended || total != Some(bits) {
+    if !ended || total != Some(bits + cancelled) {
         return Ok(Counted::Incomplete(format!(
             "{bits} of {} shards terminal, {}",
             total.unwrap_or(0),
@@ -337,4 +346,13 @@ pub async fn outcomes<C: ConnectionLike + Send>(
         }
     }
     Ok(out)
+}
+
+/// A share's `<index> <line>` (its `first_failure`, `halt_asked`) at the task's index: its
+/// `base` added to the leading share index (left as it is when it has none).
+pub fn at_task_index(base: u64, v: &str) -> String {
+    match v.split_once(' ').map(|(i, rest)| (i.parse::<u64>(), rest)) {
+        Some((Ok(i), rest)) => format!("{} {rest}", base + i),
+        _ => v.to_owned(),
+    }
 }

@@ -26,6 +26,7 @@ const QUEUE_LEVEL: &[&str] = &[
     "active",
     "stalled",
     "stalled-check",
+    "decide-check",
     "marker",
     "running",
     "finished",

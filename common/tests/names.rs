@@ -40,6 +40,7 @@ const QUEUE_KEYS: &[(&str, QueueKey)] = &[
     ("events", Keys::events),
     ("stalled", Keys::stalled),
     ("stalled_check", Keys::stalled_check),
+    ("decide_check", Keys::decide_check),
     ("marker", Keys::marker),
     ("nodes", Keys::nodes),
     ("routed_nodes", Keys::routed_nodes),

@@ -15,7 +15,8 @@
 //! - [`firing`]: firing due cron schedules (each fire time's task created once); the
 //!   schedules themselves are stored by `shardctl_common::schedule`.
 //! - [`partition`]: tasks over a partitioned queue: dispatch as a home record and shares, the
-//!   report of ended shares to the home, orphaned shares removed.
+//!   report of ended shares to the home, the home's decisions on failure limits and success
+//!   goals, orphaned shares removed.
 //! - [`progress`]: one task's state and counts, a queue's counts, failed shards.
 //! - [`inspect`]: bounded reads for the dashboard: task pages, reason pages.
 //! - [`shard_map`]: a task's shards as cells for the dashboard.

@@ -79,22 +79,29 @@ pub(crate) async fn outcomes(
         results.extend(at(scan_hash(con, &s.keys.results(&task.task_id)).await?));
         errors.extend(at(scan_hash(con, &s.keys.errors(&task.task_id)).await?));
     }
-    // a task that met its `success_when` (k-of-n, one slot: docs/design/failure-policies.md)
-    // aggregates the shards that ended; the others were cancelled
-    let ended: Option<Vec<u8>> = if task.cancelled.is_some() {
-        Some(
-            redis::cmd("GET")
-                .arg(home.keys().terminal(&task.task_id))
+    // a task that met its `success_when` (k-of-n: docs/design/failure-policies.md) aggregates the
+    // shards that ended, their terminal bits in each share; the others were cancelled
+    let ended: Option<Vec<bool>> = if task.cancelled.is_some() {
+        let mut ended = vec![false; task.total as usize];
+        for s in &shares {
+            let bits: Vec<u8> = redis::cmd("GET")
+                .arg(s.keys.terminal(&task.task_id))
                 .query_async::<Option<Vec<u8>>>(con)
                 .await?
-                .unwrap_or_default(),
-        )
+                .unwrap_or_default();
+            for i in 0..s.size {
+                if bits.get((i / 8) as usize).is_some_and(|byte| byte & (0x80 >> (i % 8)) != 0) {
+                    if let Some(e) = ended.get_mut((s.base + i) as usize) {
+                        *e = true;
+                    }
+                }
+            }
+        }
+        Some(ended)
     } else {
         None
     };
-    let is_ended = |i: u64| {
-        ended.as_ref().is_none_or(|b| b.get((i / 8) as usize).is_some_and(|byte| byte & (0x80 >> (i % 8)) != 0))
-    };
+    let is_ended = |i: u64| ended.as_ref().is_none_or(|e| e.get(i as usize).copied().unwrap_or(false));
     let (mut out, mut cancelled) = (Vec::new(), Vec::new());
     for index in 0..task.total {
         if !is_ended(index) {

@@ -24,6 +24,23 @@ local function last_line(reason)
   return string.sub(last, 1, n)
 end
 
+-- Why task `tid` failed fast past its limit: its failed count (`failed`, or its record's), its
+-- total and limit, and its first failure (`first`, `<index> <line>`, or its record's).
+local function fast_reason(prefix, tid, failed, first)
+  local t = rcall('HMGET', task_key(prefix, tid, ''), 'failed', 'total', 'max_failures', 'first_failure')
+  first = first or t[4]
+  local why = 'failed fast: ' .. (failed or t[1]) .. ' of ' .. t[2] .. ' shards failed for good (limit ' .. (t[3] or '?') .. ')'
+  if first then why = why .. '; first: shard ' .. first end
+  return why
+end
+
+-- A share's count in its home record (`part:<p>`, lua/report.lua): done, failed and, for a share
+-- settled as its home ordered, cancelled (`<done>/<failed>[/<cancelled>]`).
+local function share_count(v)
+  local d, f, c = string.match(v, '^(%d+)/(%d+)/?(%d*)$')
+  return tonumber(d), tonumber(f), tonumber(c) or 0
+end
+
 -- Enqueues the aggregation job of a task whose every shard is terminal (`c`: its done, failed
 -- and seq).
 local function enqueue_aggregation(prefix, tid, done, failed, seq, now)

@@ -4,14 +4,6 @@
 
   include: events, finish, lanes, stop, task
 ]]
--- Why task `tid` failed fast past its limit: its counts, its limit and its first failure.
-local function fast_reason(prefix, tid)
-  local t = rcall('HMGET', task_key(prefix, tid, ''), 'failed', 'total', 'max_failures', 'first_failure')
-  local why = 'failed fast: ' .. t[1] .. ' of ' .. t[2] .. ' shards failed for good (limit ' .. (t[3] or '?') .. ')'
-  if t[4] then why = why .. '; first: shard ' .. t[4] end
-  return why
-end
-
 -- Reads the derived keys a halt of task `tid` writes that `touch_task` does not (a routed task's
 -- node lists), before a script's first write (docs/design/declared-keys.md, order of writes):
 -- called when the script may halt it.

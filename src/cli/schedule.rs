@@ -131,15 +131,6 @@ async fn run_add(args: &Args, a: &AddArgs) -> anyhow::Result<ExitCode> {
     // created at the server's time: fire times are judged by that clock (docs/design/clock.md)
     let now = server_now_ms(&mut con, args.home()?.keys()).await?;
     let s = Schedule::new(&a.name, &a.cron, &a.tz, a.overlap, a.misfire, grace, &spec, now)?;
-    let limits = spec.max_failures.is_some() || spec.success_when.is_some();
-    if limits && shardctl_common::partition::layout(&mut con, &args.home()?).await?.partitioned() {
-        // as dispatch refuses them (docs/design/failure-policies.md, Over partitions)
-        return Err(Error::invalid(
-            "--max-failures and --success-when are not supported yet on a queue with partitions \
-             (config --partitions): add the schedule without them, or to a queue of one partition",
-        )
-        .into());
-    }
     schedule::add(&mut con, &args.home()?, &s, a.replace).await?;
     let next = s.next_after(now).map_or_else(|| "never".to_owned(), |t| shardctl_common::cron::show(t, &s.tz));
     outln!("schedule {} added: '{}' in {}; next fire {next}", s.name, s.cron, s.tz);

@@ -99,9 +99,12 @@ impl Sim {
                 errors.extend(local(e).map(|(i, v)| (s.base + i, v)));
             }
         }
-        // what two sound checks let through: every shard's outcome, each result this dispatch's
+        // what two sound checks let through: every shard's outcome (but the shards a settled
+        // task cancelled, exactly as many as it counts), each result this dispatch's
+        let mut missing = 0;
         for i in 0..t.total {
             match (results.get(&i), errors.get(&i)) {
+                (None, None) if t.cancelled.is_some() => missing += 1,
                 (None, None) => {
                     return Err(format!(
                         "the aggregation of {} read no outcome of shard {i} although every share checked sound twice",
@@ -119,6 +122,12 @@ impl Sim {
                 }
                 (_, Some(_)) => {}
             }
+        }
+        if missing != t.cancelled.unwrap_or(0) {
+            return Err(format!(
+                "the aggregation of {} read no outcome of {missing} shards, its task counts {:?} cancelled",
+                c.shard_ref, t.cancelled
+            ));
         }
         self.note(format!("aggregation of {} read {} shards whole", c.shard_ref, t.total));
         Ok(true)

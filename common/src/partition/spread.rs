@@ -106,6 +106,8 @@ pub async fn create_share_keyed<C: ConnectionLike + Send>(
         return Ok(());
     }
     let mut fields = spec.fields();
+    // the task's limits are its home's to apply (docs/design/failure-policies.md, Over partitions)
+    fields.retain(|f| f.0 != "max_failures" && f.0 != "success_when");
     for f in fields.iter_mut() {
         if f.0 == "total" {
             f.1 = size.to_string();

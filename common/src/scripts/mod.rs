@@ -10,7 +10,8 @@
 //! - `task`: creating a task.
 //! - `upkeep`: the stalled sweep, due retries, departed nodes, disowning, reading a lease.
 //! - `nodes`: routed placement, moving lists, membership.
-//! - `partition`: a partition's ended share counted in the home, and acknowledged.
+//! - `partition`: a partition's ended share counted in the home, and acknowledged; the home's
+//!   decisions on limits over partitions, and a share stopped as it decided.
 //! - `locks`: a token lock's release.
 //! - `decode`: reply decoding.
 

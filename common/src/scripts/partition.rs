@@ -10,7 +10,7 @@ use crate::keys::Keys;
 use super::registry::*;
 
 /// What a share reports to its home.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ShareReport {
     /// The task.
     pub task: String,
@@ -24,6 +24,12 @@ pub struct ShareReport {
     pub done: u64,
     /// The share's final counts.
     pub failed: u64,
+    /// Its unended shards when it was settled as its home ordered (`lua/stop_share.lua`), or 0.
+    pub cancelled: u64,
+    /// The first halt a handler of it asked for (`fail_task`), `<task index> <line>`.
+    pub asked: Option<String>,
+    /// Its first failure, `<task index> <line>`.
+    pub first_failure: Option<String>,
 }
 
 /// How a report went.
@@ -52,6 +58,9 @@ pub async fn report<C: ConnectionLike + Send>(con: &mut C, home: &Home, r: &Shar
         .arg(r.round)
         .arg(r.done)
         .arg(r.failed)
+        .arg(r.cancelled)
+        .arg(r.asked.as_deref().unwrap_or_default())
+        .arg(r.first_failure.as_deref().unwrap_or_default())
         .invoke_async(con)
         .await?;
     Ok(match code {
@@ -263,4 +272,98 @@ pub async fn uncount<C: ConnectionLike + Send>(
         .invoke_async(con)
         .await?;
     Ok(n == 1)
+}
+
+/// What the home decided on a task over partitions (`decide.lua`, docs/design/failure-policies.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decided {
+    /// Halted: it failed fast (past its `max_failures`, or a handler asked).
+    Halted,
+    /// Settled: it met its `success_when`; its shares are settled next.
+    Settled,
+    /// Nothing: not running, another incarnation or round, decided before, or no limit crossed.
+    Nothing,
+}
+
+/// The counts a decision pass read from the shares of one task over partitions.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShareSums {
+    /// The home record's incarnation id (`inc`) read.
+    pub inc: String,
+    /// The home's round read.
+    pub round: u64,
+    /// The shares' `done`, summed.
+    pub done: u64,
+    /// The `failed` of the shares in `round`, summed.
+    pub failed: u64,
+    /// The first failure of the lowest partition that has one, `<task index> <line>`.
+    pub first_failure: Option<String>,
+    /// The first halt a handler asked for, `<task index> <line>`.
+    pub asked: Option<String>,
+}
+
+/// The home's decision on running task `task` over partitions from its shares' counts `sums`
+/// (`decide.lua`).
+pub async fn decide<C: ConnectionLike + Send>(
+    con: &mut C,
+    home: &Home,
+    task: &str,
+    sums: &ShareSums,
+) -> Result<Decided> {
+    let code: i64 = scripts()
+        .decide
+        .keyed(home, &KeyArgs { task: Some(task), ..Default::default() })
+        .arg(home.prefix())
+        .arg(task)
+        .arg(&sums.inc)
+        .arg(sums.round)
+        .arg(sums.done)
+        .arg(sums.failed)
+        .arg(sums.first_failure.as_deref().unwrap_or_default())
+        .arg(sums.asked.as_deref().unwrap_or_default())
+        .invoke_async(con)
+        .await?;
+    Ok(match code {
+        1 => Decided::Halted,
+        2 => Decided::Settled,
+        _ => Decided::Nothing,
+    })
+}
+
+/// How a share is stopped as its home decided (`stop_share.lua`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ShareStop<'a> {
+    /// The home halted, for this reason.
+    Halt(&'a str),
+    /// The home settled.
+    Settle,
+}
+
+/// Stops the share of `task` in `partition` as its home (incarnation `home_inc`, in round
+/// `round`) decided (`stop_share.lua`); how many of its held refs were stopped, `None` when it
+/// was not stopped (another incarnation, a newer round, or not running).
+pub async fn stop_share<C: ConnectionLike + Send>(
+    con: &mut C,
+    partition: &Keys,
+    task: &str,
+    home_inc: &str,
+    round: u64,
+    how: &ShareStop<'_>,
+) -> Result<Option<u64>> {
+    let (mode, why) = match how {
+        ShareStop::Halt(why) => ("halt", *why),
+        ShareStop::Settle => ("settle", ""),
+    };
+    let n: i64 = scripts()
+        .stop_share
+        .keyed(partition, &KeyArgs { task: Some(task), ..Default::default() })
+        .arg(partition.prefix())
+        .arg(task)
+        .arg(home_inc)
+        .arg(round)
+        .arg(mode)
+        .arg(why)
+        .invoke_async(con)
+        .await?;
+    Ok((n >= 0).then_some(n as u64))
 }

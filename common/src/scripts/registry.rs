@@ -11,6 +11,7 @@ pub const INCLUDES: &[(&str, &str)] = &[
     ("chunked", include_str!("../../../lua/include/chunked.lua")),
     ("clock", include_str!("../../../lua/include/clock.lua")),
     ("create", include_str!("../../../lua/include/create.lua")),
+    ("decide", include_str!("../../../lua/include/decide.lua")),
     ("due", include_str!("../../../lua/include/due.lua")),
     ("events", include_str!("../../../lua/include/events.lua")),
     ("fair", include_str!("../../../lua/include/fair.lua")),
@@ -348,6 +349,8 @@ registry!(
     unretire,
     uncount,
     move_legacy,
+    decide,
+    stop_share,
 );
 
 /// The registry. Its texts are registered for the `NOSCRIPT` answer of a cluster connection

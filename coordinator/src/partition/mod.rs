@@ -1,13 +1,16 @@
 //! Tasks over a partitioned queue (docs/design/partitions.md): dispatch as a home record and
 //! one share per partition (here), the report of each ended share to the home, repeated until
-//! acknowledged ([`report_pending`]), the repair of what a lost write leaves stuck
+//! acknowledged ([`report_pending`]), the home's decisions on failure limits and success goals
+//! ([`decide_pass`]), the repair of what a lost write leaves stuck
 //! ([`reconcile`]), and the upkeep every serving process runs ([`upkeep`]), a file each. The layout itself (which partitions a
 //! queue has, where they lie) is `shardctl_common::partition`'s.
 
+mod decide;
 mod reconcile;
 mod report;
 mod upkeep;
 
+pub use decide::{decide_pass, DECIDE_EVERY};
 pub use reconcile::{reconcile, reconcile_page, RECONCILE_BATCH};
 pub use report::report_pending;
 pub use upkeep::{run, upkeep, PLACEMENT_CHECK, RECONCILE_EVERY, REPORT_EVERY};
@@ -32,14 +35,6 @@ pub(crate) async fn create_over<C: ConnectionLike + Send>(
         let layout = shardctl_common::partition::layout(con, home).await?;
         if !layout.partitioned() {
             return Ok(None);
-        }
-        if spec.max_failures.is_some() || spec.success_when.is_some() {
-            // the home does not learn its shares' counts soon enough yet
-            // (docs/design/failure-policies.md, Over partitions)
-            return Err(Error::invalid(
-                "--max-failures and --success-when are not supported yet on a queue with partitions \
-                 (config --partitions): dispatch without them, or to a queue of one partition",
-            ));
         }
         let created = match shard_keys {
             Some(k) => dispatch_keyed(con, &layout, spec, k).await,

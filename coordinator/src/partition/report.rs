@@ -42,19 +42,31 @@ pub async fn report_pending<C: ConnectionLike + Send>(con: &mut C, layout: &Layo
 
 /// Ends the shares of every task found in the home's `unreported` (tasks over partitions whose
 /// aggregation was recorded: `finish_task` lists them) as their home ended, dropping their
-/// results unless the task keeps them (`end_share.lua`), then takes the entry out if it is
-/// still the one read (`ack.lua`). A home gone, retried or of another layout only loses its
+/// results unless the task keeps them (`end_share.lua`), or, of a halted task (`decide.lua`
+/// lists it), stops them (`stop_share.lua`), then takes the entry out if it is still the one
+/// read (`ack.lua`). A home gone, retried or of another layout only loses its
 /// entry. Idempotent: whoever repeats it ends nothing twice.
 async fn end_pending<C: ConnectionLike + Send>(con: &mut C, layout: &Layout) -> Result<()> {
     let home = &layout.home;
     for (task, ended) in unreported_page(con, home).await? {
         let tl = shardctl_common::partition::task_layout(con, home, &task).await?;
-        let state: Option<String> = redis::cmd("HGET").arg(home.task(&task)).arg("state").query_async(con).await?;
+        let (state, halted, round): (Option<String>, Option<String>, Option<u64>) =
+            redis::cmd("HMGET").arg(home.task(&task)).arg(&["state", "halted", "round"]).query_async(con).await?;
         let inc = shardctl_common::share::home_inc_of(con, home, &task).await?;
-        if let (Some(state @ ("completed" | "failed")), Some(inc)) = (state.as_deref(), inc) {
-            for pk in &tl.partitions {
-                scripts::end_share(con, pk, &task, &inc, state).await?;
+        match (state.as_deref(), inc, halted) {
+            // halted (docs/design/failure-policies.md): its shares still running stop
+            (Some("failed"), Some(inc), Some(why)) => {
+                let how = scripts::ShareStop::Halt(&why);
+                for pk in &tl.partitions {
+                    scripts::stop_share(con, pk, &task, &inc, round.unwrap_or(0), &how).await?;
+                }
             }
+            (Some(state @ ("completed" | "failed")), Some(inc), None) => {
+                for pk in &tl.partitions {
+                    scripts::end_share(con, pk, &task, &inc, state).await?;
+                }
+            }
+            _ => {}
         }
         scripts::ack(con, home, &task, ended).await?;
     }
@@ -69,16 +81,29 @@ pub(super) async fn report_share<C: ConnectionLike + Send>(
     task: &str,
     ended: u64,
 ) -> Result<bool> {
-    type Fields = (Option<u32>, Option<u64>, Option<u64>, Option<u64>, Option<String>);
-    let (p, round, done, failed, state): Fields = redis::cmd("HMGET")
+    let row: Vec<Option<String>> = redis::cmd("HMGET")
         .arg(share_keys.task(task))
-        .arg(&["part", "round", "done", "failed", "state"])
+        .arg(&["part", "round", "done", "failed", "state", "cancelled", "base", "halt_asked", "first_failure"])
         .query_async(con)
         .await?;
+    let num = |i: usize| row[i].as_deref().and_then(|v| v.parse::<u64>().ok());
+    let (p, round, done, failed, state) = (num(0).map(|p| p as u32), num(1), num(2), num(3), row[4].as_deref());
+    let base = num(6).unwrap_or(0);
     let home_inc = shardctl_common::share::share_inc(con, share_keys, task).await?;
-    let counted = match (p, home_inc, round, done, failed, shardctl_common::share::ended(state.as_deref())) {
+    let counted = match (p, home_inc, round, done, failed, shardctl_common::share::ended(state)) {
         (Some(partition), Some(home_inc), Some(round), Some(done), Some(failed), true) => {
-            let r = ShareReport { task: task.to_owned(), home_inc, partition, round, done, failed };
+            let at = |v: &Option<String>| v.as_deref().map(|v| shardctl_common::share::at_task_index(base, v));
+            let r = ShareReport {
+                task: task.to_owned(),
+                home_inc,
+                partition,
+                round,
+                done,
+                failed,
+                cancelled: num(5).unwrap_or(0),
+                asked: at(&row[7]),
+                first_failure: at(&row[8]),
+            };
             match scripts::report(con, home, &r).await? {
                 Reported::Counted => true,
                 // the home's master lost a retry its shares kept: the home is reopened to the

@@ -83,8 +83,9 @@ pub async fn upkeep(
     }
 }
 
-/// Repeats [`report_pending`] every [`REPORT_EVERY`] until `stop`, and one page of
-/// [`reconcile_page`] every [`RECONCILE_EVERY`] of them (5 s), the pages in turn.
+/// Repeats [`report_pending`] every [`REPORT_EVERY`] until `stop`, a
+/// [`decide_pass`](super::decide_pass) every [`DECIDE_EVERY`](super::DECIDE_EVERY) of them (1 s),
+/// and one page of [`reconcile_page`] every [`RECONCILE_EVERY`] of them (5 s), the pages in turn.
 pub async fn run(mut con: shardctl_common::conn::Conn, layout: Layout, stop: tokio_util::sync::CancellationToken) {
     let (mut round, mut from) = (0u32, 0isize);
     loop {
@@ -92,6 +93,11 @@ pub async fn run(mut con: shardctl_common::conn::Conn, layout: Layout, stop: tok
             tracing::warn!("reporting ended shares to the home: {e}");
         }
         round = round.wrapping_add(1);
+        if round % super::DECIDE_EVERY == 0 {
+            if let Err(e) = super::decide_pass(&mut con, &layout).await {
+                tracing::warn!("deciding on the failure limits of tasks over partitions: {e}");
+            }
+        }
         if round % RECONCILE_EVERY == 0 {
             match reconcile_page(&mut con, &layout, from).await {
                 Ok((_, next)) => from = next.unwrap_or(0),
