@@ -16,6 +16,7 @@
   KEYS[10] meta               hash   queue metadata (events_maxlen)
   KEYS[11] running            zset   tasks not finished
   KEYS[12] unreported         zset   (the home's) ended tasks whose shares to end or stop
+  KEYS[13] scheduled          zset   delayed tasks, by start time (a halted one leaves it)
   ARGV[1] key prefix  `{P:Q}:` (the home's)
   ARGV[2] task id
   ARGV[3] the home record's incarnation id (`inc`) the pass read
@@ -24,16 +25,18 @@
   ARGV[6] the failed of the shares in that round, summed
   ARGV[7] the first failure, `<task index> <line>` ('' when none was read)
   ARGV[8] the first halt a handler asked for, `<task index> <line>` ('' none)
+  ARGV[9] the reason of a share found halted in that round ('' none): the home lost the halt
 
-  Returns 1 halted, 2 settled, 0 nothing decided (another incarnation or round, not running,
-  decided before, or no limit crossed).
+  Returns 1 halted, 2 settled, 0 nothing decided (another incarnation or round, neither running
+  nor delayed, decided before, or no limit crossed).
 
   include: clock, decide
 ]]
 local prefix, tid = ARGV[1], ARGV[2]
 local t = rcall('HMGET', K.task, 'inc', 'seq', 'round', 'state')
-if (t[1] or t[2]) ~= ARGV[3] or (t[3] or '0') ~= ARGV[4] or t[4] ~= 'running' then return 0 end
+if (t[1] or t[2]) ~= ARGV[3] or (t[3] or '0') ~= ARGV[4] or (t[4] ~= 'running' and t[4] ~= 'delayed') then return 0 end
 -- the first failure, for the reason shown (the home's reports may have kept one already)
 if ARGV[7] ~= '' then rcall('HSETNX', K.task, 'first_failure', ARGV[7]) end
 local asked = ARGV[8] ~= '' and ARGV[8] or nil
-return decide_home(prefix, tid, tonumber(ARGV[5]), tonumber(ARGV[6]), asked, now_ms())
+local halted = ARGV[9] ~= '' and ARGV[9] or nil
+return decide_home(prefix, tid, tonumber(ARGV[5]), tonumber(ARGV[6]), asked, halted, now_ms())

@@ -22,6 +22,7 @@
   KEYS[11] finished           zset   ended tasks, by end time
   KEYS[12] running            zset   tasks not finished
   KEYS[13] unreported         zset   (the home's) ended tasks whose shares to end or stop
+  KEYS[14] scheduled          zset   delayed tasks, by start time (a halted one leaves it)
   ARGV[1] key prefix  `{P:Q}:` (the home's)
   ARGV[2] task id
   ARGV[3] the home record's incarnation id (`inc`) the share was dispatched for
@@ -78,7 +79,7 @@ emit('event', 'share_counted', 'task', tid, 'partition', p, 'done', ARGV[6], 'fa
 if (ARGV[10] or '') ~= '' then rcall('HSETNX', K.task, 'first_failure', ARGV[10]) end
 local c = rcall('HMGET', K.task, 'done', 'failed', 'total', 'cancelled')
 local asked = (ARGV[9] or '') ~= '' and ARGV[9] or nil
-if decide_home(prefix, tid, tonumber(c[1]), tonumber(c[2]), asked, now_ms()) == 1 then return 1 end
+if decide_home(prefix, tid, tonumber(c[1]), tonumber(c[2]), asked, nil, now_ms()) == 1 then return 1 end
 c = rcall('HMGET', K.task, 'done', 'failed', 'total', 'cancelled')
 if tonumber(c[1]) + tonumber(c[2]) + tonumber(c[4] or '0') == tonumber(c[3]) then
   enqueue_aggregation(prefix, tid, c[1], c[2], t[5], now_ms())

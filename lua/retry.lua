@@ -58,6 +58,8 @@ if ARGV[3] then
   -- are reported again in the new round
   touch_task(prefix, tid)
   rcall('HSET', tkey, 'round', ARGV[3])
+  -- a share's handler asked its home to halt in the round before: not in this one
+  rcall('HDEL', tkey, 'halt_asked')
 end
 
 local again = {}

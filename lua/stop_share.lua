@@ -21,6 +21,7 @@
   KEYS[11] unrouted           zset   routed tasks not fully placed
   KEYS[12] routed-nodes       set    nodes that may have a routed list
   KEYS[13] reroute            list   routed refs to place again
+  KEYS[14] scheduled          zset   delayed tasks, by start time (a delayed share leaves it)
   ARGV[1] key prefix  `{P:Q@p.s}:` (the partition's)
   ARGV[2] task id
   ARGV[3] the home's incarnation id the share must name (`home_inc`)
@@ -31,7 +32,7 @@
   Its event `share_stopped` is shown by `watch` with the home's (which adds its `partition`).
 
   Returns how many of its refs were held and stopped, or -1 when it was not stopped (another
-  incarnation, a newer round, or not running: ended, or stopped before).
+  incarnation, a newer round, or neither running nor delayed: ended, or stopped before).
 
   include: clock, events, halt, lanes, stop, task
 ]]
@@ -48,10 +49,12 @@ if halt and t[3] == 'aggregating' then
   end
   return 0
 end
-if t[3] ~= 'running' then return -1 end
+-- (a delayed share, its start not yet come, stops too)
+if t[3] ~= 'running' and t[3] ~= 'delayed' then return -1 end
 -- read first: its lane and its node lists, written below (docs/design/declared-keys.md)
 touch_lane(prefix, t[5])
 touch_halt(prefix, tid)
+rcall('ZREM', K.scheduled, tid)
 withdraw_queued(prefix, tid, t[5])
 local stopped = stop_refs(prefix, tid, now)
 if halt then

@@ -230,6 +230,9 @@ pub enum Counted {
     /// Ended with every count, but not every shard terminal: a state no failover produces (a
     /// partition's writes replicate in order); the aggregation fails with the reason.
     Incomplete(String),
+    /// Cancelled: the task was cancelled, and its home lost the cancel since (a failover of the
+    /// home's master after it counted every share). The aggregation cancels the task again.
+    Cancelled,
 }
 
 /// Checks share `s` of task `t` (home `home`) before the aggregation reads its results: this
@@ -255,6 +258,9 @@ pub async fn check_counted<C: ConnectionLike + Send>(
     let (total, state) = (v[0].as_deref().and_then(|t| t.parse::<u64>().ok()), v[1].as_deref());
     if matches!(state, Some("running" | "delayed")) {
         return Ok(Counted::Lost("runs again"));
+    }
+    if state == Some("cancelled") {
+        return Ok(Counted::Cancelled);
     }
     // (a share's round may be older than the home's: a retry reruns only the shares with
     // failures; the counts tell a retry lost after its count)

@@ -40,14 +40,14 @@ pub async fn held_total<C: ConnectionLike + Send>(con: &mut C, home: &Home) -> R
 }
 
 /// A task counts its shards in its home as each share ends: while it runs (or waits for its
-/// start, or once it was cancelled) its counts are its shares' (`shardctl_common::share::sums`:
+/// start, or once it was cancelled or halted) its counts are its shares' (`shardctl_common::share::sums`:
 /// one read per partition, none for a task of one partition, whose home record is its share),
 /// never behind what the home has counted; a routed task's placement is its shares' in any
 /// state.
 pub async fn live_counts<C: ConnectionLike + Send>(con: &mut C, home: &Home, t: &mut TaskInfo) -> Result<()> {
     use shardctl_common::model::TaskState;
-    // running, delayed, or cancelled (its shares' work is not reported once it is)
-    let live = matches!(t.state, TaskState::Running | TaskState::Delayed | TaskState::Cancelled);
+    // running, delayed, cancelled or halted (its shares' work is not reported once it is)
+    let live = matches!(t.state, TaskState::Running | TaskState::Delayed | TaskState::Cancelled) || t.halted.is_some();
     if !(live || t.strategy != "pull") {
         return Ok(());
     }

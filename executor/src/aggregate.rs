@@ -43,6 +43,7 @@ pub(crate) async fn outcomes(
     use shardctl_common::share::{check_counted, Counted};
     let (mut results, mut errors) = (HashMap::new(), HashMap::new());
     let shares = shardctl_common::share::of(con, home, task).await?;
+    let mut ended: Option<Vec<bool>> = task.cancelled.map(|_| vec![false; task.total as usize]);
     // checked before the read and again after it: a share that lost writes while its results
     // were read (a failover of its partition's master) is caught by the second check, so a read
     // that missed results is never aggregated (writes replicate in order: a share sound after
@@ -65,6 +66,15 @@ pub(crate) async fn outcomes(
                     }
                 )));
             }
+            Counted::Cancelled => {
+                // the home lost the cancel its shares kept: cancelled again, the job with it
+                shardctl_common::control::cancel(con, home, &task.task_id).await?;
+                tracing::warn!(task = %task.task_id, partition = s.partition, "a share was cancelled, its home had lost the cancel: the task is cancelled again");
+                return Err(shardctl_common::Error::Protocol(format!(
+                    "task {}: share {} was cancelled (its home lost the cancel in a failover): the task is cancelled again",
+                    task.task_id, s.partition
+                )));
+            }
             Counted::Incomplete(why) => {
                 return Err(shardctl_common::Error::Protocol(format!(
                     "task {}: share {} is not complete ({why})",
@@ -75,15 +85,10 @@ pub(crate) async fn outcomes(
         if pass == 1 {
             continue;
         }
-        let at = |m: HashMap<u64, String>| m.into_iter().filter(|(i, _)| *i < s.size).map(|(i, v)| (s.base + i, v));
-        results.extend(at(scan_hash(con, &s.keys.results(&task.task_id)).await?));
-        errors.extend(at(scan_hash(con, &s.keys.errors(&task.task_id)).await?));
-    }
-    // a task that met its `success_when` (k-of-n: docs/design/failure-policies.md) aggregates the
-    // shards that ended, their terminal bits in each share; the others were cancelled
-    let ended: Option<Vec<bool>> = if task.cancelled.is_some() {
-        let mut ended = vec![false; task.total as usize];
-        for s in &shares {
+        // a task that met its `success_when` (k-of-n: docs/design/failure-policies.md) aggregates
+        // the shards that ended, their terminal bits (read between the two checks); the others
+        // were cancelled
+        if let Some(ended) = ended.as_mut() {
             let bits: Vec<u8> = redis::cmd("GET")
                 .arg(s.keys.terminal(&task.task_id))
                 .query_async::<Option<Vec<u8>>>(con)
@@ -97,10 +102,10 @@ pub(crate) async fn outcomes(
                 }
             }
         }
-        Some(ended)
-    } else {
-        None
-    };
+        let at = |m: HashMap<u64, String>| m.into_iter().filter(|(i, _)| *i < s.size).map(|(i, v)| (s.base + i, v));
+        results.extend(at(scan_hash(con, &s.keys.results(&task.task_id)).await?));
+        errors.extend(at(scan_hash(con, &s.keys.errors(&task.task_id)).await?));
+    }
     let is_ended = |i: u64| ended.as_ref().is_none_or(|e| e.get(i as usize).copied().unwrap_or(false));
     let (mut out, mut cancelled) = (Vec::new(), Vec::new());
     for index in 0..task.total {

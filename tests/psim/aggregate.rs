@@ -44,6 +44,9 @@ impl Sim {
         let nonce = faults::nonce_of(h.get("payload"));
         let shares = share::of(&mut self.con, &home, &t).await.map_err(|e| e.to_string())?;
         let (mut results, mut errors) = (HashMap::new(), HashMap::new());
+        // the shards that ended, by their terminal bits (a settled task's others were cancelled;
+        // a reason without its bit is a retry's)
+        let mut ended = std::collections::HashSet::new();
         for pass in 0..2 {
             for s in &shares {
                 match share::check_counted(&mut self.con, &home, &t, s).await.map_err(|e| e.to_string())? {
@@ -56,6 +59,15 @@ impl Sim {
                             "aggregation of {} (check {pass}): share {} {what}: uncount {r}",
                             c.shard_ref, s.partition
                         ));
+                        return Ok(false);
+                    }
+                    Counted::Cancelled => {
+                        let r = shardctl_common::control::cancel(&mut self.con, &home, &id).await;
+                        self.note(format!(
+                            "aggregation of {} (check {pass}): share {} cancelled: the task is cancelled again: {r:?}",
+                            c.shard_ref, s.partition
+                        ));
+                        r.map_err(|e| format!("cancel: {e}"))?;
                         return Ok(false);
                     }
                     Counted::Incomplete(why) => {
@@ -94,6 +106,17 @@ impl Sim {
                     .query_async(&mut self.con)
                     .await
                     .map_err(|e| e.to_string())?;
+                let bits: Vec<u8> = redis::cmd("GET")
+                    .arg(s.keys.terminal(&id))
+                    .query_async::<Option<Vec<u8>>>(&mut self.con)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .unwrap_or_default();
+                for i in 0..s.size {
+                    if bits.get((i / 8) as usize).is_some_and(|b| b & (0x80 >> (i % 8)) != 0) {
+                        ended.insert(s.base + i);
+                    }
+                }
                 let local = |m: HashMap<u64, String>| m.into_iter().filter(|(i, _)| *i < s.size);
                 results.extend(local(r).map(|(i, v)| (s.base + i, (i, v))));
                 errors.extend(local(e).map(|(i, v)| (s.base + i, v)));
@@ -103,8 +126,11 @@ impl Sim {
         // task cancelled, exactly as many as it counts), each result this dispatch's
         let mut missing = 0;
         for i in 0..t.total {
+            if t.cancelled.is_some() && !ended.contains(&i) {
+                missing += 1;
+                continue;
+            }
             match (results.get(&i), errors.get(&i)) {
-                (None, None) if t.cancelled.is_some() => missing += 1,
                 (None, None) => {
                     return Err(format!(
                         "the aggregation of {} read no outcome of shard {i} although every share checked sound twice",

@@ -300,6 +300,8 @@ pub struct ShareSums {
     pub first_failure: Option<String>,
     /// The first halt a handler asked for, `<task index> <line>`.
     pub asked: Option<String>,
+    /// The reason of a share found halted in `round`: its home lost that decision.
+    pub halted: Option<String>,
 }
 
 /// The home's decision on running task `task` over partitions from its shares' counts `sums`
@@ -321,6 +323,7 @@ pub async fn decide<C: ConnectionLike + Send>(
         .arg(sums.failed)
         .arg(sums.first_failure.as_deref().unwrap_or_default())
         .arg(sums.asked.as_deref().unwrap_or_default())
+        .arg(sums.halted.as_deref().unwrap_or_default())
         .invoke_async(con)
         .await?;
     Ok(match code {

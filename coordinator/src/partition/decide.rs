@@ -60,23 +60,28 @@ async fn decide_task<C: ConnectionLike + Send>(con: &mut C, layout: &Layout, id:
         .await?;
     // a task over other partitions (a change of the layout this process has not seen) is left
     // to those that have
+    // (a delayed home too: its shares may start before it, on their servers' clocks)
     if row[0].as_deref() != Some(shardctl_common::partition::tags_of(layout).as_str())
-        || row[1].as_deref() != Some("running")
+        || !matches!(row[1].as_deref(), Some("running" | "delayed"))
     {
         return Ok(false);
     }
     let Some(inc) = shardctl_common::share::home_inc_of(con, home, id).await? else { return Ok(false) };
     let mut sums = ShareSums { inc, round: num(&row[2]), ..Default::default() };
     let mut running: Vec<&Keys> = Vec::new();
-    let fields = ["done", "failed", "round", "first_failure", "halt_asked", "base", "state"];
+    let fields = ["done", "failed", "round", "first_failure", "halt_asked", "base", "state", "halted"];
     for pk in &layout.partitions {
         let Some(v) = shardctl_common::share::read(con, pk, id, &sums.inc, &fields).await? else { continue };
         sums.done += num(&v[0]);
-        // a share of an older round waits for the retry that reaches it: its failures are not
-        // this round's
-        if num(&v[2]) == sums.round {
-            sums.failed += num(&v[1]);
+        if matches!(v[6].as_deref(), Some("running" | "delayed")) {
+            running.push(pk);
         }
+        // a share of an older round waits for the retry that reaches it: its failures, its
+        // handlers' asks and its halt are not this round's
+        if num(&v[2]) != sums.round {
+            continue;
+        }
+        sums.failed += num(&v[1]);
         let base = num(&v[5]);
         if sums.first_failure.is_none() {
             sums.first_failure = v[3].as_deref().map(|f| at_task_index(base, f));
@@ -84,15 +89,21 @@ async fn decide_task<C: ConnectionLike + Send>(con: &mut C, layout: &Layout, id:
         if sums.asked.is_none() {
             sums.asked = v[4].as_deref().map(|f| at_task_index(base, f));
         }
-        if v[6].as_deref() == Some("running") {
-            running.push(pk);
+        // halted as its home ordered, which the home no longer says (a failover lost it)
+        if sums.halted.is_none() {
+            sums.halted = v[7].clone();
         }
     }
     tracing::debug!(task = %id, ?sums, "decision pass");
     let decided = if row[5].is_some() {
-        // settled before: its shares still running are settled (again, after a rollback of theirs)
+        // settled before: its shares still running are settled (again, after a rollback of
+        // theirs), while its goal is met: a share that lost completions after its count runs
+        // again until the goal is met anew
+        if row[4].as_deref().and_then(|g| g.parse::<u64>().ok()).is_some_and(|goal| sums.done < goal) {
+            return Ok(false);
+        }
         false
-    } else if row[3].is_none() && row[4].is_none() && sums.asked.is_none() {
+    } else if row[3].is_none() && row[4].is_none() && sums.asked.is_none() && sums.halted.is_none() {
         return Ok(false);
     } else {
         match scripts::decide(con, home, id, &sums).await? {

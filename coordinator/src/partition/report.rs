@@ -83,14 +83,28 @@ pub(super) async fn report_share<C: ConnectionLike + Send>(
 ) -> Result<bool> {
     let row: Vec<Option<String>> = redis::cmd("HMGET")
         .arg(share_keys.task(task))
-        .arg(&["part", "round", "done", "failed", "state", "cancelled", "base", "halt_asked", "first_failure"])
+        .arg(&[
+            "part",
+            "round",
+            "done",
+            "failed",
+            "state",
+            "cancelled",
+            "base",
+            "halt_asked",
+            "first_failure",
+            "halted",
+        ])
         .query_async(con)
         .await?;
     let num = |i: usize| row[i].as_deref().and_then(|v| v.parse::<u64>().ok());
     let (p, round, done, failed, state) = (num(0).map(|p| p as u32), num(1), num(2), num(3), row[4].as_deref());
     let base = num(6).unwrap_or(0);
     let home_inc = shardctl_common::share::share_inc(con, share_keys, task).await?;
-    let counted = match (p, home_inc, round, done, failed, shardctl_common::share::ended(state)) {
+    // a share halted as its home ordered is never counted (its unfinished shards would be lost
+    // to the count); a home that lost the halt decides it again from it (`decide_pass`)
+    let halted = row[9].is_some();
+    let counted = match (p, home_inc, round, done, failed, shardctl_common::share::ended(state) && !halted) {
         (Some(partition), Some(home_inc), Some(round), Some(done), Some(failed), true) => {
             let at = |v: &Option<String>| v.as_deref().map(|v| shardctl_common::share::at_task_index(base, v));
             let r = ShareReport {
