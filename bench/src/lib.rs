@@ -29,6 +29,8 @@
 //!   on 2 executors of concurrency 8, against it alone.
 //! - `failures`: 600 shards of which 60 fail the same way on every attempt: the time to the
 //!   failed verdict with the failures retried, permanent, and with `--max-failures 10`.
+//! - `stragglers`: 400 shards of 50 ms on 4 executors of concurrency 4, with one node 100×
+//!   slower against none.
 //!
 //! Redis figures come from `INFO` before and after (CPU = user + sys; commands = the `calls` of
 //! `INFO commandstats`, which counts commands run inside scripts under their own names too).
@@ -36,7 +38,7 @@
 //!
 //! # Layout
 //! `args` ([`BenchArgs`], the command's flags); one file per scenario group (`queue`: e2e and dispatch; `holding`: idle and upkeep; `primes`,
-//! `small`, `rss`, `pickup`, `failover`, `cluster`, `bullmq`, `workers`, `fairness`, `failures`), `process` (executor processes of
+//! `small`, `rss`, `pickup`, `failover`, `cluster`, `bullmq`, `workers`, `fairness`, `failures`, `stragglers`), `process` (executor processes of
 //! [`Options::exe`]), `stats` (Redis `INFO` figures), `table` (medians against targets),
 //! [`redis_server`] (the private server of `shardctl bench` and `shardctl demo`).
 
@@ -56,6 +58,7 @@ mod rss;
 mod scenario;
 mod small;
 mod stats;
+mod stragglers;
 pub mod table;
 mod targets;
 mod workers;
@@ -234,6 +237,7 @@ async fn measure(opts: &Options, ctx: &mut Ctx, version: String, mut notes: Vec<
                 Scenario::Workers => workers::run(ctx).await,
                 Scenario::Fairness => fairness::run(ctx).await,
                 Scenario::Failures => failures::run(ctx).await,
+                Scenario::Stragglers => stragglers::run(ctx).await,
                 Scenario::Bullmq => {
                     let script = bullmq_script.as_deref().expect("prepared");
                     bullmq::run(ctx, script, opts.shards.min(bullmq::CAP)).await

@@ -54,6 +54,8 @@ pub enum Scenario {
     Fairness,
     /// Time to a failed verdict: failures retried, permanent, and with `--max-failures`.
     Failures,
+    /// 400 shards on 4 executors, one of them 100× slower, against none slower.
+    Stragglers,
 }
 
 impl Scenario {
@@ -75,6 +77,7 @@ impl Scenario {
             Scenario::Workers => "workers",
             Scenario::Fairness => "fairness",
             Scenario::Failures => "failures",
+            Scenario::Stragglers => "stragglers",
         }
     }
 }

@@ -154,21 +154,26 @@ impl Handler for Noop {
     }
 }
 
-/// `sleep`: waits `{"ms":N}`, stopping early when cancelled.
+/// `sleep`: waits `{"ms":N}`, stopping early when cancelled; on the node `"slow_node"` names,
+/// `"slow_factor"` times longer (a straggling machine, for the bench and tests).
 pub struct Sleep;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct SleepPayload {
     ms: u64,
+    slow_node: Option<String>,
+    slow_factor: Option<u32>,
 }
 
 impl Handler for Sleep {
     fn run(&self, ctx: ShardContext) -> BoxFuture<Result<Value, ShardError>> {
         Box::pin(async move {
             let p: SleepPayload = ctx.payload_as()?;
+            let slow = p.slow_node.as_deref() == Some(&*ctx.node_id);
+            let ms = if slow { p.ms.saturating_mul(u64::from(p.slow_factor.unwrap_or(100))) } else { p.ms };
             tokio::select! {
-                _ = tokio::time::sleep(std::time::Duration::from_millis(p.ms)) => Ok(Value::Null),
+                _ = tokio::time::sleep(std::time::Duration::from_millis(ms)) => Ok(Value::Null),
                 _ = ctx.cancel.cancelled() => Err(ShardError::new("cancelled")),
             }
         })
