@@ -3,6 +3,7 @@
 use shardctl_common::partition::Layout;
 use shardctl_common::Home;
 
+use super::decide::{decide_pass, DECIDE_EVERY};
 use super::reconcile::reconcile_page;
 use super::report::report_pending;
 
@@ -83,8 +84,8 @@ pub async fn upkeep(
     }
 }
 
-/// Repeats [`report_pending`] every [`REPORT_EVERY`] until `stop`, a
-/// [`decide_pass`](super::decide_pass) every [`DECIDE_EVERY`](super::DECIDE_EVERY) of them (1 s),
+/// Repeats [`report_pending`] every [`REPORT_EVERY`] until `stop`, a [`decide_pass`] every
+/// [`DECIDE_EVERY`] of them (1 s),
 /// and one page of [`reconcile_page`] every [`RECONCILE_EVERY`] of them (5 s), the pages in turn.
 pub async fn run(mut con: shardctl_common::conn::Conn, layout: Layout, stop: tokio_util::sync::CancellationToken) {
     let (mut round, mut from) = (0u32, 0isize);
@@ -93,8 +94,8 @@ pub async fn run(mut con: shardctl_common::conn::Conn, layout: Layout, stop: tok
             tracing::warn!("reporting ended shares to the home: {e}");
         }
         round = round.wrapping_add(1);
-        if round % super::DECIDE_EVERY == 0 {
-            if let Err(e) = super::decide_pass(&mut con, &layout).await {
+        if round % DECIDE_EVERY == 0 {
+            if let Err(e) = decide_pass(&mut con, &layout).await {
                 tracing::warn!("deciding on the failure limits of tasks over partitions: {e}");
             }
         }
