@@ -25,6 +25,8 @@
   KEYS[15] scheduled          zset    delayed tasks, by start time
   KEYS[16] unrouted           zset    routed tasks not fully placed
   KEYS[17] held               hash    held index shards per task and group (lua/include/fair.lua)
+  KEYS[18] backups hash ref -> token of a shard's backup attempt (docs/design/speculation.md)
+  KEYS[19] speculating zset ref -> claim ms of first attempts of tasks with --speculate
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] task id
 

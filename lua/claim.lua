@@ -35,6 +35,8 @@
   KEYS[12] scheduled     zset   delayed tasks, by start time
   KEYS[13] unrouted      zset   routed tasks not fully placed
   KEYS[14] held          hash   held index shards per task and group (lua/include/fair.lua)
+  KEYS[15] speculating   zset   ref -> claim ms: held first attempts of tasks with --speculate
+  KEYS[16] backups       hash   ref -> token of the shard's backup attempt
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] count       shards wanted (> 0)
   ARGV[3] lock_ms     lease duration
@@ -62,7 +64,13 @@
   executor must check which of its shards are still its own, see extend.lua), plus 2 when the
   queue has a rate limit (the executor gives back what it holds ahead).
 
-  include: chunked, due, hold, lanes, share_out, task
+  With free run slots left and nothing else to run, the claim starts backup attempts of
+  straggling shards of tasks with `--speculate` held by other executors (no queue rate limit;
+  docs/design/speculation.md, lua/include/speculate.lua): each is returned as an explicit ref,
+  held in `backups` under this token, not in `active`. With nothing claimed, `next` is at most
+  the time until a listed shard straggles.
+
+  include: chunked, due, hold, lanes, share_out, speculate, task
 ]]
 local prefix, count, lock_ms, token = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local start_now = tonumber(ARGV[5])
@@ -153,6 +161,10 @@ end
 
 -- refs taken by this call: one call never hands out a ref twice
 local taken = {}
+-- whether any shard has a backup attempt (one read per call)
+local spec_any = rcall('EXISTS', K.backups) == 1
+-- first attempts of tasks with --speculate taken by this call, for `speculating`
+local spec_new = {}
 
 -- what `held` says plus what this call took (lua/include/share_out.lua); refs of a capped task
 -- or group go to the back of their list (at most this many per call: a bounded scan)
@@ -177,7 +189,7 @@ local function try_ref(ref, routed, list)
     return
   end
   local tkey = tid and task_key(prefix, tid, '')
-  local t = tid and not taken[ref] and rcall('HMGET', tkey, 'state', 'total', 'seq', 'inc', 'kind', 'max_running', 'group')
+  local t = tid and not taken[ref] and rcall('HMGET', tkey, 'state', 'total', 'seq', 'inc', 'kind', 'max_running', 'group', 'speculate')
   local state = t and t[3] == inc and t[1]
   -- a task that ended (cancelled, halted: docs/design/failure-policies.md) or has not started
   -- wants none of its refs
@@ -209,8 +221,8 @@ local function try_ref(ref, routed, list)
       ok = false
     end
   end
-  -- a held ref stays its holder's, with its state
-  if ok then ok = rcall('HEXISTS', K.active, ref) == 0 end
+  -- a held ref stays its holder's, with its state (a backup attempt's too)
+  if ok then ok = rcall('HEXISTS', K.active, ref) == 0 and not (spec_any and backup_of(ref)) end
   if not ok then
     junk_left = junk_left - 1
     return
@@ -229,6 +241,7 @@ local function try_ref(ref, routed, list)
     return
   end
   if idx ~= 'agg' then ledger.take(tid, t[7], 1) end
+  if idx ~= 'agg' and t[8] then spec_new[#spec_new + 1] = ref end
   taken[ref] = true
   local skey = shards_key(prefix, tid)
   local s = rcall('HMGET', skey, idx .. ':attempt', idx .. ':fails')
@@ -286,13 +299,26 @@ for _, c in ipairs(cands) do
     local pre = c.tid .. ':' .. c.seq .. ':'
     out[on + 1], out[on + 2], out[on + 3], out[on + 4] = pre .. c.cursor, -c.take, 0, c.inc
     on = on + 4
+    local spec = rcall('HEXISTS', c.tkey, 'speculate') == 1
     for x = c.cursor, c.cursor + c.take - 1 do
       held[hn + 1], held[hn + 2] = pre .. x, token
       hn = hn + 2
+      if spec then spec_new[#spec_new + 1] = pre .. x end
     end
     n = n + c.take
   end
   if c.left <= 0 then exhausted[#exhausted + 1] = { c.li, c.tid } end
+end
+
+-- backups of stragglers for the run slots still free (none under a rate limit: each start counts)
+local inst = string.match(token, '^(.*):[^:]*$')
+local picks, stale, soonest = {}, {}, nil
+if limit_max == 0 and n < start_now then
+  picks, stale, soonest = plan_backups(prefix, start_now - n, inst, now, taken)
+  for _, p in ipairs(picks) do
+    out[on + 1], out[on + 2], out[on + 3], out[on + 4] = p[1], p[7], p[8], p[4]
+    on = on + 4
+  end
 end
 
 -- commit
@@ -307,6 +333,9 @@ for _, c in ipairs(cursors) do rcall('HINCRBY', c[1], 'cursor', c[2]) end
 for _, e in ipairs(exhausted) do rcall('ZREM', lane_key(prefix, lanes[e[1]], 'tasks'), e[2]) end
 for key, refs in pairs(back) do call_chunked('RPUSH', key, refs) end
 ledger.commit()
+spec_forget(stale)
+for _, ref in ipairs(spec_new) do spec_held(ref, now) end
+start_backups(prefix, picks, token)
 
 -- work left in a served lane (or junk left behind): the next blocked executor serving it wakes;
 -- under `*`, a kind whose lane is gone leaves `kinds`
@@ -321,11 +350,12 @@ local function pass_on()
   end
 end
 if junk_left <= 0 then pass_on() end
-if n > 0 then
-  held[hn + 1], held[hn + 2] = ACTIVE_PIN, ACTIVE_PIN_VALUE
-  call_chunked('HSET', K.active, held)
+if n > 0 or #picks > 0 then
+  if n > 0 then
+    held[hn + 1], held[hn + 2] = ACTIVE_PIN, ACTIVE_PIN_VALUE
+    call_chunked('HSET', K.active, held)
+  end
   -- the token is `<instance>:<seq>`: the lease is the instance's
-  local inst = string.match(token, '^(.*):[^:]*$')
   local lease = rcall('ZSCORE', K.leases, inst)
   if not lease or tonumber(lease) <= now then out[2] = out[2] + 1 end
   rcall('ZADD', K.leases, now + lock_ms, inst)
@@ -340,4 +370,6 @@ end
 -- slot frees, not when new work arrives (which could not start here sooner either)
 if start_now <= 0 then return { -3, limited } end
 local due = next_due()
+-- (a listed shard that will straggle: the executor claims again then)
+if soonest and (not due or soonest < due) then due = soonest end
 return { due and math.max(1, due - now) or -1, limited }

@@ -26,6 +26,8 @@
   KEYS[12] unrouted   zset   routed tasks not fully placed (a settled one leaves it)
   KEYS[13] routed-nodes set  nodes that may have a routed list (a settled task's refs leave them)
   KEYS[14] reroute    list   recovered and released refs of routed tasks (likewise)
+  KEYS[15] speculating zset  ref -> claim ms of first attempts of tasks with --speculate
+  KEYS[16] backups    hash   ref -> token of the shard's backup attempt
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2..] groups: task id, seq (its incarnation), token, m, `p` or `f`, then m entries: for
             `p` (plain: no state, no result) an index each; for `f` an index (or `agg`),
@@ -35,7 +37,11 @@
   Returns one code per shard, in the order given: 1 counted, 0 already terminal (finished
   twice), -1 lock missing, -2 lock mismatch, -3 task missing (or another incarnation).
 
-  include: chunked, clock, events, fair, finish, halt, lanes, settle, task
+  A shard with a backup attempt (docs/design/speculation.md) is completed by either token, once:
+  the first to finish wins, the other attempt's hold goes with it (`cancels` tells its executor),
+  and a task with `--speculate` measures the shard's time.
+
+  include: chunked, clock, events, fair, finish, halt, lanes, settle, speculate, task
 ]]
 local prefix, now = ARGV[1], now_ms()
 
@@ -68,13 +74,21 @@ for s = 1, n, 4000 do
 end
 
 local codes, taken, nt = {}, {}, 0
+-- a shard completed by its backup attempt's token (read only when a token is not `active`'s)
+local by_backup, backups = {}, nil
 for i = 1, n do
-  if not cur[i] then
-    codes[i] = -1
-  elseif cur[i] ~= tokens[i] then
-    codes[i] = -2
-  else
+  if cur[i] ~= tokens[i] and backups == nil then backups = rcall('EXISTS', K.backups) == 1 end
+  if cur[i] == tokens[i] then
     codes[i] = true
+  elseif backups and backup_of(refs[i]) == tokens[i] then
+    codes[i] = true
+    by_backup[i] = true
+  elseif not cur[i] then
+    codes[i] = -1
+  else
+    codes[i] = -2
+  end
+  if codes[i] == true then
     nt = nt + 1
     taken[nt] = refs[i]
   end
@@ -98,7 +112,7 @@ for gi, g in ipairs(groups) do
     end
   end
   if any then
-    local t = rcall('HMGET', task_key(prefix, tid, ''), 'seq', 'total', 'done', 'failed', 'kind', 'success_when')
+    local t = rcall('HMGET', task_key(prefix, tid, ''), 'seq', 'total', 'done', 'failed', 'kind', 'success_when', 'speculate')
     tasks[gi] = t
     if t[1] == inc then
       local sfx = { ':terminal' }
@@ -123,6 +137,7 @@ for gi, g in ipairs(groups) do
 end
 
 local unheld = {} -- { tid, inc, n }: index shards leaving `active`, for the counts
+local stopped_other = false -- a shard ended with its other attempt still running
 local settles = {} -- tasks that met their `success_when`, settled last
 for gi, g in ipairs(groups) do
   local tid, first, last, inc = g[1], g[2], g[3], g[4]
@@ -184,7 +199,20 @@ for gi, g in ipairs(groups) do
     end
   end
   for _, idx in ipairs(dropped) do drop_state(prefix, tid, idx) end
+  -- speculation: the time measured, the other attempt stopped
+  if t[7] then
+    for _, i in ipairs(mine) do
+      spec_ended(prefix, tid, refs[i], now)
+      if drop_backup(refs[i]) or by_backup[i] then
+        stopped_other = true
+        if by_backup[i] and codes[i] == 1 then rcall('HINCRBY', tkey, 'spec_won', 1) end
+        emit('event', 'speculation_won', 'task', tid, 'shard', idxs[i], 'attempt', by_backup[i] and 'backup' or 'first')
+      end
+    end
+  end
 end
+-- the losing attempts' executors learn at their next heartbeat that the shard ended
+if stopped_other then rcall('HINCRBY', K.meta, 'cancels', 1) end
 -- tasks that met their goal settle (their held refs and counts go with it), before anything
 -- below may read a key it did not read first (a wake of every lane by `unhold`)
 local settled = {}

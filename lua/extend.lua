@@ -9,6 +9,7 @@
   KEYS[1] leases  zset  instance -> lease expiry (ms)
   KEYS[2] active  hash  ref -> token
   KEYS[3] meta    hash  `cancels`
+  KEYS[4] backups hash  ref -> token of the shard's backup attempt
   ARGV[1] instance
   ARGV[2] lock_ms
   ARGV[3] mode      `beat`, or `check` to compare the tokens even if the lease lived (after a
@@ -17,9 +18,10 @@
   ARGV[5..] ref, token pairs (only needed when the lease expired, or to check)
 
   Returns { status, cancels, ... }: status 0 and the 1-based pair numbers of the lost shards,
-  negated for a shard of a cancelled, halted or settled task (none when all is kept), or status -1 when the lease
-  expired or tasks were cancelled and no pairs were given (call again with them, in `check`
-  mode).
+  negated for a shard of a cancelled, halted or settled task, or of a task with `--speculate`
+  that ended by its other attempt (docs/design/speculation.md) (none when all is kept), or status
+  -1 when the lease expired or tasks were cancelled and no pairs were given (call again with
+  them, in `check` mode). A backup attempt is held by its token in `backups`.
 
   include: clock, task
 ]]
@@ -49,13 +51,17 @@ for s = 1, #refs, 4000 do
   local cur = rcall('HMGET', K.active, unpack(refs, s, math.min(s + 3999, #refs)))
   for j = 1, #cur do
     local pair = s + j - 1
-    if cur[j] ~= ARGV[2 * pair + 4] then
+    if cur[j] ~= ARGV[2 * pair + 4] and rcall('HGET', K.backups, refs[pair]) ~= ARGV[2 * pair + 4] then
       -- cancelled: the ref's own incarnation of its task is (not a later one under the id), or
       -- it halted or settled (docs/design/failure-policies.md): its shards were stopped, not lost
       local tid, inc, idx = split_ref(refs[pair])
-      local t = tid and rcall('HMGET', task_key(prefix, tid, ''), 'state', 'seq', 'halted', 'cancelled')
+      local t = tid and rcall('HMGET', task_key(prefix, tid, ''), 'state', 'seq', 'halted', 'cancelled', 'speculate')
+      -- a shard of a task with backups whose other attempt finished first
+      -- (docs/design/speculation.md) was stopped too
+      local ended = t and t[5] and idx ~= 'agg' and tonumber(idx)
+        and rcall('GETBIT', task_key(prefix, tid, ':terminal'), idx) == 1
       -- (a settled task's aggregation job is its own: lost, not cancelled)
-      if t and (t[1] == 'cancelled' or t[3] or (t[4] and idx ~= 'agg')) and t[2] == inc then
+      if t and (t[1] == 'cancelled' or t[3] or (t[4] and idx ~= 'agg') or ended) and t[2] == inc then
         lost[#lost + 1] = -pair
       else
         lost[#lost + 1] = pair

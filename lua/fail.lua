@@ -21,6 +21,9 @@
   KEYS[13] unrouted   zset   routed tasks not fully placed (a halted one leaves it)
   KEYS[14] routed-nodes set  nodes that may have a routed list (a halted task's refs leave them)
   KEYS[15] reroute    list   recovered and released refs of routed tasks (likewise)
+  KEYS[16] backups    hash   ref -> token of the shard's backup attempt
+  KEYS[17] leases zset instance -> lease expiry (a backup that takes a shard over must be alive)
+  KEYS[18] speculating zset ref -> claim ms of first attempts of tasks with --speculate
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] node        the failing executor's node: a routed shard's retry goes back to it
   ARGV[3..] groups of 6: ref, token, attempt (of this claim), delay_ms (backoff before the next
@@ -32,19 +35,30 @@
   Returns one code per group: 2 retry scheduled, 1 failed for good (counted), 0 failed for good
   but already terminal, -1 lock missing, -2 lock mismatch, -3 task missing.
 
-  include: clock, events, fair, finish, halt, hold, lanes, task
+  A shard with two live attempts (docs/design/speculation.md): a failure to retry (`r`, `a`) of
+  either drops that attempt only, the other runs on, nothing recorded (code 2); a final one
+  (`p`, `f`, or the last attempt) is the shard's verdict, and the other attempt goes with it.
+
+  include: clock, events, fair, finish, halt, hold, lanes, speculate, task
 ]]
 local prefix, now, node = ARGV[1], now_ms(), ARGV[2]
 -- deferrals a shard may have before a retry-after counts as a failure (common::failure)
 local MAX_DEFERRALS = 100
 local codes = {}
+-- whether any shard has a backup attempt (one read per call)
+local spec_any = rcall('EXISTS', K.backups) == 1
 for i = 3, #ARGV, 6 do
   local ref, token, attempt, delay, reason, class = ARGV[i], ARGV[i + 1], ARGV[i + 2], tonumber(ARGV[i + 3]), ARGV[i + 4], ARGV[i + 5]
   -- a failed shard always has a reason: `retry` finds the failed shards by it
   if reason == '' then reason = 'failed' end
   local code = holds(ref, token)
   local halt -- why its task halts, once this ref is recorded
-  if code == 0 then
+  local backup = false -- `token` is the shard's backup attempt's
+  if code ~= 0 and spec_any and backup_of(ref) == token then code, backup = 0, true end
+  if code == 0 and spec_any and (class == 'r' or class == 'a') and leave_attempt(ref, backup, now) then
+    -- its other attempt runs on: this one goes, nothing recorded
+    code = 2
+  elseif code == 0 then
     local tid, inc, idx = split_ref(ref)
     local tkey = tid and task_key(prefix, tid, '')
     local t = rcall('HMGET', tkey, 'attempts', 'seq', 'total', 'strategy', 'max_failures', 'part')
@@ -91,6 +105,10 @@ for i = 3, #ARGV, 6 do
         end
       end
     end
+    -- its other attempt, if any, goes with the verdict (its executor learns it from `cancels`)
+    if spec_any and (drop_backup(ref) or backup) then rcall('HINCRBY', K.meta, 'cancels', 1) end
+    -- no longer held as a first attempt
+    if code ~= -3 and idx ~= 'agg' then spec_forget({ ref }) end
     -- last: the shard leaves `active` (an abort before this leaves it held, for a retry or the sweep)
     rcall('HDEL', K.active, ref)
     rcall('SREM', K.stalled, ref)

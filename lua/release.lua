@@ -14,6 +14,9 @@
   KEYS[5] marker  zset wakes blocked executors
   KEYS[6] held    hash held index shards per task and group (lua/include/fair.lua)
   KEYS[7] meta    hash group caps
+  KEYS[8] backups hash ref -> token of the shard's backup attempt
+  KEYS[9] leases zset instance -> lease expiry (a backup that takes a shard over must be alive)
+  KEYS[10] speculating zset ref -> claim ms of first attempts of tasks with --speculate
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] `front` (a started shard, to the front of its lane's wait), `unstarted` (never started, to the
           front) or `back` (never started, to the back)
@@ -21,15 +24,23 @@
 
   Returns one code per group: 1 released, -1 lock missing, -2 lock mismatch.
 
-  include: clock, fair, hold, task
+  Either attempt of a shard with two (docs/design/speculation.md) goes alone while the other runs
+  on: nothing is requeued.
+
+  include: clock, fair, hold, speculate, task
 ]]
 local prefix, front, undo = ARGV[1], ARGV[2] ~= 'back', ARGV[2] ~= 'front'
 local codes = {}
 local released = 0
+local spec_any = rcall('EXISTS', K.backups) == 1
 for i = 3, #ARGV, 2 do
   local ref, token = ARGV[i], ARGV[i + 1]
   local code = holds(ref, token)
-  if code == 0 then
+  local backup = false
+  if code ~= 0 and spec_any and backup_of(ref) == token then code, backup = 0, true end
+  if code == 0 and spec_any and leave_attempt(ref, backup, now_ms()) then
+    code = 1
+  elseif code == 0 then
     local tid, _, idx = split_ref(ref)
     local skey, field = shards_key(prefix, tid), idx .. ':attempt'
     local before = undo and rcall('HGET', skey, field)
@@ -46,6 +57,7 @@ for i = 3, #ARGV, 2 do
     end
     rcall('HDEL', K.active, ref)
     rcall('SREM', K.stalled, ref)
+    spec_forget({ ref })
     local _, inc, idx = split_ref(ref)
     if idx ~= 'agg' then unhold(prefix, tid, inc, 1, now_ms()) end
     code = 1

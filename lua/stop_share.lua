@@ -22,6 +22,8 @@
   KEYS[12] routed-nodes       set    nodes that may have a routed list
   KEYS[13] reroute            list   routed refs to place again
   KEYS[14] scheduled          zset   delayed tasks, by start time (a delayed share leaves it)
+  KEYS[15] backups hash ref -> token of a shard's backup attempt (docs/design/speculation.md)
+  KEYS[16] speculating zset ref -> claim ms of first attempts of tasks with --speculate
   ARGV[1] key prefix  `{P:Q@p.s}:` (the partition's)
   ARGV[2] task id
   ARGV[3] the home's incarnation id the share must name (`home_inc`)

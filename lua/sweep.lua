@@ -33,6 +33,8 @@
   KEYS[15] delayed       zset   ref -> due time (a halted task's refs leave it)
   KEYS[16] unrouted      zset   routed tasks not fully placed (a halted one leaves it)
   KEYS[17] routed-nodes  set    nodes that may have a routed list (a halted task's refs leave them)
+  KEYS[18] backups hash ref -> token of a shard's backup attempt (docs/design/speculation.md)
+  KEYS[19] speculating zset ref -> claim ms of first attempts of tasks with --speculate
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2] interval_ms of the full sweep
   ARGV[3] max_stalled   stalls a shard may survive
@@ -41,6 +43,10 @@
   Returns { ran, recovered, failed, marked, next }: ran is 1 when either pass ran (0: nothing
   expired and the full sweep was throttled), next is how many ms from now the earliest live
   lease expires (-1: none).
+
+  A first attempt whose holder died while its backup attempt's lives (docs/design/speculation.md)
+  is not stalled: the backup takes its place in `active`. A backup whose holder died goes.
+  A stalled shard leaves `speculating`.
 
   include: chunked, clock, events, fair, finish, halt, hold, lanes, task
 ]]
@@ -70,10 +76,25 @@ local function lease_of(token)
   return l
 end
 
+-- backup attempts (docs/design/speculation.md): ref -> token
+local backups = {}
+local bk = rcall('HGETALL', K.backups)
+for i = 1, #bk, 2 do backups[bk[i]] = bk[i + 1] end
+
 local recovered, failed = 0, 0
 local gone = {} -- refs stalled by this call
 local halts = {} -- tasks whose failures passed their limit, to halt last
 local function stall(ref)
+  -- a first attempt whose backup runs on: the backup takes its place, nothing is requeued
+  local b = backups[ref]
+  -- (a backup with no lease entry at all is taken as alive here: the full sweep's
+  -- mark-then-confirm then judges it as the first attempt's holder)
+  if b and lease_of(b) ~= 'expired' then
+    rcall('HSET', K.active, ref, b)
+    rcall('HDEL', K.backups, ref)
+    backups[ref] = nil
+    return
+  end
   local tid, inc, idx = split_ref(ref)
   local mine = current(prefix, tid, inc)
   -- read first: an abort at a key of a slot being migrated leaves this shard held, unrecorded
@@ -100,6 +121,12 @@ local function stall(ref)
     emit('event', 'shard_stalled', 'task', tid, 'shard', idx)
     recovered = recovered + 1
   end
+  -- its backup, if any, went with its holder; it is no longer held as a first attempt
+  if b then
+    rcall('HDEL', K.backups, ref)
+    backups[ref] = nil
+  end
+  rcall('ZREM', K.speculating, ref)
   -- last: the shard leaves `active` (an abort before this leaves it held, for the next sweep)
   rcall('HDEL', K.active, ref)
   gone[ref] = true
@@ -131,6 +158,13 @@ for i = 1, #held, 2 do
   end
 end
 if #marked > 0 then call_chunked('SADD', K.stalled, marked) end
+-- backup attempts whose holder died go; their first attempt runs on (or was recovered above)
+local dead = {}
+for ref, token in pairs(backups) do
+  local l = lease_of(token)
+  if l == 'expired' or (l == 'none' and full) then dead[#dead + 1] = ref end
+end
+if #dead > 0 then call_chunked('HDEL', K.backups, dead) end
 -- the counts fair sharing and caps decide by, exact again whatever a script missed
 recount(prefix, refs, gone, now)
 -- tasks past their failure limit halt (their keys and lanes were read by `stall`)

@@ -27,6 +27,8 @@ pub fn field(key: &str, value: &str) -> serde_json::Value {
         "max_failures",
         "success_when",
         "cancelled",
+        "running_ms",
+        "threshold_ms",
         "retain_ms",
         "recovered",
         "shard",

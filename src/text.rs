@@ -131,12 +131,23 @@ pub fn ended(t: &TaskInfo) -> Vec<String> {
     out
 }
 
-/// Why a task failed early (docs/design/failure-policies.md), its result, or its aggregation's
-/// failure (none while none is known).
+/// Why a task failed early (docs/design/failure-policies.md), its backups for stragglers
+/// (docs/design/speculation.md), its result, or its aggregation's failure (none while none is
+/// known).
 pub fn outcome(t: &TaskInfo) -> Vec<String> {
     let result = t.result.as_ref().map(|r| format!("result: {r}"));
     let agg = t.aggregation_error.as_ref().map(|e| format!("aggregation failed: {e}"));
-    t.halted.clone().into_iter().chain(result).chain(agg).collect()
+    t.halted.clone().into_iter().chain(speculation(t)).chain(result).chain(agg).collect()
+}
+
+/// A task with `--speculate`: its backups so far and when a shard gets one.
+pub fn speculation(t: &TaskInfo) -> Option<String> {
+    let cap = t.speculate?;
+    Some(format!(
+        "speculation: {} backup(s) of at most {cap}, {} won; a shard gets one once every shard was handed out \
+         and it has run 1.5 × the median shard time (at least 500 ms)",
+        t.spec_started, t.spec_won
+    ))
 }
 
 /// The `top` most frequent causes among failed shards (index, reason), with their counts, most

@@ -481,6 +481,9 @@ fn config_schedule_list_and_watch_events_match_their_schemas() {
     seen.insert("share_counted");
     seen.insert("share_uncounted");
     seen.insert("share_stopped");
+    // backups for stragglers need a slow node (seen in watch_of_backups_matches_the_schema)
+    seen.insert("shard_speculated");
+    seen.insert("speculation_won");
     let unseen: Vec<&&str> = known.difference(&seen).collect();
     assert!(unseen.is_empty(), "no event of kinds {unseen:?} was logged: {logged:?}");
 
@@ -648,4 +651,35 @@ fn watch_over_partitions_matches_the_schema() {
         event.check("watch --json (share_stopped)", e);
     }
     event.rejects("a stopped count as text", &with(&stopped[0], "/stopped", json!("1")));
+}
+
+/// Backups for stragglers (docs/design/speculation.md): `shard_speculated` and
+/// `speculation_won` as `watch --json` prints them match the schema, and `status --json` the
+/// task schema with its speculation fields.
+#[test]
+fn watch_of_backups_matches_the_schema() {
+    let event = Schema::load("watch-event");
+    let task = Schema::load("task");
+    let cli = Cli::start("schema-spec");
+    let _fast = cli.executor("schema-fast", &["--concurrency", "4"]);
+    let _slow = cli.executor("schema-slow", &["--concurrency", "4"]);
+    let payload = r#"{"ms":20,"slow_node":"schema-slow","slow_factor":500}"#;
+    let args =
+        ["dispatch", "--kind", "sleep", "--payload", payload, "--shards", "60", "--speculate", "--task-id", "sp"];
+    cli.ok(&[&args[..], &["--wait", "--timeout", "60s"][..]].concat());
+    let t = cli.json(&["status", "sp", "--json"], 0);
+    task.check("status --json (speculation)", &t);
+    let logged: Vec<(String, std::collections::HashMap<String, String>)> =
+        redis::cmd("XRANGE").arg(cli.key("events")).arg("-").arg("+").query(&mut cli.con()).unwrap();
+    let count = logged.len().to_string();
+    let out = cli.ok(&["watch", "--from-start", "--count", &count, "--json"]);
+    let lines: Vec<Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    for kind in ["shard_speculated", "speculation_won"] {
+        let e = lines.iter().find(|e| e["event"] == kind).unwrap_or_else(|| panic!("no {kind} event: {out}"));
+        event.check(&format!("watch --json ({kind})"), e);
+    }
+    let started = lines.iter().find(|e| e["event"] == "shard_speculated").unwrap();
+    event.rejects("a running time as text", &with(started, "/running_ms", json!("1")));
+    let won = lines.iter().find(|e| e["event"] == "speculation_won").unwrap();
+    event.rejects("an attempt that is neither", &with(won, "/attempt", json!("third")));
 }

@@ -54,7 +54,8 @@ pub enum Scenario {
     Fairness,
     /// Time to a failed verdict: failures retried, permanent, and with `--max-failures`.
     Failures,
-    /// 400 shards on 4 executors, one of them 100× slower, against none slower.
+    /// 400 shards on 4 executors, one of them 100× slower, against none slower, with and without
+    /// backup attempts.
     Stragglers,
 }
 

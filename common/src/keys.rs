@@ -143,6 +143,15 @@ impl Keys {
     pub fn stalled_check(&self) -> String {
         self.key("stalled-check")
     }
+    /// Zset: ref → claim ms of the held first attempts of tasks with `--speculate`
+    /// (docs/design/speculation.md).
+    pub fn speculating(&self) -> String {
+        self.key("speculating")
+    }
+    /// Hash: ref → token of a shard's backup attempt (docs/design/speculation.md).
+    pub fn backups(&self) -> String {
+        self.key("backups")
+    }
     /// String PX (a home's): the throttle of the decision pass over partitions.
     pub fn decide_check(&self) -> String {
         self.key("decide-check")

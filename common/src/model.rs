@@ -63,6 +63,9 @@ pub struct TaskSpec {
     /// shards are cancelled and it aggregates (k-of-n, docs/design/failure-policies.md);
     /// `None`: every shard runs.
     pub success_when: Option<crate::failure::Threshold>,
+    /// Backup attempts for straggling shards, at most this many (or this share of its shards,
+    /// rounded up, at least 1): docs/design/speculation.md; `None`: none. Pull tasks only.
+    pub speculate: Option<crate::failure::Threshold>,
     /// How shards are placed on executors.
     pub strategy: Strategy,
     /// Virtual nodes per executor on the ring (consistent hash).
@@ -101,6 +104,7 @@ impl TaskSpec {
             && t.max_running == self.max_running
             && t.max_failures == self.max_failures.map(|m| m.of(self.shards))
             && t.success_when == self.success_when.map(|m| m.at_least(self.shards))
+            && t.speculate == self.speculate.map(|m| m.at_least(self.shards))
     }
 
     /// A spec with defaults for everything but id, kind and shard count.
@@ -119,6 +123,7 @@ impl TaskSpec {
             max_running: None,
             max_failures: None,
             success_when: None,
+            speculate: None,
             strategy: Strategy::Pull,
             vnodes: DEFAULT_VNODES,
             has_keys: false,
@@ -161,6 +166,14 @@ impl TaskSpec {
                     self.shards
                 )));
             }
+        }
+        if self.speculate.is_some_and(|m| m.at_least(self.shards) < 1) {
+            return Err(Error::invalid("--speculate must allow at least 1 backup"));
+        }
+        if self.speculate.is_some() && self.strategy != Strategy::Pull {
+            return Err(Error::invalid(
+                "--speculate needs the pull strategy: a routed shard belongs on its key's node, a backup would run elsewhere",
+            ));
         }
         if self.max_running == Some(0) {
             return Err(Error::invalid("max-running must be at least 1"));
@@ -227,6 +240,9 @@ impl TaskSpec {
         }
         if let Some(m) = self.success_when {
             f.push(("success_when", m.at_least(self.shards).to_string()));
+        }
+        if let Some(m) = self.speculate {
+            f.push(("speculate", m.at_least(self.shards).to_string()));
         }
         f
     }

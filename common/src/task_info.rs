@@ -54,6 +54,13 @@ pub struct TaskInfo {
     pub max_failures: Option<u64>,
     /// Once this many shards completed, the others are cancelled (`--success-when`, absolute).
     pub success_when: Option<u64>,
+    /// At most this many backup attempts for straggling shards (`--speculate`,
+    /// docs/design/speculation.md); `None`: none.
+    pub speculate: Option<u64>,
+    /// Backup attempts started, and those that finished first.
+    pub spec_started: u64,
+    /// Backup attempts that finished first.
+    pub spec_won: u64,
     /// Shards cancelled when the task met its `success_when` (never counted as done).
     pub cancelled: Option<u64>,
     /// Why the task ended early, failed (a fail-fast or a handler's `fail_task`), if it did.
@@ -147,6 +154,9 @@ impl TaskInfo {
             max_failures: h.get("max_failures").and_then(|v| v.parse().ok()),
             halted: h.get("halted").cloned(),
             success_when: h.get("success_when").and_then(|v| v.parse().ok()),
+            speculate: h.get("speculate").and_then(|v| v.parse().ok()),
+            spec_started: h.get("spec_started").and_then(|v| v.parse().ok()).unwrap_or(0),
+            spec_won: h.get("spec_won").and_then(|v| v.parse().ok()).unwrap_or(0),
             cancelled: h.get("cancelled").and_then(|v| v.parse().ok()),
             first_failure: h.get("first_failure").cloned(),
             routed: h.get("routed").and_then(|v| v.parse().ok()),

@@ -27,6 +27,8 @@ const QUEUE_LEVEL: &[&str] = &[
     "stalled",
     "stalled-check",
     "decide-check",
+    "speculating",
+    "backups",
     "marker",
     "running",
     "finished",

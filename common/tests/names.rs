@@ -41,6 +41,8 @@ const QUEUE_KEYS: &[(&str, QueueKey)] = &[
     ("stalled", Keys::stalled),
     ("stalled_check", Keys::stalled_check),
     ("decide_check", Keys::decide_check),
+    ("speculating", Keys::speculating),
+    ("backups", Keys::backups),
     ("marker", Keys::marker),
     ("nodes", Keys::nodes),
     ("routed_nodes", Keys::routed_nodes),

@@ -136,14 +136,23 @@ const RECONCILE_EVERY: u64 = 4;
 /// `active` before they are in `held`); `claiming` is read before `held` for that.
 pub(crate) async fn reconcile(shared: &Shared) -> shardctl_common::Result<()> {
     let mut con = shared.con.clone();
-    let all: std::collections::HashMap<String, String> =
+    let mut all: std::collections::HashMap<String, String> =
         redis::cmd("HGETALL").arg(shared.keys.active()).query_async(&mut con).await?;
+    // backup attempts too (docs/design/speculation.md): a lost reply leaves one held by nobody
+    let backups: Vec<(String, String)> = redis::cmd("HGETALL").arg(shared.keys.backups()).query_async(&mut con).await?;
+    let mut orphan_backups = Vec::new();
     let mine = format!("{}:", shared.instance);
     let in_flight = format!("{mine}{}", shared.claims.in_flight.load(Ordering::SeqCst));
     let orphans: Vec<(String, String)> = {
         let held = shared.held.lock().unwrap();
         let known = |r: &str| r.parse::<ShardRef>().is_ok_and(|k| held.contains_key(&k));
-        all.into_iter().filter(|(r, t)| t.starts_with(&mine) && *t != in_flight && !known(r)).collect()
+        for (r, t) in backups {
+            if t.starts_with(&mine) && t != in_flight && !known(&r) {
+                orphan_backups.push((r, t));
+            }
+        }
+        all.retain(|r, t| t.starts_with(&mine) && *t != in_flight && !known(r));
+        all.into_iter().chain(orphan_backups).collect()
     };
     let n = scripts::disown(&mut con, &shared.keys, &orphans).await?;
     if n > 0 {

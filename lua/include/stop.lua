@@ -7,8 +7,8 @@
 -- Takes task `tid`'s refs out of `active` (their executors stop the handlers, learning it from
 -- `cancels`, raised here, at their next heartbeat: docs/design/lock-protocol.md) and `delayed`
 -- (no executor wakes for them), forgets its held count and its per-shard state; the attempts its
--- stopped shards ran are kept in `attempt_hw` (a retry numbers past them). Only `active` and
--- `delayed` are read. Returns how many refs were held.
+-- stopped shards ran are kept in `attempt_hw` (a retry numbers past them); their backup attempts
+-- leave `backups`. Only `active`, `backups` and `delayed` are read. Returns how many refs were held.
 local function stop_refs(prefix, tid, now)
   local pre = tid .. ':'
   local stopped = {}
@@ -23,7 +23,14 @@ local function stop_refs(prefix, tid, now)
   if #stopped > 0 then
     call_chunked('HDEL', K.active, stopped)
     call_chunked('SREM', K.stalled, stopped)
+    call_chunked('ZREM', K.speculating, stopped)
   end
+  -- their backup attempts (docs/design/speculation.md) stop too
+  local backups = {}
+  for _, ref in ipairs(rcall('HKEYS', K.backups)) do
+    if string.sub(ref, 1, #pre) == pre then backups[#backups + 1] = ref end
+  end
+  if #backups > 0 then call_chunked('HDEL', K.backups, backups) end
   local gone = {}
   for _, ref in ipairs(rcall('ZRANGE', K.delayed, 0, -1)) do
     if string.sub(ref, 1, #pre) == pre then gone[#gone + 1] = ref end

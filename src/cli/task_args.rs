@@ -61,6 +61,13 @@ pub struct TaskArgs {
     /// every shard runs).
     #[arg(long, value_name = "N|N%", value_parser = |s: &str| s.parse::<Threshold>())]
     pub success_when: Option<Threshold>,
+    /// Backup attempts for stragglers: once every shard was handed out, a shard running longer
+    /// than 1.5 × the task's median shard time (at least 500 ms) gets a second attempt on another
+    /// node; the first to finish counts, the other is stopped. At most N (or N% of its) shards
+    /// get one (default 10%). For idempotent handlers (docs/design/speculation.md).
+    #[arg(long, value_name = "N|N%", num_args = 0..=1, default_missing_value = "10%",
+          value_parser = |s: &str| s.parse::<Threshold>())]
+    pub speculate: Option<Threshold>,
     /// Placement: pull (competitive, the default), consistent-hash, round-robin or hash-mod.
     #[arg(long, default_value = "pull", value_parser = |s: &str| s.parse::<Strategy>())]
     pub strategy: Strategy,
@@ -106,6 +113,7 @@ impl TaskArgs {
             max_running: self.max_running,
             max_failures: self.max_failures,
             success_when: self.success_when,
+            speculate: self.speculate,
             strategy: self.strategy,
             vnodes: self.vnodes,
             has_keys: false,

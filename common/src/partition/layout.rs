@@ -198,6 +198,8 @@ pub async fn drop_orphans<C: ConnectionLike + Send>(con: &mut C, layout: &Layout
             pk.held(),
             pk.stalled(),
             pk.stalled_check(),
+            pk.speculating(),
+            pk.backups(),
             pk.limiter(),
             pk.delayed(),
             pk.unreported(),

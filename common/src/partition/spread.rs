@@ -117,6 +117,10 @@ pub async fn create_share_keyed<C: ConnectionLike + Send>(
         if let ("max_running", Some(n)) = (f.0, spec.max_running) {
             f.1 = share_range(p, k, n).1.max(1).to_string();
         }
+        // so is the cap of backups (docs/design/speculation.md)
+        if let ("speculate", Some(m)) = (f.0, spec.speculate) {
+            f.1 = share_range(p, k, m.at_least(spec.shards).max(1)).1.max(1).to_string();
+        }
     }
     fields.extend([
         ("part", p.to_string()),
@@ -257,6 +261,7 @@ pub fn spec_of(t: &crate::model::TaskInfo, priority: i64) -> TaskSpec {
     spec.retain = (t.retain_ms > 0).then(|| std::time::Duration::from_millis(t.retain_ms));
     spec.strategy = t.strategy.parse().unwrap_or_default();
     spec.vnodes = t.vnodes;
+    spec.speculate = t.speculate.map(crate::failure::Threshold::Count);
     spec.has_keys = t.has_keys;
     spec
 }

@@ -21,6 +21,7 @@ pub const INCLUDES: &[(&str, &str)] = &[
     ("lanes", include_str!("../../../lua/include/lanes.lua")),
     ("settle", include_str!("../../../lua/include/settle.lua")),
     ("share_out", include_str!("../../../lua/include/share_out.lua")),
+    ("speculate", include_str!("../../../lua/include/speculate.lua")),
     ("stop", include_str!("../../../lua/include/stop.lua")),
     ("task", include_str!("../../../lua/include/task.lua")),
 ];
@@ -160,6 +161,8 @@ pub fn queue_key(keys: &Keys, name: &str, at: &KeyArgs<'_>) -> std::result::Resu
         "reroute" => keys.reroute(),
         "unrouted" => keys.unrouted(),
         "unreported" => keys.unreported(),
+        "speculating" => keys.speculating(),
+        "backups" => keys.backups(),
         "rebalancing" => keys.rebalancing(),
         "scheduled" => keys.scheduled(),
         "expiring" => keys.expiring(),

@@ -1,0 +1,100 @@
+//! Backup attempts for stragglers (docs/design/speculation.md) through the binary: four
+//! executor processes, one of which runs every shard 400× slower (the built-in `sleep` kind's
+//! `"slow_node"`); with `--speculate` the task ends long before that node's shards would, every
+//! shard counted once; SIGKILLing the slow node while its shards have backups loses nothing.
+
+// the harness shared by the CLI test files: this one uses a part of it
+#[allow(dead_code)]
+mod support;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use support::Cli;
+
+/// 50 ms a shard; 20 s on node `slow`.
+const PAYLOAD: &str = r#"{"ms":50,"slow_node":"slow","slow_factor":400}"#;
+
+/// The events of the queue's log of type `kind`.
+fn events(cli: &Cli, kind: &str) -> Vec<HashMap<String, String>> {
+    let all: Vec<(String, Vec<String>)> =
+        redis::cmd("XRANGE").arg(cli.key("events")).arg("-").arg("+").query(&mut cli.con()).unwrap();
+    all.into_iter()
+        .map(|(_, kv)| kv.chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect::<HashMap<_, _>>())
+        .filter(|e| e.get("event").map(String::as_str) == Some(kind))
+        .collect()
+}
+
+#[test]
+fn backups_end_a_task_whose_node_straggles_and_every_shard_counts_once() {
+    let cli = Cli::start("spec");
+    let _fast: Vec<_> = (0..3).map(|i| cli.executor(&format!("fast{i}"), &["--concurrency", "4"])).collect();
+    let _slow = cli.executor("slow", &["--concurrency", "4"]);
+    cli.rejects(
+        &[
+            "dispatch",
+            "--kind",
+            "sleep",
+            "--payload",
+            PAYLOAD,
+            "--shards",
+            "8",
+            "--strategy",
+            "consistent-hash",
+            "--speculate",
+        ],
+        2,
+        "--speculate needs the pull strategy",
+    );
+    let started = Instant::now();
+    let args =
+        ["dispatch", "--kind", "sleep", "--payload", PAYLOAD, "--shards", "200", "--speculate", "--task-id", "s"];
+    let t = cli.json(&[&args[..], &["--wait", "--timeout", "60s", "--json"][..]].concat(), 0);
+    // the slow node's shards (20 s each) did not hold the task
+    assert!(started.elapsed() < Duration::from_secs(15), "took {:?}", started.elapsed());
+    assert_eq!(
+        (t["state"].as_str(), t["done"].as_u64(), t["failed"].as_u64()),
+        (Some("completed"), Some(200), Some(0))
+    );
+    let (backups, won) = (t["spec_started"].as_u64().unwrap(), t["spec_won"].as_u64().unwrap());
+    assert!(backups >= 1 && won >= 1 && won <= backups && backups <= 20, "{t}");
+    assert_eq!(t["speculate"].as_u64(), Some(20), "10% of 200 by default");
+    assert_eq!(events(&cli, "shard_speculated").len() as u64, backups);
+    // (a first attempt given back unstarted leaves its backup the shard's only attempt: no race)
+    let ended = events(&cli, "speculation_won").len() as u64;
+    assert!(ended >= won && ended <= backups, "{ended} races ended, {won} won by a backup, {backups} backups");
+    let status = cli.ok(&["status", "s"]);
+    assert!(status.contains(&format!("speculation: {backups} backup(s) of at most 20, {won} won")), "{status}");
+}
+
+#[test]
+fn a_straggling_node_killed_while_its_shards_have_backups_loses_nothing() {
+    let cli = Cli::start("spec-kill");
+    let _fast: Vec<_> = (0..2).map(|i| cli.executor(&format!("fast{i}"), &["--concurrency", "4"])).collect();
+    let mut slow = cli.executor("slow", &["--concurrency", "4"]);
+    let args = [
+        "dispatch",
+        "--kind",
+        "sleep",
+        "--payload",
+        PAYLOAD,
+        "--shards",
+        "120",
+        "--speculate",
+        "50%",
+        "--task-id",
+        "k",
+    ];
+    cli.ok(&args);
+    // once backups run, the slow node dies with its first attempts
+    support::eventually("a backup started", Duration::from_secs(20), || {
+        (!events(&cli, "shard_speculated").is_empty()).then_some(()).ok_or("none yet")
+    });
+    slow.kill();
+    let t = cli.json(&["wait", "k", "--timeout", "60s", "--json"], 0);
+    assert_eq!(
+        (t["state"].as_str(), t["done"].as_u64(), t["failed"].as_u64()),
+        (Some("completed"), Some(120), Some(0))
+    );
+    assert!(t["spec_started"].as_u64().unwrap() >= 1, "{t}");
+}
