@@ -18,7 +18,7 @@ const DECIDE_LEASE: std::time::Duration = std::time::Duration::from_millis(900);
 const PAGE: isize = 100;
 
 /// One decision pass over the running tasks of `layout`'s home, unless another process made one
-/// less than [`DECIDE_LEASE`] ago (the home's `decide-check`): for each, the sums of its shares'
+/// less than `DECIDE_LEASE` (900 ms) ago (the home's `decide-check`): for each, the sums of its shares'
 /// counts go to the home's decision (`decide.lua`); the shares of a settled task still running
 /// are settled (`stop_share.lua`), those of a halted one are stopped by
 /// [`report_pending`](super::report_pending), which the home's `unreported` lists it for.
