@@ -51,7 +51,8 @@
   ARGV[8] probe       how many a task ARGV[7] does not name may get ahead (tried out), once it
                       has been runnable for 20 ms
 
-  Returns { next, flags, ref_1, attempt_1, fails_1, inc_1, ... }; a run of k fresh shards of
+  Returns { next, flags, ref_1, attempt_1, fails_1, inc_1, ... } (a backup attempt's fails as
+  -1 - fails); a run of k fresh shards of
   one task (consecutive indexes from its cursor, attempt 1, no fails) is one quadruple
   { first ref, -k, 0, inc } (the reply and its parsing cost nothing per shard). `inc` is the
   task record's incarnation id (`<seq>.<nonce>`; '' for a record written before it had one):
@@ -316,7 +317,8 @@ local picks, stale, soonest = {}, {}, nil
 if limit_max == 0 and n < start_now then
   picks, stale, soonest = plan_backups(prefix, start_now - n, inst, now, taken)
   for _, p in ipairs(picks) do
-    out[on + 1], out[on + 2], out[on + 3], out[on + 4] = p[1], p[7], p[8], p[4]
+    -- (a backup's fails as -1 - fails: the executor tells it from a first attempt)
+    out[on + 1], out[on + 2], out[on + 3], out[on + 4] = p[1], p[7], -1 - p[8], p[4]
     on = on + 4
   end
 end

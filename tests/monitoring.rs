@@ -69,6 +69,8 @@ fn exported() -> BTreeSet<String> {
         em::LOCKS_EXTENDED,
         em::LOCKS_LOST,
         em::SHARDS_CANCELLED,
+        em::BACKUPS_STARTED,
+        em::BACKUPS_WON,
         em::SHARDS_IN_FLIGHT,
         em::REDIS_RECONNECTS,
         cm::STALLED_RECOVERED,
@@ -87,7 +89,7 @@ fn exported() -> BTreeSet<String> {
     ];
     let mut names: BTreeSet<String> = plain.iter().map(|s| s.to_string()).collect();
     let histograms = em::buckets().map(|(name, _)| name);
-    assert_eq!(histograms, [em::SHARD_RUN_SECONDS, em::CLAIM_SECONDS]);
+    assert_eq!(histograms, [em::SHARD_RUN_SECONDS, em::CLAIM_SECONDS, em::BACKUP_LOST_SECONDS]);
     for h in histograms {
         for suffix in ["_bucket", "_sum", "_count"] {
             names.insert(format!("{h}{suffix}"));

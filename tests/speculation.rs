@@ -25,11 +25,30 @@ fn events(cli: &Cli, kind: &str) -> Vec<HashMap<String, String>> {
         .collect()
 }
 
+/// The sum over `addrs`' `/metrics` of the series `name` (all its label sets).
+fn metric_sum(addrs: &[String], name: &str) -> f64 {
+    let mut sum = 0.0;
+    for addr in addrs {
+        let body = support::eventually(&format!("metrics on {addr}"), Duration::from_secs(30), || {
+            let mut s = std::net::TcpStream::connect(addr).map_err(|e| e.to_string())?;
+            use std::io::{Read, Write};
+            s.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+                .map_err(|e| e.to_string())?;
+            let mut buf = String::new();
+            s.read_to_string(&mut buf).map_err(|e| e.to_string())?;
+            buf.contains("shardctl_").then_some(buf).ok_or_else(|| "no series yet".to_owned())
+        });
+        for l in body.lines().filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' '])) {
+            sum += l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+        }
+    }
+    sum
+}
+
 #[test]
 fn backups_end_a_task_whose_node_straggles_and_every_shard_counts_once() {
     let cli = Cli::start("spec");
-    let _fast: Vec<_> = (0..3).map(|i| cli.executor(&format!("fast{i}"), &["--concurrency", "4"])).collect();
-    let _slow = cli.executor("slow", &["--concurrency", "4"]);
+    // (before any executor runs: a refusal writes nothing, which the check compares)
     cli.rejects(
         &[
             "dispatch",
@@ -46,6 +65,11 @@ fn backups_end_a_task_whose_node_straggles_and_every_shard_counts_once() {
         2,
         "--speculate needs the pull strategy",
     );
+    let addrs: Vec<String> = (0..3).map(|_| format!("127.0.0.1:{}", shardctl_testkit::free_port())).collect();
+    let _fast: Vec<_> = (0..3)
+        .map(|i| cli.executor(&format!("fast{i}"), &["--concurrency", "4", "--metrics-addr", &addrs[i]]))
+        .collect();
+    let _slow = cli.executor("slow", &["--concurrency", "4"]);
     let started = Instant::now();
     let args =
         ["dispatch", "--kind", "sleep", "--payload", PAYLOAD, "--shards", "200", "--speculate", "--task-id", "s"];
@@ -63,6 +87,10 @@ fn backups_end_a_task_whose_node_straggles_and_every_shard_counts_once() {
     // (a first attempt given back unstarted leaves its backup the shard's only attempt: no race)
     let ended = events(&cli, "speculation_won").len() as u64;
     assert!(ended >= won && ended <= backups, "{ended} races ended, {won} won by a backup, {backups} backups");
+    // the executors' metrics say the same: every backup ran on a fast node (the slow one holds
+    // the first attempts), and the losers' time is measured once their stop reaches them
+    assert_eq!(metric_sum(&addrs, "shardctl_backups_started_total") as u64, backups);
+    assert_eq!(metric_sum(&addrs, "shardctl_backups_won_total") as u64, won);
     let status = cli.ok(&["status", "s"]);
     assert!(status.contains(&format!("speculation: {backups} backup(s) of at most 20, {won} won")), "{status}");
 }

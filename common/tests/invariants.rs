@@ -378,6 +378,7 @@ async fn shard_finished_twice_is_counted_once() {
         attempt: 1,
         fails: 0,
         task_inc: c.task_inc.clone(),
+        backup: false,
     };
     for (token, finish_as_fail) in [("forged:1", false), ("forged:2", true)] {
         env.set_holder(&r, token).await;

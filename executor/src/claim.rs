@@ -140,7 +140,12 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
                         if let Some(old) = held.get(&key) {
                             old.cancel.cancel();
                         }
-                        let h = Held { claim: claim.clone(), cancel: cancel.clone(), lost: false, reporting: false };
+                        if claim.backup {
+                            shared.metrics.backups_started.increment(1);
+                        }
+                        let since = std::time::Instant::now();
+                        let h =
+                            Held { claim: claim.clone(), cancel: cancel.clone(), lost: false, reporting: false, since };
                         held.insert(key, h);
                         let trying = trying && shared.ahead.is_trying(&claim.shard_ref.task);
                         claimed.push(Waiting { claim, cancel, trying });

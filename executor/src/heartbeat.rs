@@ -100,6 +100,10 @@ pub(crate) async fn beat(shared: &Shared) -> bool {
                 if let Some(h) = map.get_mut(&keys[i]).filter(|h| &h.claim.token == token && !h.reporting) {
                     h.lost = true;
                     h.cancel.cancel();
+                    if h.claim.backup {
+                        // a backup that did not finish first (docs/design/speculation.md)
+                        shared.metrics.backup_lost_seconds.record(h.since.elapsed().as_secs_f64());
+                    }
                     if by_cancel {
                         tracing::info!(shard = %shared.shown(&h.claim.shard_ref), "task cancelled: stopping its handler");
                         // its spec goes too: a later task under the same id is another task

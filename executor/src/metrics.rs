@@ -38,6 +38,14 @@ pub const LOCKS_EXTENDED: &str = "shardctl_locks_extended_total";
 pub const LOCKS_LOST: &str = "shardctl_locks_lost_total";
 /// Counter: running shards stopped because their task was cancelled.
 pub const SHARDS_CANCELLED: &str = "shardctl_shards_cancelled_total";
+/// Counter: backup attempts of straggling shards this executor started
+/// (docs/design/speculation.md).
+pub const BACKUPS_STARTED: &str = "shardctl_backups_started_total";
+/// Counter: backup attempts this executor finished before their shard's first attempt.
+pub const BACKUPS_WON: &str = "shardctl_backups_won_total";
+/// Histogram: how long each backup attempt that did not finish first ran before it was stopped,
+/// seconds (its `_sum` is the time backups wasted).
+pub const BACKUP_LOST_SECONDS: &str = "shardctl_backup_lost_seconds";
 /// Histogram: handler run time of one shard attempt, seconds.
 pub const SHARD_RUN_SECONDS: &str = "shardctl_shard_run_seconds";
 /// Histogram: round trip of one claim call, seconds.
@@ -62,8 +70,12 @@ pub const CLAIM_SECONDS_BUCKETS: &[f64] =
     &[0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0];
 
 /// Each histogram of this crate with its bucket bounds, for the exporter.
-pub fn buckets() -> [(&'static str, &'static [f64]); 2] {
-    [(SHARD_RUN_SECONDS, RUN_SECONDS_BUCKETS), (CLAIM_SECONDS, CLAIM_SECONDS_BUCKETS)]
+pub fn buckets() -> [(&'static str, &'static [f64]); 3] {
+    [
+        (SHARD_RUN_SECONDS, RUN_SECONDS_BUCKETS),
+        (CLAIM_SECONDS, CLAIM_SECONDS_BUCKETS),
+        (BACKUP_LOST_SECONDS, RUN_SECONDS_BUCKETS),
+    ]
 }
 
 /// Describes every metric of the executor to the installed recorder (call once, after installing).
@@ -82,6 +94,13 @@ pub fn describe() {
     describe_counter!(LOCKS_EXTENDED, "Held refs kept alive by the heartbeats (one per held ref per beat).");
     describe_counter!(LOCKS_LOST, "Refs no longer held: found by the heartbeat or refused when reported.");
     describe_counter!(SHARDS_CANCELLED, "Running shards stopped because their task was cancelled.");
+    describe_counter!(BACKUPS_STARTED, "Backup attempts of straggling shards started by this executor.");
+    describe_counter!(BACKUPS_WON, "Backup attempts this executor finished before their shard's first attempt.");
+    describe_histogram!(
+        BACKUP_LOST_SECONDS,
+        Unit::Seconds,
+        "How long each backup attempt that did not finish first ran before it was stopped."
+    );
     describe_histogram!(SHARD_RUN_SECONDS, Unit::Seconds, "Run time of one shard attempt.");
     describe_histogram!(CLAIM_SECONDS, Unit::Seconds, "Round trip of one claim call.");
     describe_gauge!(SHARDS_IN_FLIGHT, "Refs held now: claimed, outcome not yet recorded.");
@@ -127,6 +146,9 @@ pub(crate) struct Metrics {
     pub(crate) locks_extended: Counter,
     pub(crate) locks_lost: Counter,
     pub(crate) cancelled: Counter,
+    pub(crate) backups_started: Counter,
+    pub(crate) backups_won: Counter,
+    pub(crate) backup_lost_seconds: Histogram,
     pub(crate) run_seconds: Histogram,
     pub(crate) claim_seconds: Histogram,
     pub(crate) in_flight: Gauge,
@@ -155,6 +177,9 @@ impl Metrics {
             locks_extended: metrics::counter!(LOCKS_EXTENDED, base.clone()),
             locks_lost: metrics::counter!(LOCKS_LOST, base.clone()),
             cancelled: metrics::counter!(SHARDS_CANCELLED, base.clone()),
+            backups_started: metrics::counter!(BACKUPS_STARTED, base.clone()),
+            backups_won: metrics::counter!(BACKUPS_WON, base.clone()),
+            backup_lost_seconds: metrics::histogram!(BACKUP_LOST_SECONDS, base.clone()),
             run_seconds: metrics::histogram!(SHARD_RUN_SECONDS, base.clone()),
             claim_seconds: metrics::histogram!(CLAIM_SECONDS, base.clone()),
             in_flight: metrics::gauge!(SHARDS_IN_FLIGHT, base.clone()),

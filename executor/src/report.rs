@@ -257,6 +257,9 @@ pub(crate) fn count(shared: &Shared, finished: &[Finished<'_>], codes: &scripts:
             (FinishedAs::Completed(_), Ok(1)) => {
                 Stats::add(&s.completed, 1);
                 m.completed.increment(1);
+                if f.claim.backup {
+                    m.backups_won.increment(1);
+                }
             }
             (FinishedAs::Failed { reason, delay_ms, .. }, Ok(2)) => {
                 Stats::add(&s.retried, 1);

@@ -34,6 +34,8 @@ pub(crate) struct Held {
     /// The handler has ended and its outcome is on its way: the reporter's own call may delete
     /// the lock before the heartbeat extends it, which is no loss.
     pub(crate) reporting: bool,
+    /// When it was claimed (a backup attempt's time, should it lose).
+    pub(crate) since: std::time::Instant,
 }
 
 /// State every part of the runtime shares.

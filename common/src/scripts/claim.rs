@@ -140,17 +140,23 @@ fn parse_claim(v: &[Value], token: &str) -> Result<ClaimOutcome> {
                         attempt: 1,
                         fails: 0,
                         task_inc: task_inc.clone(),
+                        backup: false,
                     });
                 }
             }
             (a, _) if a < 0 => return Err(Error::Protocol(format!("claim reply: a run from {first}"))),
-            (a, _) => out.shards.push(Claimed {
-                shard_ref: first,
-                token: token.to_owned(),
-                attempt: a as u32,
-                fails: int(f)? as u32,
-                task_inc,
-            }),
+            // a backup attempt's fails come as -1 - fails (lua/claim.lua)
+            (a, _) => {
+                let f = int(f)?;
+                out.shards.push(Claimed {
+                    shard_ref: first,
+                    token: token.to_owned(),
+                    attempt: a as u32,
+                    fails: if f < 0 { (-1 - f) as u32 } else { f as u32 },
+                    task_inc,
+                    backup: f < 0,
+                })
+            }
         }
     }
     Ok(out)

@@ -18,6 +18,9 @@ pub struct Claimed {
     /// Its task record's incarnation id at the claim (`inc`, `<seq>.<nonce>`; empty for a record
     /// written before it had one): what the executor's task cache compares, whole.
     pub task_inc: Arc<str>,
+    /// A backup attempt of a straggling shard (docs/design/speculation.md): held in `backups`,
+    /// its shard's first attempt running elsewhere.
+    pub backup: bool,
 }
 
 impl Claimed {
