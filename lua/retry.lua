@@ -48,7 +48,9 @@ if state == 'cancelled' then return -9 end
 -- a task that met its `success_when` met its goal (docs/design/failure-policies.md): only a
 -- failed aggregation of it runs again
 local settled = t[7] ~= false
-if settled and not (state == 'failed' and t[4]) then return -13 end
+-- (a settled share behind its home's round, a retry cut short before the settle, only takes the
+-- round below: its count is then reported in it)
+if settled and not ARGV[3] and not (state == 'failed' and t[4]) then return -13 end
 local ended = state == 'completed' or state == 'failed'
 if ended and t[2] == '0' then return -10 end
 if ARGV[3] then

@@ -13,7 +13,10 @@
 //! (`--keep-results false`: `end_share.lua` in every share). Ended tasks are cleaned and their
 //! ids dispatched again. A third of the tasks carry `max_failures`, a quarter of the rest a
 //! `success_when`, and the home's decision pass (`partition::decide_pass`) is a step: their
-//! halts and settles cross slots too (docs/design/failure-policies.md). After every step the checks
+//! halts and settles cross slots too (docs/design/failure-policies.md). A third of the tasks are
+//! bigger and carry `--speculate`, and executor 2 is slow (it finishes a fifth as often): its
+//! held shards get backup attempts on the others, a few per seed (the threshold's floor is
+//! 500 ms of real time; `SHARDCTL_SIM_TALLY=1` prints how many). After every step the checks
 //! below hold; at the end a drain must end every task that was not cancelled with
 //! `done + failed == total` and its aggregation recorded once.
 //!
@@ -27,6 +30,8 @@
 //!   counted (but for a share that lost writes after its count, until the aggregation forgets
 //!   the count);
 //! - each share's `done + failed` is the number of its terminal bits, at most its size;
+//! - a backup attempt (`backups`) is always of a shard whose first attempt is held, by another
+//!   executor;
 //! - a home past `running` has every non-empty share counted and `done + failed == total`
 //!   (with a settled task's `cancelled`; a halted task's shares are not counted);
 //! - a task past its `max_failures`, or halted, never aggregates nor completes; a settled task
@@ -130,6 +135,8 @@ struct Sim {
     nonce: u64,
     /// The slots' snapshots (rollbacks on).
     rb: Option<rollback::Rollbacks<faults::Recorded>>,
+    /// Backup attempts claimed (tasks with `--speculate`).
+    backups: u64,
 }
 
 impl Sim {
@@ -165,6 +172,9 @@ impl Sim {
                 let s = self.rng.below(K as usize + 1);
                 self.claim(e, s).await
             }
+            // executor 2 is a slow node: it finishes a fifth as often (its shards straggle and
+            // get backups on the others)
+            2 | 3 if e == 2 && self.rng.chance(80) => Ok(()),
             2 | 3 => self.finish(Some(n), e, action == 3).await,
             4 => {
                 let p = 1 + self.rng.below(K as usize);
@@ -215,8 +225,14 @@ impl Sim {
     }
 
     async fn dispatch(&mut self, id: &str) -> Outcome {
-        let shards = 1 + self.rng.below(10) as u64;
+        // a third are bigger and run backups of their stragglers (docs/design/speculation.md):
+        // shards held past the threshold's floor get a second attempt on another executor
+        let speculate = self.rng.chance(35);
+        let shards = if speculate { 15 + self.rng.below(16) as u64 } else { 1 + self.rng.below(10) as u64 };
         let mut spec = TaskSpec::new(id, "noop", shards);
+        if speculate {
+            spec.speculate = Some(shardctl_common::failure::Threshold::Count(6));
+        }
         spec.attempts = 1 + self.rng.below(3) as u32;
         // a quarter drop their results at their end (`end_share.lua` in every share)
         spec.keep_results = !self.rng.chance(25);
@@ -252,7 +268,12 @@ impl Sim {
             kinds: &Served::Every,
         };
         let out = scripts::claim(&mut self.con, &keys, &req).await.map_err(|e| format!("claim: {e}"))?;
-        let refs: Vec<String> = out.shards.iter().map(|c| c.shard_ref.to_string()).collect();
+        let refs: Vec<String> = out
+            .shards
+            .iter()
+            .map(|c| if c.backup { format!("{} (backup)", c.shard_ref) } else { c.shard_ref.to_string() })
+            .collect();
+        self.backups += out.shards.iter().filter(|c| c.backup).count() as u64;
         for c in out.shards {
             // the executor runs a shard with the spec it reads now (its cache dropped)
             let result = match c.shard_ref.job {
@@ -501,6 +522,25 @@ impl Sim {
 
     async fn check(&mut self) -> Outcome {
         let home = self.layout.home.clone();
+        // a backup attempt is always of a shard whose first attempt is held, by another executor
+        for sp in 0..=K as usize {
+            let k = self.space(sp).clone();
+            let backups: BTreeMap<String, String> =
+                redis::cmd("HGETALL").arg(k.backups()).query_async(&mut self.con).await.map_err(|e| e.to_string())?;
+            for (r, token) in &backups {
+                let first: Option<String> = redis::cmd("HGET")
+                    .arg(k.active())
+                    .arg(r)
+                    .query_async(&mut self.con)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let inst = |t: &str| t.rsplit_once(':').map(|(i, _)| i.to_owned());
+                ensure!(
+                    first.as_deref().is_some_and(|f| inst(f) != inst(token)),
+                    "space {sp}: backup {token} of {r} while its first attempt is {first:?}"
+                );
+            }
+        }
         for i in 0..IDS {
             let id = format!("t{i}");
             let h: HashMap<String, String> = redis::cmd("HGETALL")
@@ -791,6 +831,7 @@ async fn run_seed(con: Conn, seed: u64, steps: u64) -> Outcome {
         log: Vec::new(),
         nonce: 0,
         rb: None,
+        backups: 0,
     };
     if ROLLBACKS {
         sim.rb = Some(faults::rollbacks(&sim));
@@ -809,7 +850,11 @@ async fn run_seed(con: Conn, seed: u64, steps: u64) -> Outcome {
             sim.save().await.map_err(|e| fail(&sim, n, e))?;
         }
     }
-    sim.drain().await.map_err(|e| fail(&sim, steps + 1, e))
+    sim.drain().await.map_err(|e| fail(&sim, steps + 1, e))?;
+    if std::env::var_os("SHARDCTL_SIM_TALLY").is_some() {
+        eprintln!("seed {seed}: {} backup attempts claimed", sim.backups);
+    }
+    Ok(())
 }
 
 /// The result a shard at index `i` of a share of dispatch `nonce` is completed with.

@@ -126,3 +126,24 @@ fn a_straggling_node_killed_while_its_shards_have_backups_loses_nothing() {
     );
     assert!(t["spec_started"].as_u64().unwrap() >= 1, "{t}");
 }
+
+#[test]
+fn over_partitions_each_share_speculates_on_its_own() {
+    let cli = Cli::start("spec-parts");
+    cli.json(&["config", "--partitions", "3", "--json"], 0);
+    let _fast: Vec<_> = (0..3).map(|i| cli.executor(&format!("fast{i}"), &["--concurrency", "4"])).collect();
+    let _slow = cli.executor("slow", &["--concurrency", "4"]);
+    let started = Instant::now();
+    let args =
+        ["dispatch", "--kind", "sleep", "--payload", PAYLOAD, "--shards", "150", "--speculate", "--task-id", "p"];
+    let t = cli.json(&[&args[..], &["--wait", "--timeout", "60s", "--json"][..]].concat(), 0);
+    assert!(started.elapsed() < Duration::from_secs(15), "took {:?}", started.elapsed());
+    assert_eq!(
+        (t["state"].as_str(), t["done"].as_u64(), t["failed"].as_u64()),
+        (Some("completed"), Some(150), Some(0))
+    );
+    // counted over the shares, each with its part of the cap (15 over 3 shares)
+    let (backups, won) = (t["spec_started"].as_u64().unwrap(), t["spec_won"].as_u64().unwrap());
+    assert!(backups >= 1 && won <= backups && backups <= 15, "{t}");
+    assert_eq!(t["speculate"].as_u64(), Some(15));
+}

@@ -106,6 +106,10 @@ pub struct Sums {
     pub cursor: u64,
     /// Shards placed on nodes (routed tasks).
     pub routed: u64,
+    /// Backup attempts started for stragglers (`--speculate`, docs/design/speculation.md).
+    pub spec_started: u64,
+    /// Backup attempts that finished first.
+    pub spec_won: u64,
 }
 
 /// The sums of [`Sums`] over the shares of task `t`: one read per partition; the home record's
@@ -115,14 +119,18 @@ pub async fn sums<C: ConnectionLike + Send>(con: &mut C, home: &Home, t: &TaskIn
     for s in of(con, home, t).await? {
         if s.is_home() {
             let routed = t.routed.unwrap_or(0);
-            sum = Sums { done: t.done, failed: t.failed, cursor: t.cursor, routed };
+            let (spec_started, spec_won) = (t.spec_started, t.spec_won);
+            sum = Sums { done: t.done, failed: t.failed, cursor: t.cursor, routed, spec_started, spec_won };
             continue;
         }
-        if let Some(v) = read(con, &s.keys, &t.task_id, &t.inc, &["done", "failed", "cursor", "routed"]).await? {
+        let fields = ["done", "failed", "cursor", "routed", "spec_started", "spec_won"];
+        if let Some(v) = read(con, &s.keys, &t.task_id, &t.inc, &fields).await? {
             sum.done += num(&v[0]);
             sum.failed += num(&v[1]);
             sum.cursor += num(&v[2]);
             sum.routed += num(&v[3]);
+            sum.spec_started += num(&v[4]);
+            sum.spec_won += num(&v[5]);
         }
     }
     Ok(sum)

@@ -154,11 +154,11 @@ impl Follow {
 }
 
 /// The task of a partition's event that the queue's log shows as its own: a per-shard event
-/// (`shard_*`), or a share stopped as its home decided (`share_stopped`). `None` for the others
-/// (a share's own dispatch or end: the home logs the task's).
+/// (`shard_*`, `speculation_won`), or a share stopped as its home decided (`share_stopped`).
+/// `None` for the others (a share's own dispatch or end: the home logs the task's).
 pub fn share_event_task(fields: &[(String, String)]) -> Option<String> {
     let field = |name: &str| fields.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
-    field("event").filter(|e| e.starts_with("shard_") || e == "share_stopped")?;
+    field("event").filter(|e| e.starts_with("shard_") || e == "share_stopped" || e == "speculation_won")?;
     Some(field("task").unwrap_or_default())
 }
 

@@ -48,10 +48,15 @@ pub async fn live_counts<C: ConnectionLike + Send>(con: &mut C, home: &Home, t: 
     use shardctl_common::model::TaskState;
     // running, delayed, cancelled or halted (its shares' work is not reported once it is)
     let live = matches!(t.state, TaskState::Running | TaskState::Delayed | TaskState::Cancelled) || t.halted.is_some();
-    if !(live || t.strategy != "pull") {
+    // a task's backups for stragglers are counted in its shares, in any state
+    let speculated = t.speculate.is_some() && t.partitions > 1;
+    if !(live || t.strategy != "pull" || speculated) {
         return Ok(());
     }
     let sums = shardctl_common::share::sums(con, home, t).await?;
+    if speculated {
+        (t.spec_started, t.spec_won) = (sums.spec_started, sums.spec_won);
+    }
     if t.strategy != "pull" {
         t.routed = Some(sums.routed);
     }
