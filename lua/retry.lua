@@ -138,7 +138,8 @@ for _, list in ipairs({ again, unfinished }) do
   -- an unfinished shard's reason is that of an attempt before the halt
   if #list > 0 then call_chunked('HDEL', task_key(prefix, tid, ':errors'), list) end
 end
-rcall('HINCRBY', tkey, 'failed', -#again)
+-- (only when there is one: Lua's -0 is "-0" to Redis, which no HINCRBY takes)
+if #again > 0 then rcall('HINCRBY', tkey, 'failed', -#again) end
 rcall('HDEL', tkey, 'first_failure')
 emit('event', 'task_retried', 'task', tid, 'shards', #again + #unfinished)
 return #again + #unfinished

@@ -316,7 +316,7 @@ fn a_worker_that_cannot_start_is_said_by_wait_and_status_with_its_error() {
 const PARTED: &str = r#"#!/bin/sh
 i=$SHARDCTL_SHARD_INDEX
 echo "$i $SHARDCTL_ATTEMPT" >> "$LOG"
-if [ $((i % 5)) = 0 ] && [ ! -e "$FIXED" ]; then echo "bad row $i" >&2; exit "${CODE:-65}"; fi
+if [ $((i % 5)) = 0 ] && [ "$i" -lt 30 ] && [ ! -e "$FIXED" ]; then echo "bad row $i" >&2; exit "${CODE:-65}"; fi
 sleep 0.2
 echo 1
 "#;
@@ -342,7 +342,8 @@ fn over_partitions_the_home_fails_fast_once_stops_every_share_and_retry_mends_it
     let exec = h.to_str().unwrap();
     let _a = cli.executor("p1", &["--exec", exec, "--concurrency", "3"]);
     let _b = cli.executor("p2", &["--exec", exec, "--concurrency", "3"]);
-    // shards 0, 30 and 60 start each share: failures cross the limit in several shares at once
+    // only the first share's shards fail (0, 5, ... 25): the others are halted with no failure
+    // of their own, and their retry runs only what they left unfinished
     let out = cli.run(&[
         "dispatch",
         "--kind",
@@ -409,7 +410,7 @@ fn over_partitions_a_handlers_fail_task_halts_the_whole_task_and_retry_mends_it(
     );
     let why = t["halted"].as_str().unwrap_or_default();
     assert!(why.starts_with("failed by its handler: shard ") && why.contains("asked to fail the task: "), "{t}");
-    assert!(why.ends_with("bad row 0") || why.ends_with("bad row 30") || why.ends_with("bad row 60"), "{t}");
+    assert!(why.contains("bad row "), "{t}");
     // its counts are its shares' (none of them counted in the home)
     let (done, failed) = (t["done"].as_u64().unwrap(), t["failed"].as_u64().unwrap());
     assert!(failed >= 1 && done + failed < 90, "it stopped early: {t}");
