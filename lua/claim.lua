@@ -162,8 +162,8 @@ end
 
 -- refs taken by this call: one call never hands out a ref twice
 local taken = {}
--- whether any shard has a backup attempt (one read per call)
-local spec_any = rcall('EXISTS', K.backups) == 1
+-- whether any shard has a backup attempt: read once, by the first explicit ref that needs it
+local spec_any = nil
 -- first attempts of tasks with --speculate taken by this call, for `speculating`
 local spec_new = {}
 
@@ -223,7 +223,11 @@ local function try_ref(ref, routed, list)
     end
   end
   -- a held ref stays its holder's, with its state (a backup attempt's too)
-  if ok then ok = rcall('HEXISTS', K.active, ref) == 0 and not (spec_any and backup_of(ref)) end
+  if ok then ok = rcall('HEXISTS', K.active, ref) == 0 end
+  if ok then
+    if spec_any == nil then spec_any = rcall('EXISTS', K.backups) == 1 end
+    ok = not (spec_any and backup_of(ref))
+  end
   if not ok then
     junk_left = junk_left - 1
     return

@@ -46,16 +46,6 @@ fn runs(log: &Path) -> HashMap<u64, u32> {
     n
 }
 
-/// The events of the queue's log of type `kind`.
-fn events(cli: &Cli, kind: &str) -> Vec<HashMap<String, String>> {
-    let all: Vec<(String, Vec<String>)> =
-        redis::cmd("XRANGE").arg(cli.key("events")).arg("-").arg("+").query(&mut cli.con()).unwrap();
-    all.into_iter()
-        .map(|(_, kv)| kv.chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect::<HashMap<_, _>>())
-        .filter(|e| e.get("event").map(String::as_str) == Some(kind))
-        .collect()
-}
-
 const REPORT: &str = r#"
 import os, sys
 from shardctl_worker import serve, Permanent
@@ -111,7 +101,7 @@ fn permanent_failures_run_once_and_max_failures_fails_the_task_at_once_then_retr
     std::thread::sleep(Duration::from_millis(2500));
     let before = runs(&log);
     assert!(before.values().all(|&k| k == 1), "no shard ran twice before the halt");
-    assert_eq!(events(&cli, "task_halted").len(), 1);
+    assert_eq!(cli.events("task_halted").len(), 1);
     let terminal: Vec<bool> = {
         let mut con = cli.con();
         (0..600)
@@ -212,7 +202,7 @@ fn exit_codes_say_permanent_retry_after_and_fail_task() {
         .collect();
     let gap = Duration::from_nanos((times[1] - times[0]) as u64);
     assert!(gap >= Duration::from_millis(850), "the second attempt came {gap:?} after the first");
-    assert_eq!(events(&cli, "shard_deferred").len(), 1);
+    assert_eq!(cli.events("shard_deferred").len(), 1);
 
     // a schedule carries the limit, taken of its shards
     cli.ok(&[
@@ -288,8 +278,8 @@ fn a_limit_crossed_on_two_executors_one_killed_ends_the_task_once_without_aggreg
     let after = std::fs::read_to_string(&log).unwrap();
     assert_eq!(starts(&before), starts(&after), "shards started after the halt ({:?} after it)", halted_at.elapsed());
     assert!(!dir.join("aggregated").exists(), "the aggregation ran after a fail-fast");
-    assert_eq!(events(&cli, "task_halted").len(), 1);
-    assert_eq!(events(&cli, "task_failed").len(), 1);
+    assert_eq!(cli.events("task_halted").len(), 1);
+    assert_eq!(cli.events("task_failed").len(), 1);
     let st = cli.json(&["status", "h", "--json"], 0);
     assert!(st["done"].as_u64().unwrap() + st["failed"].as_u64().unwrap() < 200, "{st}");
 }
@@ -375,8 +365,8 @@ fn over_partitions_the_home_fails_fast_once_stops_every_share_and_retry_mends_it
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(runs(&log), before, "no shard starts after the shares stopped");
     assert!(before.values().all(|&k| k == 1), "no shard ran twice");
-    assert_eq!(events(&cli, "task_halted").len(), 1, "decided once");
-    assert!(events(&cli, "task_aggregating").is_empty(), "a halted task never aggregates");
+    assert_eq!(cli.events("task_halted").len(), 1, "decided once");
+    assert!(cli.events("task_aggregating").is_empty(), "a halted task never aggregates");
 
     // mended: retry runs what did not complete, in every share, and the task completes
     std::fs::write(&fixed, "").unwrap();
@@ -414,13 +404,13 @@ fn over_partitions_a_handlers_fail_task_halts_the_whole_task_and_retry_mends_it(
     // its counts are its shares' (none of them counted in the home)
     let (done, failed) = (t["done"].as_u64().unwrap(), t["failed"].as_u64().unwrap());
     assert!(failed >= 1 && done + failed < 90, "it stopped early: {t}");
-    assert_eq!(events(&cli, "task_halted").len(), 1);
+    assert_eq!(cli.events("task_halted").len(), 1);
     // mended: the ask of the round before is forgotten, the task completes
     std::fs::write(&fixed, "").unwrap();
     cli.ok(&["retry", "fp"]);
     let t = cli.json(&["wait", "fp", "--timeout", "60s", "--json"], 0);
     assert_eq!((t["state"].as_str(), t["done"].as_u64()), (Some("completed"), Some(90)), "{t}");
-    assert_eq!(events(&cli, "task_halted").len(), 1, "no second halt after the retry");
+    assert_eq!(cli.events("task_halted").len(), 1, "no second halt after the retry");
 }
 
 const K_OF_N: &str = r#"
@@ -487,7 +477,7 @@ fn k_of_n(partitions: u32) {
     assert_eq!((r["done"].as_u64(), r["cancelled"].as_u64()), (Some(30), Some(10)), "{t}");
     let status = cli.ok(&["status", "k"]);
     assert!(status.contains("10 cancelled"), "{status}");
-    assert_eq!(events(&cli, "task_settled").len(), 1);
+    assert_eq!(cli.events("task_settled").len(), 1);
     let out = cli.run(&["retry", "k"]);
     assert!(out.code() != 0 && out.stderr.contains("met its --success-when"), "{out:?}");
 }

@@ -7,7 +7,6 @@
 #[allow(dead_code)]
 mod support;
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use support::Cli;
@@ -15,14 +14,19 @@ use support::Cli;
 /// 50 ms a shard; 20 s on node `slow`.
 const PAYLOAD: &str = r#"{"ms":50,"slow_node":"slow","slow_factor":400}"#;
 
-/// The events of the queue's log of type `kind`.
-fn events(cli: &Cli, kind: &str) -> Vec<HashMap<String, String>> {
-    let all: Vec<(String, Vec<String>)> =
-        redis::cmd("XRANGE").arg(cli.key("events")).arg("-").arg("+").query(&mut cli.con()).unwrap();
-    all.into_iter()
-        .map(|(_, kv)| kv.chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect::<HashMap<_, _>>())
-        .filter(|e| e.get("event").map(String::as_str) == Some(kind))
-        .collect()
+/// Task `id` of `shards` shards with `--speculate`, waited for: it completed, every shard once,
+/// long before the slow node's shards (20 s each) would have ended. Its `status --json`.
+fn past_the_slow_node(cli: &Cli, id: &str, shards: u64) -> serde_json::Value {
+    let n = shards.to_string();
+    let started = Instant::now();
+    let args = ["dispatch", "--kind", "sleep", "--payload", PAYLOAD, "--shards", &n, "--speculate", "--task-id", id];
+    let t = cli.json(&[&args[..], &["--wait", "--timeout", "60s", "--json"][..]].concat(), 0);
+    assert!(started.elapsed() < Duration::from_secs(15), "took {:?}", started.elapsed());
+    assert_eq!(
+        (t["state"].as_str(), t["done"].as_u64(), t["failed"].as_u64()),
+        (Some("completed"), Some(shards), Some(0))
+    );
+    t
 }
 
 /// The sum over `addrs`' `/metrics` of the series `name` (all its label sets).
@@ -70,22 +74,13 @@ fn backups_end_a_task_whose_node_straggles_and_every_shard_counts_once() {
         .map(|i| cli.executor(&format!("fast{i}"), &["--concurrency", "4", "--metrics-addr", &addrs[i]]))
         .collect();
     let _slow = cli.executor("slow", &["--concurrency", "4"]);
-    let started = Instant::now();
-    let args =
-        ["dispatch", "--kind", "sleep", "--payload", PAYLOAD, "--shards", "200", "--speculate", "--task-id", "s"];
-    let t = cli.json(&[&args[..], &["--wait", "--timeout", "60s", "--json"][..]].concat(), 0);
-    // the slow node's shards (20 s each) did not hold the task
-    assert!(started.elapsed() < Duration::from_secs(15), "took {:?}", started.elapsed());
-    assert_eq!(
-        (t["state"].as_str(), t["done"].as_u64(), t["failed"].as_u64()),
-        (Some("completed"), Some(200), Some(0))
-    );
+    let t = past_the_slow_node(&cli, "s", 200);
     let (backups, won) = (t["spec_started"].as_u64().unwrap(), t["spec_won"].as_u64().unwrap());
     assert!(backups >= 1 && won >= 1 && won <= backups && backups <= 20, "{t}");
     assert_eq!(t["speculate"].as_u64(), Some(20), "10% of 200 by default");
-    assert_eq!(events(&cli, "shard_speculated").len() as u64, backups);
+    assert_eq!(cli.events("shard_speculated").len() as u64, backups);
     // (a first attempt given back unstarted leaves its backup the shard's only attempt: no race)
-    let ended = events(&cli, "speculation_won").len() as u64;
+    let ended = cli.events("speculation_won").len() as u64;
     assert!(ended >= won && ended <= backups, "{ended} races ended, {won} won by a backup, {backups} backups");
     // the executors' metrics say the same: every backup ran on a fast node (the slow one holds
     // the first attempts), and the losers' time is measured once their stop reaches them
@@ -116,7 +111,7 @@ fn a_straggling_node_killed_while_its_shards_have_backups_loses_nothing() {
     cli.ok(&args);
     // once backups run, the slow node dies with its first attempts
     support::eventually("a backup started", Duration::from_secs(20), || {
-        (!events(&cli, "shard_speculated").is_empty()).then_some(()).ok_or("none yet")
+        (!cli.events("shard_speculated").is_empty()).then_some(()).ok_or("none yet")
     });
     slow.kill();
     let t = cli.json(&["wait", "k", "--timeout", "60s", "--json"], 0);
@@ -133,15 +128,7 @@ fn over_partitions_each_share_speculates_on_its_own() {
     cli.json(&["config", "--partitions", "3", "--json"], 0);
     let _fast: Vec<_> = (0..3).map(|i| cli.executor(&format!("fast{i}"), &["--concurrency", "4"])).collect();
     let _slow = cli.executor("slow", &["--concurrency", "4"]);
-    let started = Instant::now();
-    let args =
-        ["dispatch", "--kind", "sleep", "--payload", PAYLOAD, "--shards", "150", "--speculate", "--task-id", "p"];
-    let t = cli.json(&[&args[..], &["--wait", "--timeout", "60s", "--json"][..]].concat(), 0);
-    assert!(started.elapsed() < Duration::from_secs(15), "took {:?}", started.elapsed());
-    assert_eq!(
-        (t["state"].as_str(), t["done"].as_u64(), t["failed"].as_u64()),
-        (Some("completed"), Some(150), Some(0))
-    );
+    let t = past_the_slow_node(&cli, "p", 150);
     // counted over the shares, each with its part of the cap (15 over 3 shares)
     let (backups, won) = (t["spec_started"].as_u64().unwrap(), t["spec_won"].as_u64().unwrap());
     assert!(backups >= 1 && won <= backups && backups <= 15, "{t}");

@@ -12,28 +12,10 @@ mod support;
 use std::time::Duration;
 
 use shardctl_common::failure::{Failure, Threshold};
-use shardctl_common::model::{Job, TaskSpec};
-use shardctl_common::scripts::Claimed;
-use support::ScriptEnv;
+use shardctl_common::model::TaskSpec;
+use support::{index, ScriptEnv};
 
 const LOCK: u64 = 60_000;
-
-fn index(c: &Claimed) -> u64 {
-    match c.shard_ref.job {
-        Job::Shard(i) => i,
-        Job::Aggregate => panic!("an aggregation job"),
-    }
-}
-
-/// The events of the log of type `kind`, each as its field map.
-async fn events(env: &mut ScriptEnv, kind: &str) -> Vec<std::collections::HashMap<String, String>> {
-    let key = env.keys.events();
-    let all: Vec<(String, Vec<String>)> = env.cmd(redis::cmd("XRANGE").arg(key).arg("-").arg("+")).await;
-    all.into_iter()
-        .map(|(_, kv)| kv.chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect::<std::collections::HashMap<_, _>>())
-        .filter(|e| e.get("event").map(String::as_str) == Some(kind))
-        .collect()
-}
 
 #[tokio::test]
 async fn a_permanent_failure_is_terminal_at_its_first_attempt() {
@@ -85,7 +67,7 @@ async fn a_retry_after_is_due_after_its_delay_and_uses_no_attempt() {
         assert!(env.claim("ex", seq + 1000, 1, LOCK).await.shards.is_empty());
     }
     assert_eq!(attempt_fails, vec![0; 5], "a deferral counts no failure");
-    assert_eq!(events(&mut env, "shard_deferred").await.len(), 5);
+    assert_eq!(env.events("shard_deferred").await.len(), 5);
     assert_eq!(env.count("t", "failed").await, 0);
 }
 
@@ -118,8 +100,8 @@ async fn a_fail_task_halts_the_task_and_stops_its_running_shards() {
     assert!(next.iter().all(|c| c.shard_ref.task != "t"), "{next:?}");
     // an outcome of a stopped shard is refused
     assert!(env.complete(mine[2], "").await.is_err());
-    assert_eq!(events(&mut env, "task_halted").await.len(), 1);
-    assert!(events(&mut env, "task_aggregating").await.iter().all(|e| e["task"] != "t"));
+    assert_eq!(env.events("task_halted").await.len(), 1);
+    assert!(env.events("task_aggregating").await.iter().all(|e| e["task"] != "t"));
 }
 
 #[tokio::test]
@@ -291,7 +273,7 @@ async fn success_when_settles_the_task_cancels_the_rest_and_it_completes() {
     assert!(agg[0].shard_ref.is_aggregate());
     assert_eq!(env.complete(&agg[0], "{}").await, Ok(1));
     assert_eq!(env.field("t", "state").await.as_deref(), Some("completed"));
-    assert_eq!(events(&mut env, "task_settled").await.len(), 1);
+    assert_eq!(env.events("task_settled").await.len(), 1);
     let e = shardctl_common::retry::retry(&mut env.con, &env.keys, "t").await.unwrap_err().to_string();
     assert!(e.contains("met its --success-when"), "{e}");
 }

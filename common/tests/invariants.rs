@@ -14,20 +14,13 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 use shardctl_common::kinds::Served;
-use shardctl_common::model::{Job, ShardRef, TaskInfo, TaskSpec, TaskState};
+use shardctl_common::model::{ShardRef, TaskInfo, TaskSpec, TaskState};
 use shardctl_common::scripts::{self, scripts, ClaimRequest, Claimed, Finished, FinishedAs, GiveBack, STALLED_REASON};
 use shardctl_common::{Error, ScriptCode};
-use support::{key_slot, ScriptEnv, ACTIVE_PIN, NODE};
+use support::{index, key_slot, ScriptEnv, ACTIVE_PIN, NODE};
 
 /// A lease long enough never to expire during a test.
 const LONG_LOCK: u64 = 60_000;
-
-fn index_of(c: &Claimed) -> u64 {
-    match c.shard_ref.job {
-        Job::Shard(i) => i,
-        Job::Aggregate => panic!("expected a shard, got the aggregation job {}", c.shard_ref),
-    }
-}
 
 async fn sleep_ms(ms: u64) {
     tokio::time::sleep(Duration::from_millis(ms)).await;
@@ -87,7 +80,7 @@ async fn dispatch_of_a_million_shards_is_constant_in_keys() {
     // (docs/design/fairness.md) and the executor's lease, no key per shard
     let before = env.all_keys().await;
     let out = env.claim("ex", 0, 7, LONG_LOCK).await;
-    let idx: Vec<u64> = out.shards.iter().map(index_of).collect();
+    let idx: Vec<u64> = out.shards.iter().map(index).collect();
     assert_eq!(idx, (0..7).collect::<Vec<_>>(), "fresh shards come from the cursor in order");
     assert!(out.shards.iter().all(|c| c.attempt == 1 && c.fails == 0), "{:?}", out.shards);
     let after = env.all_keys().await;
@@ -167,7 +160,7 @@ async fn concurrent_claimers_take_each_shard_exactly_once() {
     let mut seen = vec![0u32; SHARDS];
     for c in &claims {
         assert_eq!(c.shard_ref.task, "t");
-        seen[index_of(c) as usize] += 1;
+        seen[index(c) as usize] += 1;
     }
     let wrong: Vec<(usize, u32)> = seen.iter().copied().enumerate().filter(|&(_, n)| n != 1).collect();
     assert!(wrong.is_empty(), "shards not claimed exactly once (index, times): {wrong:?}");
@@ -450,7 +443,7 @@ async fn aggregation_is_enqueued_once_under_racing_completions() {
         set.spawn(async move {
             let mut codes = Vec::new();
             for batch in part.chunks(3) {
-                let results: Vec<String> = batch.iter().map(|c| format!("{{\"i\":{}}}", index_of(c))).collect();
+                let results: Vec<String> = batch.iter().map(|c| format!("{{\"i\":{}}}", index(c))).collect();
                 let items: Vec<Finished<'_>> = batch
                     .iter()
                     .zip(&results)

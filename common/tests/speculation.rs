@@ -13,30 +13,13 @@ mod support;
 use std::time::Duration;
 
 use shardctl_common::failure::{Failure, Threshold};
-use shardctl_common::model::{Job, TaskSpec};
+use shardctl_common::model::TaskSpec;
 use shardctl_common::scripts::Claimed;
-use support::ScriptEnv;
+use support::{index, ScriptEnv};
 
 const LOCK: u64 = 60_000;
 /// Past the threshold's floor (500 ms) for shards measured at about a millisecond.
 const STRAGGLE: Duration = Duration::from_millis(650);
-
-fn index(c: &Claimed) -> u64 {
-    match c.shard_ref.job {
-        Job::Shard(i) => i,
-        Job::Aggregate => panic!("an aggregation job"),
-    }
-}
-
-/// The events of the log of type `kind`, each as its field map.
-async fn events(env: &mut ScriptEnv, kind: &str) -> Vec<std::collections::HashMap<String, String>> {
-    let key = env.keys.events();
-    let all: Vec<(String, Vec<String>)> = env.cmd(redis::cmd("XRANGE").arg(key).arg("-").arg("+")).await;
-    all.into_iter()
-        .map(|(_, kv)| kv.chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect::<std::collections::HashMap<_, _>>())
-        .filter(|e| e.get("event").map(String::as_str) == Some(kind))
-        .collect()
-}
 
 async fn backups(env: &mut ScriptEnv) -> std::collections::HashMap<String, String> {
     let key = env.keys.backups();
@@ -70,7 +53,7 @@ async fn the_first_attempt_to_finish_counts_once_and_the_other_is_refused() {
     assert_eq!((backup[0].shard_ref.to_string(), backup[0].attempt), (original.shard_ref.to_string(), 1));
     assert_eq!(backups(&mut env).await.len(), 1);
     assert_eq!(env.count("t", "spec_started").await, 1);
-    let started = events(&mut env, "shard_speculated").await;
+    let started = env.events("shard_speculated").await;
     assert_eq!(started.len(), 1);
     assert_eq!(started[0].get("shard").map(String::as_str), Some("9"));
     // the backup finishes first: counted once; the first attempt is refused, and its heartbeat
@@ -79,7 +62,7 @@ async fn the_first_attempt_to_finish_counts_once_and_the_other_is_refused() {
     assert_eq!(env.complete(&original, "").await, Err(shardctl_common::ScriptCode::LockMissing));
     assert_eq!(env.count("t", "done").await, 10);
     assert_eq!(env.count("t", "spec_won").await, 1);
-    let won = events(&mut env, "speculation_won").await;
+    let won = env.events("speculation_won").await;
     assert_eq!(won[0].get("attempt").map(String::as_str), Some("backup"));
     let key = env.keys.clone();
     let beat = shardctl_common::scripts::extend(
@@ -117,7 +100,7 @@ async fn a_backup_never_runs_on_its_originals_executor_and_the_cap_holds() {
     let first = held.iter().find(|c| c.shard_ref == b[0].shard_ref).unwrap();
     assert_eq!(env.complete(first, "").await, Ok(1));
     assert_eq!(env.complete(&b[0], "").await, Err(shardctl_common::ScriptCode::LockMissing));
-    let won = events(&mut env, "speculation_won").await;
+    let won = env.events("speculation_won").await;
     assert_eq!(won[0].get("attempt").map(String::as_str), Some("first"));
     assert_eq!(env.count("t", "spec_won").await, 0);
 }

@@ -220,6 +220,17 @@ impl Cli {
         format!("{{shardctl:{}}}:{suffix}", self.queue)
     }
 
+    /// The events of the queue's log of type `kind`, each as its field map.
+    #[allow(dead_code)] // used by tests/failure_policies.rs and tests/speculation.rs
+    pub fn events(&self, kind: &str) -> Vec<std::collections::HashMap<String, String>> {
+        let all: Vec<(String, Vec<String>)> =
+            redis::cmd("XRANGE").arg(self.key("events")).arg("-").arg("+").query(&mut self.con()).unwrap();
+        all.into_iter()
+            .map(|(_, kv)| kv.chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect())
+            .filter(|e: &std::collections::HashMap<String, String>| e.get("event").map(String::as_str) == Some(kind))
+            .collect()
+    }
+
     /// Runs `args`, expecting a rejection: exit `code`, `needle` in stderr, nothing on stdout and
     /// no key created or removed (but what running executors write on their own schedule: the
     /// stalled sweeps' `stalled-check` marks, the `rebalance-lock` and `meta.placed_members`).

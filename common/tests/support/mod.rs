@@ -36,7 +36,26 @@ pub const NODE: &str = "test-node";
 /// The permanent field of the `active` hash that is not a shard (lua/include/lib.lua).
 pub use shardctl_common::keys::ACTIVE_PIN;
 
+/// The index of a claimed shard (panics on an aggregation job).
+pub fn index(c: &Claimed) -> u64 {
+    match c.shard_ref.job {
+        shardctl_common::model::Job::Shard(i) => i,
+        shardctl_common::model::Job::Aggregate => panic!("expected a shard, got the aggregation job {}", c.shard_ref),
+    }
+}
+
 impl ScriptEnv {
+    /// The events of the queue's log of type `kind`, each as its field map.
+    #[allow(dead_code)] // used by failure_policies.rs and speculation.rs
+    pub async fn events(&mut self, kind: &str) -> Vec<HashMap<String, String>> {
+        let key = self.keys.events();
+        let all: Vec<(String, Vec<String>)> = self.cmd(redis::cmd("XRANGE").arg(key).arg("-").arg("+")).await;
+        all.into_iter()
+            .map(|(_, kv)| kv.chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect::<HashMap<_, _>>())
+            .filter(|e| e.get("event").map(String::as_str) == Some(kind))
+            .collect()
+    }
+
     /// Starts a server and connects to it; `queue` names the queue (one per test).
     pub async fn start(queue: &str) -> Self {
         let redis = TestRedis::start();
