@@ -353,7 +353,9 @@ fn over_partitions_the_home_fails_fast_once_stops_every_share_and_retry_mends_it
     let s = cli.json(&["status", "pf", "--json"], 0);
     assert_eq!((s["state"].as_str(), s["max_failures"].as_u64()), (Some("failed"), Some(3)), "{s}");
     let (done, failed) = (s["done"].as_u64().unwrap(), s["failed"].as_u64().unwrap());
-    assert!(failed >= 4 && done < 72, "the task stopped early, counted over its shares: {s}");
+    // (the first share's failures cross the limit while the others run: how far they got
+    // depends on the machine, not that they stopped)
+    assert!(failed >= 4 && done + failed < 90, "the task stopped early, counted over its shares: {s}");
     // every share stops as its home decided, at once (its running handlers too)
     let deadline = Instant::now() + Duration::from_secs(10);
     while share_states(&cli, "pf").iter().any(|st| st.as_deref() != Some("failed")) {
