@@ -319,7 +319,7 @@ end
 local inst = string.match(token, '^(.*):[^:]*$')
 local picks, stale, soonest = {}, {}, nil
 if limit_max == 0 and n < start_now then
-  picks, stale, soonest = plan_backups(prefix, start_now - n, inst, now, taken)
+  picks, stale, soonest = plan_backups(prefix, start_now - n, inst, now, taken, not every and served or nil)
   for _, p in ipairs(picks) do
     -- (a backup's fails as -1 - fails: the executor tells it from a first attempt)
     out[on + 1], out[on + 2], out[on + 3], out[on + 4] = p[1], p[7], -1 - p[8], p[4]

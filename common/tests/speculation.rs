@@ -4,7 +4,7 @@
 //! first to finish counts, once, and the other is refused and told it was stopped; never on the
 //! original's executor; a crash, a failure to retry or a release of either attempt loses
 //! nothing and requeues nothing while the other runs; a permanent failure is the shard's
-//! verdict; the cap holds; a cancel stops both.
+//! verdict; the cap holds; a backup runs only where its kind is served; a cancel stops both.
 
 // the helpers are shared with invariants.rs, which uses all of them
 #[allow(dead_code)]
@@ -13,8 +13,9 @@ mod support;
 use std::time::Duration;
 
 use shardctl_common::failure::{Failure, Threshold};
+use shardctl_common::kinds::Served;
 use shardctl_common::model::TaskSpec;
-use shardctl_common::scripts::Claimed;
+use shardctl_common::scripts::{ClaimRequest, Claimed};
 use support::{index, ScriptEnv};
 
 const LOCK: u64 = 60_000;
@@ -90,8 +91,22 @@ async fn a_backup_never_runs_on_its_originals_executor_and_the_cap_holds() {
         assert_eq!(env.complete(c, "").await, Ok(1));
     }
     tokio::time::sleep(STRAGGLE).await;
-    // its own executor gets none
+    // its own executor gets none, nor one serving only another kind
     assert!(env.claim("a", 2, 4, LOCK).await.shards.is_empty());
+    let other = Served::only(["other"]).unwrap();
+    let req = ClaimRequest {
+        count: 4,
+        lock_ms: LOCK,
+        instance: "d",
+        seq: 1,
+        node: "n",
+        ahead: 0,
+        speeds: None,
+        kinds: &other,
+    };
+    let key = env.keys.clone();
+    let got = shardctl_common::scripts::claim(&mut env.con, &key, &req).await.unwrap();
+    assert!(got.shards.is_empty(), "a backup of a `noop` shard for an executor serving `other`: {:?}", got.shards);
     // another gets one: the cap is 1 though two straggle
     let b = env.claim("b", 1, 4, LOCK).await.shards;
     assert_eq!(b.len(), 1);

@@ -95,7 +95,8 @@ end
 
 -- Plans backups for up to `want` straggling shards for the claim of `token` (instance `inst`) at
 -- `now` (docs/design/speculation.md, "When a shard gets a backup"): among the 200 first
--- attempts held longest, those of a running pull task that has handed out every index, started
+-- attempts held longest, those of a running pull task of a kind the claim serves (`served`:
+-- kind -> true, nil for every kind) that has handed out every index, started
 -- fewer backups than its cap and has no cap of held shards (its own or its group's), held by
 -- another instance, with no backup, past their task's threshold; refs `taken` by this claim are
 -- not stale. Reads only.
@@ -103,7 +104,7 @@ end
 -- the backup runs as the same attempt), the entries to drop (no
 -- longer held, or their task ended), and the earliest time a listed shard crosses its
 -- threshold (nil: none will).
-local function plan_backups(prefix, want, inst, now, taken)
+local function plan_backups(prefix, want, inst, now, taken, served)
   local picks, stale, soonest = {}, {}, nil
   if want <= 0 then return picks, stale, soonest end
   local listed = rcall('ZRANGE', K.speculating, 0, SPEC_SCAN - 1, 'WITHSCORES')
@@ -113,12 +114,13 @@ local function plan_backups(prefix, want, inst, now, taken)
     local ref, since = listed[i], tonumber(listed[i + 1])
     local tid, inc, idx = split_ref(ref)
     local holder = rcall('HGET', K.active, ref)
-    local t = tid and rcall('HMGET', task_key(prefix, tid, ''), 'state', 'seq', 'cursor', 'total', 'speculate', 'spec_started', 'inc', 'max_running', 'group')
+    local t = tid and rcall('HMGET', task_key(prefix, tid, ''), 'state', 'seq', 'cursor', 'total', 'speculate', 'spec_started', 'inc', 'max_running', 'group', 'kind')
     if taken[ref] then
       -- taken again by this very claim (requeued since): listed anew, not stale
     elseif not holder or not t or t[2] ~= inc or t[1] ~= 'running' or not tonumber(idx) then
       stale[#stale + 1] = ref
     elseif string.match(holder, '^(.*):[^:]*$') ~= inst and t[3] == t[4] and not t[8]
+      and (not served or (t[10] and served[t[10]]))
       and not (t[9] and rcall('HEXISTS', K.meta, 'group_max:' .. t[9]) == 1) and not backup_of(ref) then
       -- (a task with a cap, its own or its group's, gets none: a cap guards what its handlers use)
       started[tid] = started[tid] or tonumber(t[6] or '0')

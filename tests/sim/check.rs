@@ -13,6 +13,9 @@
 //!   score in the past), `routed-nodes` only the executors' nodes, and lists only refs;
 //! - only current incarnations of unended tasks are held or delayed, only non-terminal shards
 //!   are held;
+//! - a backup attempt (docs/design/speculation.md) is of a shard whose first attempt another
+//!   executor holds, of a task with `--speculate`, and a task's `spec_started` counts the
+//!   backups its claims started, within its cap;
 //! - a halted task says so, ended failed, never aggregates (no aggregation job queued) and
 //!   holds or queues nothing; a running task is within its failure limit;
 //! - a task the model does not know (never dispatched, cleaned, expired) has no key at all;
@@ -23,7 +26,7 @@ use std::collections::HashMap;
 
 use shardctl_common::model::{Job, ShardRef};
 
-use super::executor::Member;
+use super::executor::{instance_of, Member};
 use super::model::{State, TaskModel, Term};
 use super::snapshot::TaskView;
 use super::world::World;
@@ -82,6 +85,25 @@ impl World {
                     "{r} is held by {t}: terminal or past the total"
                 );
             }
+        }
+        for (r, b) in &self.snap.backups {
+            let first = self.snap.active.get(r);
+            ensure!(
+                first.is_some_and(|t| instance_of(t) != instance_of(b)),
+                "backup {b} of {r}, whose first attempt is {first:?}"
+            );
+            let sr: ShardRef = r.parse().map_err(|e| format!("backup ref {r}: {e}"))?;
+            let tm = self.model.tasks.get(&sr.task).filter(|tm| tm.inc == sr.seq);
+            ensure!(tm.is_some_and(|tm| tm.speculate.is_some()), "backup {b} of {r}: not of a task with --speculate");
+        }
+        for (id, tm) in &self.model.tasks {
+            let started = self.snap.tasks[id].num("spec_started");
+            ensure!(
+                started == tm.spec_started,
+                "task {id} says {started} backups started, the model {}",
+                tm.spec_started
+            );
+            ensure!(started <= tm.speculate.unwrap_or(0), "task {id} started {started} backups, past its cap");
         }
         for r in &self.snap.delayed {
             let sr: ShardRef = r.parse().map_err(|e| format!("delayed ref {r}: {e}"))?;

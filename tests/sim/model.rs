@@ -80,6 +80,10 @@ pub struct TaskModel {
     pub success_when: Option<u64>,
     /// It met its `success_when`: its unfinished shards are cancelled.
     pub settled: bool,
+    /// Its `--speculate` cap of backup attempts (docs/design/speculation.md), if any.
+    pub speculate: Option<u64>,
+    /// Backup attempts its claims started (`spec_started`).
+    pub spec_started: u64,
 }
 
 impl TaskModel {
@@ -105,6 +109,8 @@ impl TaskModel {
             halts: 0,
             success_when: None,
             settled: false,
+            speculate: None,
+            spec_started: 0,
         }
     }
 

@@ -69,6 +69,17 @@ impl World {
             spec.strategy = [Strategy::ConsistentHash, Strategy::RoundRobin, Strategy::HashMod][self.rng.below(3)];
         }
         let routed = spec.strategy != Strategy::Pull;
+        // backups of stragglers (docs/design/speculation.md): some pull tasks, at most 1 or 2;
+        // the `straggle` step ages their first attempts past the threshold
+        if !routed && self.rng.chance(40) {
+            spec.speculate = Some(shardctl_common::failure::Threshold::Count(self.rng.range(1, 3)));
+            // enough shards to measure 5 before the last ones straggle; mostly without a cap of
+            // held shards (a capped task gets no backup)
+            spec.shards = spec.shards.max(8);
+            if self.rng.chance(75) {
+                spec.max_running = None;
+            }
+        }
         // a routed dispatch: the coordinator's, or one cut short (the task created, part placed)
         let cut = routed && self.rng.chance(30);
         let r = if routed && !cut {
@@ -100,6 +111,7 @@ impl World {
                 tm.kind = spec.kind.clone();
                 tm.max_failures = spec.max_failures.map(|m| m.of(spec.shards));
                 tm.success_when = spec.success_when.map(|m| m.at_least(spec.shards));
+                tm.speculate = spec.speculate.map(|m| m.at_least(spec.shards));
                 let shards = spec.shards;
                 tm.spec = routed.then_some(spec);
                 self.model.tasks.insert(id.clone(), tm);

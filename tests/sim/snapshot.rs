@@ -15,7 +15,7 @@ use super::operators::KINDS;
 /// debug-built client far more than the server). KEYS: active, the `kinds` set, delayed, stalled, meta,
 /// reroute, unrouted, nodes, routed-nodes, leases (ARGV: the instances after the 3 counts), then each id's
 /// `Keys::task_keys` (6 each: the task hash, terminal, results, errors, keys, shards), then one
-/// `node:<n>:wait` per node, then each kind's lane wait (`KINDS` order), then `held`. ARGV: the number of
+/// `node:<n>:wait` per node, then each kind's lane wait (`KINDS` order), then `held`, then `backups`. ARGV: the number of
 /// instances, of ids, of nodes.
 static SNAPSHOT: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(
@@ -39,7 +39,8 @@ local out = {
   cancels = redis.call('HGET', KEYS[5], 'cancels') or '0', leases = {}, tasks = {},
   reroute = redis.call('LRANGE', KEYS[6], 0, -1), unrouted = redis.call('ZRANGE', KEYS[7], 0, -1),
   nodes = map(redis.call('ZRANGE', KEYS[8], 0, -1, 'WITHSCORES')), routed_nodes = redis.call('SMEMBERS', KEYS[9]),
-  lists = {}, lanes = {}, held = map(redis.call('HGETALL', KEYS[#KEYS])),
+  lists = {}, lanes = {}, held = map(redis.call('HGETALL', KEYS[#KEYS - 1])),
+  backups = map(redis.call('HGETALL', KEYS[#KEYS])),
 }
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -61,7 +62,7 @@ for i = 1, tonumber(ARGV[3]) do
   out.lists[i] = redis.call('LRANGE', KEYS[k], 0, -1)
   k = k + 1
 end
-for i = k, #KEYS - 1 do
+for i = k, #KEYS - 2 do
   out.lanes[#out.lanes + 1] = redis.call('LRANGE', KEYS[i], 0, -1)
 end
 return cjson.encode(out)
@@ -145,6 +146,8 @@ pub struct Snapshot {
     pub lists: Vec<(String, Vec<String>)>,
     /// The counts of `held` (its usages `u:*` left out): task id or `g:<group>` -> count.
     pub held: HashMap<String, u64>,
+    /// `backups`: ref -> token of the shard's backup attempt (docs/design/speculation.md).
+    pub backups: HashMap<String, String>,
 }
 
 impl Snapshot {
@@ -171,6 +174,7 @@ impl Snapshot {
             inv.key(home.lane_wait(k));
         }
         inv.key(home.held());
+        inv.key(home.backups());
         let text: String = inv.invoke_async(con).await.expect("snapshot script");
         let v: Json = serde_json::from_str(&text).expect("snapshot JSON");
         let mut active = map(&v["active"]);
@@ -185,6 +189,7 @@ impl Snapshot {
             unrouted: list(&v["unrouted"]),
             nodes: map(&v["nodes"]),
             routed_nodes: list(&v["routed_nodes"]).into_iter().collect(),
+            backups: map(&v["backups"]),
             held: map(&v["held"])
                 .into_iter()
                 .filter(|(f, _)| !f.starts_with("u:"))
@@ -228,6 +233,11 @@ impl Snapshot {
     /// The list of `node`.
     pub fn list(&self, node: &str) -> &[String] {
         self.lists.iter().find(|(n, _)| n == node).map_or(&[], |(_, l)| l)
+    }
+
+    /// True when `token` holds `r`: its first attempt (`active`) or its backup (`backups`).
+    pub fn holds(&self, r: &str, token: &str) -> bool {
+        self.active.get(r).is_some_and(|t| t == token) || self.backups.get(r).is_some_and(|t| t == token)
     }
 
     /// True when the holder of `token` has a live lease.

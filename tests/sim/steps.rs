@@ -30,12 +30,23 @@ fn code_of(c: &Result<i64, ScriptCode>) -> i64 {
 }
 
 impl World {
-    /// The holder check of complete, fail and release: `Some(-1|-2)` unless `c` holds its shard.
+    /// The holder check of complete, fail and release: `Some(-1|-2)` unless `c` holds its shard,
+    /// as its first attempt or its backup.
     fn holder_code(&self, c: &Claimed) -> Option<i64> {
-        match self.snap.active.get(&c.shard_ref.to_string()) {
-            None => Some(-1),
-            Some(t) if *t != c.token => Some(-2),
-            Some(_) => None,
+        let r = c.shard_ref.to_string();
+        if self.snap.holds(&r, &c.token) {
+            return None;
+        }
+        Some(if self.snap.active.contains_key(&r) { -2 } else { -1 })
+    }
+
+    /// True when attempt `c` of a shard with two attempts may go alone while the other runs on
+    /// (a failure to retry, a release: `leave_attempt` in lua/include/speculate.lua): `c` is
+    /// the backup, or the first attempt of a shard whose backup's holder has a live lease.
+    fn other_runs_on(&self, c: &Claimed) -> bool {
+        match self.snap.backups.get(&c.shard_ref.to_string()) {
+            None => false,
+            Some(b) => *b == c.token || self.snap.alive(b),
         }
     }
 
@@ -44,6 +55,10 @@ impl World {
         let last = matches!(class, Failure::Permanent | Failure::FailTask);
         if let Some(code) = self.holder_code(c) {
             return code;
+        }
+        if fail && !last && self.other_runs_on(c) {
+            // one of two attempts fails: it goes, the other runs on, nothing recorded
+            return 2;
         }
         let Some(tm) = self.model.tasks.get(&c.shard_ref.task).filter(|tm| tm.inc == c.shard_ref.seq) else {
             return -3;
@@ -63,6 +78,9 @@ impl World {
         let r = c.shard_ref.to_string();
         ensure!(seen.insert(r.clone()), "one claim handed out {r} twice");
         ensure!(c.token == token, "claim of {token} returned {r} under {}", c.token);
+        if c.backup {
+            return self.check_backup(c, token);
+        }
         if let Some(t) = self.snap.active.get(&r) {
             return Err(format!("claim by {token} handed out {r}, held by {t}"));
         }
@@ -92,6 +110,43 @@ impl World {
         Ok(())
     }
 
+    /// Checks a backup attempt a claim handed out under `token` (docs/design/speculation.md,
+    /// "When a shard gets a backup"): of a held first attempt of another executor's, with no
+    /// backup yet, of a running pull task with `--speculate` below its cap, no cap of held
+    /// shards, every index handed out. (Which straggler gets one depends on the server's clock:
+    /// the claim may pick any that qualifies, or none.)
+    fn check_backup(&self, c: &Claimed, token: &str) -> Outcome {
+        let r = c.shard_ref.to_string();
+        let Some(first) = self.snap.active.get(&r) else {
+            return Err(format!("claim by {token} started a backup of {r}, which nobody holds"));
+        };
+        ensure!(
+            instance_of(first) != instance_of(token),
+            "claim by {token} started a backup of {r} on the executor of its first attempt {first}"
+        );
+        if let Some(b) = self.snap.backups.get(&r) {
+            return Err(format!("claim by {token} started a second backup of {r}, which has {b}"));
+        }
+        let tm = self.model.tasks.get(&c.shard_ref.task).filter(|tm| tm.inc == c.shard_ref.seq);
+        let Some(tm) = tm else { return Err(format!("a backup of {r}: not the current incarnation")) };
+        let Job::Shard(i) = c.shard_ref.job else { return Err(format!("a backup of aggregation job {r}")) };
+        ensure!(
+            tm.state == State::Running && !tm.routed(),
+            "a backup of {r} of a task {:?} ({:?})",
+            tm.state,
+            tm.strategy
+        );
+        ensure!(i < tm.total && tm.terminal[i as usize].is_none(), "a backup of {r}: terminal or past the total");
+        let cap = tm.speculate.unwrap_or(0);
+        ensure!(tm.spec_started < cap, "a backup of {r}: its task started {} of at most {cap}", tm.spec_started);
+        let view = &self.snap.tasks[&c.shard_ref.task];
+        ensure!(view.num("cursor") == tm.total, "a backup of {r} before its task handed out every index");
+        ensure!(!view.hash.contains_key("max_running"), "a backup of {r} of a task with a cap of held shards");
+        let fails = tm.fails[i as usize];
+        ensure!(c.fails == fails, "backup of {r} says {} failed attempts, the model counts {fails}", c.fails);
+        Ok(())
+    }
+
     /// Executor `e` claims up to `count` shards; with `lost` the reply never reaches it (the
     /// shards stay held under its lease, unknown to it, until it gives them back).
     pub async fn claim(&mut self, e: usize, count: usize, lost: bool) -> Outcome {
@@ -113,7 +168,13 @@ impl World {
         };
         let out = scripts::claim(&mut self.con, &self.keys, &req).await.map_err(|e| format!("claim: {e}"))?;
         let refs: Vec<String> = out.shards.iter().map(|c| c.shard_ref.to_string()).collect();
-        let how = if lost { " (reply lost)" } else { "" };
+        let backups = out.shards.iter().filter(|c| c.backup).count();
+        let how = match (lost, backups) {
+            (true, 0) => " (reply lost)".to_owned(),
+            (true, n) => format!(" (reply lost, {n} backup)"),
+            (false, 0) => String::new(),
+            (false, n) => format!(" ({n} backup)"),
+        };
         self.note(format!("{token} claims {count}{how}: {refs:?} paused={} lapsed={}", out.paused, out.lease_lapsed));
         if self.rebalancing {
             let (pre, lists) = (self.snap.clone(), self.snap.lists.clone());
@@ -133,11 +194,20 @@ impl World {
             let kind = &self.model.tasks[&c.shard_ref.task].kind;
             ensure!(served.serves(kind), "{token}, serving {served}, claimed {} of kind {kind}", c.shard_ref);
         }
+        for c in out.shards.iter().filter(|c| c.backup) {
+            self.model.tasks.get_mut(&c.shard_ref.task).expect("checked").spec_started += 1;
+        }
+        // backups come only after every first attempt a claim could take
+        let firsts = out.shards.iter().filter(|c| !c.backup).count();
+        ensure!(
+            firsts == out.shards.len() || out.shards[firsts..].iter().all(|c| c.backup),
+            "a claim handed out a first attempt after a backup: {refs:?}"
+        );
         if !out.shards.is_empty() {
             let had = self.snap.leases[&inst];
             ensure!(out.lease_lapsed != had, "claim says lapsed={}, the lease existed={had}", out.lease_lapsed);
         }
-        if out.shards.len() < count {
+        if firsts < count {
             // what it passed over, read after it (the checks above read the state before it)
             self.refresh().await;
             self.check_none_passed_over(&served)?;
@@ -201,6 +271,11 @@ impl World {
             _ => Failure::Retry,
         };
         let expected = self.expected_code(&claim, delay.is_some(), class);
+        // one of two attempts that failed to retry goes alone: nothing recorded
+        let left = delay.is_some()
+            && class == Failure::Retry
+            && self.holder_code(&claim).is_none()
+            && self.other_runs_on(&claim);
         let result = match claim.shard_ref.job {
             Job::Shard(i) => TaskModel::result(spec.inc, spec.nonce, i),
             Job::Aggregate => TaskModel::agg_result(spec.inc, spec.nonce),
@@ -225,7 +300,9 @@ impl World {
         };
         self.note(format!("{} {what} {r}{how}: {got}", claim.token));
         ensure!(got == expected, "{} {what} {r}{how}: code {got}, the model expects {expected}", claim.token);
-        self.apply_report(&claim, delay.is_some(), got, class);
+        if !left {
+            self.apply_report(&claim, delay.is_some(), got, class);
+        }
         if lost {
             self.execs[e].held[j].reported = true;
         } else {
@@ -259,20 +336,25 @@ impl World {
         let gone: Vec<Held> = self.execs[b].held.drain(start..start + n).collect();
         let claims: Vec<&Claimed> = gone.iter().map(|h| &h.claim).collect();
         // item by item: a ref released by an earlier item of the call is missing for a later one
-        // (the same ref twice, under two tokens, after a rollback gave an older claim back)
-        let mut released = HashSet::new();
+        // (the same ref twice, under two tokens, after a rollback gave an older claim back); of a
+        // shard with two attempts, the one released goes and the other runs on (a backup whose
+        // holder's lease is not live is dropped instead of taking over)
+        let (mut active, mut backups) = (self.snap.active.clone(), self.snap.backups.clone());
         let expected: Vec<i64> = claims
             .iter()
             .map(|c| {
                 let r = c.shard_ref.to_string();
-                if released.contains(&r) {
-                    return -1;
+                if backups.get(&r) == Some(&c.token) {
+                    backups.remove(&r);
+                } else if active.get(&r) == Some(&c.token) {
+                    match backups.remove(&r) {
+                        Some(b) if self.snap.alive(&b) => active.insert(r, b),
+                        _ => active.remove(&r),
+                    };
+                } else {
+                    return if active.contains_key(&r) { -2 } else { -1 };
                 }
-                let code = self.holder_code(c).unwrap_or(1);
-                if code == 1 {
-                    released.insert(r);
-                }
-                code
+                1
             })
             .collect();
         let got: Vec<i64> = scripts::release(&mut self.con, &self.keys, &claims)
@@ -300,7 +382,7 @@ impl World {
         let mut lost: Vec<usize> = beat.lost.iter().chain(&beat.cancelled).copied().collect();
         lost.sort_unstable();
         let expected: Vec<usize> = if compared {
-            (0..pairs.len()).filter(|&p| self.snap.active.get(&pairs[p].0) != Some(&pairs[p].1)).collect()
+            (0..pairs.len()).filter(|&p| !self.snap.holds(&pairs[p].0, &pairs[p].1)).collect()
         } else {
             Vec::new()
         };
@@ -324,7 +406,7 @@ impl World {
             let r = h.claim.shard_ref.to_string();
             let holder = self.snap.active.get(&r);
             ensure!(
-                holder == Some(&h.claim.token),
+                self.snap.holds(&r, &h.claim.token),
                 "after its heartbeat {inst} goes on running {r} under {}, which Redis gives to {holder:?}",
                 h.claim.token
             );
@@ -340,6 +422,7 @@ impl World {
             .snap
             .active
             .iter()
+            .chain(&self.snap.backups)
             .filter(|(_, t)| instance_of(t) == inst)
             .map(|(r, t)| (r.clone(), t.clone()))
             .filter(|p| !mine.contains(p))
@@ -348,6 +431,34 @@ impl World {
         let n = scripts::disown(&mut self.con, &self.keys, &unknown).await.map_err(|e| format!("disown: {e}"))?;
         self.note(format!("{inst} disowns {unknown:?}: {n}"));
         ensure!(n == unknown.len() as u64, "disown of {unknown:?} gave back {n}");
+        Ok(())
+    }
+
+    /// A held first attempt of a task with `--speculate` straggles: its claim time in
+    /// `speculating` moves an hour back, as if it had run that long, so that a claim with a free
+    /// slot may start its backup (docs/design/speculation.md). (A first attempt may also pass
+    /// the threshold's 500 ms floor by the clock alone: a seed whose steps are slow may then
+    /// replay with other backups.)
+    pub async fn straggle(&mut self) -> Outcome {
+        let listed: Vec<String> =
+            self.con.zrange(self.keys.speculating(), 0, -1).await.map_err(|e| format!("ZRANGE speculating: {e}"))?;
+        if listed.is_empty() {
+            self.note("nothing straggles".to_owned());
+            return Ok(());
+        }
+        let r = &listed[self.rng.below(listed.len())];
+        let now =
+            shardctl_common::time::server_now_ms(&mut self.con, &self.keys).await.map_err(|e| format!("TIME: {e}"))?;
+        let back = now.saturating_sub(3_600_000);
+        let () = redis::cmd("ZADD")
+            .arg(self.keys.speculating())
+            .arg("XX")
+            .arg(back)
+            .arg(r)
+            .query_async(&mut self.con)
+            .await
+            .map_err(|e| format!("ZADD speculating: {e}"))?;
+        self.note(format!("{r} straggles (claimed an hour ago)"));
         Ok(())
     }
 

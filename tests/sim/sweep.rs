@@ -6,7 +6,7 @@
 //! else held changes hands, no expired lease is left, and the new marks (full sweep) are exactly
 //! the held refs whose holder has no lease entry.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use redis::AsyncCommands;
 use shardctl_common::model::{Job, ShardRef};
@@ -52,18 +52,6 @@ impl World {
                 "a throttled sweep ran with no expired lease (held by expired holders: {expired_held})"
             );
             self.refresh().await;
-            for lane in 0..pre.lanes.len() {
-                self.canonical_requeue_order(&pre.lanes[lane], Some(lane)).await?;
-            }
-            self.canonical_requeue_order(&pre.reroute, None).await?;
-            ensure!(self.snap.expired.is_empty(), "the sweep left expired leases {:?}", self.snap.expired);
-            let mut confirmed: Vec<&String> = pre
-                .active
-                .iter()
-                .filter(|(r, t)| pre.expired(t) || (full && pre.stalled.contains(*r) && !pre.alive(t)))
-                .map(|(r, _)| r)
-                .collect();
-            confirmed.sort();
             // tasks this sweep halted (a stall failed a shard past their limit): their refs left
             // every list and `active` with the halt, and they halt last
             let halted: HashSet<String> = self
@@ -73,8 +61,35 @@ impl World {
                 .filter(|(id, t)| !t.halted && self.snap.tasks[*id].hash.contains_key("halted"))
                 .map(|(id, _)| id.clone())
                 .collect();
+            let of_halted = |r: &String| r.parse::<ShardRef>().is_ok_and(|sr| halted.contains(&sr.task));
+            let kept = |l: &[String]| l.iter().filter(|r| !of_halted(r)).cloned().collect::<Vec<String>>();
+            for lane in 0..pre.lanes.len() {
+                self.canonical_requeue_order(&kept(&pre.lanes[lane]), Some(lane)).await?;
+            }
+            self.canonical_requeue_order(&kept(&pre.reroute), None).await?;
+            ensure!(self.snap.expired.is_empty(), "the sweep left expired leases {:?}", self.snap.expired);
+            let mut confirmed: Vec<&String> = pre
+                .active
+                .iter()
+                .filter(|(r, t)| pre.expired(t) || (full && pre.stalled.contains(*r) && !pre.alive(t)))
+                .map(|(r, _)| r)
+                .collect();
+            confirmed.sort();
+            // a first attempt whose backup's holder has a lease not expired: the backup takes its
+            // place (docs/design/speculation.md), nothing is requeued or counted
+            let promoted: HashSet<&String> =
+                confirmed.iter().copied().filter(|r| pre.backups.get(*r).is_some_and(|b| !pre.expired(b))).collect();
             let (mut recovered, mut failed) = (0, 0);
             for r in &confirmed {
+                if promoted.contains(r) {
+                    let now = self.snap.active.get(*r);
+                    ensure!(
+                        now == pre.backups.get(*r),
+                        "the sweep left {r} to {now:?}, its backup is {:?}",
+                        pre.backups[*r]
+                    );
+                    continue;
+                }
                 ensure!(!self.snap.active.contains_key(*r), "the sweep confirmed {r} stalled but left it held");
                 let sr: ShardRef = r.parse().map_err(|e| format!("{e}"))?;
                 let Some(tm) = self.model.tasks.get_mut(&sr.task).filter(|t| t.inc == sr.seq) else {
@@ -126,13 +141,19 @@ impl World {
                 "sweep reports {rep:?}, the refs it confirmed ({confirmed:?}) say {recovered} recovered, {failed} failed"
             );
             let confirmed: HashSet<&String> = confirmed.into_iter().collect();
-            let of_halted = |r: &String| r.parse::<ShardRef>().is_ok_and(|sr| halted.contains(&sr.task));
             for (r, t) in pre.active.iter().filter(|(r, _)| !confirmed.contains(r) && !of_halted(r)) {
                 let now = self.snap.active.get(r);
                 ensure!(now == Some(t), "the sweep moved {r} from {t} to {now:?}");
             }
+            // (a backup with no lease entry that took a ref over in the lease pass is marked at the
+            // next full sweep: the lease pass reads `active` before it)
             let marks: HashSet<String> = if full {
-                self.snap.active.iter().filter(|(_, t)| !self.snap.alive(t)).map(|(r, _)| r.clone()).collect()
+                self.snap
+                    .active
+                    .iter()
+                    .filter(|(r, t)| !self.snap.alive(t) && (!promoted.contains(r) || pre.stalled.contains(*r)))
+                    .map(|(r, _)| r.clone())
+                    .collect()
             } else {
                 // the lease pass leaves the marks of the last full sweep alone
                 pre.stalled.clone()
@@ -142,6 +163,18 @@ impl World {
                 "the sweep marked {:?}, lease-less holders hold {marks:?}",
                 self.snap.stalled
             );
+            // backups: those of the confirmed refs went (taking over, or with their first attempt),
+            // and so did those whose holder's lease expired (or, full sweep, has no entry)
+            let kept: HashMap<String, String> = pre
+                .backups
+                .iter()
+                .filter(|(r, b)| !confirmed.contains(r) && !pre.expired(b) && (!full || pre.alive(b)))
+                .filter(|(r, _)| !of_halted(r))
+                .map(|(r, b)| (r.clone(), b.clone()))
+                .collect();
+            let now: HashMap<String, String> =
+                self.snap.backups.iter().filter(|(r, _)| !of_halted(r)).map(|(r, b)| (r.clone(), b.clone())).collect();
+            ensure!(now == kept, "the sweep left backups {now:?}, expected {kept:?}");
             // `marked` counts the marks this call made: none in a lease pass (found by the long
             // mode, seed 1 step 12210: a lease pass after a full sweep had marked a ref)
             let made = if full { marks.len() as u64 } else { 0 };

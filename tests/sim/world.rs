@@ -127,9 +127,9 @@ impl World {
     pub async fn step(&mut self) -> Outcome {
         let resume = if self.model.paused { 10 } else { 1 };
         //          disp claim compl fail rel beat lostc disown lostr lease sweep cancel retry clean pause expire redo
-        //          join leave depart rebal resume lateroute laterehome flag rollback
+        //          join leave depart rebal resume lateroute laterehome flag straggle rollback
         let rollback = u64::from(crate::ROLLBACKS);
-        let weights = [8, 18, 22, 8, 3, 6, 2, 3, 3, 2, 4, 3, 3, 3, resume, 1, 3, 4, 1, 2, 5, 1, 1, 2, 1, rollback];
+        let weights = [8, 18, 22, 8, 3, 6, 2, 3, 3, 2, 4, 3, 3, 3, resume, 1, 3, 4, 1, 2, 5, 1, 1, 2, 1, 4, rollback];
         let action = self.rng.weighted(&weights);
         let e = self.rng.below(self.execs.len());
         let count = self.rng.range(1, 4) as usize;
@@ -180,6 +180,7 @@ impl World {
             22 => self.stale_route().await?,
             23 => self.stale_rehome().await?,
             24 => self.flag_rebalancing().await?,
+            25 => self.straggle().await?,
             _ => self.rollback().await?,
         }
         self.settle().await?;
