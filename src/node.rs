@@ -207,6 +207,7 @@ impl Node {
             kinds: registry.served().to_string(),
         };
         membership::join(&mut con, &home, &member, &config.membership).await?;
+        shardctl_common::queues::register(&mut con, &home).await?;
         let redis = endpoint.redacted().to_owned();
         let grace = config.executor.grace;
         let layout = shardctl_common::partition::layout(&mut con, &home).await?;

@@ -203,6 +203,111 @@ async fn the_dashboard_follows_a_run_and_draws_failed_shards_in_their_cells() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_front_page_shows_what_failed_a_moment_ago_and_switches_to_every_queue() {
+    let Some(b) = Browser::start().await else { return };
+    let cli = Cli::start("dash-front");
+    let (_c, base) = coordinator(&cli, true);
+    // a second queue of the same Redis, with an unfinished task (no executor serves it), and
+    // hostile names in the queue set, which are never listed nor made into keys
+    let other = Cli::on((), &cli.redis.url(), "nightly");
+    other.ok(&["dispatch", "--kind", "noop", "--shards", "3", "--task-id", "elsewhere"]);
+    let hostile = ["<img src=x onerror=alert(1)>", "a}:b", ""];
+    let () = redis::cmd("SADD").arg("{shardctl}:queues").arg(&hostile[..]).query(&mut cli.con()).unwrap();
+
+    let _e = cli.executor("front-e1", &[]);
+    cli.ok(&["dispatch", "--kind", "noop", "--shards", "5", "--task-id", "fine"]);
+    assert_eq!(cli.run(&["wait", "fine", "--timeout", "60s"]).code(), 0);
+    b.client.goto(&format!("{base}/#/")).await.unwrap();
+    b.until(
+        "the finished task on the front page",
+        PATIENCE,
+        "return [...document.querySelectorAll('#recent td a')].some((a) => a.textContent === 'fine');",
+    )
+    .await;
+    // the page is open when a task fails: it comes first, with why, at the next refresh
+    let fail = ["dispatch", "--kind", "fail", "--payload", r#"{"rate":1.0}"#, "--shards", "6", "--attempts", "1"];
+    cli.ok(&[&fail[..], &["--task-id", "broke"][..]].concat());
+    assert_eq!(cli.run(&["wait", "broke", "--timeout", "60s"]).code(), 3);
+    let first = b
+        .until(
+            "the failed task, first",
+            PATIENCE,
+            "const r = document.querySelector('#recent tbody tr'); \
+             return r && r.dataset.state === 'failed' ? [...r.cells].map((c) => c.textContent) : null;",
+        )
+        .await;
+    let cells: Vec<String> = serde_json::from_value(first).unwrap();
+    assert_eq!((cells[0].as_str(), cells[2].as_str()), ("broke", "failed"), "{cells:?}");
+    assert_eq!(cells[3], "0 of 6 done, 6 failed", "{cells:?}");
+    assert!(cells[6].starts_with("6 of 6 shards failed: first, shard "), "{cells:?}");
+    let rows = b.eval("return document.querySelectorAll('#recent tbody tr').length;").await;
+    assert_eq!(rows, 2, "both finished tasks are listed");
+    // its progress bar is red
+    b.client.goto(&format!("{base}/#/task/broke")).await.unwrap();
+    let red = b
+        .until(
+            "the progress bar",
+            PATIENCE,
+            "const p = document.getElementById('progress'); return p ? getComputedStyle(p).accentColor : '';",
+        )
+        .await;
+    assert_eq!(red, "rgb(224, 49, 49)", "a failed task's bar");
+
+    // the API lists every queue (and only valid names), reads another, acts only on its own
+    let (status, _, body) = http("GET", &format!("{base}/api/queues"), None).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let listed = json(&body);
+    let names: Vec<&str> = listed["queues"].as_array().unwrap().iter().map(|q| q["queue"].as_str().unwrap()).collect();
+    assert_eq!(names, ["dash-front", "nightly"], "{listed}");
+    assert_eq!(listed["queues"][0]["maintained"], true);
+    assert_eq!(listed["queues"][1]["tasks"]["unfinished"], 1, "{listed}");
+    let (status, _, body) = http("GET", &format!("{base}/api/tasks?queue=nightly"), None).unwrap();
+    assert_eq!((status, json(&body)["tasks"][0]["task_id"].as_str()), (200, Some("elsewhere")), "{body}");
+    let long = "q".repeat(65);
+    assert_eq!(http("GET", &format!("{base}/api/queue?queue={long}"), None).unwrap().0, 400);
+    assert_eq!(http("GET", &format!("{base}/api/queues?queue=nightly"), None).unwrap().0, 400);
+    let (status, _, body) = http("POST", &format!("{base}/api/queue/pause?queue=nightly"), Some(TOKEN)).unwrap();
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("read-only here"), "{body}");
+    let paused: Option<String> =
+        redis::cmd("HGET").arg("{shardctl:nightly}:meta").arg("paused").query(&mut cli.con()).unwrap();
+    assert_eq!(paused, None, "a refused action paused the other queue");
+
+    // the switcher: the other queue's front page, read-only
+    b.client.goto(&format!("{base}/#/")).await.unwrap();
+    b.until(
+        "the queue switcher",
+        PATIENCE,
+        "const s = document.getElementById('queue-switch'); return s && s.options.length === 2;",
+    )
+    .await;
+    b.eval(
+        "const s = document.getElementById('queue-switch'); s.value = 'nightly'; \
+         s.dispatchEvent(new Event('change')); return 1;",
+    )
+    .await;
+    b.until(
+        "the other queue's unfinished task",
+        PATIENCE,
+        "return location.search === '?queue=nightly' && \
+         [...document.querySelectorAll('main td a')].some((a) => a.textContent === 'elsewhere');",
+    )
+    .await;
+    let mode = b.client.find(Locator::Id("mode")).await.unwrap().text().await.unwrap();
+    assert_eq!(mode, "read-only: this coordinator maintains queue dash-front");
+    assert!(b.client.find_all(Locator::Css("#pause, #resume, #token-form:not([hidden])")).await.unwrap().is_empty());
+    // and a task page of that queue
+    b.client.goto(&format!("{base}/?queue=nightly#/task/elsewhere")).await.unwrap();
+    b.until(
+        "the other queue's task page",
+        PATIENCE,
+        "const s = document.getElementById('task-id'); return s && s.textContent === 'elsewhere';",
+    )
+    .await;
+    b.client.clone().close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_token_a_retry_from_the_page_completes_the_task() {
     let Some(b) = Browser::start().await else { return };
     let cli = Cli::start("dash-retry");

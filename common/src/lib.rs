@@ -35,6 +35,7 @@
 //! - [`partition`]: a queue's partitions: their [`Layout`](partition::Layout) (`layout`), their
 //!   tags chosen over a cluster's masters (`placement`), a task's shares created at dispatch
 //!   (`spread`).
+//! - [`queues`]: every queue of a prefix, in one set the processes that work them add to.
 //! - [`share`]: the share-reading rule (a share is its task's only under its home's `inc`).
 //! - [`slot`]: Redis Cluster hash slots of keys.
 //! - [`backoff`]: retry delays (fixed or exponential, with jitter): the one retry policy and the
@@ -72,6 +73,7 @@ pub mod lock;
 pub mod model;
 pub mod names;
 pub mod partition;
+pub mod queues;
 pub mod reason;
 pub mod redis_url;
 pub mod retry;

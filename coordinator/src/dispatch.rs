@@ -67,6 +67,8 @@ pub async fn dispatch(
             return Err(Error::invalid(format!("{} keys given for {} shards", k.len(), spec.shards)));
         }
     }
+    // the queue is listed for every dashboard of its prefix (docs/design/dashboard.md)
+    shardctl_common::queues::register(con, home).await?;
     if spec.strategy != Strategy::Pull {
         // a routed task over partitions: its shares (and their keys) placed in each
         if let Some(layout) = crate::partition::create_over(con, home, spec, shard_keys).await? {

@@ -14,7 +14,8 @@ pub const MAX_SCAN: u64 = 5_000;
 pub const MAX_PAGE: u64 = 200;
 
 /// The task fields a listing reads: all but the payload and the result, which may be large
-/// (up to 1 MiB each) and which a list does not show.
+/// (up to 1 MiB each) and which a list does not show (a halt's reason and the first failure are
+/// one line each, cut).
 const LIST_FIELDS: &[&str] = &[
     "seq",
     "inc",
@@ -40,6 +41,17 @@ const LIST_FIELDS: &[&str] = &[
     "retried_ms",
     "agg_error",
     "partitions",
+    "weight",
+    "group",
+    "max_running",
+    "max_failures",
+    "success_when",
+    "cancelled",
+    "halted",
+    "first_failure",
+    "speculate",
+    "spec_started",
+    "spec_won",
 ];
 
 /// Which tasks a page lists.

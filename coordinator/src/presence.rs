@@ -23,7 +23,8 @@ pub fn lifetime(refresh: Duration) -> Duration {
     (refresh * 3).max(MIN_ALIVE)
 }
 
-/// Renews this coordinator's entry (alive for [`lifetime`]) and drops the entries that ran out.
+/// Renews this coordinator's entry (alive for [`lifetime`]), drops the entries that ran out, and
+/// lists the queue among its prefix's (`shardctl_common::queues`).
 pub async fn announce<C: ConnectionLike + Send>(con: &mut C, home: &Home, refresh: Duration) -> Result<()> {
     let now = server_now_ms(con, home).await?;
     let alive = lifetime(refresh).as_millis() as u64;
@@ -37,6 +38,8 @@ pub async fn announce<C: ConnectionLike + Send>(con: &mut C, home: &Home, refres
         .ignore()
         .query_async(con)
         .await?;
+    // the queue is listed for every dashboard of its prefix (its own slot: another command)
+    shardctl_common::queues::register(con, home).await?;
     Ok(())
 }
 

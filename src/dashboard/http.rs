@@ -105,7 +105,7 @@ async fn route(d: &Dashboard, req: &Request<Incoming>) -> Reply {
             if let Err(r) = authorize(d, req) {
                 return r;
             }
-            api::act(d, rest).await
+            api::act(d, rest, &query).await
         }
         (_, ["api", ..]) => Reply::error(405, "the API takes GET for reads and POST for actions"),
         (&Method::GET, _) => Reply::error(404, format!("no page {path}")),

@@ -9,6 +9,9 @@ const CELL_NAMES = { d: "done", p: "pending", r: "running", y: "retrying", f: "f
 let info = { read_only: true, queue: "" };
 let view = null;
 let busy = false;
+// the queue shown: `?queue=NAME` in the address (another queue of the same Redis, read-only),
+// else the coordinator's own
+const shownQueue = new URLSearchParams(location.search).get("queue") || "";
 
 // ---- helpers ------------------------------------------------------------------------------
 
@@ -28,10 +31,17 @@ function el(tag, attrs, ...children) {
 }
 
 function token() { return sessionStorage.getItem("shardctl-token") || ""; }
-function canAct() { return !info.read_only && token() !== ""; }
+function ownQueue() { return shownQueue === "" || shownQueue === info.queue; }
+function canAct() { return !info.read_only && token() !== "" && ownQueue(); }
+
+// `path` of the queue shown (the API's `queue` parameter when it is not the coordinator's own)
+function ofQueue(path) {
+  if (ownQueue()) return path;
+  return path + (path.includes("?") ? "&" : "?") + "queue=" + encodeURIComponent(shownQueue);
+}
 
 async function api(path) {
-  const r = await fetch("/api/" + path, { headers: { Accept: "application/json" }, cache: "no-store" });
+  const r = await fetch("/api/" + ofQueue(path), { headers: { Accept: "application/json" }, cache: "no-store" });
   const body = await r.json().catch(() => ({ error: "not JSON" }));
   if (!r.ok) throw new Error(body.error || ("HTTP " + r.status));
   return body;
@@ -105,12 +115,16 @@ function queueView() {
   if (canAct()) controls.append(pause, resume);
   const executors = el("div");
   const tasks = el("div");
+  const recent = el("div", { id: "recent" });
   const root = el("section", {}, el("h2", { text: "Queue" }), counts, controls,
-    el("h2", { text: "Unfinished tasks" }), tasks, el("h2", { text: "Executors" }), executors);
+    el("h2", { text: "Unfinished tasks" }), tasks,
+    el("h2", { text: "Recently finished" }), recent,
+    el("h2", { text: "Executors" }), executors);
   return {
     root,
     async refresh() {
-      const [q, page] = await Promise.all([api("queue"), api("tasks?state=unfinished&limit=20")]);
+      const [q, page, ended] = await Promise.all([api("queue"), api("tasks?state=unfinished&limit=20"),
+        api("tasks?state=finished&limit=" + RECENT)]);
       const card = (n, label) => el("div", { class: "card" }, el("div", { class: "n", text: n }), label);
       counts.replaceChildren(
         card(q.waiting, "waiting"), card(q.active, "active"), card(q.delayed, "delayed"),
@@ -121,6 +135,8 @@ function queueView() {
       pause.hidden = q.paused;
       resume.hidden = !q.paused;
       tasks.replaceChildren(page.tasks.length ? taskTable(page.tasks) : el("p", { class: "muted", text: "No unfinished task." }));
+      recent.replaceChildren(ended.tasks.length ? finishedTable(ended.tasks)
+        : el("p", { class: "muted", text: "No finished task." }));
       executors.replaceChildren(q.executors.length ? table(
         ["node", "host", "pid", "concurrency", "shards held", "routed waiting", "heartbeat"],
         q.executors.map((n) => el("tr", {},
@@ -132,13 +148,50 @@ function queueView() {
   };
 }
 
+// the finished tasks the front page lists (the last to end), failed ones first
+const RECENT = 10;
+
+// why a finished task failed, in one line (empty for one that did not fail)
+function failureSummary(t) {
+  if (t.state !== "failed") return "";
+  if (t.halted) return t.halted;
+  if (t.aggregation_error !== null && t.aggregation_error !== undefined) {
+    return "aggregation failed: " + t.aggregation_error.split("\n")[0];
+  }
+  const first = t.first_failure ? ": first, shard " + t.first_failure : "";
+  return t.failed + " of " + t.total + " shards failed" + first;
+}
+
+function outcome(t) {
+  const cancelled = t.cancelled ? ", " + t.cancelled + " cancelled" : "";
+  if (t.state === "cancelled") return t.done + " of " + t.total + " done before the cancel";
+  return t.done + " of " + t.total + " done" + (t.failed ? ", " + t.failed + " failed" : "") + cancelled;
+}
+
+function finishedTable(tasks) {
+  const failedFirst = [...tasks].sort((a, b) => (b.state === "failed") - (a.state === "failed"));
+  return table(["task", "kind", "outcome", "shards", "ended", "took", "why it failed"],
+    failedFirst.map((t) => el("tr", { "data-state": t.state },
+      el("td", {}, taskLink(t.task_id)), el("td", { text: t.kind }), el("td", {}, stateBadge(t.state)),
+      el("td", { text: outcome(t) }), el("td", { text: when(t.finished_ms) }),
+      el("td", { class: "num", text: t.finished_ms ? span((t.finished_ms - (t.retried_ms || t.created_ms)) / 1000) : "" }),
+      el("td", { class: "reason", text: failureSummary(t) }))));
+}
+
+// a task's progress bar, red once it failed
+function progressBar(t, id) {
+  const attrs = { id, max: Math.max(1, t.total), value: t.done + t.failed };
+  if (t.state === "failed") attrs.class = "failed";
+  return el("progress", attrs);
+}
+
 function taskTable(tasks) {
   return table(["task", "kind", "state", "progress", "done", "failed", "total", "rate", "eta", "age"],
     tasks.map((t) => {
       const { rate, eta } = rateEta(t);
       return el("tr", {},
         el("td", {}, taskLink(t.task_id)), el("td", { text: t.kind }), el("td", {}, stateBadge(t.state)),
-        el("td", {}, el("progress", { max: Math.max(1, t.total), value: t.done + t.failed })),
+        el("td", {}, progressBar(t)),
         el("td", { class: "num", text: t.done }), el("td", { class: "num", text: t.failed }),
         el("td", { class: "num", text: t.total }), el("td", { class: "num", text: rate }), el("td", { text: eta }),
         el("td", { text: ago(t.created_ms) }));
@@ -204,7 +257,7 @@ function taskView(id) {
       cancel.hidden = ended;
       head.replaceChildren(
         el("h2", {}, "Task ", el("span", { id: "task-id", text: t.task_id }), " ", stateBadge(t.state)),
-        el("p", {}, el("progress", { id: "progress", max: Math.max(1, t.total), value: t.done + t.failed }), " ",
+        el("p", {}, progressBar(t, "progress"), " ",
           el("span", { id: "counts", text: t.done + " done, " + t.failed + " failed" + (t.cancelled ? ", " + t.cancelled + " cancelled" : "") + " of " + t.total }), " · " + [rate, eta].filter(Boolean).join(" · ")),
         t.stuck.length ? el("div", { class: "why", text: "Not moving: " + t.stuck.join("; ") }) : "",
         t.halted ? el("div", { class: "why", id: "halted", text: t.halted }) : "",
@@ -329,10 +382,28 @@ async function refresh() {
 
 function refreshSoon() { setTimeout(refresh, 0); }
 
+// the queue switcher: every queue of the Redis (docs/dashboard.md), read every 10 s
+async function showQueues() {
+  const select = document.getElementById("queue-switch");
+  let all;
+  try { all = await api("queues"); } catch (e) { return; }
+  const shown = ownQueue() ? info.queue : shownQueue;
+  const names = all.queues.map((q) => q.queue);
+  if (!names.includes(shown)) all.queues.push({ queue: shown, maintained: false, tasks: { unfinished: "?" } });
+  select.replaceChildren(...all.queues.map((q) => el("option", { value: q.queue, selected: q.queue === shown,
+    text: q.queue + " · " + q.tasks.unfinished + " unfinished" + (q.paused ? " · paused" : "") + (q.maintained ? "" : " · read-only") })));
+  select.title = all.more ? "more queues than listed" : "";
+}
+
 function showMode() {
-  document.getElementById("queue-name").textContent = "queue " + info.queue;
+  document.getElementById("queue-name").textContent = "queue";
   const mode = document.getElementById("mode");
   const form = document.getElementById("token-form");
+  if (!ownQueue()) {
+    mode.textContent = "read-only: this coordinator maintains queue " + info.queue;
+    form.hidden = true;
+    return;
+  }
   if (info.read_only) {
     mode.textContent = "read-only (the coordinator has no --ui-token-file)";
     form.hidden = true;
@@ -366,6 +437,13 @@ async function start() {
     return;
   }
   showMode();
+  const select = document.getElementById("queue-switch");
+  select.addEventListener("change", () => {
+    const q = select.value;
+    location.search = q === info.queue ? "" : "?queue=" + encodeURIComponent(q);
+  });
+  showQueues();
+  setInterval(showQueues, 10 * REFRESH_MS);
   window.addEventListener("hashchange", route);
   route();
   setInterval(refresh, REFRESH_MS);
