@@ -35,6 +35,9 @@
   Returns one code per group: 2 retry scheduled, 1 failed for good (counted), 0 failed for good
   but already terminal, -1 lock missing, -2 lock mismatch, -3 task missing.
 
+  A shard's failure (to retry, or final and counted) records `<i>:failure` = `<ms> <attempt>
+  <node>` in `task:<id>:shards`, for the dashboard's groups (docs/design/dashboard.md).
+
   A shard with two live attempts (docs/design/speculation.md): a failure to retry (`r`, `a`) of
   either drops that attempt only, the other runs on, nothing recorded (code 2); a final one
   (`p`, `f`, or the last attempt) is the shard's verdict, and the other attempt goes with it.
@@ -81,7 +84,11 @@ for i = 3, #ARGV, 6 do
       if not final and (defer or fails < max) then
         rcall('HSET', skey, idx .. ':attempt', attempt)
         if idx ~= 'agg' and t[4] ~= 'pull' then rcall('HSET', skey, idx .. ':node', node) end
-        if idx ~= 'agg' then rcall('HSET', task_key(prefix, tid, ':errors'), idx, reason) end
+        if idx ~= 'agg' then
+          rcall('HSET', task_key(prefix, tid, ':errors'), idx, reason)
+          -- when, at which attempt and where, for the failures' groups (docs/design/dashboard.md)
+          rcall('HSET', skey, idx .. ':failure', now .. ' ' .. attempt .. ' ' .. node)
+        end
         local due = now + delay
         rcall('ZADD', K.delayed, due, ref)
         -- blocked executors learn the due time and wake for it
@@ -94,6 +101,7 @@ for i = 3, #ARGV, 6 do
           code = finish_task(prefix, tid, false, reason, now)
         else
           code = mark_terminal(prefix, tid, tonumber(idx), 'failed', 'errors', reason, now, fatal)
+          if code ~= 0 then rcall('HSET', skey, idx .. ':failure', now .. ' ' .. attempt .. ' ' .. node) end
           -- a share asks its home, which decides (coordinator/src/partition/decide.rs): the first ask
           if class == 'f' and t[6] and code == 1 then rcall('HSETNX', tkey, 'halt_asked', idx .. ' ' .. last_line(reason)) end
           if code == 2 and fatal then

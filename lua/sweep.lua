@@ -46,7 +46,8 @@
 
   A first attempt whose holder died while its backup attempt's lives (docs/design/speculation.md)
   is not stalled: the backup takes its place in `active`. A backup whose holder died goes.
-  A stalled shard leaves `speculating`.
+  A stalled shard leaves `speculating`. A shard failed as stalled records `<i>:failure` (`<ms>
+  <attempt> ?`: its node is not known here) for the dashboard's groups (docs/design/dashboard.md).
 
   include: chunked, clock, events, fair, finish, halt, hold, lanes, task
 ]]
@@ -102,9 +103,11 @@ local function stall(ref)
     touch_task(prefix, tid)
     if rcall('HEXISTS', task_key(prefix, tid, ''), 'max_failures') == 1 then touch_halt(prefix, tid) end
   end
+  local attempt
   if mine then
     -- the attempt that stalled was seen by its handler: a retry numbers past it
-    raise_attempt_hw(prefix, tid, rcall('HGET', shards_key(prefix, tid), idx .. ':attempt') or 1)
+    attempt = rcall('HGET', shards_key(prefix, tid), idx .. ':attempt') or 1
+    raise_attempt_hw(prefix, tid, attempt)
   end
   if not mine then
     -- another incarnation's shard: let go, nothing recorded
@@ -113,7 +116,10 @@ local function stall(ref)
     if idx == 'agg' then
       finish_task(prefix, tid, false, reason, now)
     else
-      if mark_terminal(prefix, tid, tonumber(idx), 'failed', 'errors', reason, now, false) == 2 then halts[#halts + 1] = tid end
+      local code = mark_terminal(prefix, tid, tonumber(idx), 'failed', 'errors', reason, now, false)
+      if code == 2 then halts[#halts + 1] = tid end
+      -- when and at which attempt, for the failures' groups (its holder's node is not known here)
+      if code ~= 0 then rcall('HSET', shards_key(prefix, tid), idx .. ':failure', now .. ' ' .. attempt .. ' ?') end
     end
     failed = failed + 1
   else

@@ -308,6 +308,93 @@ async fn the_front_page_shows_what_failed_a_moment_ago_and_switches_to_every_que
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_identical_failures_are_one_group_listing_its_shards_nodes_and_attempts() {
+    let Some(b) = Browser::start().await else { return };
+    let cli = Cli::start("dash-groups");
+    let (_c, base) = coordinator(&cli, false);
+    // shards 0-59 fail on malformed input (a row number each), 60-63 on a full disk, the others
+    // complete; each failure is tried twice, on two executors
+    let exec = "sh -c 'i=$SHARDCTL_SHARD_INDEX; \
+        if [ $i -lt 60 ]; then echo \"ValueError: malformed date in row $((i * 7 + 3))\" >&2; exit 1; fi; \
+        if [ $i -lt 64 ]; then echo \"disk full on volume $i\" >&2; exit 1; fi; echo 1'";
+    let _a = cli.executor("grp-a", &["--exec", exec]);
+    let _b = cli.executor("grp-b", &["--exec", exec]);
+    cli.ok(&[
+        "dispatch",
+        "--kind",
+        "rows",
+        "--shards",
+        "100",
+        "--attempts",
+        "2",
+        "--backoff",
+        "fixed:10ms",
+        "--task-id",
+        "rows",
+    ]);
+    assert_eq!(cli.run(&["wait", "rows", "--timeout", "60s"]).code(), 3);
+
+    let (status, _, body) = http("GET", &format!("{base}/api/tasks/rows/failures"), None).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let g = json(&body);
+    assert_eq!((g["read"].as_u64(), g["complete"].as_bool()), (Some(64), Some(true)), "{g}");
+    let groups = g["groups"].as_array().unwrap();
+    assert_eq!(groups.len(), 2, "{g}");
+    let (rows, disk) = (&groups[0], &groups[1]);
+    assert_eq!((rows["count"].as_u64(), rows["failed"].as_u64()), (Some(60), Some(60)), "{rows}");
+    let (example, cause) = (&rows["example"], &rows["cause"]);
+    assert_eq!(example, "handler exited with status 1: ValueError: malformed date in row 3", "{rows}");
+    assert_eq!(cause, "handler exited with status N: ValueError: malformed date in row N", "{rows}");
+    let shards: Vec<u64> = rows["shards"].as_array().unwrap().iter().map(|s| s["shard"].as_u64().unwrap()).collect();
+    assert_eq!(shards, (0..60).collect::<Vec<_>>());
+    // each failed at its second attempt, on one of the two nodes, at a time within the group's
+    assert_eq!(rows["attempts"], serde_json::json!([[2, 60]]), "{rows}");
+    let nodes = rows["nodes"].as_array().unwrap();
+    assert!(nodes.iter().all(|n| n[0] == "grp-a" || n[0] == "grp-b"), "{rows}");
+    assert_eq!(nodes.iter().map(|n| n[1].as_u64().unwrap()).sum::<u64>(), 60, "{rows}");
+    let (first, last) = (rows["first_ms"].as_u64().unwrap(), rows["last_ms"].as_u64().unwrap());
+    for s in rows["shards"].as_array().unwrap() {
+        let at = s["at_ms"].as_u64().unwrap();
+        assert!(first <= at && at <= last && s["attempt"] == 2 && s["state"] == "failed", "{s}");
+    }
+    assert_eq!(
+        (disk["count"].as_u64(), disk["example"].as_str()),
+        (Some(4), Some("handler exited with status 1: disk full on volume 60")),
+        "{disk}"
+    );
+
+    // the page: one row per cause; a click lists the group's shards with where they failed
+    b.client.goto(&format!("{base}/#/task/rows")).await.unwrap();
+    b.until("the causes", PATIENCE, "return document.querySelectorAll('#causes tr.cause').length === 2;").await;
+    let first_row =
+        b.eval("return [...document.querySelector('#causes tr.cause').cells].map((c) => c.textContent);").await;
+    let cells: Vec<String> = serde_json::from_value(first_row).unwrap();
+    assert_eq!(cells[0], "60", "{cells:?}");
+    assert!(cells[1].ends_with("ValueError: malformed date in row 3"), "{cells:?}");
+    assert_eq!(cells[2], "60 failed", "{cells:?}");
+    b.client.find(Locator::Css("#causes tr.cause")).await.unwrap().click().await.unwrap();
+    let listed = b
+        .until(
+            "the group's shards",
+            PATIENCE,
+            "const t = document.querySelector('#causes tr.cause-shards'); \
+             return t ? [...t.querySelectorAll(':scope table > tbody > tr')].map((r) => [r.cells[0].textContent, r.cells[2].textContent]) : null;",
+        )
+        .await;
+    let listed: Vec<(String, String)> = serde_json::from_value(listed).unwrap();
+    assert_eq!(listed.len(), 60);
+    for (i, (shard, node)) in listed.iter().enumerate() {
+        assert_eq!(shard, &i.to_string());
+        assert!(node == "grp-a" || node == "grp-b", "{listed:?}");
+    }
+    // it stays open across refreshes
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let still = b.eval("return document.querySelectorAll('#causes tr.cause-shards').length;").await;
+    assert_eq!(still, 1);
+    b.client.clone().close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_token_a_retry_from_the_page_completes_the_task() {
     let Some(b) = Browser::start().await else { return };
     let cli = Cli::start("dash-retry");

@@ -54,6 +54,20 @@ pub async fn dispatch(
     spec: &TaskSpec,
     shard_keys: Option<&[String]>,
 ) -> Result<Dispatched> {
+    let d = create_and_place(con, home, spec, shard_keys).await?;
+    // the queue is listed for every dashboard of its prefix (docs/design/dashboard.md): once a
+    // task of it exists (a refused dispatch writes nothing)
+    shardctl_common::queues::register(con, home).await?;
+    Ok(d)
+}
+
+/// [`dispatch`]'s work: the task created, a routed one placed.
+async fn create_and_place(
+    con: &mut shardctl_common::conn::Conn,
+    home: &Home,
+    spec: &TaskSpec,
+    shard_keys: Option<&[String]>,
+) -> Result<Dispatched> {
     use redis::AsyncCommands;
     use shardctl_common::ring::Strategy;
 
@@ -67,8 +81,6 @@ pub async fn dispatch(
             return Err(Error::invalid(format!("{} keys given for {} shards", k.len(), spec.shards)));
         }
     }
-    // the queue is listed for every dashboard of its prefix (docs/design/dashboard.md)
-    shardctl_common::queues::register(con, home).await?;
     if spec.strategy != Strategy::Pull {
         // a routed task over partitions: its shares (and their keys) placed in each
         if let Some(layout) = crate::partition::create_over(con, home, spec, shard_keys).await? {

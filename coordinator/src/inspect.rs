@@ -232,7 +232,7 @@ pub async fn reason_page<C: ConnectionLike + Send>(
 }
 
 /// One page of the reasons stored in `keys`' keyspace, the shards shown at `base` + index.
-async fn space_reasons<C: ConnectionLike + Send>(
+pub(crate) async fn space_reasons<C: ConnectionLike + Send>(
     con: &mut C,
     keys: &Keys,
     t: &TaskInfo,

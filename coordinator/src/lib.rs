@@ -20,6 +20,7 @@
 //! - [`progress`]: one task's state and counts, a queue's counts, failed shards.
 //! - [`inspect`]: bounded reads for the dashboard: task pages, reason pages.
 //! - [`shard_map`]: a task's shards as cells for the dashboard.
+//! - [`failures`]: a task's failures grouped by cause, with when, where and at which attempt.
 //! - [`events`]: the event log read as one over the partitions: its newest events, or followed
 //!   live (`shardctl watch`).
 //! - [`wait`]: waiting for a task to end, with a progress callback.
@@ -40,6 +41,7 @@
 pub mod daemon;
 pub mod dispatch;
 pub mod events;
+pub mod failures;
 pub mod firing;
 pub mod inspect;
 pub mod liveness;

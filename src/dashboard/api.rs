@@ -51,6 +51,7 @@ pub async fn read(d: &Dashboard, path: &[&str], query: &HashMap<String, String>)
         ["tasks", id] => task(v, id).await,
         ["tasks", id, "failed"] => failed(v, id, query).await,
         ["tasks", id, "map"] => map(v, id, query).await,
+        ["tasks", id, "failures"] => failures(v, id).await,
         ["schedules"] => schedules(v).await,
         ["events"] => events(v, query).await,
         _ => Err(Reply::error(404, format!("no API endpoint /api/{}", path.join("/")))),
@@ -69,14 +70,16 @@ pub async fn act(d: &Dashboard, path: &[&str], query: &HashMap<String, String>) 
     }
     match home_of(d, query) {
         Ok(h) if h == d.home => {}
-        Ok(h) => return Reply::error(
-            403,
-            format!(
+        Ok(h) => {
+            return Reply::error(
+                403,
+                format!(
                 "this dashboard acts on queue '{}' only: queue '{}' is read-only here (act from its own coordinator)",
                 d.home.queue(),
                 h.queue()
             ),
-        ),
+            )
+        }
         Err(r) => return r,
     }
     let mut con = d.con.clone();
@@ -246,6 +249,15 @@ async fn failed(v: View<'_>, id: &str, query: &HashMap<String, String>) -> Resul
     let mut con = v.con.clone();
     let page = inspect::reason_page(&mut con, v.home, &t, cursor, count).await.map_err(failure)?;
     serde_json::to_value(page).map_err(|e| Reply::error(500, e))
+}
+
+/// `GET /api/tasks/ID/failures`: its failures grouped by cause (`shardctl_coordinator::failures`).
+async fn failures(v: View<'_>, id: &str) -> Result<Value, Reply> {
+    let id = checked(id)?;
+    let t = light_task(v, id).await?;
+    let mut con = v.con.clone();
+    let g = shardctl_coordinator::failures::groups(&mut con, v.home, &t).await.map_err(failure)?;
+    serde_json::to_value(g).map_err(|e| Reply::error(500, e))
 }
 
 async fn map(v: View<'_>, id: &str, query: &HashMap<String, String>) -> Result<Value, Reply> {

@@ -233,8 +233,15 @@ function taskView(id) {
   const mapNote = el("p", { class: "muted" });
   const reasons = el("div");
   const more = el("div", { class: "pager" });
+  const causes = el("div", { id: "causes" });
+  // the groups whose shards are listed (by cause), kept across refreshes
+  const open = new Set();
+  let groups = { groups: [], complete: true };
+  const drawCauses = () => causes.replaceChildren(groups.groups.length ? causeTable(groups, open, drawCauses)
+    : el("p", { class: "muted", text: "No failure." }));
   let cursors = ["0"];
   const root = el("section", {}, head, controls, el("h2", { text: "Shard map" }), legend, canvas, mapNote,
+    el("h2", { text: "Failures by cause" }), causes,
     el("h2", { text: "Failed shards" }), reasons, more, el("h2", { text: "Spec" }), spec);
   canvas.addEventListener("mousemove", (e) => {
     const m = canvas.map;
@@ -249,7 +256,10 @@ function taskView(id) {
     root,
     async refresh() {
       const path = "tasks/" + encodeURIComponent(id);
-      const [t, m, r] = await Promise.all([api(path), api(path + "/map"), api(path + "/failed?count=50&cursor=" + cursors[cursors.length - 1])]);
+      const [t, m, r, g] = await Promise.all([api(path), api(path + "/map"),
+        api(path + "/failed?count=50&cursor=" + cursors[cursors.length - 1]), api(path + "/failures")]);
+      groups = g;
+      drawCauses();
       const { rate, eta } = rateEta(t);
       const ended = ["completed", "failed", "cancelled"].includes(t.state);
       // retry: failed shards (or a failed aggregation) and not cancelled; cancel: not ended
@@ -291,6 +301,33 @@ function taskView(id) {
         r.next_cursor ? el("button", { onclick: () => { cursors.push(r.next_cursor); refreshSoon(); } }, "more →") : "");
     },
   };
+}
+
+// a task's failures grouped by cause (GET /api/tasks/ID/failures); a click on a group lists its
+// shards (`open` holds the causes listed)
+function causeTable(g, open, redraw) {
+  const rows = [];
+  g.groups.forEach((c, k) => {
+    const shown = open.has(c.cause);
+    const state = [c.failed ? c.failed + " failed" : "", c.retrying ? c.retrying + " retrying" : "",
+      c.cancelled ? c.cancelled + " cancelled" : ""].filter(Boolean).join(", ");
+    const toggle = () => { if (open.has(c.cause)) open.delete(c.cause); else open.add(c.cause); redraw(); };
+    rows.push(el("tr", { class: "cause", "data-group": k, onclick: toggle, title: "show or hide its shards" },
+      el("td", { class: "num", text: c.count }), el("td", { class: "reason" }, el("span", { class: "twisty", text: shown ? "▾ " : "▸ " }), c.example),
+      el("td", { text: state }), el("td", { text: when(c.first_ms) }), el("td", { text: when(c.last_ms) }),
+      el("td", { text: c.nodes.map(([n, k]) => n + " ×" + k).join(", ") }),
+      el("td", { text: c.attempts.map(([a, k]) => "#" + a + " ×" + k).join(", ") })));
+    if (shown) {
+      const more = c.count > c.shards.length ? el("p", { class: "muted", text: "and " + (c.count - c.shards.length) + " more" }) : "";
+      rows.push(el("tr", { class: "cause-shards", "data-group": k }, el("td", {}), el("td", { colspan: 6 },
+        table(["shard", "state", "node", "attempt", "failed at", "reason"], c.shards.map((s) => el("tr", {},
+          el("td", { class: "num", text: s.shard }), el("td", { text: s.state }), el("td", { text: s.node ?? "-" }),
+          el("td", { class: "num", text: s.attempt ?? "-" }), el("td", { text: when(s.at_ms) }),
+          el("td", { class: "reason", text: s.summary })))), more)));
+    }
+  });
+  const note = g.complete ? "" : el("p", { class: "muted", text: "grouped the first " + g.read + " failures" });
+  return el("div", {}, table(["shards", "cause (an example)", "state", "first", "last", "nodes", "attempts"], rows), note);
 }
 
 function drawMap(canvas, m) {
