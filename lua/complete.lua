@@ -30,9 +30,11 @@
   KEYS[16] backups    hash   ref -> token of the shard's backup attempt
   ARGV[1] key prefix  `{P:Q}:`
   ARGV[2..] groups: task id, seq (its incarnation), token, m, `p` or `f`, then m entries: for
-            `p` (plain: no state, no result) an index each; for `f` an index (or `agg`),
-            has_state (1 when the shard may have state in `task:<id>:shards`) and result (JSON
-            text; empty for none) each
+            `p` (plain: no state, no result) an index and run time each; for `f` an index (or
+            `agg`), has_state (1 when the shard may have state in `task:<id>:shards`), result
+            (JSON text; empty for none) and run time each. A run time is the attempt's, in ms by
+            its executor's clock (empty when not measured): the shards counted add theirs to
+            their task's histogram (lua/include/durations.lua).
 
   Returns one code per shard, in the order given: 1 counted, 0 already terminal (finished
   twice), -1 lock missing, -2 lock mismatch, -3 task missing (or another incarnation).
@@ -41,12 +43,12 @@
   the first to finish wins, the other attempt's hold goes with it (`cancels` tells its executor),
   and a task with `--speculate` measures the shard's time.
 
-  include: chunked, clock, events, fair, finish, halt, lanes, settle, speculate, task
+  include: chunked, clock, durations, events, fair, finish, halt, lanes, settle, speculate, task
 ]]
 local prefix, now = ARGV[1], now_ms()
 
 -- parse: one entry per shard (counted: `#t` is a search in Lua 5.1)
-local idxs, tokens, states, results, refs = {}, {}, {}, {}, {}
+local idxs, tokens, states, results, refs, runs = {}, {}, {}, {}, {}, {}
 local groups = {}
 local a, n, nargs = 2, 0, #ARGV
 while a <= nargs do
@@ -58,11 +60,11 @@ while a <= nargs do
     local idx = ARGV[a]
     idxs[n], tokens[n], refs[n] = idx, token, pre .. idx
     if plain then
-      states[n], results[n] = '0', ''
-      a = a + 1
+      states[n], results[n], runs[n] = '0', '', ARGV[a + 1]
+      a = a + 2
     else
-      states[n], results[n] = ARGV[a + 1], ARGV[a + 2]
-      a = a + 3
+      states[n], results[n], runs[n] = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
+      a = a + 4
     end
   end
   groups[#groups + 1] = { tid, first, n, inc }
@@ -168,7 +170,7 @@ for gi, g in ipairs(groups) do
   end
   if #mine > 0 then
     unheld[#unheld + 1] = { tid, inc, #mine }
-    local counted, stored, cleared = 0, {}, {}
+    local counted, stored, cleared, timed = 0, {}, {}, {}
     for s = 1, #mine, 1000 do
       local e = math.min(s + 999, #mine)
       local old = rcall('BITFIELD', task_key(prefix, tid, ':terminal'), unpack(ops, 4 * s - 3, 4 * e))
@@ -177,6 +179,8 @@ for gi, g in ipairs(groups) do
         if old[j - s + 1] == 0 then
           codes[i] = 1
           counted = counted + 1
+          local ms = duration_of(runs[i])
+          if ms then timed[#timed + 1] = ms end
           if results[i] ~= '' then
             stored[#stored + 1] = idxs[i]
             stored[#stored + 1] = results[i]
@@ -195,6 +199,7 @@ for gi, g in ipairs(groups) do
       if t[6] and done >= tonumber(t[6]) then settles[#settles + 1] = tid end
       if #stored > 0 then call_chunked('HSET', task_key(prefix, tid, ':results'), stored) end
       if #cleared > 0 then call_chunked('HDEL', task_key(prefix, tid, ':errors'), cleared) end
+      add_durations(tkey, timed)
       maybe_aggregate(prefix, tid, now)
     end
   end

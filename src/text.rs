@@ -137,7 +137,30 @@ pub fn ended(t: &TaskInfo) -> Vec<String> {
 pub fn outcome(t: &TaskInfo) -> Vec<String> {
     let result = t.result.as_ref().map(|r| format!("result: {r}"));
     let agg = t.aggregation_error.as_ref().map(|e| format!("aggregation failed: {e}"));
-    t.halted.clone().into_iter().chain(speculation(t)).chain(result).chain(agg).collect()
+    t.halted.clone().into_iter().chain(speculation(t)).chain(durations(t)).chain(result).chain(agg).collect()
+}
+
+/// Its shards' run times, once one was timed (docs/design/dashboard.md, "Where time goes").
+pub fn durations(t: &TaskInfo) -> Option<String> {
+    let d = t.durations.as_ref()?;
+    Some(format!(
+        "shard times ({} timed): p50 {}, p90 {}, p99 {}, max {}, mean {}",
+        d.count,
+        human_ms(d.p50_ms),
+        human_ms(d.p90_ms),
+        human_ms(d.p99_ms),
+        human_ms(d.max_ms),
+        human_ms(d.mean_ms)
+    ))
+}
+
+/// A duration in ms as people read it: `850ms`, `12.3s`, `4m05s`.
+fn human_ms(ms: u64) -> String {
+    if ms < 1000 {
+        format!("{ms}ms")
+    } else {
+        human_secs(ms as f64 / 1000.0)
+    }
 }
 
 /// A task with `--speculate`: its backups so far and when a shard gets one.

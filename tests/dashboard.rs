@@ -395,6 +395,64 @@ async fn sixty_identical_failures_are_one_group_listing_its_shards_nodes_and_att
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_task_page_shows_where_time_goes_as_the_shards_ran() {
+    let Some(b) = Browser::start().await else { return };
+    let cli = Cli::start("dash-times");
+    let (_c, base) = coordinator(&cli, false);
+    // ten quick shards (50 ms) and ten slow ones (400 ms)
+    let exec = "sh -c 'if [ $SHARDCTL_SHARD_INDEX -lt 10 ]; then sleep 0.05; else sleep 0.4; fi; echo 1'";
+    let _e = cli.executor("times-a", &["--exec", exec, "--concurrency", "10"]);
+    cli.ok(&["dispatch", "--kind", "timed", "--shards", "20", "--task-id", "timed"]);
+    assert_eq!(cli.run(&["wait", "timed", "--timeout", "60s"]).code(), 0);
+
+    // status says it, in text and JSON
+    let text = cli.ok(&["status", "timed"]);
+    assert!(text.contains("shard times (20 timed): p50 "), "{text}");
+    let t = cli.json(&["status", "timed", "--json"], 0);
+    let d = &t["durations"];
+    let (count, max) = (d["count"].as_u64().unwrap(), d["max_ms"].as_u64().unwrap());
+    assert_eq!(count, 20, "{d}");
+    assert!((400..5_000).contains(&max), "{d}");
+    let (p50, p90) = (d["p50_ms"].as_u64().unwrap(), d["p90_ms"].as_u64().unwrap());
+    assert!(p50 >= 40 && p90 >= 300 && p50 <= p90 && p90 <= max, "{d}");
+    // the buckets hold the ten quick ones below 300 ms and the ten slow ones above
+    let buckets: Vec<(u64, u64, u64)> = d["histogram"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| (b["from_ms"].as_u64().unwrap(), b["to_ms"].as_u64().unwrap(), b["count"].as_u64().unwrap()))
+        .collect();
+    let below: u64 = buckets.iter().filter(|b| b.1 <= 300).map(|b| b.2).sum();
+    let above: u64 = buckets.iter().filter(|b| b.0 >= 300).map(|b| b.2).sum();
+    assert_eq!((below, above), (10, 10), "{buckets:?}");
+
+    // the page: the same figures, and a bar per bucket with its count
+    b.client.goto(&format!("{base}/#/task/timed")).await.unwrap();
+    let shown = b
+        .until(
+            "the histogram",
+            PATIENCE,
+            "const h = document.getElementById('histogram'); \
+             return h ? [...h.children].map((b) => [Number(b.dataset.from), Number(b.dataset.to), Number(b.dataset.count)]) : null;",
+        )
+        .await;
+    let shown: Vec<(u64, u64, u64)> = serde_json::from_value(shown).unwrap();
+    assert_eq!(shown, buckets, "the chart's bars are the task's buckets");
+    let figures = b.client.find(Locator::Id("durations")).await.unwrap().text().await.unwrap();
+    assert!(figures.starts_with("20 shards timed · p50 "), "{figures}");
+    let heights =
+        b.eval("return [...document.querySelectorAll('#histogram .bar i')].map((i) => i.offsetHeight);").await;
+    let heights: Vec<u64> = serde_json::from_value(heights).unwrap();
+    let tallest = buckets.iter().map(|b| b.2).max().unwrap();
+    for (h, bk) in heights.iter().zip(&buckets) {
+        // 80 px for the tallest, rounded, at least 2
+        let want = ((160 * bk.2 + tallest) / (2 * tallest)).max(2);
+        assert_eq!(*h, want, "{heights:?} {buckets:?}");
+    }
+    b.client.clone().close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_token_a_retry_from_the_page_completes_the_task() {
     let Some(b) = Browser::start().await else { return };
     let cli = Cli::start("dash-retry");
@@ -663,6 +721,23 @@ fn the_api_shows_a_task_over_partitions_at_its_own_indexes() {
     // a cursor of no partition is a clear 400
     let (status, _, body) = http("GET", &format!("{base}/api/tasks/pb/failed?cursor=9.0"), None).unwrap();
     assert_eq!(status, 400, "{body}");
+    // the failures' groups, over every partition, at the task's indexes
+    let (status, _, body) = http("GET", &format!("{base}/api/tasks/pb/failures"), None).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let groups = json(&body);
+    let mut grouped: Vec<u64> = groups["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["shards"].as_array().unwrap().iter().map(|s| s["shard"].as_u64().unwrap()))
+        .collect();
+    grouped.sort_unstable();
+    assert_eq!(grouped, failed, "{groups}");
+    // the run times of the completed shards, summed over the shares
+    let (status, _, body) = http("GET", &format!("{base}/api/tasks/pb"), None).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let timed = json(&body)["durations"]["count"].as_u64();
+    assert_eq!(timed, Some(60 - failed.len() as u64), "{body}");
     // the events merge the partitions' per-shard ones, at the task's indexes, newest first
     let (status, _, body) = http("GET", &format!("{base}/api/events?count=200"), None).unwrap();
     assert_eq!(status, 200, "{body}");

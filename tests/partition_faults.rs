@@ -271,7 +271,7 @@ async fn run_share(con: &mut redis::aio::MultiplexedConnection, pk: &Keys, seq: 
     };
     let claimed = scripts::claim(con, pk, &req).await.unwrap().shards;
     let all: Vec<Finished<'_>> =
-        claimed.iter().map(|c| Finished { claim: c, outcome: FinishedAs::Completed("1") }).collect();
+        claimed.iter().map(|c| Finished { claim: c, outcome: FinishedAs::Completed("1"), ran_ms: None }).collect();
     scripts::finish(con, pk, "n1", &all).await.unwrap();
 }
 

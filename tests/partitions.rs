@@ -38,7 +38,8 @@ async fn run_share(con: &mut redis::aio::MultiplexedConnection, pk: &Keys, seq: 
     } else {
         FinishedAs::Completed("")
     };
-    let all: Vec<Finished<'_>> = claimed.iter().map(|c| Finished { claim: c, outcome: outcome.clone() }).collect();
+    let all: Vec<Finished<'_>> =
+        claimed.iter().map(|c| Finished { claim: c, outcome: outcome.clone(), ran_ms: None }).collect();
     scripts::finish(con, pk, "n1", &all).await.unwrap();
 }
 
@@ -561,9 +562,14 @@ async fn a_retry_cut_short_is_completed_by_the_reconciliation() {
     };
     let agg = scripts::claim(&mut con, &home, &req).await.unwrap().shards;
     assert_eq!(agg.len(), 1);
-    scripts::finish(&mut con, &home, "n1", &[Finished { claim: &agg[0], outcome: FinishedAs::Completed("{}") }])
-        .await
-        .unwrap();
+    scripts::finish(
+        &mut con,
+        &home,
+        "n1",
+        &[Finished { claim: &agg[0], outcome: FinishedAs::Completed("{}"), ran_ms: None }],
+    )
+    .await
+    .unwrap();
     let state: String = redis::cmd("HGET").arg(home.task("r")).arg("state").query_async(&mut con).await.unwrap();
     assert_eq!(state, "failed");
     // the retry's first step alone (its process died before the shares' retries)

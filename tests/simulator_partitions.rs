@@ -314,7 +314,7 @@ impl Sim {
         } else {
             FinishedAs::Completed(&result)
         };
-        let codes = scripts::finish(&mut self.con, &keys, "n", &[Finished { claim: &c, outcome }])
+        let codes = scripts::finish(&mut self.con, &keys, "n", &[Finished { claim: &c, outcome, ran_ms: None }])
             .await
             .map_err(|e| format!("finish: {e}"))?;
         if c.shard_ref.is_aggregate() && codes.first().is_some_and(|c| matches!(c, Ok(1))) && !fail {

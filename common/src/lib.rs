@@ -24,6 +24,7 @@
 //! - [`shard_ref`]: refs, `<task>:<seq>:<index>` or `<task>:<seq>:agg`.
 //! - [`task_info`]: a task as read back from its hash, and a share's marks.
 //! - [`task_state`]: a task's lifecycle state.
+//! - [`durations`]: a task's shard run times: its histogram, percentiles and buckets.
 //! - [`names`]: the rules for every user-given name in a key (queues, prefix, task and node ids,
 //!   instances, schedules, locks): one rule per kind, and why no two names make one key.
 //! - [`kinds`]: the kinds an executor serves (every kind, or a set), as claims and the
@@ -62,6 +63,7 @@ pub mod backoff;
 pub mod conn;
 pub mod control;
 pub mod cron;
+pub mod durations;
 pub mod error;
 pub mod failure;
 pub mod home;

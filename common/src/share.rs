@@ -96,7 +96,7 @@ pub async fn record<C: ConnectionLike + Send>(con: &mut C, s: &ShareAt, t: &Task
 }
 
 /// The sums over the shares of task `t` of what they count as they run.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Sums {
     /// Shards completed.
     pub done: u64,
@@ -110,6 +110,8 @@ pub struct Sums {
     pub spec_started: u64,
     /// Backup attempts that finished first.
     pub spec_won: u64,
+    /// Shards' run times (docs/design/dashboard.md, "Where time goes").
+    pub durations: crate::durations::Histogram,
 }
 
 /// The sums of [`Sums`] over the shares of task `t`: one read per partition; the home record's
@@ -120,10 +122,13 @@ pub async fn sums<C: ConnectionLike + Send>(con: &mut C, home: &Home, t: &TaskIn
         if s.is_home() {
             let routed = t.routed.unwrap_or(0);
             let (spec_started, spec_won) = (t.spec_started, t.spec_won);
-            sum = Sums { done: t.done, failed: t.failed, cursor: t.cursor, routed, spec_started, spec_won };
+            let durations = t.histogram.clone();
+            sum = Sums { done: t.done, failed: t.failed, cursor: t.cursor, routed, spec_started, spec_won, durations };
             continue;
         }
-        let fields = ["done", "failed", "cursor", "routed", "spec_started", "spec_won"];
+        let timed = crate::durations::fields();
+        let counts = ["done", "failed", "cursor", "routed", "spec_started", "spec_won"];
+        let fields: Vec<&str> = counts.iter().copied().chain(timed.iter().map(String::as_str)).collect();
         if let Some(v) = read(con, &s.keys, &t.task_id, &t.inc, &fields).await? {
             sum.done += num(&v[0]);
             sum.failed += num(&v[1]);
@@ -131,6 +136,7 @@ pub async fn sums<C: ConnectionLike + Send>(con: &mut C, home: &Home, t: &TaskIn
             sum.routed += num(&v[3]);
             sum.spec_started += num(&v[4]);
             sum.spec_won += num(&v[5]);
+            sum.durations.add(&crate::durations::Histogram::from_values(&v[counts.len()..]));
         }
     }
     Ok(sum)

@@ -98,6 +98,11 @@ pub struct TaskInfo {
     pub result: Option<serde_json::Value>,
     /// Why the aggregation failed, if it did.
     pub aggregation_error: Option<String>,
+    /// Its shards' run times, once one was timed (docs/design/dashboard.md, "Where time goes").
+    pub durations: Option<crate::durations::Summary>,
+    /// The histogram they are read from (over partitions, summed over the shares).
+    #[serde(skip)]
+    pub histogram: crate::durations::Histogram,
     /// The task payload.
     #[serde(skip)]
     pub payload: String,
@@ -186,6 +191,8 @@ impl TaskInfo {
             },
             result,
             aggregation_error: h.get("agg_error").cloned(),
+            durations: crate::durations::Histogram::from_hash(h).summary(),
+            histogram: crate::durations::Histogram::from_hash(h),
             payload: h.get("payload").cloned().unwrap_or_else(|| "null".into()),
         }))
     }

@@ -330,6 +330,7 @@ async fn k_met_in_a_batch_that_ends_every_shard() {
         .map(|s| shardctl_common::scripts::Finished {
             claim: s,
             outcome: shardctl_common::scripts::FinishedAs::Completed(""),
+            ran_ms: None,
         })
         .collect();
     shardctl_common::scripts::finish(&mut env.con, &env.keys, support::NODE, &items).await.unwrap();

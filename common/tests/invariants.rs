@@ -450,7 +450,7 @@ async fn aggregation_is_enqueued_once_under_racing_completions() {
                 let items: Vec<Finished<'_>> = batch
                     .iter()
                     .zip(&results)
-                    .map(|(c, r)| Finished { claim: c, outcome: FinishedAs::Completed(r) })
+                    .map(|(c, r)| Finished { claim: c, outcome: FinishedAs::Completed(r), ran_ms: None })
                     .collect();
                 codes.extend(scripts::finish(&mut con, &keys, NODE, &items).await.expect("finish"));
             }
@@ -1017,7 +1017,7 @@ async fn complete_batches_of_interleaved_tasks_return_codes_in_the_order_given()
         ("a:1:3", done(r#""a3""#), Ok(1)),
     ];
     let items: Vec<Finished<'_>> =
-        plan.iter().map(|(r, o, _)| Finished { claim: get(r), outcome: o.clone() }).collect();
+        plan.iter().map(|(r, o, _)| Finished { claim: get(r), outcome: o.clone(), ran_ms: None }).collect();
     let codes = scripts::finish(&mut env.con, &env.keys, NODE, &items).await.expect("finish");
     let expected: Vec<(&str, Result<i64, ScriptCode>)> = plan.iter().map(|(r, _, c)| (*r, *c)).collect();
     let got: Vec<(&str, Result<i64, ScriptCode>)> = plan.iter().map(|(r, _, _)| *r).zip(codes).collect();
@@ -1075,7 +1075,7 @@ async fn completions_recorded_with_a_claim_count_once_and_the_claim_sees_them() 
     assert_eq!(env.complete(&first[2], "").await, Ok(1));
     let items: Vec<Finished<'_>> = [(1, r#""one""#), (0, ""), (2, "")]
         .iter()
-        .map(|&(i, r)| Finished { claim: &first[i], outcome: FinishedAs::Completed(r) })
+        .map(|&(i, r)| Finished { claim: &first[i], outcome: FinishedAs::Completed(r), ran_ms: None })
         .collect();
     let req = ClaimRequest {
         count: 5,
@@ -1110,6 +1110,7 @@ async fn completions_recorded_with_a_claim_count_once_and_the_claim_sees_them() 
     let failed = [Finished {
         claim: &claim.shards[0],
         outcome: FinishedAs::Failed { delay_ms: 0, reason: "x", failure: shardctl_common::failure::Failure::Retry },
+        ran_ms: None,
     }];
     let e = scripts::complete_and_claim(&mut env.con, &env.keys, &failed, &ClaimRequest { seq: 4, ..req })
         .await

@@ -109,12 +109,12 @@ async fn a_completion_aborted_by_a_migrating_slot_writes_nothing() {
     let c = scripts::claim(&mut con, &keys, &req).await.unwrap().shards;
     assert_eq!(c.len(), 2);
     // shard 0 completes with no result: `:terminal` exists, `:results` does not
-    let done0 = [Finished { claim: &c[0], outcome: FinishedAs::Completed("") }];
+    let done0 = [Finished { claim: &c[0], outcome: FinishedAs::Completed(""), ran_ms: None }];
     assert_eq!(scripts::finish(&mut con, &keys, "n1", &done0).await.unwrap(), [Ok(1)]);
     busy(&mut con, &keys).await;
 
     let (from, to) = start_migrating(&cluster, slot);
-    let done1 = [Finished { claim: &c[1], outcome: FinishedAs::Completed(r#"{"v":2}"#) }];
+    let done1 = [Finished { claim: &c[1], outcome: FinishedAs::Completed(r#"{"v":2}"#), ran_ms: None }];
     let r = scripts::finish(&mut con, &keys, "n1", &done1).await;
     let e = r.expect_err("the script must abort at the missing `:results` of a migrating slot");
     // a missing key: "non local key"; a multi-key read of some moved keys: TRYAGAIN

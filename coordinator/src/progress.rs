@@ -48,12 +48,18 @@ pub async fn live_counts<C: ConnectionLike + Send>(con: &mut C, home: &Home, t: 
     use shardctl_common::model::TaskState;
     // running, delayed, cancelled or halted (its shares' work is not reported once it is)
     let live = matches!(t.state, TaskState::Running | TaskState::Delayed | TaskState::Cancelled) || t.halted.is_some();
-    // a task's backups for stragglers are counted in its shares, in any state
-    let speculated = t.speculate.is_some() && t.partitions > 1;
-    if !(live || t.strategy != "pull" || speculated) {
+    // a task's backups for stragglers, and its shards' run times, are counted in its shares, in
+    // any state
+    let spread = t.partitions > 1;
+    if !(live || t.strategy != "pull" || spread) {
         return Ok(());
     }
     let sums = shardctl_common::share::sums(con, home, t).await?;
+    if spread {
+        t.durations = sums.durations.summary();
+        t.histogram = sums.durations;
+    }
+    let speculated = t.speculate.is_some() && spread;
     if speculated {
         (t.spec_started, t.spec_won) = (sums.spec_started, sums.spec_won);
     }

@@ -26,6 +26,9 @@ pub(crate) enum Outcome {
 pub(crate) struct Report {
     pub(crate) claim: Claimed,
     pub(crate) outcome: Outcome,
+    /// How long its handler ran (ms), if it ran: a counted completion adds it to its task's
+    /// histogram.
+    pub(crate) ran_ms: Option<u64>,
     /// A call carrying it may have reached Redis, its reply lost (a connection error): a
     /// completion then refused as lock-less may be that call's own (see [`crate::report::lost_replies`]).
     pub(crate) sent: bool,

@@ -81,7 +81,9 @@ pub(crate) fn completions(batch: &[Report]) -> Vec<Finished<'_>> {
     batch
         .iter()
         .filter_map(|r| match &r.outcome {
-            Outcome::Completed(result) => Some(Finished { claim: &r.claim, outcome: FinishedAs::Completed(result) }),
+            Outcome::Completed(result) => {
+                Some(Finished { claim: &r.claim, outcome: FinishedAs::Completed(result), ran_ms: r.ran_ms })
+            }
             _ => None,
         })
         .collect()
@@ -103,7 +105,7 @@ async fn record(shared: &Shared, batch: &[Report], closing: &CancellationToken) 
     for (r, reason) in batch.iter().zip(&reasons) {
         match &r.outcome {
             Outcome::Completed(result) => {
-                finished.push(Finished { claim: &r.claim, outcome: FinishedAs::Completed(result) });
+                finished.push(Finished { claim: &r.claim, outcome: FinishedAs::Completed(result), ran_ms: r.ran_ms });
                 sent.push(r.sent);
             }
             Outcome::Failed(e) => {
@@ -116,6 +118,7 @@ async fn record(shared: &Shared, batch: &[Report], closing: &CancellationToken) 
                 finished.push(Finished {
                     claim: &r.claim,
                     outcome: FinishedAs::Failed { delay_ms, reason, failure: e.failure },
+                    ran_ms: r.ran_ms,
                 });
                 sent.push(r.sent);
             }

@@ -25,7 +25,7 @@ pub(crate) async fn shard(shared: Arc<Shared>, claim: Claimed, cancel: Cancellat
         let c = unreported.claim.as_ref().expect("set above");
         tracing::debug!(shard = %shared.shown(&c.shard_ref), attempt = c.attempt, "shard started");
     }
-    let outcome = run(&shared, unreported.claim.as_ref().expect("set above"), &cancel).await;
+    let (outcome, ran_ms) = run(&shared, unreported.claim.as_ref().expect("set above"), &cancel).await;
     let claim = unreported.claim.take().expect("set above");
     if let Some(t) = started {
         let how = match &outcome {
@@ -35,7 +35,7 @@ pub(crate) async fn shard(shared: Arc<Shared>, claim: Claimed, cancel: Cancellat
         };
         tracing::debug!(shard = %shared.shown(&claim.shard_ref), ms = t.elapsed().as_millis() as u64, "shard ended: {how}");
     }
-    report(&shared, claim, outcome, &cancel);
+    report(&shared, claim, outcome, ran_ms, &cancel);
     drop(slot);
 }
 
@@ -51,7 +51,8 @@ struct Unreported<'a> {
 impl Drop for Unreported<'_> {
     fn drop(&mut self) {
         if let Some(claim) = self.claim.take() {
-            report(self.shared, claim, Outcome::Failed(ShardError::new("the shard's task panicked")), self.cancel);
+            let failed = Outcome::Failed(ShardError::new("the shard's task panicked"));
+            report(self.shared, claim, failed, None, self.cancel);
         }
     }
 }
@@ -59,17 +60,18 @@ impl Drop for Unreported<'_> {
 /// A shard claimed ahead that waited for a slot until shutdown (or was lost meanwhile): given
 /// back, no attempt used up.
 pub(crate) fn unstarted(shared: &Shared, claim: Claimed, cancel: &CancellationToken) {
-    report(shared, claim, Outcome::Unstarted, cancel);
+    report(shared, claim, Outcome::Unstarted, None, cancel);
 }
 
 /// A shard claimed ahead that the executor will not start soon: given back behind the
 /// aggregation jobs and retries waiting, no attempt used up.
 pub(crate) fn given_back(shared: &Shared, claim: Claimed, cancel: &CancellationToken) {
-    report(shared, claim, Outcome::GiveBack, cancel);
+    report(shared, claim, Outcome::GiveBack, None, cancel);
 }
 
-/// Hands an outcome to the reporter, unless the shard is no longer ours.
-fn report(shared: &Shared, claim: Claimed, outcome: Outcome, cancel: &CancellationToken) {
+/// Hands an outcome (of an attempt that ran `ran_ms`, if it ran) to the reporter, unless the
+/// shard is no longer ours.
+fn report(shared: &Shared, claim: Claimed, outcome: Outcome, ran_ms: Option<u64>, cancel: &CancellationToken) {
     // only our own claim's entry: a later claim of the same ref may have replaced it
     let lost = match shared.held.lock().unwrap().get_mut(&claim.shard_ref) {
         Some(h) if h.claim.token == claim.token => {
@@ -87,10 +89,12 @@ fn report(shared: &Shared, claim: Claimed, outcome: Outcome, cancel: &Cancellati
     } else {
         outcome
     };
-    shared.outbox.push(Report { claim, outcome, sent: false });
+    shared.outbox.push(Report { claim, outcome, ran_ms, sent: false });
 }
 
-async fn run(shared: &Shared, claim: &Claimed, cancel: &CancellationToken) -> Outcome {
+/// Runs the attempt: its outcome, and how long its handler ran (ms, this host's monotonic clock;
+/// a shard's only: docs/design/dashboard.md, "Where time goes").
+async fn run(shared: &Shared, claim: &Claimed, cancel: &CancellationToken) -> (Outcome, Option<u64>) {
     let r = &claim.shard_ref;
     let mut con = shared.con.clone();
     // the task may be cached; else one read, retried while Redis is away
@@ -101,7 +105,7 @@ async fn run(shared: &Shared, claim: &Claimed, cancel: &CancellationToken) -> Ou
                 tracing::warn!(shard = %shared.shown(r), "reading the task: {e}");
                 tokio::select! {
                     _ = tokio::time::sleep(std::time::Duration::from_millis(500)) => {}
-                    _ = cancel.cancelled() => return Outcome::Failed(ShardError::new("cancelled")),
+                    _ = cancel.cancelled() => return (Outcome::Failed(ShardError::new("cancelled")), None),
                 }
             }
         }
@@ -109,26 +113,27 @@ async fn run(shared: &Shared, claim: &Claimed, cancel: &CancellationToken) -> Ou
     let Some(meta) = meta else {
         // the task was removed, or the id dispatched again: the complete script refuses the
         // shard (TaskMissing) and lets it go
-        return Outcome::Completed(String::new());
+        return (Outcome::Completed(String::new()), None);
     };
-    let result = match r.job {
+    let (result, ran_ms) = match r.job {
         Job::Shard(index) => {
             let started = std::time::Instant::now();
             let out = run_handler(shared, claim, &meta, index, cancel).await;
             let took = started.elapsed();
             shared.metrics.run_seconds.record(took.as_secs_f64());
             shared.ahead.ran_for(&r.task, took);
-            out
+            (out, Some(took.as_millis() as u64))
         }
-        Job::Aggregate => run_aggregator(shared, claim, r, cancel).await,
+        Job::Aggregate => (run_aggregator(shared, claim, r, cancel).await, None),
     };
-    match result {
+    let outcome = match result {
         Ok(v) => match encode(&v, shared.cfg.max_result_bytes) {
             Ok(s) => Outcome::Completed(s),
             Err(e) => Outcome::Failed(e),
         },
         Err(e) => Outcome::Failed(e),
-    }
+    };
+    (outcome, ran_ms)
 }
 
 /// JSON text of a result; empty for `null` (nothing is stored for it).

@@ -284,7 +284,7 @@ impl World {
             None => FinishedAs::Completed(&result),
             Some(delay_ms) => FinishedAs::Failed { delay_ms, reason: "boom", failure: class },
         };
-        let items = [Finished { claim: &claim, outcome }];
+        let items = [Finished { claim: &claim, outcome, ran_ms: None }];
         let node = &self.execs[e].node;
         let codes =
             scripts::finish(&mut self.con, &self.keys, node, &items).await.map_err(|e| format!("finish: {e}"))?;

@@ -20,6 +20,9 @@ pub struct Finished<'a> {
     pub claim: &'a Claimed,
     /// What to record.
     pub outcome: FinishedAs<'a>,
+    /// How long the attempt ran, in ms by its executor's clock, if measured: a counted
+    /// completion adds it to its task's histogram (docs/design/dashboard.md, "Where time goes").
+    pub ran_ms: Option<u64>,
 }
 
 /// How an attempt ended.
@@ -68,7 +71,7 @@ pub(super) fn completion_argc(items: &[Finished<'_>], order: &mut [usize]) -> Re
         for &i in group {
             result_of(&items[i])?;
         }
-        n += 5 + group.len() * if plain(&items[group[0]]) { 1 } else { 3 };
+        n += 5 + group.len() * if plain(&items[group[0]]) { 2 } else { 4 };
     }
     Ok(n)
 }
@@ -88,6 +91,10 @@ pub(super) fn completion_args(inv: &mut ScriptInvocation<'_>, keys: &Keys, items
             if !plain {
                 inv.arg(u8::from(it.claim.has_state())).arg(result_of(it).unwrap_or_default());
             }
+            match it.ran_ms {
+                Some(ms) => inv.arg(ms),
+                None => inv.arg(""),
+            };
         }
     }
 }

@@ -13,6 +13,7 @@ pub const INCLUDES: &[(&str, &str)] = &[
     ("create", include_str!("../../../lua/include/create.lua")),
     ("decide", include_str!("../../../lua/include/decide.lua")),
     ("due", include_str!("../../../lua/include/due.lua")),
+    ("durations", include_str!("../../../lua/include/durations.lua")),
     ("events", include_str!("../../../lua/include/events.lua")),
     ("fair", include_str!("../../../lua/include/fair.lua")),
     ("finish", include_str!("../../../lua/include/finish.lua")),

@@ -101,7 +101,7 @@ impl ScriptEnv {
 
     /// Completes one claim with `result`.
     pub async fn complete(&mut self, c: &Claimed, result: &str) -> Code {
-        let items = [Finished { claim: c, outcome: FinishedAs::Completed(result) }];
+        let items = [Finished { claim: c, outcome: FinishedAs::Completed(result), ran_ms: None }];
         one(scripts::finish(&mut self.con, &self.keys, NODE, &items).await.expect("finish (complete)"))
     }
 
@@ -112,7 +112,7 @@ impl ScriptEnv {
 
     /// Fails one claim with `reason` and the class `failure` (docs/design/failure-policies.md).
     pub async fn fail_as(&mut self, c: &Claimed, delay_ms: u64, reason: &str, failure: Failure) -> Code {
-        let items = [Finished { claim: c, outcome: FinishedAs::Failed { delay_ms, reason, failure } }];
+        let items = [Finished { claim: c, outcome: FinishedAs::Failed { delay_ms, reason, failure }, ran_ms: None }];
         one(scripts::finish(&mut self.con, &self.keys, NODE, &items).await.expect("finish (fail)"))
     }
 

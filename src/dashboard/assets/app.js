@@ -240,7 +240,9 @@ function taskView(id) {
   const drawCauses = () => causes.replaceChildren(groups.groups.length ? causeTable(groups, open, drawCauses)
     : el("p", { class: "muted", text: "No failure." }));
   let cursors = ["0"];
+  const times = el("div", { id: "times" });
   const root = el("section", {}, head, controls, el("h2", { text: "Shard map" }), legend, canvas, mapNote,
+    el("h2", { text: "Where time goes" }), times,
     el("h2", { text: "Failures by cause" }), causes,
     el("h2", { text: "Failed shards" }), reasons, more, el("h2", { text: "Spec" }), spec);
   canvas.addEventListener("mousemove", (e) => {
@@ -260,6 +262,7 @@ function taskView(id) {
         api(path + "/failed?count=50&cursor=" + cursors[cursors.length - 1]), api(path + "/failures")]);
       groups = g;
       drawCauses();
+      times.replaceChildren(...timesView(t));
       const { rate, eta } = rateEta(t);
       const ended = ["completed", "failed", "cancelled"].includes(t.state);
       // retry: failed shards (or a failed aggregation) and not cancelled; cancel: not ended
@@ -301,6 +304,26 @@ function taskView(id) {
         r.next_cursor ? el("button", { onclick: () => { cursors.push(r.next_cursor); refreshSoon(); } }, "more →") : "");
     },
   };
+}
+
+// a duration in ms as people read it
+function ms(v) { return v < 1000 ? v + "ms" : span(v / 1000); }
+
+// a task's shard run times: the figures, then the histogram as bars (each bar's data in its
+// attributes), or why there is nothing yet
+function timesView(t) {
+  const d = t.durations;
+  if (!d) return [el("p", { class: "muted", text: "No shard of it has completed with a run time yet." })];
+  const figures = el("p", { id: "durations", text: d.count + " shards timed · p50 " + ms(d.p50_ms) + " · p90 " + ms(d.p90_ms)
+    + " · p99 " + ms(d.p99_ms) + " · max " + ms(d.max_ms) + " · mean " + ms(d.mean_ms) });
+  const most = Math.max(...d.histogram.map((b) => b.count));
+  const bars = el("div", { class: "histogram", id: "histogram" }, d.histogram.map((b) => el("div", {
+    class: "bar", "data-from": b.from_ms, "data-to": b.to_ms, "data-count": b.count,
+    title: ms(b.from_ms) + " to " + ms(b.to_ms) + ": " + b.count + " shards",
+  }, el("i"), el("span", { text: ms(b.from_ms) }))));
+  // heights set through the DOM (the page's policy allows no inline style attribute)
+  [...bars.children].forEach((bar, k) => { bar.firstChild.style.height = Math.max(2, Math.round(80 * d.histogram[k].count / most)) + "px"; });
+  return [figures, bars];
 }
 
 // a task's failures grouped by cause (GET /api/tasks/ID/failures); a click on a group lists its
