@@ -14,7 +14,9 @@
                       boot, same pid namespace, and its pid absent or another process's), or ''
                       for none: the id is taken from that instance even while its heartbeat
                       lasts, and only from it (a takeover by another meanwhile stands)
-  ARGV[5..] field, value pairs describing the executor
+  ARGV[5..] field, value pairs describing the executor, set when it joins; those named `live_*`
+            (what it has done and runs now: docs/design/dashboard.md, "Executors") are set at
+            every heartbeat, with `live_at` (now)
 
   Times are Redis's (TIME): a node whose own clock is off is judged like any other.
 
@@ -33,12 +35,16 @@ if score and holder and holder ~= instance and tonumber(score) > now and holder 
   return { -5, h[1] or '', h[2] or '', now - (tonumber(score) - tonumber(h[3] or '0')), holder, h[4] or '',
     tonumber(score) - now }
 end
+local fields, live = {}, { 'live_at', now }
+for i = 5, #ARGV - 1, 2 do
+  local into = string.sub(ARGV[i], 1, 5) == 'live_' and live or fields
+  into[#into + 1] = ARGV[i]
+  into[#into + 1] = ARGV[i + 1]
+end
 if holder ~= instance then
   rcall('DEL', K.node)
-  local fields = {}
-  for i = 5, #ARGV do fields[#fields + 1] = ARGV[i] end
   rcall('HSET', K.node, 'instance', instance, 'started_ms', now, unpack(fields))
 end
-rcall('HSET', K.node, 'timeout_ms', timeout)
+rcall('HSET', K.node, 'timeout_ms', timeout, unpack(live))
 rcall('ZADD', K.nodes, now + timeout, node)
 return { 1 }

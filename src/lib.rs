@@ -13,6 +13,7 @@
 //! - [`json`]: the JSON shapes shared by `--json` outputs and the dashboard's API.
 //! - [`text`]: the plain-text shapes of the CLI's outputs (a task's line, a queue's summary,
 //!   an event, a schedule, the failure reasons of a task).
+//! - [`units`]: durations and rates as people read them.
 //! - The crates underneath, re-exported: [`common`] (keys, scripts, model, connections),
 //!   [`executor`] (the runtime, handlers, built-in kinds), [`coordinator`] (dispatch, sweep,
 //!   membership, progress, the coordinator daemon).
@@ -51,6 +52,7 @@ pub mod locked;
 pub mod metrics;
 pub mod node;
 pub mod text;
+pub mod units;
 
 pub use coordinate::{Coordinator, CoordinatorConfig};
 pub use node::{Node, NodeConfig};

@@ -198,6 +198,7 @@ impl Node {
             crate::metrics::install(addr, None)?;
         }
         let mut con = endpoint.manager().await?;
+        let stats = Arc::new(Stats::default());
         let member = Member {
             node: config.executor.node_id.clone(),
             instance: config.executor.instance.clone(),
@@ -205,19 +206,14 @@ impl Node {
             pid: std::process::id(),
             concurrency: config.executor.concurrency,
             kinds: registry.served().to_string(),
+            live: Some(live_fields(stats.clone())),
         };
         membership::join(&mut con, &home, &member, &config.membership).await?;
         shardctl_common::queues::register(&mut con, &home).await?;
         let redis = endpoint.redacted().to_owned();
         let grace = config.executor.grace;
         let layout = shardctl_common::partition::layout(&mut con, &home).await?;
-        let build = Build {
-            endpoint,
-            home: home.clone(),
-            config: config.executor,
-            registry,
-            stats: Arc::new(Stats::default()),
-        };
+        let build = Build { endpoint, home: home.clone(), config: config.executor, registry, stats };
         let runtimes = build.runtimes(&layout).await?;
         Ok(Node {
             runtimes,
@@ -350,4 +346,23 @@ impl Node {
             None => Ok(stats),
         }
     }
+}
+
+/// The running shards each heartbeat names, longest running first.
+const LONGEST_RUNNING: usize = 10;
+
+/// What this executor says of itself at each membership heartbeat (docs/design/dashboard.md,
+/// "Executors"): the shards it completed and failed for good, and its longest running shards
+/// (`<task> <index> <ms running>`, comma-separated; durations by its own monotonic clock).
+fn live_fields(stats: Arc<Stats>) -> shardctl_coordinator::membership::LiveFields {
+    shardctl_coordinator::membership::LiveFields(Arc::new(move || {
+        let s = stats.snapshot();
+        let running: Vec<String> =
+            stats.longest_running(LONGEST_RUNNING).into_iter().map(|(r, ms)| format!("{r} {ms}")).collect();
+        vec![
+            ("live_done", s.completed.to_string()),
+            ("live_failed", s.failed.to_string()),
+            ("live_running", running.join(",")),
+        ]
+    }))
 }

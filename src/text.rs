@@ -14,6 +14,8 @@ use shardctl_common::time::now_ms;
 use shardctl_coordinator::dispatch::Dispatched;
 use shardctl_coordinator::progress::{NodeStatus, QueueCounts};
 
+use crate::units::{human_ms, human_secs, rate as rate_of};
+
 /// One line per task, its columns as wide as the longest id and kind among them: a bar, counts,
 /// rate and ETA (from the average rate since dispatch; after a `retry`, the time since it and no
 /// rate, the counts holding what ran before it).
@@ -42,7 +44,8 @@ fn task_line(t: &TaskInfo, id_w: usize, kind_w: usize) -> String {
         (false, None, None) if rate > 0.0 => format!("eta {}", human_secs((t.total - finished) as f64 / rate)),
         (false, None, None) => "eta ?".to_owned(),
     };
-    let rate = if t.retried_ms.is_none() && starts_in.is_none() { format!(" {rate:.0}/s") } else { String::new() };
+    let rate =
+        if t.retried_ms.is_none() && starts_in.is_none() { format!(" {}", rate_of(rate)) } else { String::new() };
     // k-of-n: the shards cancelled once it met its `--success-when`
     let cancelled = t.cancelled.map_or(String::new(), |n| format!(", {n} cancelled"));
     format!(
@@ -69,14 +72,6 @@ pub fn sharing(t: &TaskInfo, total: u64) -> Option<String> {
         s.push_str(&format!(", max-running {c}"));
     }
     Some(s)
-}
-
-fn human_secs(s: f64) -> String {
-    match s {
-        s if s < 60.0 => format!("{s:.1}s"),
-        s if s < 3600.0 => format!("{}m{:02}s", (s / 60.0) as u64, (s % 60.0) as u64),
-        s => format!("{}h{:02}m", (s / 3600.0) as u64, ((s % 3600.0) / 60.0) as u64),
-    }
 }
 
 /// A queue's summary: its counts, its tasks by state and the recent ones, its live executors
@@ -140,6 +135,13 @@ pub fn outcome(t: &TaskInfo) -> Vec<String> {
     t.halted.clone().into_iter().chain(speculation(t)).chain(durations(t)).chain(result).chain(agg).collect()
 }
 
+/// Its longest running shards, each with its node and how long it has run.
+pub fn running_longest(running: &[(String, shardctl_coordinator::progress::RunningShard)]) -> Option<String> {
+    let shown: Vec<String> =
+        running.iter().map(|(node, r)| format!("shard {} on {node} ({})", r.shard, human_ms(r.running_ms))).collect();
+    (!shown.is_empty()).then(|| format!("running longest: {}", shown.join(", ")))
+}
+
 /// Its shards' run times, once one was timed (docs/design/dashboard.md, "Where time goes").
 pub fn durations(t: &TaskInfo) -> Option<String> {
     let d = t.durations.as_ref()?;
@@ -152,15 +154,6 @@ pub fn durations(t: &TaskInfo) -> Option<String> {
         human_ms(d.max_ms),
         human_ms(d.mean_ms)
     ))
-}
-
-/// A duration in ms as people read it: `850ms`, `12.3s`, `4m05s`.
-fn human_ms(ms: u64) -> String {
-    if ms < 1000 {
-        format!("{ms}ms")
-    } else {
-        human_secs(ms as f64 / 1000.0)
-    }
 }
 
 /// A task with `--speculate`: its backups so far and when a shard gets one.

@@ -212,7 +212,7 @@ async fn the_front_page_shows_what_failed_a_moment_ago_and_switches_to_every_que
     let other = Cli::on((), &cli.redis.url(), "nightly");
     other.ok(&["dispatch", "--kind", "noop", "--shards", "3", "--task-id", "elsewhere"]);
     let hostile = ["<img src=x onerror=alert(1)>", "a}:b", ""];
-    let () = redis::cmd("SADD").arg("{shardctl}:queues").arg(&hostile[..]).query(&mut cli.con()).unwrap();
+    let () = redis::cmd("SADD").arg("{shardctl:queues}").arg(&hostile[..]).query(&mut cli.con()).unwrap();
 
     let _e = cli.executor("front-e1", &[]);
     cli.ok(&["dispatch", "--kind", "noop", "--shards", "5", "--task-id", "fine"]);
@@ -449,6 +449,96 @@ async fn the_task_page_shows_where_time_goes_as_the_shards_ran() {
         let want = ((160 * bk.2 + tallest) / (2 * tallest)).max(2);
         assert_eq!(*h, want, "{heights:?} {buckets:?}");
     }
+    b.client.clone().close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn executors_show_their_throughput_and_the_longest_running_shards_in_one_clock() {
+    let Some(b) = Browser::start().await else { return };
+    let cli = Cli::start("dash-exec");
+    let (_c, base) = coordinator(&cli, false);
+    // shards 0-7 end at once, 8-11 run for a minute
+    let exec = "sh -c 'if [ $SHARDCTL_SHARD_INDEX -ge 8 ]; then sleep 60; fi; echo 1'";
+    let _e = cli.executor("exa", &["--exec", exec, "--concurrency", "4"]);
+    cli.ok(&["dispatch", "--kind", "long", "--shards", "12", "--task-id", "long"]);
+    // the executor's heartbeat says what it did and what runs longest
+    let mut seen = Value::Null;
+    eventually("the executor's counts and running shards", PATIENCE, || {
+        let (_, _, body) = http("GET", &format!("{base}/api/queue"), None).map_err(|e| e.to_string())?;
+        seen = json(&body)["executors"][0].clone();
+        let running: Vec<u64> =
+            seen["running"].as_array().into_iter().flatten().filter_map(|r| r["shard"].as_u64()).collect();
+        let mut sorted = running.clone();
+        sorted.sort_unstable();
+        if seen["done"] == 8 && sorted == [8, 9, 10, 11] && seen["running"][0]["running_ms"].as_u64() > Some(1_000) {
+            Ok(())
+        } else {
+            Err(format!("{seen}"))
+        }
+    });
+    assert_eq!((seen["node"].as_str(), seen["failed"].as_u64()), (Some("exa"), Some(0)), "{seen}");
+    assert!(seen["running"].as_array().unwrap().iter().all(|r| r["task"] == "long"), "{seen}");
+    assert!(seen["up_ms"].as_u64().unwrap() >= seen["running"][0]["running_ms"].as_u64().unwrap(), "{seen}");
+    let status = cli.json(&["status", "--json"], 0);
+    assert_eq!(status["nodes"][0]["done"], 8, "{status}");
+    // `status TASK` names its longest running shards too
+    let t = cli.json(&["status", "long", "--json"], 0);
+    let longest = t["running_longest"].as_array().unwrap();
+    assert_eq!(longest.len(), 4, "{t}");
+    assert!(longest.iter().all(|r| r["node"] == "exa" && r["shard"].as_u64() >= Some(8)), "{t}");
+    let text = cli.ok(&["status", "long"]);
+    assert!(text.contains("running longest: shard "), "{text}");
+
+    // the front page: done, failed, a rounded throughput, how long it has run
+    b.client.goto(&format!("{base}/#/")).await.unwrap();
+    let row = b
+        .until(
+            "the executor's row",
+            PATIENCE,
+            "const r = document.querySelector('tr[data-node=\"exa\"]'); return r ? [...r.cells].map((c) => c.textContent) : null;",
+        )
+        .await;
+    let row: Vec<String> = serde_json::from_value(row).unwrap();
+    assert_eq!((row[6].as_str(), row[7].as_str()), ("8", "0"), "{row:?}");
+    let throughput = row[8].strip_suffix("/s").unwrap_or_else(|| panic!("{row:?}"));
+    let digits = throughput.chars().filter(char::is_ascii_digit).count();
+    assert!(throughput.parse::<f64>().is_ok_and(|r| r > 0.0) && digits <= 3, "{row:?}");
+    // one clock: UTC, 24 hours, until the viewer asks for the browser's zone
+    let updated = b.until("the clock", PATIENCE, "return document.getElementById('updated').textContent;").await;
+    let updated = updated.as_str().unwrap().to_owned();
+    let hms =
+        updated.strip_prefix("updated ").and_then(|u| u.strip_suffix(" UTC")).unwrap_or_else(|| panic!("{updated}"));
+    assert!(hms.len() == 8 && hms.split(':').all(|p| p.len() == 2 && p.parse::<u8>().is_ok()), "{updated}");
+    b.client.find(Locator::Id("zone")).await.unwrap().click().await.unwrap();
+    b.until(
+        "the browser's zone",
+        PATIENCE,
+        "return /^updated \\d\\d:\\d\\d:\\d\\d UTC[+-]\\d\\d:\\d\\d$/.test(document.getElementById('updated').textContent);",
+    )
+    .await;
+    b.client.find(Locator::Id("zone")).await.unwrap().click().await.unwrap();
+
+    // the task page: its longest running shards, where and for how long
+    b.client.goto(&format!("{base}/#/task/long")).await.unwrap();
+    let rows = b
+        .until(
+            "the longest running",
+            PATIENCE,
+            "const h = [...document.querySelectorAll('#times h3')].find((x) => x.textContent === 'Running longest'); \
+             const t = h && h.nextElementSibling; \
+             return t ? [...t.querySelectorAll('tbody tr')].map((r) => [...r.cells].map((c) => c.textContent)) : null;",
+        )
+        .await;
+    let rows: Vec<Vec<String>> = serde_json::from_value(rows).unwrap();
+    let mut shards: Vec<&str> = rows.iter().map(|r| r[0].as_str()).collect();
+    shards.sort_unstable();
+    assert_eq!(shards, ["10", "11", "8", "9"], "{rows:?}");
+    assert!(rows.iter().all(|r| r[1] == "exa" && r[2].ends_with('s')), "{rows:?}");
+    let created = b
+        .eval("const d = [...document.querySelectorAll('dl.spec dt')].find((x) => x.textContent === 'created'); return d.nextElementSibling.textContent;")
+        .await;
+    assert!(created.as_str().is_some_and(|c| c.ends_with(" UTC")), "{created}");
+    cli.ok(&["cancel", "long"]);
     b.client.clone().close().await.unwrap();
 }
 

@@ -111,6 +111,7 @@ pub(crate) async fn dispatch_routed(ctx: &mut Ctx) -> anyhow::Result<Figures> {
             pid: std::process::id(),
             concurrency: 16,
             kinds: "*".to_owned(),
+            live: None,
         };
         membership::join(&mut con, &ctx.keys, &m, &mcfg).await?;
     }

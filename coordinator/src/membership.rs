@@ -18,6 +18,17 @@ pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(5);
 /// Default timeout: three missed heartbeats.
 pub const DEFAULT_MEMBER_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// What an executor says of itself at every heartbeat (fields named `live_*`: its counts, its
+/// longest running shards; docs/design/dashboard.md, "Executors").
+#[derive(Clone)]
+pub struct LiveFields(pub std::sync::Arc<dyn Fn() -> Vec<(&'static str, String)> + Send + Sync>);
+
+impl std::fmt::Debug for LiveFields {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LiveFields")
+    }
+}
+
 /// One executor's identity in the membership.
 #[derive(Debug, Clone)]
 pub struct Member {
@@ -33,6 +44,8 @@ pub struct Member {
     pub concurrency: usize,
     /// The kinds it serves, comma-separated (`*`: every kind; see `Registry::served_kinds`).
     pub kinds: String,
+    /// What it says of itself at every heartbeat, if anything.
+    pub live: Option<LiveFields>,
 }
 
 impl Member {
@@ -84,6 +97,9 @@ fn fields(m: &Member) -> Vec<(&'static str, String)> {
         if let Some(p) = crate::liveness::own_identity() {
             f.push(("proc", p.to_owned()));
         }
+    }
+    if let Some(live) = &m.live {
+        f.extend((live.0)().into_iter().filter(|(k, _)| k.starts_with("live_")));
     }
     f
 }

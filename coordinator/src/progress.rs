@@ -258,6 +258,52 @@ pub struct NodeStatus {
     pub active: u64,
     /// The kinds it serves, joined by commas, or `*` for every kind.
     pub kinds: String,
+    /// Milliseconds since it joined (by the server's clock).
+    pub up_ms: u64,
+    /// Shards it completed, and failed for good, since it started (as of its last heartbeat).
+    pub done: u64,
+    /// Shards it failed for good.
+    pub failed: u64,
+    /// Its longest running shards (at most 10), longest first.
+    pub running: Vec<RunningShard>,
+}
+
+/// A shard an executor runs now (docs/design/dashboard.md, "Where time goes").
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct RunningShard {
+    /// Its task.
+    pub task: String,
+    /// Its index in the task.
+    pub shard: u64,
+    /// How long it has run (ms): its executor's measure at its last heartbeat, plus the time
+    /// since that heartbeat.
+    pub running_ms: u64,
+}
+
+/// Task `task`'s longest running shards, each with its node, longest first, at most `n`, from
+/// the lists `nodes` published (each names its 10 longest running of any task).
+pub fn longest_running(nodes: &[NodeStatus], task: &str, n: usize) -> Vec<(String, RunningShard)> {
+    let mut all: Vec<(String, RunningShard)> = nodes
+        .iter()
+        .flat_map(|node| node.running.iter().filter(|r| r.task == task).map(|r| (node.node.clone(), r.clone())))
+        .collect();
+    all.sort_by(|a, b| b.1.running_ms.cmp(&a.1.running_ms).then_with(|| a.1.shard.cmp(&b.1.shard)));
+    all.truncate(n);
+    all
+}
+
+/// An executor's `live_running` field (`<task> <index> <ms>`, comma-separated), as of `age_ms`
+/// ago; malformed entries are left out.
+fn running_of(field: &str, age_ms: u64) -> Vec<RunningShard> {
+    field
+        .split(',')
+        .filter_map(|e| {
+            let mut p = e.split(' ');
+            let (task, shard, ms) = (p.next()?, p.next()?.parse().ok()?, p.next()?.parse::<u64>().ok()?);
+            shardctl_common::names::validate_task_id(task).ok()?;
+            Some(RunningShard { task: task.to_owned(), shard, running_ms: ms + age_ms })
+        })
+        .collect()
 }
 
 /// The live executors with their routed waiting and active shards.
@@ -280,7 +326,12 @@ pub async fn nodes<C: ConnectionLike + Send>(con: &mut C, home: &Home) -> Result
             by_instance.insert(i.clone(), out.len());
         }
         let get = |f: &str| h.get(f).cloned().unwrap_or_default();
+        let since = |f: &str| get(f).parse::<u64>().map_or(0, |t| now.saturating_sub(t));
         out.push(NodeStatus {
+            up_ms: since("started_ms"),
+            done: get("live_done").parse().unwrap_or(0),
+            failed: get("live_failed").parse().unwrap_or(0),
+            running: running_of(&get("live_running"), since("live_at")),
             host: get("host"),
             pid: get("pid").parse().ok(),
             concurrency: get("concurrency").parse().ok(),

@@ -1,6 +1,11 @@
-//! Counters of what one executor did, readable while it runs (tests, demo, logs).
+//! Counters of what one executor did, readable while it runs (tests, demo, logs, and its
+//! membership heartbeat: docs/design/dashboard.md, "Executors"), and the shards it runs now
+//! with when each started.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
 
 /// Live counters.
 #[derive(Debug, Default)]
@@ -17,6 +22,20 @@ pub struct Stats {
     pub(crate) aggregated: AtomicU64,
     pub(crate) redis_errors: AtomicU64,
     pub(crate) with_claim: AtomicU64,
+    /// The shards whose handlers run now (refs, as the task's shown), by when each started.
+    running: Mutex<HashMap<String, Instant>>,
+}
+
+/// A running shard's place in [`Stats`]'s list, left when dropped.
+pub(crate) struct RunningGuard<'a> {
+    stats: &'a Stats,
+    shown: String,
+}
+
+impl Drop for RunningGuard<'_> {
+    fn drop(&mut self) {
+        self.stats.running.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.shown);
+    }
 }
 
 /// A copy of the counters at one moment.
@@ -51,6 +70,24 @@ pub struct StatsSnapshot {
 impl Stats {
     pub(crate) fn add(c: &AtomicU64, n: u64) {
         c.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// A handler of shard `shown` (`<task> <index>`) starts: listed until the guard drops (when
+    /// it ends, or should it unwind).
+    pub(crate) fn running(&self, shown: String) -> RunningGuard<'_> {
+        self.running.lock().unwrap_or_else(|p| p.into_inner()).insert(shown.clone(), Instant::now());
+        RunningGuard { stats: self, shown }
+    }
+
+    /// The `n` shards running longest, with how long each has run (ms), longest first.
+    pub fn longest_running(&self, n: usize) -> Vec<(String, u64)> {
+        let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        let mut all: Vec<(String, u64)> =
+            running.iter().map(|(r, since)| (r.clone(), since.elapsed().as_millis() as u64)).collect();
+        drop(running);
+        all.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        all.truncate(n);
+        all
     }
 
     /// The counters now.

@@ -10,9 +10,13 @@ impl Bar {
         let pb = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
         pb.set_style(
             ProgressStyle::with_template(
-                "{spinner} [{elapsed_precise}] {bar:40.cyan/blue} {pos}/{len} shards {msg} ({per_sec}, eta {eta})",
+                "{spinner} [{elapsed_precise}] {bar:40.cyan/blue} {pos}/{len} shards {msg} ({rate}, eta {eta})",
             )
             .expect("valid template")
+            // as people read a rate ("19.8/s", not indicatif's "19.7729/s")
+            .with_key("rate", |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                let _ = w.write_str(&shardctl::units::rate(s.per_sec()));
+            })
             .progress_chars("=> "),
         );
         Bar(pb)

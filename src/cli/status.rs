@@ -57,9 +57,19 @@ pub async fn run(args: &Args, a: &StatusArgs) -> anyhow::Result<ExitCode> {
     // why it may not be moving: said, never guessed (empty when nothing is known)
     let stuck: Vec<String> =
         shardctl_coordinator::stuck::reasons(&mut con, &home, &t).await?.iter().map(ToString::to_string).collect();
+    // its longest running shards, as the executors' heartbeats name them
+    let longest = if t.state.is_finished() {
+        Vec::new()
+    } else {
+        progress::longest_running(&progress::nodes(&mut con, &home).await?, &t.task_id, LONGEST)
+    };
     if a.json {
         let mut v = serde_json::to_value(&t)?;
         v["stuck"] = stuck.into();
+        v["running_longest"] = longest
+            .iter()
+            .map(|(node, r)| serde_json::json!({ "shard": r.shard, "node": node, "running_ms": r.running_ms }))
+            .collect();
         outln!("{v}");
     } else {
         outln!("{}", shardctl::text::task_lines(std::slice::from_ref(&t))[0]);
@@ -75,9 +85,15 @@ pub async fn run(args: &Args, a: &StatusArgs) -> anyhow::Result<ExitCode> {
         if let Some(spread) = t.spread() {
             outln!("{spread}");
         }
+        if let Some(l) = shardctl::text::running_longest(&longest) {
+            outln!("{l}");
+        }
         for l in shardctl::text::outcome(&t) {
             outln!("{l}");
         }
     }
     Ok(ExitCode::SUCCESS)
 }
+
+/// The running shards `status TASK` names.
+const LONGEST: usize = 5;

@@ -80,7 +80,28 @@ function span(s) {
   return Math.floor(s / 86400) + "d" + (s % 86400 >= 3600 ? Math.floor((s % 86400) / 3600) + "h" : "");
 }
 
-function when(ms) { return ms ? new Date(ms).toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC") : "-"; }
+// every time on the page: one zone, a 24-hour clock; UTC unless the viewer asked for the
+// browser's own zone (kept in localStorage)
+function localZone() { return localStorage.getItem("shardctl-zone") === "local"; }
+function pad(n) { return String(n).padStart(2, "0"); }
+function zoneName(d) {
+  if (!localZone()) return "UTC";
+  const off = -d.getTimezoneOffset();
+  return "UTC" + (off >= 0 ? "+" : "-") + pad(Math.floor(Math.abs(off) / 60)) + ":" + pad(Math.abs(off) % 60);
+}
+function parts(d) {
+  return localZone() ? [d.getFullYear(), d.getMonth() + 1, d.getDate(), d.getHours(), d.getMinutes(), d.getSeconds()]
+    : [d.getUTCFullYear(), d.getUTCMonth() + 1, d.getUTCDate(), d.getUTCHours(), d.getUTCMinutes(), d.getUTCSeconds()];
+}
+function when(ms) {
+  if (!ms) return "-";
+  const d = new Date(ms), p = parts(d);
+  return p[0] + "-" + pad(p[1]) + "-" + pad(p[2]) + " " + pad(p[3]) + ":" + pad(p[4]) + ":" + pad(p[5]) + " " + zoneName(d);
+}
+function clock(ms) {
+  const d = new Date(ms), p = parts(d);
+  return pad(p[3]) + ":" + pad(p[4]) + ":" + pad(p[5]) + " " + zoneName(d);
+}
 
 function stateBadge(s) { return el("span", { class: "state " + s, text: s }); }
 
@@ -91,8 +112,8 @@ function rateEta(t) {
   const secs = Math.max(0.001, (end - since) / 1000);
   if (["completed", "failed", "cancelled"].includes(t.state)) return { rate: "", eta: "took " + span(secs) };
   if (t.retried_ms) return { rate: "", eta: "retried " + span(secs) + " ago" };
-  const rate = ended / secs;
-  return { rate: rate.toFixed(0) + "/s", eta: rate > 0 ? "eta " + span((t.total - ended) / rate) : "eta ?" };
+  const perSec = ended / secs;
+  return { rate: rate(perSec), eta: perSec > 0 ? "eta " + span((t.total - ended) / perSec) : "eta ?" };
 }
 
 function taskLink(id) { return el("a", { href: "#/task/" + encodeURIComponent(id), text: id }); }
@@ -138,11 +159,14 @@ function queueView() {
       recent.replaceChildren(ended.tasks.length ? finishedTable(ended.tasks)
         : el("p", { class: "muted", text: "No finished task." }));
       executors.replaceChildren(q.executors.length ? table(
-        ["node", "host", "pid", "concurrency", "shards held", "routed waiting", "heartbeat"],
-        q.executors.map((n) => el("tr", {},
+        ["node", "host", "pid", "concurrency", "shards held", "routed waiting", "done", "failed", "throughput", "up for", "heartbeat"],
+        q.executors.map((n) => el("tr", { "data-node": n.node },
           el("td", { text: n.node }), el("td", { text: n.host }), el("td", { class: "num", text: n.pid ?? "?" }),
           el("td", { class: "num", text: n.concurrency ?? "?" }), el("td", { class: "num", text: n.active }),
-          el("td", { class: "num", text: n.waiting }), el("td", { text: (n.heartbeat_age_ms / 1000).toFixed(1) + "s ago" }))))
+          el("td", { class: "num", text: n.waiting }), el("td", { class: "num", text: n.done }),
+          el("td", { class: "num", text: n.failed }),
+          el("td", { class: "num", text: perSecond(n.done + n.failed, n.up_ms) }), el("td", { text: span(n.up_ms / 1000) }),
+          el("td", { text: (n.heartbeat_age_ms / 1000).toFixed(1) + "s ago" }))))
         : el("p", { class: "muted", text: "No live executor: nothing runs shards of this queue." }));
     },
   };
@@ -185,6 +209,16 @@ function progressBar(t, id) {
   return el("progress", attrs);
 }
 
+// a rate as people read it: 3 significant digits at most ("1,234/s", "19.8/s", "0.52/s")
+function rate(perSec) {
+  if (!isFinite(perSec) || perSec <= 0) return "0/s";
+  if (perSec >= 100) return Math.round(perSec).toLocaleString("en-US") + "/s";
+  return Number(perSec.toPrecision(3)) + "/s";
+}
+
+// `n` over `ms`, as a rate
+function perSecond(n, ms) { return ms > 0 ? rate(n / (ms / 1000)) : "-"; }
+
 function taskTable(tasks) {
   return table(["task", "kind", "state", "progress", "done", "failed", "total", "rate", "eta", "age"],
     tasks.map((t) => {
@@ -215,7 +249,9 @@ function tasksView(params) {
       const base = "#/tasks?state=" + encodeURIComponent(state) + "&offset=";
       pager.replaceChildren(
         offset > 0 ? el("a", { href: base + Math.max(0, offset - 50), text: "← newer" }) : "",
-        el("span", { class: "muted", text: "from " + offset + " of " + page.indexed + " indexed" }),
+        // (a state filter's offsets are places in the index of every task, not ranks among its own)
+        el("span", { class: "muted", text: state === "all" && page.tasks.length
+          ? "tasks " + (offset + 1) + " to " + (offset + page.tasks.length) + " of " + page.indexed : "" }),
         page.next_offset !== null && page.next_offset !== undefined ? el("a", { href: base + page.next_offset, text: "older →" }) : "");
     },
   };
@@ -258,11 +294,11 @@ function taskView(id) {
     root,
     async refresh() {
       const path = "tasks/" + encodeURIComponent(id);
-      const [t, m, r, g] = await Promise.all([api(path), api(path + "/map"),
-        api(path + "/failed?count=50&cursor=" + cursors[cursors.length - 1]), api(path + "/failures")]);
+      const [t, m, r, g, q] = await Promise.all([api(path), api(path + "/map"),
+        api(path + "/failed?count=50&cursor=" + cursors[cursors.length - 1]), api(path + "/failures"), api("queue")]);
       groups = g;
       drawCauses();
-      times.replaceChildren(...timesView(t));
+      times.replaceChildren(...timesView(t), ...slowestView(t, q.executors));
       const { rate, eta } = rateEta(t);
       const ended = ["completed", "failed", "cancelled"].includes(t.state);
       // retry: failed shards (or a failed aggregation) and not cancelled; cancel: not ended
@@ -326,6 +362,16 @@ function timesView(t) {
   return [figures, bars];
 }
 
+// the task's longest running shards, as the executors' heartbeats report them (each executor
+// names its 10 longest running)
+function slowestView(t, executors) {
+  const running = executors.flatMap((n) => n.running.filter((r) => r.task === t.task_id).map((r) => ({ ...r, node: n.node })))
+    .sort((a, b) => b.running_ms - a.running_ms).slice(0, 10);
+  if (!running.length) return [];
+  return [el("h3", { text: "Running longest" }), table(["shard", "node", "running for"], running.map((r) =>
+    el("tr", {}, el("td", { class: "num", text: r.shard }), el("td", { text: r.node }), el("td", { text: ms(r.running_ms) }))))];
+}
+
 // a task's failures grouped by cause (GET /api/tasks/ID/failures); a click on a group lists its
 // shards (`open` holds the causes listed)
 function causeTable(g, open, redraw) {
@@ -336,7 +382,7 @@ function causeTable(g, open, redraw) {
       c.cancelled ? c.cancelled + " cancelled" : ""].filter(Boolean).join(", ");
     const toggle = () => { if (open.has(c.cause)) open.delete(c.cause); else open.add(c.cause); redraw(); };
     rows.push(el("tr", { class: "cause", "data-group": k, onclick: toggle, title: "show or hide its shards" },
-      el("td", { class: "num", text: c.count }), el("td", { class: "reason" }, el("span", { class: "twisty", text: shown ? "▾ " : "▸ " }), c.example),
+      el("td", { class: "num", text: c.count }), el("td", { class: "cause-example" }, el("span", { class: "twisty", text: shown ? "▾ " : "▸ " }), c.example),
       el("td", { text: state }), el("td", { text: when(c.first_ms) }), el("td", { text: when(c.last_ms) }),
       el("td", { text: c.nodes.map(([n, k]) => n + " ×" + k).join(", ") }),
       el("td", { text: c.attempts.map(([a, k]) => "#" + a + " ×" + k).join(", ") })));
@@ -346,7 +392,7 @@ function causeTable(g, open, redraw) {
         table(["shard", "state", "node", "attempt", "failed at", "reason"], c.shards.map((s) => el("tr", {},
           el("td", { class: "num", text: s.shard }), el("td", { text: s.state }), el("td", { text: s.node ?? "-" }),
           el("td", { class: "num", text: s.attempt ?? "-" }), el("td", { text: when(s.at_ms) }),
-          el("td", { class: "reason", text: s.summary })))), more)));
+          el("td", { class: "cause-example", text: s.summary })))), more)));
     }
   });
   const note = g.complete ? "" : el("p", { class: "muted", text: "grouped the first " + g.read + " failures" });
@@ -432,7 +478,7 @@ async function refresh() {
   const current = view;
   try {
     await current.refresh();
-    document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString();
+    document.getElementById("updated").textContent = "updated " + clock(Date.now());
   } catch (e) {
     if (current === view) document.getElementById("updated").textContent = "not updated: " + e.message;
   } finally {
@@ -497,6 +543,14 @@ async function start() {
     return;
   }
   showMode();
+  const zone = document.getElementById("zone");
+  const showZone = () => { zone.textContent = localZone() ? "times in your zone (show UTC)" : "times in UTC (show your zone)"; };
+  showZone();
+  zone.addEventListener("click", () => {
+    localStorage.setItem("shardctl-zone", localZone() ? "utc" : "local");
+    showZone();
+    route();
+  });
   const select = document.getElementById("queue-switch");
   select.addEventListener("change", () => {
     const q = select.value;
