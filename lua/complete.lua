@@ -34,7 +34,8 @@
             `agg`), has_state (1 when the shard may have state in `task:<id>:shards`), result
             (JSON text; empty for none) and run time each. A run time is the attempt's, in ms by
             its executor's clock (empty when not measured): the shards counted add theirs to
-            their task's histogram (lua/include/durations.lua).
+            their task's histogram (lua/include/durations.lua), and their count to its
+            completions over time (lua/include/throughput.lua).
 
   Returns one code per shard, in the order given: 1 counted, 0 already terminal (finished
   twice), -1 lock missing, -2 lock mismatch, -3 task missing (or another incarnation).
@@ -43,7 +44,7 @@
   the first to finish wins, the other attempt's hold goes with it (`cancels` tells its executor),
   and a task with `--speculate` measures the shard's time.
 
-  include: chunked, clock, durations, events, fair, finish, halt, lanes, settle, speculate, task
+  include: chunked, clock, durations, events, fair, finish, halt, lanes, settle, speculate, task, throughput
 ]]
 local prefix, now = ARGV[1], now_ms()
 
@@ -200,6 +201,7 @@ for gi, g in ipairs(groups) do
       if #stored > 0 then call_chunked('HSET', task_key(prefix, tid, ':results'), stored) end
       if #cleared > 0 then call_chunked('HDEL', task_key(prefix, tid, ':errors'), cleared) end
       add_durations(tkey, timed)
+      add_throughput(tkey, counted, now)
       maybe_aggregate(prefix, tid, now)
     end
   end

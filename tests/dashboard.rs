@@ -440,6 +440,17 @@ async fn the_task_page_shows_where_time_goes_as_the_shards_ran() {
     assert_eq!(shown, buckets, "the chart's bars are the task's buckets");
     let figures = b.client.find(Locator::Id("durations")).await.unwrap().text().await.unwrap();
     assert!(figures.starts_with("20 shards timed · p50 "), "{figures}");
+    // completions over time: every shard in a bucket of the series, and a bar per bucket
+    let tp = &t["throughput"];
+    let counts: Vec<u64> = tp["counts"].as_array().unwrap().iter().map(|c| c.as_u64().unwrap()).collect();
+    assert_eq!(counts.iter().sum::<u64>(), 20, "{tp}");
+    assert_eq!(tp["width_ms"], 1000, "a task of a second or two keeps 1 s buckets: {tp}");
+    let created = t["created_ms"].as_u64().unwrap();
+    let start = tp["start_ms"].as_u64().unwrap();
+    assert!(start + 1000 > created && start <= t["finished_ms"].as_u64().unwrap(), "{tp} {t}");
+    let bars =
+        b.eval("return [...document.querySelectorAll('#throughput .bar')].map((b) => Number(b.dataset.count));").await;
+    assert_eq!(serde_json::from_value::<Vec<u64>>(bars).unwrap(), counts);
     let heights =
         b.eval("return [...document.querySelectorAll('#histogram .bar i')].map((i) => i.offsetHeight);").await;
     let heights: Vec<u64> = serde_json::from_value(heights).unwrap();

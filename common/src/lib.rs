@@ -25,6 +25,7 @@
 //! - [`task_info`]: a task as read back from its hash, and a share's marks.
 //! - [`task_state`]: a task's lifecycle state.
 //! - [`durations`]: a task's shard run times: its histogram, percentiles and buckets.
+//! - [`throughput`]: a task's completions over time, in buckets that widen as it runs.
 //! - [`names`]: the rules for every user-given name in a key (queues, prefix, task and node ids,
 //!   instances, schedules, locks): one rule per kind, and why no two names make one key.
 //! - [`kinds`]: the kinds an executor serves (every kind, or a set), as claims and the
@@ -90,6 +91,7 @@ pub mod slot;
 pub mod split;
 pub mod task_info;
 pub mod task_state;
+pub mod throughput;
 pub mod time;
 
 pub use error::{Error, Result, ScriptCode};

@@ -112,6 +112,8 @@ pub struct Sums {
     pub spec_won: u64,
     /// Shards' run times (docs/design/dashboard.md, "Where time goes").
     pub durations: crate::durations::Histogram,
+    /// Completions over time.
+    pub throughput: Option<crate::throughput::Series>,
 }
 
 /// The sums of [`Sums`] over the shares of task `t`: one read per partition; the home record's
@@ -122,13 +124,19 @@ pub async fn sums<C: ConnectionLike + Send>(con: &mut C, home: &Home, t: &TaskIn
         if s.is_home() {
             let routed = t.routed.unwrap_or(0);
             let (spec_started, spec_won) = (t.spec_started, t.spec_won);
-            let durations = t.histogram.clone();
-            sum = Sums { done: t.done, failed: t.failed, cursor: t.cursor, routed, spec_started, spec_won, durations };
+            let (durations, throughput) = (t.histogram.clone(), t.throughput.clone());
+            let (done, failed, cursor) = (t.done, t.failed, t.cursor);
+            sum = Sums { done, failed, cursor, routed, spec_started, spec_won, durations, throughput };
             continue;
         }
-        let timed = crate::durations::fields();
+        let (timed, series) = (crate::durations::fields(), crate::throughput::fields());
         let counts = ["done", "failed", "cursor", "routed", "spec_started", "spec_won"];
-        let fields: Vec<&str> = counts.iter().copied().chain(timed.iter().map(String::as_str)).collect();
+        let fields: Vec<&str> = counts
+            .iter()
+            .copied()
+            .chain(timed.iter().map(String::as_str))
+            .chain(series.iter().map(String::as_str))
+            .collect();
         if let Some(v) = read(con, &s.keys, &t.task_id, &t.inc, &fields).await? {
             sum.done += num(&v[0]);
             sum.failed += num(&v[1]);
@@ -136,7 +144,14 @@ pub async fn sums<C: ConnectionLike + Send>(con: &mut C, home: &Home, t: &TaskIn
             sum.routed += num(&v[3]);
             sum.spec_started += num(&v[4]);
             sum.spec_won += num(&v[5]);
-            sum.durations.add(&crate::durations::Histogram::from_values(&v[counts.len()..]));
+            let (histogram, tp) = v[counts.len()..].split_at(timed.len());
+            sum.durations.add(&crate::durations::Histogram::from_values(histogram));
+            if let Some(s) = crate::throughput::Series::from_values(tp) {
+                sum.throughput = Some(match sum.throughput.take() {
+                    Some(before) => before.merged(&s),
+                    None => s,
+                });
+            }
         }
     }
     Ok(sum)

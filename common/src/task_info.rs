@@ -103,6 +103,8 @@ pub struct TaskInfo {
     /// The histogram they are read from (over partitions, summed over the shares).
     #[serde(skip)]
     pub histogram: crate::durations::Histogram,
+    /// Its completions over time, once one was counted (over partitions, summed).
+    pub throughput: Option<crate::throughput::Series>,
     /// The task payload.
     #[serde(skip)]
     pub payload: String,
@@ -193,6 +195,7 @@ impl TaskInfo {
             aggregation_error: h.get("agg_error").cloned(),
             durations: crate::durations::Histogram::from_hash(h).summary(),
             histogram: crate::durations::Histogram::from_hash(h),
+            throughput: crate::throughput::Series::from_hash(h),
             payload: h.get("payload").cloned().unwrap_or_else(|| "null".into()),
         }))
     }

@@ -68,3 +68,31 @@ async fn counted_completions_add_their_run_times_once() {
     let b = &s.histogram[0];
     assert!(b.from_ms <= 300 && 300 < b.to_ms, "{b:?}");
 }
+
+#[tokio::test]
+async fn completions_over_time_widen_their_buckets_and_keep_every_count() {
+    use shardctl_common::throughput::{Series, BUCKETS};
+    let mut env = ScriptEnv::start("throughput").await;
+    env.dispatch(&TaskSpec::new("t", "noop", 40)).await;
+    let held = env.claim("a", 1, 40, LOCK).await.shards;
+    let key = env.keys.clone();
+    let done = |c| Finished { claim: c, outcome: FinishedAs::Completed(""), ran_ms: None };
+    // ten completions now: one bucket of 1 s
+    let first: Vec<Finished<'_>> = held[..10].iter().map(done).collect();
+    scripts::finish(&mut env.con, &key, "n", &first).await.unwrap();
+    let s = Series::from_hash(&env.task("t").await).expect("a series");
+    assert_eq!((s.width_ms, s.counts.clone()), (1000, vec![10]));
+    // as if the first had been 200 s ago: the next completions fall past 64 buckets of 1 s, so
+    // neighbours merge until 200 s fits (4 s buckets: 50 of them), and nothing is lost
+    let back = s.start_ms - 200_000;
+    let () = env.cmd(redis::cmd("HSET").arg(key.task("t")).arg("tp_t0").arg(back)).await;
+    let rest: Vec<Finished<'_>> = held[10..].iter().map(done).collect();
+    scripts::finish(&mut env.con, &key, "n", &rest).await.unwrap();
+    let h = env.task("t").await;
+    let s = Series::from_hash(&h).expect("a series");
+    assert_eq!((s.start_ms, s.width_ms, s.total()), (back, 4000, 40), "{h:?}");
+    assert_eq!((s.counts[0], *s.counts.last().unwrap()), (10, 30), "{s:?}");
+    assert!(s.counts.len() <= BUCKETS, "{s:?}");
+    let fields = h.keys().filter(|k| k.starts_with("tp")).count();
+    assert!(fields <= BUCKETS + 2, "{h:?}");
+}

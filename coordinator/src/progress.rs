@@ -58,6 +58,7 @@ pub async fn live_counts<C: ConnectionLike + Send>(con: &mut C, home: &Home, t: 
     if spread {
         t.durations = sums.durations.summary();
         t.histogram = sums.durations;
+        t.throughput = sums.throughput;
     }
     let speculated = t.speculate.is_some() && spread;
     if speculated {

@@ -25,6 +25,7 @@ pub const INCLUDES: &[(&str, &str)] = &[
     ("speculate", include_str!("../../../lua/include/speculate.lua")),
     ("stop", include_str!("../../../lua/include/stop.lua")),
     ("task", include_str!("../../../lua/include/task.lua")),
+    ("throughput", include_str!("../../../lua/include/throughput.lua")),
 ];
 
 /// One script of the registry: its Lua text is a preamble made from its header's `KEYS[i] name`

@@ -359,8 +359,25 @@ function timesView(t) {
   }, el("i"), el("span", { text: ms(b.from_ms) }))));
   // heights set through the DOM (the page's policy allows no inline style attribute)
   [...bars.children].forEach((bar, k) => { bar.firstChild.style.height = Math.max(2, Math.round(80 * d.histogram[k].count / most)) + "px"; });
-  return [figures, bars];
+  return [figures, bars, ...throughputView(t.throughput)];
 }
+
+// completions over time: a bar per bucket of time, its rate in its title and data
+function throughputView(tp) {
+  if (!tp || !tp.counts.length) return [];
+  const most = Math.max(...tp.counts);
+  const bars = el("div", { class: "histogram throughput", id: "throughput" }, tp.counts.map((c, i) => el("div", {
+    class: "bar", "data-at": tp.start_ms + i * tp.width_ms, "data-count": c,
+    title: clock(tp.start_ms + i * tp.width_ms) + ": " + c + " completed (" + perSecond(c, tp.width_ms) + ")",
+  }, el("i"))));
+  [...bars.children].forEach((bar, k) => { bar.firstChild.style.height = Math.max(c0(tp.counts[k]), Math.round(80 * tp.counts[k] / most)) + "px"; });
+  const peak = perSecond(most, tp.width_ms);
+  return [el("h3", { text: "Completed over time" }), el("p", { class: "muted", id: "throughput-note",
+    text: "each bar is " + span(tp.width_ms / 1000) + ", from " + clock(tp.start_ms) + "; the fastest " + peak }), bars];
+}
+
+// a bar's least height: none for an empty bucket, 2 px for any other
+function c0(count) { return count > 0 ? 2 : 0; }
 
 // the task's longest running shards, as the executors' heartbeats report them (each executor
 // names its 10 longest running)
