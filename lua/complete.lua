@@ -29,13 +29,15 @@
   KEYS[15] speculating zset  ref -> claim ms of first attempts of tasks with --speculate
   KEYS[16] backups    hash   ref -> token of the shard's backup attempt
   ARGV[1] key prefix  `{P:Q}:`
-  ARGV[2..] groups: task id, seq (its incarnation), token, m, `p` or `f`, then m entries: for
-            `p` (plain: no state, no result) an index and run time each; for `f` an index (or
-            `agg`), has_state (1 when the shard may have state in `task:<id>:shards`), result
-            (JSON text; empty for none) and run time each. A run time is the attempt's, in ms by
-            its executor's clock (empty when not measured): the shards counted add theirs to
-            their task's histogram (lua/include/durations.lua), and their count to its
-            completions over time (lua/include/throughput.lua).
+  ARGV[2..] groups: task id, seq (its incarnation), token, m, `p` or `f`, run times, longest,
+            at, then m entries: for `p` (plain: no state, no result) an index each; for `f` an
+            index (or `agg`), has_state (1 when the shard may have state in
+            `task:<id>:shards`) and result (JSON text; empty for none) each. Run times: one byte
+            per entry, 1 + its run time's bucket (0: not measured; lua/include/durations.lua),
+            measured by its executor's clock; longest: the longest of them in ms, of entry `at`
+            (1-based; 0: none). The shards counted add their buckets to their task's histogram,
+            the longest if its entry is counted, and their count to the task's completions over
+            time (lua/include/throughput.lua).
 
   Returns one code per shard, in the order given: 1 counted, 0 already terminal (finished
   twice), -1 lock missing, -2 lock mismatch, -3 task missing (or another incarnation).
@@ -55,20 +57,22 @@ local a, n, nargs = 2, 0, #ARGV
 while a <= nargs do
   local tid, inc, token, m, plain = ARGV[a], ARGV[a + 1], ARGV[a + 2], tonumber(ARGV[a + 3]), ARGV[a + 4] == 'p'
   local first, pre = n + 1, tid .. ':' .. inc .. ':'
-  a = a + 5
+  local bytes, longest, at = ARGV[a + 5], ARGV[a + 6], tonumber(ARGV[a + 7]) or 0
+  a = a + 8
   for _ = 1, m do
     n = n + 1
     local idx = ARGV[a]
     idxs[n], tokens[n], refs[n] = idx, token, pre .. idx
+    runs[n] = string.byte(bytes, n - first + 1) or 0
     if plain then
-      states[n], results[n], runs[n] = '0', '', ARGV[a + 1]
-      a = a + 2
+      states[n], results[n] = '0', ''
+      a = a + 1
     else
-      states[n], results[n], runs[n] = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
-      a = a + 4
+      states[n], results[n] = ARGV[a + 1], ARGV[a + 2]
+      a = a + 3
     end
   end
-  groups[#groups + 1] = { tid, first, n, inc }
+  groups[#groups + 1] = { tid, first, n, inc, longest, at > 0 and first + at - 1 or nil }
 end
 local cur = {}
 for s = 1, n, 4000 do
@@ -115,7 +119,8 @@ for gi, g in ipairs(groups) do
     end
   end
   if any then
-    local t = rcall('HMGET', task_key(prefix, tid, ''), 'seq', 'total', 'done', 'failed', 'kind', 'success_when', 'speculate')
+    -- (with what the run times and completions over time need: no read of their own)
+    local t = rcall('HMGET', task_key(prefix, tid, ''), 'seq', 'total', 'done', 'failed', 'kind', 'success_when', 'speculate', 'h_max', 'tp_t0', 'tp_w')
     tasks[gi] = t
     if t[1] == inc then
       local sfx = { ':terminal' }
@@ -140,6 +145,7 @@ for gi, g in ipairs(groups) do
 end
 
 local unheld = {} -- { tid, inc, n }: index shards leaving `active`, for the counts
+local timing = {} -- tid -> { h_max, tp_t0, tp_w } as this call left them
 local stopped_other = false -- a shard ended with its other attempt still running
 local settles = {} -- tasks that met their `success_when`, settled last
 for gi, g in ipairs(groups) do
@@ -180,8 +186,7 @@ for gi, g in ipairs(groups) do
         if old[j - s + 1] == 0 then
           codes[i] = 1
           counted = counted + 1
-          local ms = duration_of(runs[i])
-          if ms then timed[#timed + 1] = ms end
+          if runs[i] > 0 then timed[#timed + 1] = runs[i] - 1 end
           if results[i] ~= '' then
             stored[#stored + 1] = idxs[i]
             stored[#stored + 1] = results[i]
@@ -200,8 +205,11 @@ for gi, g in ipairs(groups) do
       if t[6] and done >= tonumber(t[6]) then settles[#settles + 1] = tid end
       if #stored > 0 then call_chunked('HSET', task_key(prefix, tid, ':results'), stored) end
       if #cleared > 0 then call_chunked('HDEL', task_key(prefix, tid, ':errors'), cleared) end
-      add_durations(tkey, timed)
-      add_throughput(tkey, counted, now)
+      -- (as read before the first write, or as an earlier group of the call left them)
+      local tm = timing[tid] or { t[8], t[9], t[10] }
+      tm[1] = add_durations(tkey, timed, g[6] and codes[g[6]] == 1 and g[5] or nil, tm[1])
+      tm[2], tm[3] = add_throughput(tkey, counted, now, tm[2], tm[3])
+      timing[tid] = tm
       maybe_aggregate(prefix, tid, now)
     end
   end

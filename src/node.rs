@@ -352,13 +352,16 @@ impl Node {
 const LONGEST_RUNNING: usize = 10;
 
 /// What this executor says of itself at each membership heartbeat (docs/design/dashboard.md,
-/// "Executors"): the shards it completed and failed for good, and its longest running shards
-/// (`<task> <index> <ms running>`, comma-separated; durations by its own monotonic clock).
+/// "Executors"): the shards it completed and failed for good, and the shards it has held
+/// longest (`<task> <index> <ms held>`, comma-separated; by its own monotonic clock).
 fn live_fields(stats: Arc<Stats>) -> shardctl_coordinator::membership::LiveFields {
     shardctl_coordinator::membership::LiveFields(Arc::new(move || {
         let s = stats.snapshot();
-        let running: Vec<String> =
-            stats.longest_running(LONGEST_RUNNING).into_iter().map(|(r, ms)| format!("{r} {ms}")).collect();
+        let running: Vec<String> = stats
+            .longest_running(LONGEST_RUNNING)
+            .into_iter()
+            .map(|(task, index, ms)| format!("{task} {index} {ms}"))
+            .collect();
         vec![
             ("live_done", s.completed.to_string()),
             ("live_failed", s.failed.to_string()),

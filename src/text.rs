@@ -146,13 +146,12 @@ pub fn running_longest(running: &[(String, shardctl_coordinator::progress::Runni
 pub fn durations(t: &TaskInfo) -> Option<String> {
     let d = t.durations.as_ref()?;
     Some(format!(
-        "shard times ({} timed): p50 {}, p90 {}, p99 {}, max {}, mean {}",
+        "shard times ({} timed): p50 {}, p90 {}, p99 {}, max {}",
         d.count,
         human_ms(d.p50_ms),
         human_ms(d.p90_ms),
         human_ms(d.p99_ms),
-        human_ms(d.max_ms),
-        human_ms(d.mean_ms)
+        human_ms(d.max_ms)
     ))
 }
 

@@ -295,6 +295,16 @@ async fn the_front_page_shows_what_failed_a_moment_ago_and_switches_to_every_que
     .await;
     let mode = b.client.find(Locator::Id("mode")).await.unwrap().text().await.unwrap();
     assert_eq!(mode, "read-only: this coordinator maintains queue dash-front");
+    // the switcher lists every queue from there too, the shown one chosen
+    let options = b
+        .until(
+            "the switcher on the other queue",
+            PATIENCE,
+            "const s = document.getElementById('queue-switch'); \
+             return s && s.options.length === 2 ? [s.value, [...s.options].map((o) => o.value)] : null;",
+        )
+        .await;
+    assert_eq!(options, serde_json::json!(["nightly", ["dash-front", "nightly"]]));
     assert!(b.client.find_all(Locator::Css("#pause, #resume, #token-form:not([hidden])")).await.unwrap().is_empty());
     // and a task page of that queue
     b.client.goto(&format!("{base}/?queue=nightly#/task/elsewhere")).await.unwrap();

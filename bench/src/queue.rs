@@ -72,6 +72,16 @@ pub(crate) async fn e2e(ctx: &mut Ctx) -> anyhow::Result<Figures> {
         let sent = serde_json::to_string(&map)?.len();
         f.insert("map_ms", start.elapsed().as_secs_f64() * 1e3);
         f.insert("map_bytes", sent as f64);
+        // the whole task page (docs/design/dashboard.md): the task with its run times and
+        // completions over time, its map, a page of reasons, its failures by cause, the executors
+        let start = Instant::now();
+        let t = shardctl_coordinator::progress::task(&mut con, &keys, &spec.id).await?;
+        shardctl_coordinator::shard_map::shard_map(&mut con, &keys, &t, shardctl_coordinator::shard_map::MAX_CELLS)
+            .await?;
+        shardctl_coordinator::inspect::reason_page(&mut con, &keys, &t, "0", 50).await?;
+        shardctl_coordinator::failures::groups(&mut con, &keys, &t).await?;
+        shardctl_coordinator::progress::nodes(&mut con, &keys).await?;
+        f.insert("page_ms", start.elapsed().as_secs_f64() * 1e3);
         Ok::<_, anyhow::Error>(f)
     }
     .await;

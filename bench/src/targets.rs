@@ -49,6 +49,7 @@ pub(crate) const SPECS: &[Spec] = &[
     spec(Scenario::E2e, "peak_bytes_per_shard", "Redis bytes per shard, peak (sampled)", "B", 2, Target::None),
     spec(Scenario::E2e, "map_ms", "dashboard shard map of the task, read and made", "ms", 1, AtMost(1000.0, None)),
     spec(Scenario::E2e, "map_bytes", "dashboard shard map of the task, JSON sent", "B", 0, Target::None),
+    spec(Scenario::E2e, "page_ms", "dashboard task page, every read", "ms", 1, AtMost(1000.0, None)),
     spec(Scenario::DispatchPull, "ms", "dispatch time", "ms", 2, AtMost(50.0, None)),
     spec(Scenario::DispatchPull, "bytes", "Redis memory added by a task", "B", 0, AtMost(1024.0, None)),
     spec(Scenario::DispatchPull, "fresh_ms", "dispatch time, fresh queue", "ms", 2, AtMost(50.0, None)),

@@ -1,6 +1,7 @@
 //! A task's shard run times (docs/design/dashboard.md, "Where time goes"): the histogram
 //! `lua/include/durations.lua` keeps in its task hash (`h<b>`: run times in bucket
-//! b = ⌊log₁.₂₅(ms + 1)⌋, `h_sum`, `h_max`), read back as a count, a mean and percentiles.
+//! b = ⌊log₁.₂₅(ms + 1)⌋ ([`bucket`]), `h_max`), read back as a count, percentiles and the
+//! longest.
 
 use std::collections::HashMap;
 
@@ -16,8 +17,6 @@ pub const BUCKETS: u32 = 125;
 pub struct Histogram {
     /// Count per bucket, by bucket.
     pub buckets: Vec<(u32, u64)>,
-    /// The total of the run times (ms).
-    pub sum_ms: u64,
     /// The longest (ms).
     pub max_ms: u64,
 }
@@ -38,8 +37,6 @@ pub struct Bucket {
 pub struct Summary {
     /// Shards timed (completed, with a run time).
     pub count: u64,
-    /// Their mean run time (ms).
-    pub mean_ms: u64,
     /// The median and the 90th and 99th percentiles (ms): the geometric middle of the bucket
     /// holding that rank (within about 12%), never past the longest.
     pub p50_ms: u64,
@@ -53,9 +50,15 @@ pub struct Summary {
     pub histogram: Vec<Bucket>,
 }
 
-/// The task hash fields of the histogram, for an `HMGET`: `h0` to `h124`, `h_sum`, `h_max`.
+/// The task hash fields of the histogram, for an `HMGET`: `h0` to `h124`, `h_max`.
 pub fn fields() -> Vec<String> {
-    (0..BUCKETS).map(|b| format!("h{b}")).chain(["h_sum".to_owned(), "h_max".to_owned()]).collect()
+    (0..BUCKETS).map(|b| format!("h{b}")).chain(["h_max".to_owned()]).collect()
+}
+
+/// The bucket of run time `ms`: ⌊log₁.₂₅(ms + 1)⌋, at most 124 (about 35 years).
+pub fn bucket(ms: u64) -> u8 {
+    let b = ((ms as f64 + 1.0).ln() / STEP.ln()).floor();
+    b.min(f64::from(BUCKETS - 1)) as u8
 }
 
 /// Bucket `b`'s bounds (ms): `[1.25^b - 1, 1.25^(b+1) - 1)`, rounded up.
@@ -77,14 +80,14 @@ impl Histogram {
             .collect();
         buckets.sort_unstable();
         let num = |f: &str| h.get(f).and_then(|v| v.parse().ok()).unwrap_or(0);
-        Histogram { buckets, sum_ms: num("h_sum"), max_ms: num("h_max") }
+        Histogram { buckets, max_ms: num("h_max") }
     }
 
     /// Read from the values of an `HMGET` of [`fields`], in that order.
     pub fn from_values(values: &[Option<String>]) -> Self {
         let num = |i: usize| values.get(i).and_then(|v| v.as_deref()).and_then(|v| v.parse().ok()).unwrap_or(0);
         let buckets = (0..BUCKETS).map(|b| (b, num(b as usize))).filter(|&(_, n)| n > 0).collect();
-        Histogram { buckets, sum_ms: num(BUCKETS as usize), max_ms: num(BUCKETS as usize + 1) }
+        Histogram { buckets, max_ms: num(BUCKETS as usize) }
     }
 
     /// Adds `other`'s run times (another share's).
@@ -95,7 +98,6 @@ impl Histogram {
         }
         self.buckets = all.into_iter().collect();
         self.buckets.sort_unstable();
-        self.sum_ms += other.sum_ms;
         self.max_ms = self.max_ms.max(other.max_ms);
     }
 
@@ -135,7 +137,6 @@ impl Histogram {
             .collect();
         Some(Summary {
             count,
-            mean_ms: self.sum_ms / count,
             p50_ms: self.quantile(0.5),
             p90_ms: self.quantile(0.9),
             p99_ms: self.quantile(0.99),
@@ -149,11 +150,6 @@ impl Histogram {
 mod tests {
     use super::*;
 
-    /// The bucket `lua/include/durations.lua` puts `ms` in.
-    fn bucket(ms: u64) -> u32 {
-        ((ms as f64 + 1.0).ln() / STEP.ln()).floor() as u32
-    }
-
     #[test]
     fn percentiles_are_within_a_bucket_of_the_truth() {
         let times: Vec<u64> = (1..=1000).map(|i| i * 3).collect();
@@ -162,10 +158,9 @@ mod tests {
             let n: u64 = h.get(&format!("h{}", bucket(t))).map_or(0, |v| v.parse().unwrap());
             h.insert(format!("h{}", bucket(t)), (n + 1).to_string());
         }
-        h.insert("h_sum".into(), times.iter().sum::<u64>().to_string());
         h.insert("h_max".into(), "3000".into());
         let s = Histogram::from_hash(&h).summary().unwrap();
-        assert_eq!((s.count, s.mean_ms, s.max_ms), (1000, 1501, 3000));
+        assert_eq!((s.count, s.max_ms), (1000, 3000));
         for (got, truth) in [(s.p50_ms, 1500.0), (s.p90_ms, 2700.0), (s.p99_ms, 2970.0)] {
             let ratio = got as f64 / truth;
             assert!((0.88..=1.13).contains(&ratio), "{got} against {truth}");
@@ -176,7 +171,7 @@ mod tests {
         }
         // the bounds hold what the script puts in them
         for t in [0, 1, 2, 7, 100, 4_999, 86_400_000] {
-            let (lo, hi) = bounds(bucket(t));
+            let (lo, hi) = bounds(u32::from(bucket(t)));
             assert!(lo <= t && t < hi, "{t} in [{lo}, {hi})");
         }
     }
@@ -185,13 +180,13 @@ mod tests {
     fn shares_add_up_and_nothing_timed_is_no_summary() {
         let mut a = Histogram::from_values(&[]);
         assert_eq!(a.summary(), None);
-        let mut v: Vec<Option<String>> = vec![None; BUCKETS as usize + 2];
+        let mut v: Vec<Option<String>> = vec![None; BUCKETS as usize + 1];
         v[10] = Some("4".into());
-        v[BUCKETS as usize] = Some("40".into());
-        v[BUCKETS as usize + 1] = Some("12".into());
+        v[BUCKETS as usize] = Some("12".into());
         a.add(&Histogram::from_values(&v));
         a.add(&Histogram::from_values(&v));
-        assert_eq!((a.count(), a.sum_ms, a.max_ms), (8, 80, 12));
-        assert_eq!(fields().len(), BUCKETS as usize + 2);
+        assert_eq!((a.count(), a.max_ms), (8, 12));
+        assert_eq!(fields().len(), BUCKETS as usize + 1);
+        assert_eq!((bucket(0), bucket(1), bucket(u64::MAX)), (0, 3, 124));
     }
 }

@@ -118,11 +118,7 @@ async fn run(shared: &Shared, claim: &Claimed, cancel: &CancellationToken) -> (O
     let (result, ran_ms) = match r.job {
         Job::Shard(index) => {
             let started = std::time::Instant::now();
-            // listed while it runs, at the task's index (its executor's heartbeat publishes the
-            // longest running: docs/design/dashboard.md, "Where time goes")
-            let running = shared.stats.running(format!("{} {}", r.task, meta.info.global_index(index)));
             let out = run_handler(shared, claim, &meta, index, cancel).await;
-            drop(running);
             let took = started.elapsed();
             shared.metrics.run_seconds.record(took.as_secs_f64());
             shared.ahead.ran_for(&r.task, took);

@@ -130,6 +130,7 @@ impl Executor {
         if let Some(b) = &budget {
             b.join(&shared);
         }
+        shared.stats.register(Arc::downgrade(&shared));
         Ok(Executor { shared })
     }
 

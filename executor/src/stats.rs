@@ -1,11 +1,13 @@
 //! Counters of what one executor did, readable while it runs (tests, demo, logs, and its
-//! membership heartbeat: docs/design/dashboard.md, "Executors"), and the shards it runs now
-//! with when each started.
+//! membership heartbeat: docs/design/dashboard.md, "Executors"), and the shards it holds
+//! longest.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
-use std::time::Instant;
+use std::sync::{Arc, Mutex, Weak};
+
+use shardctl_common::model::Job;
+
+use crate::shared::Shared;
 
 /// Live counters.
 #[derive(Debug, Default)]
@@ -22,20 +24,8 @@ pub struct Stats {
     pub(crate) aggregated: AtomicU64,
     pub(crate) redis_errors: AtomicU64,
     pub(crate) with_claim: AtomicU64,
-    /// The shards whose handlers run now (refs, as the task's shown), by when each started.
-    running: Mutex<HashMap<String, Instant>>,
-}
-
-/// A running shard's place in [`Stats`]'s list, left when dropped.
-pub(crate) struct RunningGuard<'a> {
-    stats: &'a Stats,
-    shown: String,
-}
-
-impl Drop for RunningGuard<'_> {
-    fn drop(&mut self) {
-        self.stats.running.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.shown);
-    }
+    /// The runtimes whose held shards are this executor's.
+    runtimes: Mutex<Vec<Weak<Shared>>>,
 }
 
 /// A copy of the counters at one moment.
@@ -72,20 +62,30 @@ impl Stats {
         c.fetch_add(n, Ordering::Relaxed);
     }
 
-    /// A handler of shard `shown` (`<task> <index>`) starts: listed until the guard drops (when
-    /// it ends, or should it unwind).
-    pub(crate) fn running(&self, shown: String) -> RunningGuard<'_> {
-        self.running.lock().unwrap_or_else(|p| p.into_inner()).insert(shown.clone(), Instant::now());
-        RunningGuard { stats: self, shown }
+    /// Counts the shards runtime `shared` holds among this executor's (each runtime of a node,
+    /// one per partition, registers itself; a runtime gone is forgotten).
+    pub(crate) fn register(&self, shared: Weak<Shared>) {
+        let mut all = self.runtimes.lock().unwrap_or_else(|p| p.into_inner());
+        all.retain(|w| w.strong_count() > 0);
+        all.push(shared);
     }
 
-    /// The `n` shards running longest, with how long each has run (ms), longest first.
-    pub fn longest_running(&self, n: usize) -> Vec<(String, u64)> {
-        let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
-        let mut all: Vec<(String, u64)> =
-            running.iter().map(|(r, since)| (r.clone(), since.elapsed().as_millis() as u64)).collect();
-        drop(running);
-        all.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    /// The `n` shards held longest by this executor's runtimes, as `(task, index in the task,
+    /// ms held)`, longest first (a shard whose outcome is being reported is no longer running).
+    pub fn longest_running(&self, n: usize) -> Vec<(String, u64, u64)> {
+        let runtimes: Vec<Arc<Shared>> =
+            self.runtimes.lock().unwrap_or_else(|p| p.into_inner()).iter().filter_map(Weak::upgrade).collect();
+        let mut all = Vec::new();
+        for shared in runtimes {
+            let held = shared.held.lock().unwrap_or_else(|p| p.into_inner());
+            for (r, h) in held.iter().filter(|(_, h)| !h.reporting && !h.lost) {
+                let Job::Shard(i) = r.job else { continue };
+                // a share's index at the task's (its task is cached: the shard runs with it)
+                let index = shared.tasks.cached(&r.task, r.seq, "").map_or(i, |m| m.info.global_index(i));
+                all.push((r.task.clone(), index, h.since.elapsed().as_millis() as u64));
+            }
+        }
+        all.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| a.0.cmp(&b.0)).then(a.1.cmp(&b.1)));
         all.truncate(n);
         all
     }

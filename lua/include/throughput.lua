@@ -7,11 +7,11 @@
 ]]
 local TP_BUCKETS = 64
 
--- Adds `n` completions at `now` to the series of the task whose hash is `tkey`.
-local function add_throughput(tkey, n, now)
-  if n <= 0 then return end
-  local t = rcall('HMGET', tkey, 'tp_t0', 'tp_w')
-  local t0, w = tonumber(t[1]), tonumber(t[2])
+-- Adds `n` completions at `now` to the series of the task whose hash is `tkey`, whose `tp_t0`
+-- and `tp_w` are `t0` and `w` as read (the caller reads them). Returns them as they are now.
+local function add_throughput(tkey, n, now, t0, w)
+  if n <= 0 then return t0, w end
+  t0, w = tonumber(t0), tonumber(w)
   if not t0 or not w then
     t0, w = now - now % 1000, 1000
     rcall('HSET', tkey, 'tp_t0', t0, 'tp_w', w)
@@ -39,4 +39,5 @@ local function add_throughput(tkey, n, now)
     rcall('HSET', tkey, 'tp_w', w)
   end
   rcall('HINCRBY', tkey, 'tp' .. i, n)
+  return t0, w
 end

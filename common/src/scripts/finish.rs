@@ -71,7 +71,7 @@ pub(super) fn completion_argc(items: &[Finished<'_>], order: &mut [usize]) -> Re
         for &i in group {
             result_of(&items[i])?;
         }
-        n += 5 + group.len() * if plain(&items[group[0]]) { 2 } else { 4 };
+        n += 8 + group.len() * if plain(&items[group[0]]) { 1 } else { 3 };
     }
     Ok(n)
 }
@@ -82,6 +82,14 @@ pub(super) fn completion_args(inv: &mut ScriptInvocation<'_>, keys: &Keys, items
     for group in order.chunk_by(|&a, &b| group_of(&items[a]) == group_of(&items[b])) {
         let (task, inc, token, plain) = group_of(&items[group[0]]);
         inv.arg(task).arg(inc).arg(token).arg(group.len()).arg(if plain { "p" } else { "f" });
+        // the run times as one byte per entry (1 + its bucket; 0: not measured), and the longest
+        // with its entry (docs/design/dashboard.md, "Where time goes")
+        let runs: Vec<u8> =
+            group.iter().map(|&i| items[i].ran_ms.map_or(0, |ms| 1 + crate::durations::bucket(ms))).collect();
+        let longest =
+            group.iter().enumerate().filter_map(|(k, &i)| Some((items[i].ran_ms?, k + 1))).max_by_key(|&(ms, _)| ms);
+        let (ms, at) = longest.unwrap_or((0, 0));
+        inv.arg(runs).arg(ms).arg(at);
         for &i in group {
             let it = &items[i];
             match it.claim.shard_ref.job {
@@ -91,10 +99,6 @@ pub(super) fn completion_args(inv: &mut ScriptInvocation<'_>, keys: &Keys, items
             if !plain {
                 inv.arg(u8::from(it.claim.has_state())).arg(result_of(it).unwrap_or_default());
             }
-            match it.ran_ms {
-                Some(ms) => inv.arg(ms),
-                None => inv.arg(""),
-            };
         }
     }
 }

@@ -36,7 +36,8 @@ function canAct() { return !info.read_only && token() !== "" && ownQueue(); }
 
 // `path` of the queue shown (the API's `queue` parameter when it is not the coordinator's own)
 function ofQueue(path) {
-  if (ownQueue()) return path;
+  // (the list of every queue is the same from any of them)
+  if (ownQueue() || path === "queues") return path;
   return path + (path.includes("?") ? "&" : "?") + "queue=" + encodeURIComponent(shownQueue);
 }
 
@@ -351,7 +352,7 @@ function timesView(t) {
   const d = t.durations;
   if (!d) return [el("p", { class: "muted", text: "No shard of it has completed with a run time yet." })];
   const figures = el("p", { id: "durations", text: d.count + " shards timed · p50 " + ms(d.p50_ms) + " · p90 " + ms(d.p90_ms)
-    + " · p99 " + ms(d.p99_ms) + " · max " + ms(d.max_ms) + " · mean " + ms(d.mean_ms) });
+    + " · p99 " + ms(d.p99_ms) + " · max " + ms(d.max_ms) });
   const most = Math.max(...d.histogram.map((b) => b.count));
   const bars = el("div", { class: "histogram", id: "histogram" }, d.histogram.map((b) => el("div", {
     class: "bar", "data-from": b.from_ms, "data-to": b.to_ms, "data-count": b.count,
