@@ -204,7 +204,13 @@ for gi, g in ipairs(groups) do
       local done = rcall('HINCRBY', tkey, 'done', counted)
       if t[6] and done >= tonumber(t[6]) then settles[#settles + 1] = tid end
       if #stored > 0 then call_chunked('HSET', task_key(prefix, tid, ':results'), stored) end
-      if #cleared > 0 then call_chunked('HDEL', task_key(prefix, tid, ':errors'), cleared) end
+      if #cleared > 0 then
+        call_chunked('HDEL', task_key(prefix, tid, ':errors'), cleared)
+        -- and the record of its failure (lua/fail.lua)
+        local records = {}
+        for k, idx in ipairs(cleared) do records[k] = idx .. ':failure' end
+        call_chunked('HDEL', shards_key(prefix, tid), records)
+      end
       -- (as read before the first write, or as an earlier group of the call left them)
       local tm = timing[tid] or { t[8], t[9], t[10] }
       tm[1] = add_durations(tkey, timed, g[6] and codes[g[6]] == 1 and g[5] or nil, tm[1])

@@ -209,7 +209,7 @@ impl Node {
             live: Some(live_fields(stats.clone())),
         };
         membership::join(&mut con, &home, &member, &config.membership).await?;
-        shardctl_common::queues::register(&mut con, &home).await?;
+        shardctl_common::queues::register(&mut con, &home).await;
         let redis = endpoint.redacted().to_owned();
         let grace = config.executor.grace;
         let layout = shardctl_common::partition::layout(&mut con, &home).await?;
@@ -352,9 +352,12 @@ impl Node {
 const LONGEST_RUNNING: usize = 10;
 
 /// What this executor says of itself at each membership heartbeat (docs/design/dashboard.md,
-/// "Executors"): the shards it completed and failed for good, and the shards it has held
-/// longest (`<task> <index> <ms held>`, comma-separated; by its own monotonic clock).
+/// "Executors"): for how long it has counted, the shards it completed and failed for good, and
+/// the shards it has held longest (`<task> <index> <ms held>`, comma-separated; by its own
+/// monotonic clock).
 fn live_fields(stats: Arc<Stats>) -> shardctl_coordinator::membership::LiveFields {
+    // its counts run from here, whatever happens to its node's record (a reap, a failover)
+    let since = std::time::Instant::now();
     shardctl_coordinator::membership::LiveFields(Arc::new(move || {
         let s = stats.snapshot();
         let running: Vec<String> = stats
@@ -363,6 +366,7 @@ fn live_fields(stats: Arc<Stats>) -> shardctl_coordinator::membership::LiveField
             .map(|(task, index, ms)| format!("{task} {index} {ms}"))
             .collect();
         vec![
+            ("live_up_ms", since.elapsed().as_millis().to_string()),
             ("live_done", s.completed.to_string()),
             ("live_failed", s.failed.to_string()),
             ("live_running", running.join(",")),

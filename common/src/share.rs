@@ -96,7 +96,7 @@ pub async fn record<C: ConnectionLike + Send>(con: &mut C, s: &ShareAt, t: &Task
 }
 
 /// The sums over the shares of task `t` of what they count as they run.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Sums {
     /// Shards completed.
     pub done: u64,
@@ -110,10 +110,6 @@ pub struct Sums {
     pub spec_started: u64,
     /// Backup attempts that finished first.
     pub spec_won: u64,
-    /// Shards' run times (docs/design/dashboard.md, "Where time goes").
-    pub durations: crate::durations::Histogram,
-    /// Completions over time.
-    pub throughput: Option<crate::throughput::Series>,
 }
 
 /// The sums of [`Sums`] over the shares of task `t`: one read per partition; the home record's
@@ -124,19 +120,10 @@ pub async fn sums<C: ConnectionLike + Send>(con: &mut C, home: &Home, t: &TaskIn
         if s.is_home() {
             let routed = t.routed.unwrap_or(0);
             let (spec_started, spec_won) = (t.spec_started, t.spec_won);
-            let (durations, throughput) = (t.histogram.clone(), t.throughput.clone());
-            let (done, failed, cursor) = (t.done, t.failed, t.cursor);
-            sum = Sums { done, failed, cursor, routed, spec_started, spec_won, durations, throughput };
+            sum = Sums { done: t.done, failed: t.failed, cursor: t.cursor, routed, spec_started, spec_won };
             continue;
         }
-        let (timed, series) = (crate::durations::fields(), crate::throughput::fields());
-        let counts = ["done", "failed", "cursor", "routed", "spec_started", "spec_won"];
-        let fields: Vec<&str> = counts
-            .iter()
-            .copied()
-            .chain(timed.iter().map(String::as_str))
-            .chain(series.iter().map(String::as_str))
-            .collect();
+        let fields = ["done", "failed", "cursor", "routed", "spec_started", "spec_won"];
         if let Some(v) = read(con, &s.keys, &t.task_id, &t.inc, &fields).await? {
             sum.done += num(&v[0]);
             sum.failed += num(&v[1]);
@@ -144,17 +131,35 @@ pub async fn sums<C: ConnectionLike + Send>(con: &mut C, home: &Home, t: &TaskIn
             sum.routed += num(&v[3]);
             sum.spec_started += num(&v[4]);
             sum.spec_won += num(&v[5]);
-            let (histogram, tp) = v[counts.len()..].split_at(timed.len());
-            sum.durations.add(&crate::durations::Histogram::from_values(histogram));
-            if let Some(s) = crate::throughput::Series::from_values(tp) {
-                sum.throughput = Some(match sum.throughput.take() {
-                    Some(before) => before.merged(&s),
-                    None => s,
-                });
-            }
         }
     }
     Ok(sum)
+}
+
+/// The run times and the completions over time of task `t` over its shares
+/// (docs/design/dashboard.md, "Where time goes"): one read per partition; the home record's own
+/// over one.
+pub async fn timing<C: ConnectionLike + Send>(
+    con: &mut C,
+    home: &Home,
+    t: &TaskInfo,
+) -> Result<(crate::durations::Histogram, Option<crate::throughput::Series>)> {
+    let (timed, series) = (crate::durations::fields(), crate::throughput::fields());
+    let fields: Vec<&str> = timed.iter().chain(&series).map(String::as_str).collect();
+    let (mut histogram, mut throughput) = (crate::durations::Histogram::default(), None::<crate::throughput::Series>);
+    for s in of(con, home, t).await? {
+        if s.is_home() {
+            return Ok((t.histogram.clone(), t.throughput.clone()));
+        }
+        if let Some(v) = read(con, &s.keys, &t.task_id, &t.inc, &fields).await? {
+            let (h, tp) = v.split_at(timed.len());
+            histogram.add(&crate::durations::Histogram::from_values(h));
+            if let Some(s) = crate::throughput::Series::from_values(tp) {
+                throughput = Some(if let Some(before) = throughput { before.merged(&s) } else { s });
+            }
+        }
+    }
+    Ok((histogram, throughput))
 }
 
 /// Shards of task `t` held now over its shares (running, or claimed to start next): each

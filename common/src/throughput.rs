@@ -44,20 +44,27 @@ impl Series {
         Series::from_values(&values)
     }
 
-    /// `self` and `other` (another share's) as one series: the wider buckets, from the earlier
-    /// start, each of `other`'s buckets counted in the one holding its start.
+    /// `self` and `other` (another share's) as one series: from the earlier start, in the wider
+    /// buckets, doubled until the span of both fits in [`BUCKETS`] (shares that ran far apart, or
+    /// a partition whose clock is off, still make at most 64 bars); each bucket counted in the
+    /// one holding its start.
     pub fn merged(self, other: &Series) -> Series {
-        let width_ms = self.width_ms.max(other.width_ms);
         let start_ms = self.start_ms.min(other.start_ms);
-        let mut counts: Vec<u64> = Vec::new();
+        let end = |s: &Series| s.start_ms.saturating_add((s.counts.len() as u64).saturating_mul(s.width_ms));
+        let span = end(&self).max(end(other)).saturating_sub(start_ms);
+        let mut width_ms = self.width_ms.max(other.width_ms).max(1);
+        while span / width_ms >= BUCKETS as u64 && width_ms < u64::MAX / 2 {
+            width_ms *= 2;
+        }
+        let mut counts = vec![0; BUCKETS];
         for s in [&self, other] {
             for (i, &c) in s.counts.iter().enumerate() {
-                let at = ((s.start_ms + i as u64 * s.width_ms - start_ms) / width_ms) as usize;
-                if counts.len() <= at {
-                    counts.resize(at + 1, 0);
-                }
-                counts[at] += c;
+                let at = (s.start_ms.saturating_add((i as u64).saturating_mul(s.width_ms)) - start_ms) / width_ms;
+                counts[(at as usize).min(BUCKETS - 1)] += c;
             }
+        }
+        while counts.last() == Some(&0) {
+            counts.pop();
         }
         Series { start_ms, width_ms, counts }
     }
@@ -83,9 +90,16 @@ mod tests {
         assert_eq!(a, Series { start_ms: 10_000, width_ms: 1000, counts: vec![3, 0, 5] });
         assert_eq!(Series::from_hash(&HashMap::new()), None);
         let b = Series { start_ms: 9_000, width_ms: 2000, counts: vec![1, 1] };
-        let m = a.merged(&b);
+        let m = a.clone().merged(&b);
         assert_eq!((m.start_ms, m.width_ms, m.total()), (9_000, 2000, 10));
         // a's 10 s and 12 s buckets fall in [9, 11) and [11, 13); b's in [9, 11) and [11, 13)
         assert_eq!(m.counts, vec![4, 6]);
+        // a share that ran a day later (or a clock a year off): still at most 64 buckets
+        for later in [86_400_000, 365 * 86_400_000] {
+            let c = Series { start_ms: 10_000 + later, width_ms: 1000, counts: vec![7] };
+            let m = a.clone().merged(&c);
+            assert!(m.counts.len() <= BUCKETS && m.total() == 15, "{m:?}");
+            assert_eq!((m.counts[0], *m.counts.last().unwrap()), (8, 7), "{m:?}");
+        }
     }
 }

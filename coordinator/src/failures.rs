@@ -81,9 +81,11 @@ pub struct Groups {
 
 /// Groups the failures of task `t` (its home record in `home`).
 pub async fn groups<C: ConnectionLike + Send>(con: &mut C, home: &Home, t: &TaskInfo) -> Result<Groups> {
-    let mut shards = Vec::new();
+    let mut shards: Vec<(ShardReason, Option<String>)> = Vec::new();
     let mut complete = true;
-    'shares: for s in shardctl_common::share::of(con, home, t).await? {
+    let all = shardctl_common::share::of(con, home, t).await?;
+    let last = all.len().saturating_sub(1);
+    'shares: for (n, s) in all.into_iter().enumerate() {
         // a share of another incarnation under the id (a leftover) has nothing of this task
         if !s.is_home() && shardctl_common::share::read(con, &s.keys, &t.task_id, &t.inc, &[]).await?.is_none() {
             continue;
@@ -94,7 +96,8 @@ pub async fn groups<C: ConnectionLike + Send>(con: &mut C, home: &Home, t: &Task
             let context = failure_fields(con, &s.keys.shards(&t.task_id), &page.shards, s.base).await?;
             shards.extend(page.shards.into_iter().zip(context));
             if shards.len() as u64 >= MAX_GROUPED {
-                complete = page.next_cursor.is_none() && shards.len() as u64 == MAX_GROUPED;
+                // (complete only when nothing is left: neither in this share nor in a later one)
+                complete = page.next_cursor.is_none() && shards.len() as u64 == MAX_GROUPED && n == last;
                 shards.truncate(MAX_GROUPED as usize);
                 break 'shares;
             }
@@ -104,6 +107,9 @@ pub async fn groups<C: ConnectionLike + Send>(con: &mut C, home: &Home, t: &Task
             }
         }
     }
+    // an HSCAN may return a field twice: each shard once
+    shards.sort_by_key(|(r, _)| r.shard);
+    shards.dedup_by_key(|(r, _)| r.shard);
     let read = shards.len() as u64;
     Ok(Groups { groups: group(shards), read, complete })
 }

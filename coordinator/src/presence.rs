@@ -39,7 +39,7 @@ pub async fn announce<C: ConnectionLike + Send>(con: &mut C, home: &Home, refres
         .query_async(con)
         .await?;
     // the queue is listed for every dashboard of its prefix (its own slot: another command)
-    shardctl_common::queues::register(con, home).await?;
+    shardctl_common::queues::register(con, home).await;
     Ok(())
 }
 

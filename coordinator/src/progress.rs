@@ -14,6 +14,12 @@ pub async fn task<C: ConnectionLike + Send>(con: &mut C, home: &Home, id: &str) 
     let h: HashMap<String, String> = redis::cmd("HGETALL").arg(home.task(id)).query_async(con).await?;
     let mut t = TaskInfo::from_hash(id, &h)?.ok_or_else(|| Error::NoTask(id.to_owned()))?;
     live_counts(con, home, &mut t).await?;
+    // over partitions its run times and completions over time are its shares' (docs/design/dashboard.md)
+    if t.partitions > 1 {
+        let timed = shardctl_common::share::timing(con, home, &t).await?;
+        t.durations = timed.0.summary();
+        (t.histogram, t.throughput) = timed;
+    }
     if !t.state.is_finished() {
         t.running = Some(shardctl_common::share::held(con, home, &t).await?.0);
     }
@@ -48,19 +54,12 @@ pub async fn live_counts<C: ConnectionLike + Send>(con: &mut C, home: &Home, t: 
     use shardctl_common::model::TaskState;
     // running, delayed, cancelled or halted (its shares' work is not reported once it is)
     let live = matches!(t.state, TaskState::Running | TaskState::Delayed | TaskState::Cancelled) || t.halted.is_some();
-    // a task's backups for stragglers, and its shards' run times, are counted in its shares, in
-    // any state
-    let spread = t.partitions > 1;
-    if !(live || t.strategy != "pull" || spread) {
+    // a task's backups for stragglers are counted in its shares, in any state
+    let speculated = t.speculate.is_some() && t.partitions > 1;
+    if !(live || t.strategy != "pull" || speculated) {
         return Ok(());
     }
     let sums = shardctl_common::share::sums(con, home, t).await?;
-    if spread {
-        t.durations = sums.durations.summary();
-        t.histogram = sums.durations;
-        t.throughput = sums.throughput;
-    }
-    let speculated = t.speculate.is_some() && spread;
     if speculated {
         (t.spec_started, t.spec_won) = (sums.spec_started, sums.spec_won);
     }
@@ -259,7 +258,8 @@ pub struct NodeStatus {
     pub active: u64,
     /// The kinds it serves, joined by commas, or `*` for every kind.
     pub kinds: String,
-    /// Milliseconds since it joined (by the server's clock).
+    /// Milliseconds it has run: its own measure at its last heartbeat plus the time since (by
+    /// the server's clock); since its node record was made, for an executor that says none.
     pub up_ms: u64,
     /// Shards it completed, and failed for good, since it started (as of its last heartbeat).
     pub done: u64,
@@ -302,7 +302,7 @@ fn running_of(field: &str, age_ms: u64) -> Vec<RunningShard> {
             let mut p = e.split(' ');
             let (task, shard, ms) = (p.next()?, p.next()?.parse().ok()?, p.next()?.parse::<u64>().ok()?);
             shardctl_common::names::validate_task_id(task).ok()?;
-            Some(RunningShard { task: task.to_owned(), shard, running_ms: ms + age_ms })
+            Some(RunningShard { task: task.to_owned(), shard, running_ms: ms.saturating_add(age_ms) })
         })
         .collect()
 }
@@ -329,7 +329,10 @@ pub async fn nodes<C: ConnectionLike + Send>(con: &mut C, home: &Home) -> Result
         let get = |f: &str| h.get(f).cloned().unwrap_or_default();
         let since = |f: &str| get(f).parse::<u64>().map_or(0, |t| now.saturating_sub(t));
         out.push(NodeStatus {
-            up_ms: since("started_ms"),
+            up_ms: match get("live_up_ms").parse::<u64>() {
+                Ok(up) => up.saturating_add(since("live_at")),
+                Err(_) => since("started_ms"),
+            },
             done: get("live_done").parse().unwrap_or(0),
             failed: get("live_failed").parse().unwrap_or(0),
             running: running_of(&get("live_running"), since("live_at")),

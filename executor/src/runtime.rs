@@ -130,7 +130,9 @@ impl Executor {
         if let Some(b) = &budget {
             b.join(&shared);
         }
-        shared.stats.register(Arc::downgrade(&shared));
+        let weak: std::sync::Weak<dyn crate::stats::HeldShards> =
+            Arc::downgrade(&(shared.clone() as Arc<dyn crate::stats::HeldShards>));
+        shared.stats.register(weak);
         Ok(Executor { shared })
     }
 

@@ -138,3 +138,15 @@ pub(crate) struct BeatRequests {
     /// compares every token (a cancelled task's shards lost theirs).
     pub(crate) cancels: Mutex<Cancels>,
 }
+
+impl crate::stats::HeldShards for Shared {
+    fn held_since(&self, out: &mut Vec<(String, u64, u64)>) {
+        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        for (r, h) in held.iter().filter(|(_, h)| !h.reporting && !h.lost) {
+            let shardctl_common::model::Job::Shard(i) = r.job else { continue };
+            // a share's index at the task's (its task is cached: the shard runs with it)
+            let index = self.tasks.cached(&r.task, r.seq, "").map_or(i, |m| m.info.global_index(i));
+            out.push((r.task.clone(), index, h.since.elapsed().as_millis() as u64));
+        }
+    }
+}

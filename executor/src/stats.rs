@@ -5,10 +5,6 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use shardctl_common::model::Job;
-
-use crate::shared::Shared;
-
 /// Live counters.
 #[derive(Debug, Default)]
 pub struct Stats {
@@ -25,7 +21,23 @@ pub struct Stats {
     pub(crate) redis_errors: AtomicU64,
     pub(crate) with_claim: AtomicU64,
     /// The runtimes whose held shards are this executor's.
-    runtimes: Mutex<Vec<Weak<Shared>>>,
+    runtimes: Runtimes,
+}
+
+/// The runtimes registered with [`Stats::register`].
+#[derive(Default)]
+struct Runtimes(Mutex<Vec<Weak<dyn HeldShards>>>);
+
+impl std::fmt::Debug for Runtimes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Runtimes")
+    }
+}
+
+/// A runtime's held shards, as [`Stats::longest_running`] reads them.
+pub(crate) trait HeldShards: Send + Sync {
+    /// Adds `(task, index in the task, ms held)` of each shard it runs to `out`.
+    fn held_since(&self, out: &mut Vec<(String, u64, u64)>);
 }
 
 /// A copy of the counters at one moment.
@@ -62,28 +74,22 @@ impl Stats {
         c.fetch_add(n, Ordering::Relaxed);
     }
 
-    /// Counts the shards runtime `shared` holds among this executor's (each runtime of a node,
-    /// one per partition, registers itself; a runtime gone is forgotten).
-    pub(crate) fn register(&self, shared: Weak<Shared>) {
-        let mut all = self.runtimes.lock().unwrap_or_else(|p| p.into_inner());
+    /// Counts the shards `runtime` holds among this executor's (each runtime of a node, one per
+    /// partition, registers itself; a runtime gone is forgotten).
+    pub(crate) fn register(&self, runtime: Weak<dyn HeldShards>) {
+        let mut all = self.runtimes.0.lock().unwrap_or_else(|p| p.into_inner());
         all.retain(|w| w.strong_count() > 0);
-        all.push(shared);
+        all.push(runtime);
     }
 
     /// The `n` shards held longest by this executor's runtimes, as `(task, index in the task,
-    /// ms held)`, longest first (a shard whose outcome is being reported is no longer running).
+    /// ms held)`, longest first.
     pub fn longest_running(&self, n: usize) -> Vec<(String, u64, u64)> {
-        let runtimes: Vec<Arc<Shared>> =
-            self.runtimes.lock().unwrap_or_else(|p| p.into_inner()).iter().filter_map(Weak::upgrade).collect();
+        let runtimes: Vec<Arc<dyn HeldShards>> =
+            self.runtimes.0.lock().unwrap_or_else(|p| p.into_inner()).iter().filter_map(Weak::upgrade).collect();
         let mut all = Vec::new();
-        for shared in runtimes {
-            let held = shared.held.lock().unwrap_or_else(|p| p.into_inner());
-            for (r, h) in held.iter().filter(|(_, h)| !h.reporting && !h.lost) {
-                let Job::Shard(i) = r.job else { continue };
-                // a share's index at the task's (its task is cached: the shard runs with it)
-                let index = shared.tasks.cached(&r.task, r.seq, "").map_or(i, |m| m.info.global_index(i));
-                all.push((r.task.clone(), index, h.since.elapsed().as_millis() as u64));
-            }
+        for r in runtimes {
+            r.held_since(&mut all);
         }
         all.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| a.0.cmp(&b.0)).then(a.1.cmp(&b.1)));
         all.truncate(n);

@@ -234,7 +234,8 @@ impl Cli {
     /// Runs `args`, expecting a rejection: exit `code`, `needle` in stderr, nothing on stdout and
     /// no key created or removed (but what running executors write on their own schedule: the
     /// stalled sweeps' `stalled-check` marks, the `rebalance-lock`, `meta.placed_members`, and the
-    /// prefix's list of queues, `{P:queues}`, which an executor adds its queue to when it joins).
+    /// prefix's list of queues, `{P:queues}`, which an executor adds its queue to when it joins,
+    /// and the partition upkeep's `decide-check` throttle).
     pub fn rejects(&self, args: &[&str], code: i32, needle: &str) -> Out {
         let before = self.keys_but_background();
         let out = self.run(args);
@@ -252,7 +253,11 @@ impl Cli {
         let meta = self.key("meta");
         let mut keys = std::collections::BTreeSet::new();
         for key in all {
-            if key.ends_with(":stalled-check") || key.ends_with(":rebalance-lock") || key.ends_with(":queues}") {
+            if key.ends_with(":stalled-check")
+                || key.ends_with(":rebalance-lock")
+                || key.ends_with(":queues}")
+                || key.ends_with(":decide-check")
+            {
                 continue;
             }
             if key != meta {

@@ -49,7 +49,8 @@ async function api(path) {
 }
 
 async function act(path, what) {
-  const r = await fetch("/api/" + path, { method: "POST", headers: { Authorization: "Bearer " + token() } });
+  // (the queue shown, so that the server refuses an action on a queue it does not maintain)
+  const r = await fetch("/api/" + ofQueue(path), { method: "POST", headers: { Authorization: "Bearer " + token() } });
   const body = await r.json().catch(() => ({}));
   if (!r.ok) { flash(what + " refused: " + (body.error || ("HTTP " + r.status)), true); return; }
   flash(what + ": done", false);
