@@ -507,7 +507,7 @@ async function refresh() {
 
 function refreshSoon() { setTimeout(refresh, 0); }
 
-// the queue switcher: every queue of the Redis (docs/dashboard.md), read every 10 s
+// the queue switcher: every queue of the Redis (docs/dashboard.md), read every 2 s
 async function showQueues() {
   const select = document.getElementById("queue-switch");
   let all;
@@ -576,7 +576,7 @@ async function start() {
     location.search = q === info.queue ? "" : "?queue=" + encodeURIComponent(q);
   });
   showQueues();
-  setInterval(showQueues, 10 * REFRESH_MS);
+  setInterval(showQueues, 2 * REFRESH_MS);
   window.addEventListener("hashchange", route);
   route();
   setInterval(refresh, REFRESH_MS);
