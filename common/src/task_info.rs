@@ -140,6 +140,7 @@ impl TaskInfo {
                 .map(|v| v.unwrap_or(0))
         };
         let result = h.get("result").map(|r| serde_json::from_str(r).unwrap_or(serde_json::Value::String(r.clone())));
+        let histogram = crate::durations::Histogram::from_hash(h);
         Ok(Some(TaskInfo {
             task_id: task_id.to_owned(),
             seq: num("seq")?,
@@ -193,8 +194,8 @@ impl TaskInfo {
             },
             result,
             aggregation_error: h.get("agg_error").cloned(),
-            durations: crate::durations::Histogram::from_hash(h).summary(),
-            histogram: crate::durations::Histogram::from_hash(h),
+            durations: histogram.summary(),
+            histogram,
             throughput: crate::throughput::Series::from_hash(h),
             payload: h.get("payload").cloned().unwrap_or_else(|| "null".into()),
         }))
