@@ -64,6 +64,10 @@ impl TestCluster {
                 .args(["--port", &port.to_string(), "--cluster-port", &bus.to_string(), "--bind", "127.0.0.1"])
                 .args(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"])
                 .args(["--cluster-node-timeout", "2000", "--save", "", "--appendonly", "no"])
+                // a master whose replicas are frozen would otherwise be given a replica of
+                // another master (replica migration), which syncs in full: the loss that
+                // `cut_off_replicas` makes certain would be undone
+                .args(["--cluster-allow-replica-migration", "no"])
                 .args(["--dir", dir.to_str().unwrap(), "--logfile", "redis.log", "--protected-mode", "no"])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())

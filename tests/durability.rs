@@ -1,0 +1,199 @@
+//! Durability across a failover (docs/design/durability.md), with real processes on a real
+//! Redis Cluster of 4 masters with 2 replicas each (`TestCluster`). Before a master is
+//! SIGKILLed its replicas are cut off (frozen, their links closed), so that the one promoted has
+//! lost every write since, for certain, not by luck. Each round runs a queue whose home is on a
+//! master of its own.
+//!
+//! With durability `none` the test shows the loss the docs admit: a printed task id that names
+//! nothing, and an aggregation handler run twice, as the handler's own record file tells.
+//!
+//! Nothing here asserts an elapsed time: waits poll for a state under a hang guard.
+
+#[allow(dead_code)] // shared with tests/cli.rs, which uses all of it
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::Value;
+use shardctl_testkit::TestCluster;
+use support::Cli;
+
+/// How long a state may take to show before the test calls it hung (a guard, not a timing).
+const GUARD: Duration = Duration::from_secs(90);
+/// Shards of each task.
+const SHARDS: u64 = 12;
+
+fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
+    shardctl_testkit::eventually(what, GUARD, || ok().then_some(()).ok_or("not yet"))
+}
+
+fn tag(q: &str) -> String {
+    format!("{{shardctl:{q}}}")
+}
+
+/// Writes an executable `#!/bin/sh` script.
+fn script(dir: &Path, name: &str, body: &str) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let p = dir.join(name);
+    std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    p.display().to_string()
+}
+
+fn lines(p: &Path) -> Vec<String> {
+    std::fs::read_to_string(p).unwrap_or_default().lines().map(str::to_owned).collect()
+}
+
+/// One queue per master, in start order: `<stem>-<n>` for the first n whose slot it owns.
+fn queues_on_every_master(cluster: &TestCluster, stem: &str) -> Vec<String> {
+    let mut by_master = BTreeMap::new();
+    for n in 0..5000 {
+        let q = format!("{stem}-{n}");
+        by_master.entry(cluster.owner(cluster.keyslot(&tag(&q)))).or_insert(q);
+        if by_master.len() == cluster.ports().len() {
+            return by_master.into_values().collect();
+        }
+    }
+    panic!("no queue names spread over every master");
+}
+
+/// One round: a queue, its directory of gates and records, and two executors whose shards wait
+/// for the `shards` gate and whose aggregator records each run, then waits for the `agg` gate.
+struct Round {
+    cli: Cli<()>,
+    home_slot: u16,
+    dir: PathBuf,
+    executors: Vec<support::Process>,
+}
+
+impl Round {
+    fn start(cluster: &TestCluster, queue: &str) -> Round {
+        let cli = Cli::on((), &cluster.url(), queue);
+        let dir = std::env::temp_dir().join(format!("shardctl-durability-{}-{queue}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let shard = script(
+            &dir,
+            "shard.sh",
+            &format!(
+                "cat > /dev/null\nwhile [ ! -e {g} ]; do sleep 0.05; done\necho 1",
+                g = dir.join("shards").display()
+            ),
+        );
+        let agg = script(
+            &dir,
+            "agg.sh",
+            &format!(
+                "cat > /dev/null\necho \"agg $SHARDCTL_TASK_ID $SHARDCTL_DONE\" >> {r}\n\
+                 while [ ! -e {g} ]; do sleep 0.05; done\necho '{{\"sum\":'$SHARDCTL_DONE'}}'",
+                r = dir.join("runs").display(),
+                g = dir.join("agg").display()
+            ),
+        );
+        let executors = ["a", "b"]
+            .iter()
+            .map(|n| {
+                let node = format!("{queue}-{n}");
+                #[rustfmt::skip]
+                let args = [
+                    "executor", "--node-id", &node, "--concurrency", "8",
+                    "--exec", &shard, "--aggregate-exec", &agg, "--kinds", "gated",
+                    // longer than a failover: a lease the promoted replica has from before the
+                    // cut outlives it, so its holder renews it there
+                    "--lock-duration", "20s",
+                    "--block-timeout", "200ms", "--grace", "2s",
+                ];
+                cli.background(&node, &args)
+            })
+            .collect();
+        let home_slot = cluster.keyslot(&tag(queue));
+        Round { cli, home_slot, dir, executors }
+    }
+
+    fn open(&self, gate: &str) {
+        std::fs::write(self.dir.join(gate), "").unwrap();
+    }
+
+    /// Aggregation runs of task `id`, as the handler itself recorded them.
+    fn runs(&self, id: &str) -> usize {
+        lines(&self.dir.join("runs")).iter().filter(|l| l.split(' ').nth(1) == Some(id)).count()
+    }
+
+    fn dispatch(&self, id: &str) -> support::Out {
+        self.cli.run(&["dispatch", "--kind", "gated", "--shards", &SHARDS.to_string(), "--task-id", id])
+    }
+
+    /// A field of task `id`'s record as the home's master now has it.
+    fn on_master(&self, cluster: &TestCluster, id: &str, field: &str) -> Option<String> {
+        let owner = cluster.owner(self.home_slot);
+        redis::cmd("HGET")
+            .arg(format!("{}:task:{id}", tag(&self.cli.queue)))
+            .arg(field)
+            .query(&mut cluster.node_con(owner))
+            .unwrap()
+    }
+
+    fn wait(&self, id: &str) -> Value {
+        let out = self.cli.run(&["wait", id, "--json", "--timeout", "120s"]);
+        assert_eq!(out.code(), 0, "wait {id}: {out:?}; executors:\n{}", self.logs());
+        serde_json::from_str(out.stdout.trim()).unwrap()
+    }
+
+    fn logs(&self) -> String {
+        self.executors.iter().map(|e| e.log()).collect::<Vec<_>>().join("\n---\n")
+    }
+
+    fn end(mut self) {
+        for e in &mut self.executors {
+            e.terminate();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Cuts the replicas of the master of `round`'s home off, runs `meanwhile` (whatever is written
+/// from now on is lost for sure), then SIGKILLs that master, thaws the replicas and waits for
+/// one's promotion (cluster-node-timeout 2 s).
+fn fail_over_losing(cluster: &mut TestCluster, round: &Round, meanwhile: impl FnOnce(&TestCluster)) {
+    let owner = cluster.owner(round.home_slot);
+    let replicas = cluster.cut_off_replicas(owner);
+    assert_eq!(replicas.len(), 2, "two replicas of :{owner}");
+    meanwhile(cluster);
+    let dead = cluster.kill_owner(round.home_slot);
+    for r in replicas {
+        cluster.thaw(r);
+    }
+    let promoted = cluster.wait_for_failover(round.home_slot);
+    assert_ne!(promoted, dead);
+}
+
+#[test]
+fn a_failover_to_a_lagging_replica_loses_what_none_admits() {
+    let mut cluster = TestCluster::start_with_replicas(4, 2);
+    let queues = queues_on_every_master(&cluster, "dur");
+
+    // A task dispatched before the cut runs to its end on the doomed master, aggregation
+    // included; a second is dispatched after the cut. After the failover the second's printed
+    // id names nothing, and the first runs again: its aggregation handler twice.
+    let r = Round::start(&cluster, &queues[0]);
+    assert_eq!(r.dispatch("first").code(), 0);
+    wait_until("the first's shards run", || r.on_master(&cluster, "first", "seq").is_some());
+    fail_over_losing(&mut cluster, &r, |c| {
+        let out = r.dispatch("second");
+        assert_eq!((out.code(), out.stdout.trim()), (0, "second"), "none prints the id at once: {out:?}");
+        r.open("shards");
+        r.open("agg");
+        wait_until("the first ended on the doomed master", || {
+            r.on_master(c, "first", "state").as_deref() == Some("completed")
+        });
+        assert_eq!(r.runs("first"), 1);
+    });
+    let w = r.wait("first");
+    assert_eq!((w["state"].as_str(), w["done"].as_u64()), (Some("completed"), Some(SHARDS)), "{w}");
+    assert_eq!(r.runs("first"), 2, "none: the aggregation handler ran again after the failover");
+    let gone = r.cli.run(&["status", "second", "--json"]);
+    assert_ne!(gone.code(), 0, "none: the printed id names nothing after the failover: {gone:?}");
+    r.end();
+}
