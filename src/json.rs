@@ -96,6 +96,8 @@ pub fn settings(queue: &str, s: &QueueSettings, layout: &Layout, masters: Option
         "events_maxlen": s.events_maxlen,
         "events_completions": s.events_completions,
         "paused": s.paused,
+        "durability": s.durability.mode.as_str(),
+        "durability_timeout_ms": s.durability.timeout.as_millis() as u64,
         "partitions": layout.count(),
         "partition_tags": tags,
         "partition_masters": masters,

@@ -230,6 +230,11 @@ pub fn settings(queue: &str, s: &QueueSettings, layout: &Layout, masters: Option
         format!("events_completions {}", if s.events_completions { "on" } else { "off" }),
         format!("paused             {}", s.paused),
         format!(
+            "durability         {}{}",
+            s.durability.mode.as_str(),
+            if s.durability.waits() { format!(" (wait at most {:?})", s.durability.timeout) } else { String::new() }
+        ),
+        format!(
             "partitions         {}{}",
             layout.count(),
             if tags.is_empty() { String::new() } else { format!(" ({})", tags.join(" ")) }
@@ -241,6 +246,24 @@ pub fn settings(queue: &str, s: &QueueSettings, layout: &Layout, masters: Option
         out.push(format!("group {name}: weight {}, {cap}", g.weight));
     }
     out
+}
+
+/// The queue's durability line of `status`.
+pub fn durability(d: &shardctl_coordinator::confirm::Status) -> String {
+    if d.in_sync.is_none() {
+        return format!(
+            "durability: {} (a master's failover may lose its last writes; see docs/operations.md)",
+            d.mode
+        );
+    }
+    let how = format!("durability: {} (each wait at most {} ms)", d.mode, d.timeout_ms);
+    match (d.unsynced_for_ms, d.in_sync) {
+        (Some(ms), _) => {
+            format!("{how}: no replica in sync for {} s; nothing waiting for one acts meanwhile", ms / 1000)
+        }
+        (None, Some(false)) => format!("{how}: no replica in sync now (none acknowledged within the wait)"),
+        _ => format!("{how}: in sync"),
+    }
 }
 
 /// What `watch` says on stderr of what is to come (`None`: nothing to say): the log is off,

@@ -5,7 +5,10 @@
 //! master of its own.
 //!
 //! With durability `none` the test shows the loss the docs admit: a printed task id that names
-//! nothing, and an aggregation handler run twice, as the handler's own record file tells.
+//! nothing, and an aggregation handler run twice, as the handler's own record file tells. With
+//! `replica` the same faults run the aggregation handler exactly once and keep the result, with
+//! the kill before the aggregation's claim, during the handler and after the result. A server
+//! that cannot keep a mode refuses it at `config` time.
 //!
 //! Nothing here asserts an elapsed time: waits poll for a state under a hang guard.
 
@@ -69,11 +72,13 @@ struct Round {
 }
 
 impl Round {
-    fn start(cluster: &TestCluster, queue: &str) -> Round {
+    fn start(cluster: &TestCluster, queue: &str, mode: &str) -> Round {
         let cli = Cli::on((), &cluster.url(), queue);
         let dir = std::env::temp_dir().join(format!("shardctl-durability-{}-{queue}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
+        let cfg = cli.json(&["config", "--durability", mode, "--json"], 0);
+        assert_eq!(cfg["durability"], mode, "{cfg}");
         let shard = script(
             &dir,
             "shard.sh",
@@ -135,6 +140,18 @@ impl Round {
             .unwrap()
     }
 
+    /// Whether the home's master holds task `id`'s aggregation job in `active`.
+    fn aggregation_claimed(&self, cluster: &TestCluster, id: &str) -> bool {
+        let Some(seq) = self.on_master(cluster, id, "seq") else { return false };
+        let owner = cluster.owner(self.home_slot);
+        let holder: Option<String> = redis::cmd("HGET")
+            .arg(format!("{}:active", tag(&self.cli.queue)))
+            .arg(format!("{id}:{seq}:agg"))
+            .query(&mut cluster.node_con(owner))
+            .unwrap();
+        holder.is_some()
+    }
+
     fn wait(&self, id: &str) -> Value {
         let out = self.cli.run(&["wait", id, "--json", "--timeout", "120s"]);
         assert_eq!(out.code(), 0, "wait {id}: {out:?}; executors:\n{}", self.logs());
@@ -170,14 +187,15 @@ fn fail_over_losing(cluster: &mut TestCluster, round: &Round, meanwhile: impl Fn
 }
 
 #[test]
-fn a_failover_to_a_lagging_replica_loses_what_none_admits() {
+fn a_failover_to_a_lagging_replica_loses_what_none_admits_and_nothing_replica_waited_for() {
     let mut cluster = TestCluster::start_with_replicas(4, 2);
     let queues = queues_on_every_master(&cluster, "dur");
 
+    // --- none: the loss the docs admit ---------------------------------------------------
     // A task dispatched before the cut runs to its end on the doomed master, aggregation
     // included; a second is dispatched after the cut. After the failover the second's printed
     // id names nothing, and the first runs again: its aggregation handler twice.
-    let r = Round::start(&cluster, &queues[0]);
+    let r = Round::start(&cluster, &queues[0], "none");
     assert_eq!(r.dispatch("first").code(), 0);
     wait_until("the first's shards run", || r.on_master(&cluster, "first", "seq").is_some());
     fail_over_losing(&mut cluster, &r, |c| {
@@ -196,4 +214,85 @@ fn a_failover_to_a_lagging_replica_loses_what_none_admits() {
     let gone = r.cli.run(&["status", "second", "--json"]);
     assert_ne!(gone.code(), 0, "none: the printed id names nothing after the failover: {gone:?}");
     r.end();
+
+    // --- replica: the kill before the aggregation's claim is durable -----------------------
+    // The shards end on the doomed master while no replica acknowledges: the aggregation job is
+    // claimed there, but its handler never starts. After the failover the lost completions are
+    // recorded again (the executors kept them), and the aggregation runs once.
+    let r = Round::start(&cluster, &queues[1], "replica");
+    assert_eq!(r.dispatch("before").code(), 0);
+    wait_until("its shards run", || r.on_master(&cluster, "before", "seq").is_some());
+    fail_over_losing(&mut cluster, &r, |c| {
+        r.open("shards");
+        r.open("agg");
+        wait_until("the aggregation job claimed on the doomed master", || r.aggregation_claimed(c, "before"));
+        std::thread::sleep(Duration::from_millis(500));
+        assert_eq!(r.runs("before"), 0, "replica: no aggregator on a claim no replica has; log:\n{}", r.logs());
+    });
+    let w = r.wait("before");
+    assert_eq!((w["state"].as_str(), w["done"].as_u64()), (Some("completed"), Some(SHARDS)), "{w}");
+    assert_eq!(w["result"]["sum"], SHARDS, "{w}");
+    assert_eq!(r.runs("before"), 1, "replica: the aggregation handler ran once; log:\n{}", r.logs());
+    r.end();
+
+    // --- replica: the kill during the aggregation handler --------------------------------
+    // Its claim is durable, so it started; its result is recorded on the doomed master only.
+    // After the failover the executor records it again: the handler is not run again.
+    let r = Round::start(&cluster, &queues[2], "replica");
+    assert_eq!(r.dispatch("during").code(), 0);
+    r.open("shards");
+    wait_until("the aggregation handler started", || r.runs("during") == 1);
+    fail_over_losing(&mut cluster, &r, |c| {
+        r.open("agg");
+        wait_until("the result recorded on the doomed master", || {
+            r.on_master(c, "during", "state").as_deref() == Some("completed")
+        });
+    });
+    let w = r.wait("during");
+    assert_eq!((w["state"].as_str(), w["result"]["sum"].as_u64()), (Some("completed"), Some(SHARDS)), "{w}");
+    assert_eq!(r.runs("during"), 1, "replica: the aggregation handler ran once; log:\n{}", r.logs());
+    r.end();
+
+    // --- replica: the kill after the result ----------------------------------------------
+    // `wait` returned it: no failover takes it back.
+    let r = Round::start(&cluster, &queues[3], "replica");
+    assert_eq!(r.dispatch("after").code(), 0);
+    r.open("shards");
+    r.open("agg");
+    let w = r.wait("after");
+    assert_eq!(w["result"]["sum"], SHARDS, "{w}");
+    fail_over_losing(&mut cluster, &r, |_| {});
+    let s = r.cli.json(&["status", "after", "--json"], 0);
+    assert_eq!((s["state"].as_str(), s["result"]["sum"].as_u64()), (Some("completed"), Some(SHARDS)), "{s}");
+    assert_eq!(r.runs("after"), 1);
+    let st = r.cli.ok(&["status"]);
+    assert!(st.contains("durability: replica"), "{st}");
+    r.end();
+}
+
+/// `config` refuses a mode the server cannot keep, naming what is missing, and stores nothing.
+#[test]
+fn a_mode_the_server_cannot_keep_is_refused_at_config_time() {
+    let cli = Cli::start("dur-refused");
+    let out = cli.run(&["config", "--durability", "replica", "--durability-timeout", "100ms"]);
+    assert_eq!(out.code(), 2, "{out:?}");
+    assert!(out.stderr.contains("needs a replica's acknowledgement"), "{out:?}");
+    assert!(out.stderr.contains("connected replicas of the master of shardctl:dur-refused: 0"), "{out:?}");
+    for (args, needle) in [
+        (&["config", "--durability", "quorum"][..], "expected none or replica"),
+        (&["config", "--durability", "fsync"][..], "needs WAITAOF (Redis 7.2)"),
+        (&["config", "--durability", "none", "--durability-timeout", "1m"][..], "expected 10ms to 5s"),
+    ] {
+        let out = cli.run(args);
+        assert_eq!(out.code(), 2, "{args:?}: {out:?}");
+        assert!(out.stderr.contains(needle), "{args:?}: {out:?}");
+    }
+    let cfg = cli.json(&["config", "--json"], 0);
+    assert_eq!(
+        (cfg["durability"].as_str(), cfg["durability_timeout_ms"].as_u64()),
+        (Some("none"), Some(1000)),
+        "{cfg}"
+    );
+    let st = cli.json(&["status", "--json"], 0);
+    assert_eq!(st["durability"]["mode"], "none", "{st}");
 }

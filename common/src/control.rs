@@ -244,6 +244,8 @@ pub struct QueueSettings {
     pub paused: bool,
     /// The groups with a setting (docs/design/fairness.md), by name.
     pub groups: std::collections::BTreeMap<String, GroupSettings>,
+    /// What a settled write reached (docs/design/durability.md).
+    pub durability: crate::durability::Durability,
 }
 
 /// A group's settings: its weight among the units of a priority, and its cap.
@@ -373,6 +375,7 @@ pub async fn queue_settings<C: ConnectionLike + Send>(
         events_maxlen: maxlen.unwrap_or(DEFAULT_EVENTS_MAXLEN),
         events_completions: completions.as_deref() == Some("1"),
         paused: paused.as_deref() == Some("1"),
+        durability: crate::durability::read(con, home).await?,
         groups,
     })
 }

@@ -240,6 +240,13 @@ impl Keys {
         self.key("unreported")
     }
 
+    /// Hash: durability confirms of this slot (docs/design/durability.md): `n`, the confirms made
+    /// (each one increments it, so that its `WAIT` has a write to wait for); `since`, when the
+    /// first of the confirms that timed out since the last success did (server ms).
+    pub fn durable(&self) -> String {
+        self.key("durable")
+    }
+
     /// Every key a task owns (for removal; the same list as `task_keys` in lua/include/task.lua).
     pub fn task_keys(&self, id: &str) -> [String; 6] {
         [self.task(id), self.terminal(id), self.results(id), self.errors(id), self.shard_keys(id), self.shards(id)]

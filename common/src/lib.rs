@@ -42,6 +42,8 @@
 //! - [`slot`]: Redis Cluster hash slots of keys.
 //! - [`backoff`]: retry delays (fixed or exponential, with jitter): the one retry policy and the
 //!   one source of jitter.
+//! - [`durability`]: a queue's durability mode and the confirmation, the one way a process learns
+//!   that a state it read reached a replica.
 //! - [`conn`]: connecting to Redis (one server or a cluster), a dedicated connection for blocking
 //!   waits.
 //! - [`reason`]: a failure reason's summary (message and frame) and shape (numbers and ids folded).
@@ -64,6 +66,7 @@ pub mod backoff;
 pub mod conn;
 pub mod control;
 pub mod cron;
+pub mod durability;
 pub mod durations;
 pub mod error;
 pub mod failure;

@@ -57,6 +57,7 @@ const QUEUE_KEYS: &[(&str, QueueKey)] = &[
     ("schedules", Keys::schedules),
     ("schedule_state", Keys::schedule_state),
     ("unreported", Keys::unreported),
+    ("durable", Keys::durable),
 ];
 /// Every key of one task, by task id (and `task_keys`, enumerated on its own).
 const TASK_KEYS: &[(&str, NamedKey)] = &[

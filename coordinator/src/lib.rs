@@ -24,6 +24,8 @@
 //! - [`events`]: the event log read as one over the partitions: its newest events, or followed
 //!   live (`shardctl watch`).
 //! - [`wait`]: waiting for a task to end, with a progress callback.
+//! - [`confirm`]: a task's end confirmed before `wait` returns it, when the queue's durability
+//!   asks; the durability `status` shows.
 //! - [`stuck`]: why a task is not moving (paused, delayed, no executor, rate limit).
 //! - [`presence`]: coordinators announcing themselves (`status` lists them).
 //! - [`daemon`]: `shardctl coordinator`: maintenance every refresh, schedules, progress for the
@@ -38,6 +40,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod confirm;
 pub mod daemon;
 pub mod dispatch;
 pub mod events;

@@ -18,8 +18,9 @@ pub const STUCK_AFTER: Duration = Duration::from_secs(2);
 /// How often the reasons are read again while it stays stuck.
 const STUCK_RECHECK: Duration = Duration::from_secs(1);
 
-/// Waits until the task is completed or failed, or `timeout` passes; calls `on_progress` with
-/// every reading. Redis errors are retried until the timeout.
+/// Waits until the task is completed or failed (and, when the queue's durability asks, that end
+/// reached a replica), or `timeout` passes; calls `on_progress` with every reading. Redis
+/// errors are retried until the timeout.
 pub async fn wait<C: ConnectionLike + Send>(
     con: &mut C,
     home: &Home,
@@ -49,7 +50,8 @@ pub async fn wait_explained<C: ConnectionLike + Send>(
         match progress::task(con, home, id).await {
             Ok(t) => {
                 on_progress(&t);
-                if t.state.is_finished() {
+                // an end is returned once durable (the queue's durability; at once with none)
+                if t.state.is_finished() && crate::confirm::ended(con, home, id, t.state.as_str()).await? {
                     return Ok(t);
                 }
                 let now = (t.done, t.failed, t.state);

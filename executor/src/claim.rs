@@ -76,8 +76,9 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
         // with nothing else to run (the reporter then keeps completions for this claim), a few
         // completions waiting ride on it: one call for both. Not many, nor while other shards
         // run: a claim carrying hundreds of completions arrives later and the run slots go dry
-        // meanwhile (one executor, no-op shards: -30% throughput when tried)
-        let done = if shared.starts.own_outstanding() <= 1 {
+        // meanwhile (one executor, no-op shards: -30% throughput when tried). Never while the
+        // queue's durability asks completions to be confirmed: the reporter records, then confirms them
+        let done = if shared.starts.own_outstanding() <= 1 && !crate::durable::waits(&shared).await {
             shared.outbox.take_completions(WITH_CLAIM_MAX)
         } else {
             Vec::new()

@@ -35,6 +35,8 @@
 //!   (completions and a claim in one script call).
 //! - `report`: batched completion (an outcome waits up to 5 ms for others), failure (with
 //!   backoff) and release.
+//! - `durable`: the confirmations of recorded completions and of an aggregation's claim, when the
+//!   queue's durability asks for them (docs/design/durability.md).
 //! - `aggregate`: reading every shard's outcome for the aggregator.
 //! - `tasks`: the task metadata cache.
 //! - [`stats`]: live counters.
@@ -68,6 +70,7 @@ pub mod child;
 mod claim;
 pub mod commands;
 pub mod config;
+mod durable;
 pub mod exit_codes;
 mod guard;
 pub mod handler;

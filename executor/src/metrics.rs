@@ -36,6 +36,13 @@ pub const LOCK_HEARTBEATS: &str = "shardctl_lock_heartbeats_total";
 pub const LOCKS_EXTENDED: &str = "shardctl_locks_extended_total";
 /// Counter: refs found no longer held: by the heartbeat, or refused when reported.
 pub const LOCKS_LOST: &str = "shardctl_locks_lost_total";
+/// Counter: confirmations of completions and aggregation claims (docs/design/durability.md), made
+/// when the queue's durability asks.
+pub const DURABILITY_CONFIRMATIONS: &str = "shardctl_durability_confirmations_total";
+/// Counter: those confirmations whose wait for a replica timed out (each is repeated).
+pub const DURABILITY_TIMEOUTS: &str = "shardctl_durability_timeouts_total";
+/// Counter: completions a confirmation found lost (a failover), then recorded again.
+pub const DURABILITY_LOST: &str = "shardctl_durability_lost_total";
 /// Counter: running shards stopped because their task was cancelled.
 pub const SHARDS_CANCELLED: &str = "shardctl_shards_cancelled_total";
 /// Counter: backup attempts of straggling shards this executor started
@@ -94,6 +101,9 @@ pub fn describe() {
     describe_counter!(LOCKS_EXTENDED, "Held refs kept alive by the heartbeats (one per held ref per beat).");
     describe_counter!(LOCKS_LOST, "Refs no longer held: found by the heartbeat or refused when reported.");
     describe_counter!(SHARDS_CANCELLED, "Running shards stopped because their task was cancelled.");
+    describe_counter!(DURABILITY_CONFIRMATIONS, "Confirms of completions and aggregation claims (durability replica).");
+    describe_counter!(DURABILITY_TIMEOUTS, "Confirms whose wait for a replica timed out (each is repeated).");
+    describe_counter!(DURABILITY_LOST, "Completions a confirmation found lost in a failover, then recorded again.");
     describe_counter!(BACKUPS_STARTED, "Backup attempts of straggling shards started by this executor.");
     describe_counter!(BACKUPS_WON, "Backup attempts this executor finished before their shard's first attempt.");
     describe_histogram!(
@@ -146,6 +156,9 @@ pub(crate) struct Metrics {
     pub(crate) locks_extended: Counter,
     pub(crate) locks_lost: Counter,
     pub(crate) cancelled: Counter,
+    pub(crate) durability_confirmations: Counter,
+    pub(crate) durability_timeouts: Counter,
+    pub(crate) durability_lost: Counter,
     pub(crate) backups_started: Counter,
     pub(crate) backups_won: Counter,
     pub(crate) backup_lost_seconds: Histogram,
@@ -177,6 +190,9 @@ impl Metrics {
             locks_extended: metrics::counter!(LOCKS_EXTENDED, base.clone()),
             locks_lost: metrics::counter!(LOCKS_LOST, base.clone()),
             cancelled: metrics::counter!(SHARDS_CANCELLED, base.clone()),
+            durability_confirmations: metrics::counter!(DURABILITY_CONFIRMATIONS, base.clone()),
+            durability_timeouts: metrics::counter!(DURABILITY_TIMEOUTS, base.clone()),
+            durability_lost: metrics::counter!(DURABILITY_LOST, base.clone()),
             backups_started: metrics::counter!(BACKUPS_STARTED, base.clone()),
             backups_won: metrics::counter!(BACKUPS_WON, base.clone()),
             backup_lost_seconds: metrics::histogram!(BACKUP_LOST_SECONDS, base.clone()),

@@ -5,6 +5,10 @@
 //! claim takes the completions with it, one call for both), an outcome waits up to
 //! [`FLUSH_AFTER`] for more to join its batch (so that short shards cost a fraction of a call
 //! each); otherwise, and at shutdown, it is recorded at once.
+//!
+//! When the queue's durability asks (docs/design/durability.md), a batch's recorded completions
+//! are confirmed before they count: their shards stay held (their locks renewed) until a confirmation
+//! shows them durable, and are recorded again when a failover took them.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -28,9 +32,13 @@ pub const FLUSH_AFTER: std::time::Duration = std::time::Duration::from_millis(5)
 /// outbox is empty.
 pub(crate) async fn run(shared: Arc<Shared>, closing: CancellationToken) {
     let outbox = &shared.outbox;
+    // the batches whose completions confirm: the reporter goes on recording meanwhile
+    let mut confirming = tokio::task::JoinSet::new();
     loop {
+        while confirming.try_join_next().is_some() {}
         if outbox.len() == 0 {
             if closing.is_cancelled() {
+                while confirming.join_next().await.is_some() {}
                 return;
             }
             tokio::select! {
@@ -59,9 +67,58 @@ pub(crate) async fn run(shared: Arc<Shared>, closing: CancellationToken) {
         if batch.is_empty() {
             continue;
         }
-        record(&shared, &batch, &closing).await;
-        forget(&shared, batch);
+        let confirm = record(&shared, &batch, &closing).await;
+        let (held, done): (Vec<_>, Vec<_>) = batch.into_iter().zip(confirm).partition(|(_, s)| *s);
+        forget(&shared, done.into_iter().map(|(r, _)| r).collect());
+        if !held.is_empty() {
+            confirming.spawn(confirm_batch(
+                shared.clone(),
+                held.into_iter().map(|(r, _)| r).collect(),
+                closing.clone(),
+            ));
+        }
     }
+}
+
+/// Confirms recorded completions (every report a completion its call counted), records them
+/// again when a failover took them, counts them once durable, then forgets their shards.
+async fn confirm_batch(shared: Arc<Shared>, mut held: Vec<Report>, closing: CancellationToken) {
+    let mut closing_since: Option<std::time::Instant> = None;
+    while !held.is_empty() {
+        let finished = completions(&held);
+        match crate::durable::completions(&shared, &finished).await {
+            crate::durable::Completions::Durable => {
+                count(&shared, &finished, &vec![Ok(1); finished.len()]);
+                break;
+            }
+            crate::durable::Completions::Lost => {
+                // what the call had recorded is gone: record it again (a completion it did keep
+                // is refused, then found recorded, as after a lost reply)
+                tracing::warn!("{} completions were lost (a failover): recording them again", held.len());
+                shared.metrics.durability_lost.increment(held.len() as u64);
+                drop(finished);
+                for r in &mut held {
+                    r.sent = true;
+                }
+                let again = record(&shared, &held, &closing).await;
+                let (still, done): (Vec<_>, Vec<_>) = held.into_iter().zip(again).partition(|(_, s)| *s);
+                forget(&shared, done.into_iter().map(|(r, _)| r).collect());
+                held = still.into_iter().map(|(r, _)| r).collect();
+                continue;
+            }
+            crate::durable::Completions::Pending => {}
+        }
+        if closing.is_cancelled() {
+            // at shutdown, give up once the locks are gone anyway: the sweep recovers the shards
+            let since = *closing_since.get_or_insert_with(std::time::Instant::now);
+            if since.elapsed() > shared.cfg.lock_duration {
+                tracing::error!("giving up on confirming {} completions at shutdown: no replica in sync", held.len());
+                break;
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    forget(&shared, held);
 }
 
 /// The reports' shards leave `held` (those still held by the reported claim: a later claim of
@@ -89,7 +146,10 @@ pub(crate) fn completions(batch: &[Report]) -> Vec<Finished<'_>> {
         .collect()
 }
 
-async fn record(shared: &Shared, batch: &[Report], closing: &CancellationToken) {
+/// Records a batch; returns, per report, whether it is a completion that counted and that the
+/// queue's durability asks to confirm before it is counted here and its shard forgotten (every
+/// other outcome is counted already).
+async fn record(shared: &Shared, batch: &[Report], closing: &CancellationToken) -> Vec<bool> {
     let reasons: Vec<String> = batch
         .iter()
         .map(|r| match &r.outcome {
@@ -98,15 +158,18 @@ async fn record(shared: &Shared, batch: &[Report], closing: &CancellationToken) 
         })
         .collect();
     let mut finished = Vec::new();
-    // per outcome in `finished`: whether a call carrying it may have reached Redis already
+    // per outcome in `finished`: whether a call carrying it may have reached Redis already, and
+    // its report's place in `batch`
     let mut sent = Vec::new();
+    let mut at = Vec::new();
     let (mut releases, mut unstarted, mut given_back): (Vec<&Claimed>, Vec<&Claimed>, Vec<&Claimed>) =
         (Vec::new(), Vec::new(), Vec::new());
-    for (r, reason) in batch.iter().zip(&reasons) {
+    for (n, (r, reason)) in batch.iter().zip(&reasons).enumerate() {
         match &r.outcome {
             Outcome::Completed(result) => {
                 finished.push(Finished { claim: &r.claim, outcome: FinishedAs::Completed(result), ran_ms: r.ran_ms });
                 sent.push(r.sent);
+                at.push(n);
             }
             Outcome::Failed(e) => {
                 // a retry-after's own delay (Redis's clock adds it), else the task's backoff
@@ -121,6 +184,7 @@ async fn record(shared: &Shared, batch: &[Report], closing: &CancellationToken) 
                     ran_ms: r.ran_ms,
                 });
                 sent.push(r.sent);
+                at.push(n);
             }
             Outcome::Release => releases.push(&r.claim),
             Outcome::Unstarted => unstarted.push(&r.claim),
@@ -130,6 +194,7 @@ async fn record(shared: &Shared, batch: &[Report], closing: &CancellationToken) 
     }
     let mut failures = 0;
     let mut closing_since: Option<std::time::Instant> = None;
+    let mut confirm = vec![false; batch.len()];
     loop {
         let mut con = shared.con.clone();
         let done = async {
@@ -144,7 +209,18 @@ async fn record(shared: &Shared, batch: &[Report], closing: &CancellationToken) 
             Ok((mut f, r)) => {
                 let sent: Vec<bool> = sent.iter().map(|s| *s || failures > 0).collect();
                 lost_replies(shared, &finished, &mut f, &sent).await;
-                count(shared, &finished, &f);
+                // counted completions wait for their confirm when the queue's durability asks
+                let waits = crate::durable::waits(shared).await;
+                let (mut now, mut now_codes) = (Vec::new(), Vec::new());
+                for ((fin, code), n) in finished.iter().zip(&f).zip(&at) {
+                    if waits && matches!(fin.outcome, FinishedAs::Completed(_)) && *code == Ok(1) {
+                        confirm[*n] = true;
+                    } else {
+                        now.push(fin.clone());
+                        now_codes.push(*code);
+                    }
+                }
+                count(shared, &now, &now_codes);
                 for c in r {
                     match c {
                         Ok(_) => {
@@ -159,7 +235,7 @@ async fn record(shared: &Shared, batch: &[Report], closing: &CancellationToken) 
                         }
                     }
                 }
-                return;
+                return confirm;
             }
             Err(e) if e.is_script_error() => {
                 // a script error repeats on every retry: retrying would wedge the reporter and
@@ -169,7 +245,7 @@ async fn record(shared: &Shared, batch: &[Report], closing: &CancellationToken) 
                 let refs: Vec<String> = batch.iter().take(5).map(|r| r.claim.shard_ref.to_string()).collect();
                 tracing::error!("recording {} outcomes failed for good (first: {refs:?}): {e}", batch.len());
                 shared.beat.reconcile.store(true, std::sync::atomic::Ordering::SeqCst);
-                return;
+                return confirm;
             }
             Err(e) => {
                 // completions are idempotent: a retry after a lost reply is refused, not recounted
@@ -184,7 +260,7 @@ async fn record(shared: &Shared, batch: &[Report], closing: &CancellationToken) 
                     let since = *closing_since.get_or_insert_with(std::time::Instant::now);
                     if since.elapsed() > shared.cfg.lock_duration {
                         tracing::error!("giving up on {} outcomes: redis unreachable at shutdown", batch.len());
-                        return;
+                        return confirm;
                     }
                 }
                 tokio::time::sleep(d).await;

@@ -208,6 +208,8 @@ async fn run_aggregator(
     r: &ShardRef,
     cancel: &CancellationToken,
 ) -> Result<Value, ShardError> {
+    // the aggregator acts outside Redis: only on a claim that is durable (when the queue asks)
+    crate::durable::aggregation_claim(shared, &claim.shard_ref, &claim.token, cancel).await?;
     let mut con = shared.con.clone();
     // fresh counts, not the cached ones
     shared.tasks.forget(&r.task);

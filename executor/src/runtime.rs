@@ -100,6 +100,7 @@ impl Executor {
         let metrics = Metrics::new(keys.queue(), &cfg.node_id);
         let routing_wanted = Arc::new(tokio::sync::Notify::new());
         let markers = crate::claim::markers(&keys, &cfg.node_id, registry.served());
+        let durable = shardctl_common::durability::Waiter::new(home.clone());
         let shared = Arc::new(Shared {
             cfg,
             keys,
@@ -126,6 +127,7 @@ impl Executor {
                 (w.clone(), w.join(markers, routing_wanted.clone(), can_claim))
             }),
             held_now: Default::default(),
+            durable,
         });
         if let Some(b) = &budget {
             b.join(&shared);

@@ -75,6 +75,8 @@ pub(crate) struct Shared {
     pub(crate) wake: Option<(Arc<Waiter>, Arc<Member>)>,
     /// Refs held now (the in-flight gauge of a node is the sum over its runtimes).
     pub(crate) held_now: std::sync::atomic::AtomicUsize,
+    /// The queue's durability as followed, and the connection of its confirmations.
+    pub(crate) durable: shardctl_common::durability::Waiter,
 }
 
 impl Shared {

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use shardctl_common::control;
+use shardctl_common::{control, durability};
 
 use super::args::{connect, Args};
 
@@ -30,6 +30,17 @@ pub struct ConfigArgs {
     /// default). Repeat for several groups.
     #[arg(long, value_name = "NAME=W", value_parser = group_weight)]
     pub group_weight: Vec<(String, u32)>,
+    /// What a write a promise depends on (an aggregation's claim, a completion, a result)
+    /// must reach before anything acts on it: none (the default) or replica (one replica
+    /// acknowledged it, so a failover to that replica keeps it). Refused when the server has no
+    /// replica in sync now; running processes follow a change within 2 s. See
+    /// docs/operations.md for what survives which failure.
+    #[arg(long, value_name = "MODE", value_parser = durability_mode)]
+    pub durability: Option<durability::Mode>,
+    /// How long one wait for a replica may take before it is reported and repeated (10ms to
+    /// 5s; default 1s).
+    #[arg(long, value_name = "D", value_parser = shardctl_common::time::parse_duration)]
+    pub durability_timeout: Option<std::time::Duration>,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -60,6 +71,10 @@ fn group_weight(s: &str) -> Result<(String, u32), String> {
     }
 }
 
+fn durability_mode(s: &str) -> Result<durability::Mode, String> {
+    durability::Mode::parse(s).map_err(|e| e.to_string())
+}
+
 fn on_off(s: &str) -> Result<bool, String> {
     match s {
         "on" | "true" | "1" => Ok(true),
@@ -83,6 +98,17 @@ pub async fn run(args: &Args, a: &ConfigArgs) -> anyhow::Result<ExitCode> {
     // on a cluster, where each partition lies now
     let masters: Option<Vec<String>> =
         if endpoint.is_cluster() { shardctl_common::partition::masters_of(&mut con, &layout).await? } else { None };
+    if a.durability.is_some() || a.durability_timeout.is_some() {
+        let mut d = durability::read(&mut con, &home).await?;
+        d.mode = a.durability.unwrap_or(d.mode);
+        d.timeout = a.durability_timeout.unwrap_or(d.timeout);
+        d.validate()?;
+        // every slot a task of this queue writes must keep it now
+        for keys in layout.partitions.iter().chain([home.keys()]) {
+            durability::check(&mut con, keys, &d).await?;
+        }
+        durability::store(&mut con, &home, &d).await?;
+    }
     let mut changes: Vec<control::GroupChange> = Vec::new();
     for (name, cap) in &a.group_max_running {
         changes.push(control::GroupChange { name: name.clone(), max_running: Some(*cap), weight: None });

@@ -29,16 +29,19 @@ pub async fn run(args: &Args, a: &StatusArgs) -> anyhow::Result<ExitCode> {
         let q = progress::queue(&mut con, &home, &args.queue, 10).await?;
         let nodes = progress::nodes(&mut con, &home).await?;
         let coordinators = shardctl_coordinator::presence::live(&mut con, &home).await?;
+        let durability = shardctl_coordinator::confirm::status(&mut con, &home).await?;
         if a.json {
             let mut v = serde_json::to_value(&q)?;
             v["nodes"] = serde_json::to_value(&nodes)?;
             v["coordinators"] = coordinators.iter().map(|(c, _)| c.clone()).collect::<Vec<_>>().into();
+            v["durability"] = serde_json::to_value(&durability)?;
             outln!("{v}");
         } else {
             let names: Vec<String> = coordinators.into_iter().map(|(c, _)| c).collect();
             for l in shardctl::text::queue(&q, &nodes, &names) {
                 outln!("{l}");
             }
+            outln!("{}", shardctl::text::durability(&durability));
         }
         return Ok(ExitCode::SUCCESS);
     };
