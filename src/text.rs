@@ -250,19 +250,22 @@ pub fn settings(queue: &str, s: &QueueSettings, layout: &Layout, masters: Option
 
 /// The queue's durability line of `status`.
 pub fn durability(d: &shardctl_coordinator::confirm::Status) -> String {
-    if d.in_sync.is_none() {
+    if d.mode == "none" {
         return format!(
             "durability: {} (a master's failover may lose its last writes; see docs/operations.md)",
             d.mode
         );
     }
     let how = format!("durability: {} (each wait at most {} ms)", d.mode, d.timeout_ms);
-    match (d.unsynced_for_ms, d.in_sync) {
-        (Some(ms), _) => {
-            format!("{how}: no replica in sync for {} s; nothing waiting for one acts meanwhile", ms / 1000)
-        }
-        (None, Some(false)) => format!("{how}: no replica in sync now (none acknowledged within the wait)"),
-        _ => format!("{how}: in sync"),
+    let slot = d.unsynced_slot.as_deref().unwrap_or("?");
+    match (&d.error, d.in_sync, d.unsynced_for_ms) {
+        (Some(e), _, _) => format!("{how}: could not check the replicas: {e}"),
+        (_, Some(true), _) => format!("{how}: in sync"),
+        (_, _, Some(ms)) => format!(
+            "{how}: no replica in sync for {} s (slot {slot}); nothing waiting for one acts meanwhile",
+            ms / 1000
+        ),
+        _ => format!("{how}: no replica in sync now (slot {slot}: none acknowledged a probe)"),
     }
 }
 

@@ -217,22 +217,42 @@ fn a_failover_to_a_lagging_replica_loses_what_none_admits_and_nothing_replica_wa
 
     // --- replica: the kill before the aggregation's claim is durable -----------------------
     // The shards end on the doomed master while no replica acknowledges: the aggregation job is
-    // claimed there, but its handler never starts. After the failover the lost completions are
-    // recorded again (the executors kept them), and the aggregation runs once.
+    // claimed there, but its handler never starts; a dispatch meanwhile prints no id. After the
+    // failover the lost completions are recorded again (the executors kept them), the
+    // aggregation runs once, and the dispatch whose records were lost fails, saying so.
     let r = Round::start(&cluster, &queues[1], "replica");
     assert_eq!(r.dispatch("before").code(), 0);
     wait_until("its shards run", || r.on_master(&cluster, "before", "seq").is_some());
+    let mut pending = None;
     fail_over_losing(&mut cluster, &r, |c| {
+        let cli = Cli::on((), &c.url(), &r.cli.queue);
+        pending = Some(std::thread::spawn(move || {
+            cli.run(&["dispatch", "--kind", "gated", "--shards", "2", "--task-id", "unconfirmed"])
+        }));
+        // its records are on the doomed master only: lost for certain
+        wait_until("the unconfirmed task written on the doomed master", || {
+            r.on_master(c, "unconfirmed", "seq").is_some()
+        });
         r.open("shards");
         r.open("agg");
         wait_until("the aggregation job claimed on the doomed master", || r.aggregation_claimed(c, "before"));
         std::thread::sleep(Duration::from_millis(500));
         assert_eq!(r.runs("before"), 0, "replica: no aggregator on a claim no replica has; log:\n{}", r.logs());
+        assert!(!pending.as_ref().unwrap().is_finished(), "replica: no id before a replica has the task");
     });
     let w = r.wait("before");
     assert_eq!((w["state"].as_str(), w["done"].as_u64()), (Some("completed"), Some(SHARDS)), "{w}");
     assert_eq!(w["result"]["sum"], SHARDS, "{w}");
     assert_eq!(r.runs("before"), 1, "replica: the aggregation handler ran once; log:\n{}", r.logs());
+    let out = pending.unwrap().join().unwrap();
+    assert_eq!(out.code(), 1, "the dispatch whose records were lost fails: {out:?}");
+    assert!(out.stdout.trim().is_empty(), "and prints no id: {out:?}");
+    assert!(
+        out.stderr.contains("was lost before it reached a replica") && out.stderr.contains("dispatch it again"),
+        "{out:?}"
+    );
+    let gone = r.cli.run(&["status", "unconfirmed", "--json"]);
+    assert_ne!(gone.code(), 0, "{gone:?}");
     r.end();
 
     // --- replica: the kill during the aggregation handler --------------------------------
@@ -295,4 +315,73 @@ fn a_mode_the_server_cannot_keep_is_refused_at_config_time() {
     );
     let st = cli.json(&["status", "--json"], 0);
     assert_eq!(st["durability"]["mode"], "none", "{st}");
+}
+
+/// Over partitions, a share's entry in its partition's `unreported` is acknowledged only once a
+/// confirmation shows the home's count of it on a replica: while the home's replica is cut off,
+/// the shares on other masters end and are counted in the home, and their entries stay; once it
+/// is back they go, and the task ends exact.
+#[test]
+fn over_partitions_a_share_is_acknowledged_once_its_count_reached_a_replica() {
+    let cluster = TestCluster::start_with_replicas(3, 1);
+    let q = "dur-parts";
+    let cli = Cli::on((), &cluster.url(), q);
+    let cfg = cli.json(&["config", "--partitions", "3", "--durability", "replica", "--json"], 0);
+    let tags: Vec<String> =
+        cfg["partition_tags"].as_array().unwrap().iter().map(|t| t.as_str().unwrap().to_owned()).collect();
+    let home_owner = cluster.owner(cluster.keyslot(&tag(q)));
+    // the partitions whose master is not the home's: their shares end while the home's replica is away
+    let elsewhere: Vec<(String, u16)> = tags
+        .iter()
+        .map(|t| (t.clone(), cluster.owner(cluster.keyslot(&format!("{{{t}}}")))))
+        .filter(|(_, owner)| *owner != home_owner)
+        .collect();
+    assert!(!elsewhere.is_empty(), "a partition on another master than the home's: {tags:?}");
+    let dir = std::env::temp_dir().join(format!("shardctl-durability-parts-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let gate = dir.join("go");
+    let shard = script(
+        &dir,
+        "shard.sh",
+        &format!("cat > /dev/null\nwhile [ ! -e {} ]; do sleep 0.05; done\necho 1", gate.display()),
+    );
+    let mut executor = cli.executor("parts-a", &["--concurrency", "16", "--exec", &shard]);
+    assert_eq!(cli.run(&["dispatch", "--shards", "30", "--task-id", "t"]).code(), 0);
+    let frozen = cluster.cut_off_replicas(home_owner);
+    std::fs::write(&gate, "").unwrap();
+    let count_in_home = |t: &str| -> Option<String> {
+        let p = tags.iter().position(|x| x == t).unwrap() + 1;
+        redis::cmd("HGET")
+            .arg(format!("{}:task:t", tag(q)))
+            .arg(format!("part:{p}"))
+            .query(&mut cluster.node_con(home_owner))
+            .unwrap()
+    };
+    let pending = |t: &str, owner: u16| -> u64 {
+        redis::cmd("ZCARD").arg(format!("{{{t}}}:unreported")).query(&mut cluster.node_con(owner)).unwrap()
+    };
+    for (t, owner) in &elsewhere {
+        wait_until("the share counted in the home", || count_in_home(t).is_some());
+        // reports are repeated every 200 ms: several rounds found no replica to confirm the count
+        std::thread::sleep(Duration::from_millis(1500));
+        assert_eq!(
+            pending(t, *owner),
+            1,
+            "partition {t}: acknowledged before a replica had its count; log:\n{}",
+            executor.log()
+        );
+    }
+    let st = cli.ok(&["status"]);
+    assert!(st.contains("no replica in sync for"), "{st}");
+    for r in &frozen {
+        cluster.thaw(*r);
+    }
+    for (t, owner) in &elsewhere {
+        wait_until("the share's entry acknowledged", || pending(t, *owner) == 0);
+    }
+    let w = cli.json(&["wait", "t", "--json", "--timeout", "120s"], 0);
+    assert_eq!((w["state"].as_str(), w["done"].as_u64()), (Some("completed"), Some(30)), "{w}");
+    executor.terminate();
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -103,10 +103,10 @@ impl Endpoint {
                     .set_number_of_retries(3)
                     .set_max_delay(Duration::from_secs(2));
                 let m = client.get_connection_manager_with_config(cfg).await.map_err(|e| self.unreachable(e))?;
-                Ok(Conn::Managed(m))
+                Ok(self.conn(Link::Managed(m)))
             }
             Target::Cluster(client, _) => {
-                Ok(Conn::Cluster(client.get_async_connection().await.map_err(|e| self.unreachable(e))?))
+                Ok(self.conn(Link::Cluster(client.get_async_connection().await.map_err(|e| self.unreachable(e))?)))
             }
         }
     }
@@ -122,7 +122,11 @@ impl Endpoint {
         };
         let m = ConnectionManager::new_lazy_with_config(client.clone(), ConnectionManagerConfig::new())
             .map_err(|e| self.unreachable(e))?;
-        Ok(Conn::Managed(m))
+        Ok(self.conn(Link::Managed(m)))
+    }
+
+    fn conn(&self, link: Link) -> Conn {
+        Conn { link, endpoint: std::sync::Arc::new(self.clone()) }
     }
 
     /// A connection of its own for a blocking command that waits up to `block`. For a cluster:
@@ -137,12 +141,12 @@ impl Endpoint {
                     .set_response_timeout(Some(timeout));
                 let c =
                     client.get_multiplexed_async_connection_with_config(&cfg).await.map_err(|e| self.unreachable(e))?;
-                Ok(Conn::Plain(c))
+                Ok(self.conn(Link::Plain(c)))
             }
             Target::Cluster(_, nodes) => {
                 let client = cluster_client(nodes.clone(), timeout).map_err(|e| self.unreachable(e))?;
                 let c = client.get_async_connection().await.map_err(|e| self.unreachable(e))?;
-                Ok(Conn::Cluster(c))
+                Ok(self.conn(Link::Cluster(c)))
             }
         }
     }
@@ -190,9 +194,16 @@ fn eval_of(cmd: &Cmd) -> Option<Cmd> {
     Some(eval)
 }
 
-/// A connection to an [`Endpoint`]; clones share it.
+/// A connection to an [`Endpoint`]; clones share it. It knows its endpoint, so that a caller
+/// holding only a connection can open one of its own for a blocking command ([`Conn::dedicated`]).
 #[derive(Clone)]
-pub enum Conn {
+pub struct Conn {
+    link: Link,
+    endpoint: std::sync::Arc<Endpoint>,
+}
+
+#[derive(Clone)]
+enum Link {
     /// Reconnects by itself.
     Managed(ConnectionManager),
     /// One connection, for blocking waits.
@@ -201,12 +212,25 @@ pub enum Conn {
     Cluster(ClusterConnection),
 }
 
+impl Conn {
+    /// True for a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.link, Link::Cluster(_))
+    }
+
+    /// A connection of its own to the same endpoint, for a blocking command that waits up to
+    /// `block` ([`Endpoint::blocking`]).
+    pub async fn dedicated(&self, block: Duration) -> Result<Conn> {
+        self.endpoint.blocking(block).await
+    }
+}
+
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Conn::Managed(c) => c.req_packed_command(cmd),
-            Conn::Plain(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => Box::pin(async move {
+        match &mut self.link {
+            Link::Managed(c) => c.req_packed_command(cmd),
+            Link::Plain(c) => c.req_packed_command(cmd),
+            Link::Cluster(c) => Box::pin(async move {
                 match c.req_packed_command(cmd).await {
                     // a server's error comes back as a value; `query_async` makes it an error
                     Ok(Value::ServerError(e)) if e.kind() == Some(ServerErrorKind::NoScript) => match eval_of(cmd) {
@@ -225,18 +249,18 @@ impl ConnectionLike for Conn {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Conn::Managed(c) => c.req_packed_commands(pipeline, offset, count),
-            Conn::Plain(c) => c.req_packed_commands(pipeline, offset, count),
-            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        match &mut self.link {
+            Link::Managed(c) => c.req_packed_commands(pipeline, offset, count),
+            Link::Plain(c) => c.req_packed_commands(pipeline, offset, count),
+            Link::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
-        match self {
-            Conn::Managed(c) => c.get_db(),
-            Conn::Plain(c) => c.get_db(),
-            Conn::Cluster(c) => c.get_db(),
+        match &self.link {
+            Link::Managed(c) => c.get_db(),
+            Link::Plain(c) => c.get_db(),
+            Link::Cluster(c) => c.get_db(),
         }
     }
 }

@@ -153,14 +153,8 @@ impl Confirmed {
     }
 }
 
-static SETTLES: AtomicU64 = AtomicU64::new(0);
-static TIMEOUTS: AtomicU64 = AtomicU64::new(0);
+/// When this process last warned of a confirmation that timed out (its ms).
 static WARNED_MS: AtomicU64 = AtomicU64::new(0);
-
-/// Confirms made by this process and those of them that timed out, since it started.
-pub fn counts() -> (u64, u64) {
-    (SETTLES.load(Ordering::Relaxed), TIMEOUTS.load(Ordering::Relaxed))
-}
 
 /// A confirmation of `keys`' slot: `reads` (commands on keys of that slot only), then `HINCRBY
 /// durable n 1`, then the mode's wait, as one pipeline on one connection. When the wait reports
@@ -173,6 +167,18 @@ pub async fn confirm<C: ConnectionLike + Send>(
     keys: &Keys,
     d: &Durability,
     reads: &Pipeline,
+) -> Result<Confirmed> {
+    confirm_as(con, keys, d, reads, true).await
+}
+
+/// [`confirm`]; a timeout marks the slot only when `mark` (a check before the mode is set
+/// leaves no mark).
+async fn confirm_as<C: ConnectionLike + Send>(
+    con: &mut C,
+    keys: &Keys,
+    d: &Durability,
+    reads: &Pipeline,
+    mark: bool,
 ) -> Result<Confirmed> {
     let n = reads.cmd_iter().count();
     if !d.waits() {
@@ -191,15 +197,13 @@ pub async fn confirm<C: ConnectionLike + Send>(
     let _counter = all.pop();
     let since = all.pop().expect("the mark's reply");
     let (durable, acks) = d.acknowledged(&wait);
-    SETTLES.fetch_add(1, Ordering::Relaxed);
     if durable {
         if since != Value::Nil {
             let _: Result<(), _> = redis::cmd("HDEL").arg(keys.durable()).arg("since").query_async(con).await;
             tracing::info!(slot = keys.tag(), "durability: {} again ({acks})", d.mode.wants());
         }
     } else {
-        TIMEOUTS.fetch_add(1, Ordering::Relaxed);
-        if since == Value::Nil {
+        if mark && since == Value::Nil {
             let now = crate::time::server_now_ms(con, keys).await?;
             let _: bool = redis::cmd("HSETNX").arg(keys.durable()).arg("since").arg(now).query_async(con).await?;
         }
@@ -228,7 +232,7 @@ pub async fn check<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, d: &Durab
     }
     let mut reads = redis::pipe();
     reads.cmd("INFO").arg("replication");
-    let confirmed = match confirm(con, keys, d, &reads).await {
+    let confirmed = match confirm_as(con, keys, d, &reads, false).await {
         Ok(s) => s,
         Err(e) => return Err(Error::invalid(format!("durability {} is not possible here: {e}", d.mode.as_str()))),
     };
@@ -318,31 +322,32 @@ impl Waiter {
         self.follow.now(&mut con).await.ok()
     }
 
-    /// A [`confirm`] of `keys`' slot on the confirmations' own connection, opened on `endpoint`
-    /// at first use. A failed one drops that connection, and the next opens another: a
-    /// single server's dedicated connection does not reconnect by itself (a restart, a failover
-    /// behind a proxy).
+    /// A [`confirm`] of `keys`' slot on the confirmations' own connection, opened at first use
+    /// to `con`'s endpoint (`WAIT` blocks its connection: the process's other commands on `con`
+    /// never queue behind it). One at a time: Redis serves a blocked `WAIT` before the next
+    /// command of its connection, so confirmations sent together would each wait for those
+    /// before (with no replica, past the response timeout). A failed one drops that connection,
+    /// and the next opens another: a single server's dedicated connection does not reconnect
+    /// by itself.
     pub async fn confirm(
         &self,
-        endpoint: &crate::conn::Endpoint,
+        con: &crate::conn::Conn,
         keys: &Keys,
         d: &Durability,
         reads: &Pipeline,
     ) -> Result<Confirmed> {
-        let mut con = {
-            let mut held = self.con.lock().await;
-            match &*held {
-                Some(c) => c.clone(),
-                None => {
-                    let c = endpoint.blocking(TIMEOUT_RANGE.1).await?;
-                    *held = Some(c.clone());
-                    c
-                }
+        let mut held = self.con.lock().await;
+        let mut own = match &*held {
+            Some(c) => c.clone(),
+            None => {
+                let c = con.dedicated(TIMEOUT_RANGE.1).await?;
+                *held = Some(c.clone());
+                c
             }
         };
-        let r = confirm(&mut con, keys, d, reads).await;
+        let r = confirm(&mut own, keys, d, reads).await;
         if r.is_err() {
-            *self.con.lock().await = None;
+            *held = None;
         }
         r
     }

@@ -47,6 +47,10 @@ pub enum Error {
         /// Why the task did not move, as far as Redis tells.
         why: String,
     },
+    /// A write was lost before it reached a replica (a failover of its master,
+    /// docs/design/durability.md): what was asked did not happen, and the message says so.
+    #[error("{0}")]
+    Lost(String),
     /// A distributed lock held by this process was lost (it expired, or another holder took
     /// it): whatever it guarded must stop. Not bad input: the key it names is the lock's.
     #[error("lock {0} lost")]

@@ -1,10 +1,86 @@
-//! The confirmations of what a waiter promises (`docs/design/durability.md`): a task's end reached
-//! what the queue's durability asks before `wait` returns it; and the durability `status`
-//! shows. Mode `none` sends nothing.
+//! The confirmations of what a dispatcher and a waiter promise (`docs/design/durability.md`): a
+//! dispatch's records reached what the queue's durability asks before its id is given out, and
+//! a task's end did before `wait` returns it; and the durability `status` shows. Mode `none`
+//! sends nothing but the read of the mode.
+
+use std::time::Duration;
 
 use redis::aio::ConnectionLike;
-use shardctl_common::durability;
-use shardctl_common::{Home, Result};
+use shardctl_common::conn::Conn;
+use shardctl_common::durability::{self, Durability, Waiter};
+use shardctl_common::{Error, Home, Keys, Result};
+
+/// Pause between confirmations whose wait timed out (each waited the queue's timeout already).
+const AGAIN: Duration = Duration::from_millis(100);
+/// How long Redis errors (a failover under way) are retried before a dispatch's confirmation
+/// gives up.
+const ERRORS_FOR: Duration = Duration::from_secs(60);
+
+/// One confirmation of `keys`' slot with `reads`, repeated while its wait times out, and while
+/// Redis fails with a retryable error for up to [`ERRORS_FOR`] (a failover: the cluster
+/// connection finds the new master); the confirmation once durable.
+async fn confirmed(
+    waiter: &Waiter,
+    con: &Conn,
+    keys: &Keys,
+    d: &Durability,
+    reads: &redis::Pipeline,
+) -> Result<durability::Confirmed> {
+    let mut failing: Option<std::time::Instant> = None;
+    loop {
+        match waiter.confirm(con, keys, d, reads).await {
+            Ok(s) if s.durable => return Ok(s),
+            Ok(_) => failing = None,
+            Err(e) if e.is_retryable() && failing.is_none_or(|t| t.elapsed() < ERRORS_FOR) => {
+                failing.get_or_insert_with(std::time::Instant::now);
+                tracing::warn!("confirming {}: {e} (retrying)", keys.tag());
+            }
+            Err(e) => return Err(e),
+        }
+        tokio::time::sleep(AGAIN).await;
+    }
+}
+
+fn lost(id: &str, what: &str) -> Error {
+    Error::Lost(format!(
+        "task '{id}': {what} was lost before it reached a replica (a failover of its master): \
+         nothing was dispatched; dispatch it again"
+    ))
+}
+
+/// Returns once task `id`'s dispatch is durable: its home record, then each share, read
+/// showing this dispatch's incarnation. A record missing (lost in a failover between the write
+/// and now) is an error: the dispatch did not happen. The waits run on a connection of their
+/// own, never on `con`.
+pub async fn dispatch(con: &mut Conn, home: &Home, id: &str) -> Result<()> {
+    let d = durability::read(con, home).await?;
+    if !d.waits() {
+        return Ok(());
+    }
+    let waiter = Waiter::new(home.clone());
+    let mut reads = redis::pipe();
+    reads.cmd("HMGET").arg(home.task(id)).arg(&["inc", "seq", "state"]);
+    let r = confirmed(&waiter, con, home.keys(), &d, &reads).await?;
+    let (inc, seq, state): (Option<String>, Option<u64>, Option<String>) = r.read(0)?;
+    let Some(inc) = shardctl_common::incarnation::of_fields(inc.as_deref(), seq) else {
+        return Err(lost(id, "its record"));
+    };
+    // a share of a task that ended already may be gone with its results: nothing to lose
+    if matches!(state.as_deref(), Some("completed" | "failed" | "cancelled")) {
+        return Ok(());
+    }
+    let layout = shardctl_common::partition::task_layout(con, home, id).await?;
+    for pk in &layout.partitions {
+        let mut reads = redis::pipe();
+        reads.cmd("HMGET").arg(pk.task(id)).arg(&["home_inc", "home_seq"]);
+        let r = confirmed(&waiter, con, pk, &d, &reads).await?;
+        let (share_inc, share_seq): (Option<String>, Option<u64>) = r.read(0)?;
+        if shardctl_common::incarnation::of_fields(share_inc.as_deref(), share_seq).as_deref() != Some(inc.as_str()) {
+            return Err(lost(id, &format!("its share in partition {}", pk.tag())));
+        }
+    }
+    Ok(())
+}
 
 /// Whether task `id`'s end (`state`, seen by a read just before) is durable: a confirmation of its
 /// home reads the same state. `false` while the wait times out, or when the end was lost (the
@@ -37,14 +113,25 @@ pub struct Status {
     pub mode: &'static str,
     /// One wait's timeout, ms.
     pub timeout_ms: u64,
-    /// A confirmation of the home succeeded just now; `None` in mode `none`.
+    /// Every slot of the queue had a replica acknowledge a probe just now; `None` in mode
+    /// `none`, or when the probes could not be made (`error`).
     pub in_sync: Option<bool>,
-    /// How long the confirmations of some slot of the queue have timed out, none succeeding since.
+    /// How long the confirmations of a slot whose probe failed now have timed out, none
+    /// succeeding since (the longest such slot); `None` when none had timed out before.
     pub unsynced_for_ms: Option<u64>,
+    /// The hash tag of a slot whose probe failed now (the one out of sync longest).
+    pub unsynced_slot: Option<String>,
+    /// Why the probes could not be made (a user without write access, say).
+    pub error: Option<String>,
 }
 
-/// The queue's durability, and whether it is kept: every slot's mark of confirmations timing out,
-/// and a confirmation of the home made now (so that replicas gone from an idle queue are seen).
+/// How long a probe of `status` waits for a replica: one in sync answers within a round trip.
+const PROBE_WAIT: Duration = Duration::from_millis(250);
+
+/// The queue's durability, and whether it is kept now: each slot of the queue (its home and
+/// partitions) is probed with a confirmation, which marks a slot out of sync or clears its
+/// mark; a slot whose probe fails is reported with how long its mark says it has been so (read
+/// before the probe). A probe that cannot be made is said, not an error of `status`.
 pub async fn status<C: ConnectionLike + Send>(con: &mut C, home: &Home) -> Result<Status> {
     let d = durability::read(con, home).await?;
     let mut st = Status {
@@ -52,20 +139,37 @@ pub async fn status<C: ConnectionLike + Send>(con: &mut C, home: &Home) -> Resul
         timeout_ms: d.timeout.as_millis() as u64,
         in_sync: None,
         unsynced_for_ms: None,
+        unsynced_slot: None,
+        error: None,
     };
     if !d.waits() {
         return Ok(st);
     }
-    // first the probe: one that succeeds deletes the home's mark
-    let probe = durability::confirm(con, home.keys(), &d, &redis::pipe()).await?;
-    st.in_sync = Some(probe.durable);
     let layout = shardctl_common::partition::layout(con, home).await?;
-    let now = shardctl_common::time::server_now_ms(con, home.keys()).await?;
-    for keys in layout.partitions.iter().chain([home.keys()]) {
-        if let Some(since) = durability::unsynced_since(con, keys).await? {
-            let age = now.saturating_sub(since);
-            st.unsynced_for_ms = Some(st.unsynced_for_ms.map_or(age, |a| a.max(age)));
+    let probe = Durability { timeout: PROBE_WAIT.min(d.timeout), ..d };
+    let mut in_sync = true;
+    for keys in [home.keys()].into_iter().chain(layout.partitions.iter()) {
+        let checked = async {
+            let since = durability::unsynced_since(con, keys).await?;
+            let now = shardctl_common::time::server_now_ms(con, keys).await?;
+            let p = durability::confirm(con, keys, &probe, &redis::pipe()).await?;
+            Ok::<_, Error>((p.durable, since.map(|s| now.saturating_sub(s))))
+        };
+        match checked.await {
+            Ok((true, _)) => {}
+            Ok((false, age)) => {
+                in_sync = false;
+                if st.unsynced_slot.is_none() || age > st.unsynced_for_ms {
+                    st.unsynced_for_ms = age;
+                    st.unsynced_slot = Some(keys.tag().to_owned());
+                }
+            }
+            Err(e) => {
+                st.error = Some(format!("probing {}: {e}", keys.tag()));
+                return Ok(st);
+            }
         }
     }
+    st.in_sync = Some(in_sync);
     Ok(st)
 }

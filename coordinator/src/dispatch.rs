@@ -47,7 +47,8 @@ pub struct Dispatched {
 /// Dispatches a task of any strategy: creates it ([`create_task`]) and places a routed one on
 /// the live executors' lists in chunks; with none alive it waits, unplaced, for the first one. Crash-safe: re-running the
 /// same dispatch (same id and spec) on a task whose placement was cut short completes it.
-/// `shard_keys` (one per shard) replaces the index as each shard's routing key.
+/// `shard_keys` (one per shard) replaces the index as each shard's routing key. Returns once the
+/// records reached what the queue's durability asks ([`crate::confirm::dispatch`]).
 pub async fn dispatch(
     con: &mut shardctl_common::conn::Conn,
     home: &Home,
@@ -55,6 +56,8 @@ pub async fn dispatch(
     shard_keys: Option<&[String]>,
 ) -> Result<Dispatched> {
     let d = create_and_place(con, home, spec, shard_keys).await?;
+    // the id is given out once the records are durable (the queue's durability; at once with none)
+    crate::confirm::dispatch(con, home, &spec.id).await?;
     // the queue is listed for every dashboard of its prefix (docs/design/dashboard.md): once a
     // task of it exists (a refused dispatch writes nothing)
     shardctl_common::queues::register(con, home).await;

@@ -52,7 +52,11 @@ pub async fn wait_explained<C: ConnectionLike + Send>(
                 on_progress(&t);
                 // an end is returned once durable (the queue's durability; at once with none)
                 if t.state.is_finished() && crate::confirm::ended(con, home, id, t.state.as_str()).await? {
-                    return Ok(t);
+                    // the end as read after its confirmation (its result is the one confirmed)
+                    match progress::task(con, home, id).await {
+                        Ok(after) if after.state == t.state => return Ok(after),
+                        _ => {}
+                    }
                 }
                 let now = (t.done, t.failed, t.state);
                 let since = match last {

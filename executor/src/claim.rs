@@ -22,6 +22,10 @@ use crate::shared::{Held, Shared, NO_CLAIM};
 use crate::slots::Waiting;
 use crate::stats::Stats;
 
+/// Completions held for a replica's confirmation beyond which no more shards are claimed (or
+/// eight per run slot, when more).
+const CONFIRMING_MAX: usize = 4096;
+
 /// Most completions a claim call records: they add ~1 µs each to the claim's time in Redis.
 const WITH_CLAIM_MAX: usize = 16;
 
@@ -47,6 +51,16 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
         }
         if shutdown.is_cancelled() {
             return;
+        }
+        // many completions a replica has not confirmed (docs/design/durability.md): claim no
+        // more until they are. Each held shard costs a lock renewal per beat, and with no replica
+        // in sync nothing the executor runs counts anyway
+        if shared.confirming.load(Ordering::SeqCst) >= CONFIRMING_MAX.max(concurrency * 8) {
+            tokio::select! {
+                _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {}
+                _ = shutdown.cancelled() => return,
+            }
+            continue;
         }
         let count = missing.min(shared.cfg.max_claim_batch);
         // those beyond the free run slots wait for one: under a rate limit they are not claimed

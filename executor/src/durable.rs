@@ -58,7 +58,7 @@ pub(crate) async fn completions(shared: &Shared, finished: &[Finished<'_>]) -> C
         // (a BITFIELD with no GET answers an empty array)
         reads.add_command(bits);
     }
-    let confirmed = shared.durable.confirm(&shared.endpoint, keys, &d, &reads).await;
+    let confirmed = shared.durable.confirm(&shared.con, keys, &d, &reads).await;
     let confirmed = match confirmed {
         Ok(s) if s.durable => {
             shared.metrics.durability_confirmations.increment(1);
@@ -79,10 +79,8 @@ pub(crate) async fn completions(shared: &Shared, finished: &[Finished<'_>]) -> C
         let (stored_seq, state): (Option<u64>, Option<String>) =
             redis::from_redis_value(fields.clone()).unwrap_or((None, None));
         let bits: Vec<u8> = redis::from_redis_value(bits.clone()).unwrap_or_default();
-        // a task gone (removed after it ended) has nothing left to lose
-        if stored_seq.is_none() {
-            continue;
-        }
+        // a task gone (a failover back to before its dispatch, or removed since): recorded
+        // again, a completion finds it so (`TaskMissing`)
         if stored_seq != Some(*seq) || bits.len() != indexes.len() || bits.iter().any(|b| *b != 1) {
             return Completions::Lost;
         }
@@ -113,7 +111,7 @@ pub(crate) async fn aggregation_claim(
             }
             let mut reads = redis::pipe();
             reads.cmd("HGET").arg(shared.keys.active()).arg(shard_ref.to_string());
-            let s = shared.durable.confirm(&shared.endpoint, &shared.keys, &d, &reads).await?;
+            let s = shared.durable.confirm(&shared.con, &shared.keys, &d, &reads).await?;
             shared.metrics.durability_confirmations.increment(1);
             if !s.durable {
                 shared.metrics.durability_timeouts.increment(1);
@@ -127,7 +125,8 @@ pub(crate) async fn aggregation_claim(
                 return match holder.as_deref() {
                     Some(t) if t == token => Ok(()),
                     _ => Err(ShardError::new(
-                        "the aggregation's claim was lost (a failover): not run here, it is claimed again",
+                        "the aggregation's claim is no longer this executor's (lost in a failover, or its task \
+                         was cancelled or retried): not run here",
                     )),
                 };
             }

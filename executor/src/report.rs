@@ -33,12 +33,12 @@ pub const FLUSH_AFTER: std::time::Duration = std::time::Duration::from_millis(5)
 pub(crate) async fn run(shared: Arc<Shared>, closing: CancellationToken) {
     let outbox = &shared.outbox;
     // the batches whose completions confirm: the reporter goes on recording meanwhile
-    let mut confirming = tokio::task::JoinSet::new();
+    let mut confirmations = tokio::task::JoinSet::new();
     loop {
-        while confirming.try_join_next().is_some() {}
+        while confirmations.try_join_next().is_some() {}
         if outbox.len() == 0 {
             if closing.is_cancelled() {
-                while confirming.join_next().await.is_some() {}
+                while confirmations.join_next().await.is_some() {}
                 return;
             }
             tokio::select! {
@@ -71,7 +71,8 @@ pub(crate) async fn run(shared: Arc<Shared>, closing: CancellationToken) {
         let (held, done): (Vec<_>, Vec<_>) = batch.into_iter().zip(confirm).partition(|(_, s)| *s);
         forget(&shared, done.into_iter().map(|(r, _)| r).collect());
         if !held.is_empty() {
-            confirming.spawn(confirm_batch(
+            shared.confirming.fetch_add(held.len(), Ordering::SeqCst);
+            confirmations.spawn(confirm_batch(
                 shared.clone(),
                 held.into_iter().map(|(r, _)| r).collect(),
                 closing.clone(),
@@ -83,6 +84,7 @@ pub(crate) async fn run(shared: Arc<Shared>, closing: CancellationToken) {
 /// Confirms recorded completions (every report a completion its call counted), records them
 /// again when a failover took them, counts them once durable, then forgets their shards.
 async fn confirm_batch(shared: Arc<Shared>, mut held: Vec<Report>, closing: CancellationToken) {
+    let held_at_first = held.len();
     let mut closing_since: Option<std::time::Instant> = None;
     while !held.is_empty() {
         let finished = completions(&held);
@@ -109,16 +111,21 @@ async fn confirm_batch(shared: Arc<Shared>, mut held: Vec<Report>, closing: Canc
             crate::durable::Completions::Pending => {}
         }
         if closing.is_cancelled() {
-            // at shutdown, give up once the locks are gone anyway: the sweep recovers the shards
+            // at shutdown, give up after the grace time: the lease ends with this executor, and
+            // the sweep gives the shards to another, which runs them again
             let since = *closing_since.get_or_insert_with(std::time::Instant::now);
-            if since.elapsed() > shared.cfg.lock_duration {
-                tracing::error!("giving up on confirming {} completions at shutdown: no replica in sync", held.len());
+            if since.elapsed() > shared.cfg.grace {
+                tracing::error!(
+                    "giving up on confirming {} completions at shutdown: no replica in sync (they run again elsewhere)",
+                    held.len()
+                );
                 break;
             }
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     forget(&shared, held);
+    shared.confirming.fetch_sub(held_at_first, Ordering::SeqCst);
 }
 
 /// The reports' shards leave `held` (those still held by the reported claim: a later claim of
@@ -286,7 +293,21 @@ pub(crate) async fn lost_replies(
     let mut con = shared.con.clone();
     for ((f, c), sent) in finished.iter().zip(codes.iter_mut()).zip(sent) {
         let r = &f.claim.shard_ref;
-        let (Err(ScriptCode::LockMissing), true, shardctl_common::model::Job::Shard(i)) = (&c, sent, r.job) else {
+        if !matches!((&c, sent), (Err(ScriptCode::LockMissing), true)) {
+            continue;
+        }
+        let shardctl_common::model::Job::Shard(i) = r.job else {
+            // the aggregation job's completion is its task's end, in the same incarnation
+            let read: redis::RedisResult<(Option<u64>, Option<String>)> = redis::pipe()
+                .hget(shared.keys.task(&r.task), "seq")
+                .hget(shared.keys.task(&r.task), "state")
+                .query_async(&mut con)
+                .await;
+            if matches!(f.outcome, FinishedAs::Completed(_))
+                && read.is_ok_and(|(seq, state)| seq == Some(r.seq) && state.as_deref() == Some("completed"))
+            {
+                *c = Ok(1);
+            }
             continue;
         };
         type Read = (Option<u64>, u8, Option<u32>, Option<u32>, Option<f64>);

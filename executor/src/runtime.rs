@@ -128,6 +128,7 @@ impl Executor {
             }),
             held_now: Default::default(),
             durable,
+            confirming: Default::default(),
         });
         if let Some(b) = &budget {
             b.join(&shared);

@@ -3,7 +3,7 @@
 //! none of them.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use shardctl_common::conn::{Conn, Endpoint};
@@ -77,6 +77,8 @@ pub(crate) struct Shared {
     pub(crate) held_now: std::sync::atomic::AtomicUsize,
     /// The queue's durability as followed, and the connection of its confirmations.
     pub(crate) durable: shardctl_common::durability::Waiter,
+    /// Completions recorded and held until a replica confirms them.
+    pub(crate) confirming: AtomicUsize,
 }
 
 impl Shared {

@@ -108,6 +108,18 @@ pub async fn run(args: &Args, a: &ConfigArgs) -> anyhow::Result<ExitCode> {
             durability::check(&mut con, keys, &d).await?;
         }
         durability::store(&mut con, &home, &d).await?;
+        // the setting itself reached a replica: a failover does not take it back unseen
+        let mut reads = redis::pipe();
+        reads.cmd("HGET").arg(home.meta()).arg("durability");
+        let c = durability::confirm(&mut con, home.keys(), &d, &reads).await?;
+        if !c.durable || c.read::<Option<String>>(0)?.as_deref() != Some(d.mode.as_str()) {
+            anyhow::bail!(
+                "durability {} was stored, but no replica acknowledged it within {:?} ({}): run config again",
+                d.mode.as_str(),
+                d.timeout,
+                c.acks
+            );
+        }
     }
     let mut changes: Vec<control::GroupChange> = Vec::new();
     for (name, cap) in &a.group_max_running {

@@ -73,7 +73,7 @@ pub async fn reconcile_page<C: ConnectionLike + Send>(
             let state = if ours { state } else { None };
             match state.as_deref() {
                 Some("aggregating" | "completed" | "failed") => {
-                    if report_share(con, home, pk, &id, 0).await? {
+                    if report_share(con, home, pk, &id, 0).await?.counted {
                         tracing::info!(task = %id, partition = i + 1, "a share's count missing in the home was reported again");
                         counted += 1;
                     }

@@ -1,10 +1,23 @@
 //! The report of each ended share to its home, repeated until acknowledged, and the end of
-//! the shares of an ended task.
+//! the shares of an ended task. When the queue's durability asks (docs/design/durability.md),
+//! a share's entry is acknowledged only once a confirmation shows the home's count of it on a
+//! replica: a count a failover took is reported again, never left to the reconciliation.
 
 use redis::aio::ConnectionLike;
+use shardctl_common::conn::Conn;
+use shardctl_common::durability::{self, Waiter};
 use shardctl_common::partition::Layout;
 use shardctl_common::scripts::{self, Reported, ShareReport};
 use shardctl_common::{Home, Keys, Result};
+
+/// Where the confirmations of the home's counts are made.
+pub(super) enum Confirm<'a> {
+    /// On the reporting connection itself (a caller with a connection of its own).
+    OnCon,
+    /// On the waiter's own connection to `Conn`'s endpoint (the upkeep, whose connection the
+    /// process shares: a `WAIT` must not hold its other commands up).
+    Own(&'a Waiter, &'a Conn),
+}
 
 /// Shares read from a partition's `unreported` per call.
 const REPORT_BATCH: usize = 100;
@@ -25,19 +38,106 @@ async fn unreported_page<C: ConnectionLike + Send>(con: &mut C, keys: &Keys) -> 
 /// acknowledges it there. Idempotent: whoever repeats it counts nothing twice. Returns how many
 /// shares were counted now.
 pub async fn report_pending<C: ConnectionLike + Send>(con: &mut C, layout: &Layout) -> Result<u64> {
+    report_all(con, layout, &Confirm::OnCon).await
+}
+
+/// [`report_pending`], its confirmations made as `how` says.
+pub(super) async fn report_all<C: ConnectionLike + Send>(
+    con: &mut C,
+    layout: &Layout,
+    how: &Confirm<'_>,
+) -> Result<u64> {
     // (a partition unreachable now must not hold the reports of the others)
     if let Err(e) = end_pending(con, layout).await {
         tracing::warn!("ending the shares of ended tasks: {e}");
     }
+    let d = match how {
+        Confirm::OnCon => durability::read(con, &layout.home).await?,
+        Confirm::Own(w, c) => w
+            .now(c)
+            .await
+            .ok_or_else(|| shardctl_common::Error::Protocol("the queue's durability could not be read".into()))?,
+    };
     let mut counted = 0;
     for pk in &layout.partitions {
+        let mut reported = Vec::new();
         for (task, ended) in unreported_page(con, pk).await? {
-            if report_share(con, &layout.home, pk, &task, ended).await? {
-                counted += 1;
+            let r = report_share(con, &layout.home, pk, &task, ended).await?;
+            counted += u64::from(r.counted);
+            match r.share {
+                Some(share) if d.waits() => reported.push((task, ended, share)),
+                _ => {
+                    scripts::ack(con, pk, &task, ended).await?;
+                }
+            }
+        }
+        if reported.is_empty() {
+            continue;
+        }
+        // one confirmation of the home for the page: what it shows decides each entry
+        let mut reads = redis::pipe();
+        for (task, _, s) in &reported {
+            let (part, round) = (format!("part:{}", s.partition), format!("round:{}", s.partition));
+            reads.cmd("HMGET").arg(layout.home.task(task)).arg(&["inc", "seq", "round", "state", "partitions"]);
+            reads.cmd("HMGET").arg(layout.home.task(task)).arg(&[part, round]);
+        }
+        let confirmed = match how {
+            Confirm::OnCon => durability::confirm(con, layout.home.keys(), &d, &reads).await?,
+            Confirm::Own(w, c) => w.confirm(c, layout.home.keys(), &d, &reads).await?,
+        };
+        if !confirmed.durable {
+            // the entries stay: reported again next round (a report counts once)
+            continue;
+        }
+        for (i, (task, ended, share)) in reported.iter().enumerate() {
+            let home: HomeRow = confirmed.read(2 * i)?;
+            let count: (Option<String>, Option<u64>) = confirmed.read(2 * i + 1)?;
+            if nothing_to_report(share, home, count) {
+                scripts::ack(con, pk, task, *ended).await?;
+            } else {
+                tracing::warn!(
+                    task,
+                    partition = share.partition,
+                    "the home lost a share's count (a failover): reported again"
+                );
             }
         }
     }
     Ok(counted)
+}
+
+/// The home record's `inc`, `seq`, `round`, `state` and `partitions`, as a confirmation reads them.
+type HomeRow = (Option<String>, Option<String>, Option<u64>, Option<String>, Option<u32>);
+
+/// A share's report as the home's count of it is checked.
+pub(super) struct Share {
+    home_inc: String,
+    partition: u32,
+    round: u64,
+}
+
+/// Whether the home, as a confirmation read it (`inc`, `seq`, `round`, `state`, `partitions`;
+/// then `part:<p>`, `round:<p>`), takes no report of `share`: the same conditions as
+/// `lua/report.lua`, so that an entry is acknowledged only when reporting it again would change
+/// nothing. A home whose count of the share was lost would count it again: not acknowledged.
+fn nothing_to_report(
+    share: &Share,
+    (inc, seq, round, state, partitions): HomeRow,
+    (part, part_round): (Option<String>, Option<u64>),
+) -> bool {
+    let Some(seq) = seq else { return true };
+    let state = state.as_deref();
+    if inc.unwrap_or(seq) != share.home_inc || partitions.is_none() || state == Some("cancelled") {
+        return true;
+    }
+    let round = round.unwrap_or(0);
+    if share.round > round {
+        return false;
+    }
+    if round != share.round || !matches!(state, Some("running" | "delayed")) {
+        return true;
+    }
+    part.is_some() && part_round.is_none_or(|r| r >= share.round)
 }
 
 /// Ends the shares of every task found in the home's `unreported` (tasks over partitions whose
@@ -73,14 +173,22 @@ async fn end_pending<C: ConnectionLike + Send>(con: &mut C, layout: &Layout) -> 
     Ok(())
 }
 
-/// Reports one ended share; true when it was counted now.
+/// What [`report_share`] did.
+pub(super) struct ShareReported {
+    /// The home counted it now.
+    pub(super) counted: bool,
+    /// The share's report, when one was made (the share ended, in an incarnation).
+    share: Option<Share>,
+}
+
+/// Reports one ended share (its entry is left for the caller to acknowledge).
 pub(super) async fn report_share<C: ConnectionLike + Send>(
     con: &mut C,
     home: &Home,
     share_keys: &Keys,
     task: &str,
     ended: u64,
-) -> Result<bool> {
+) -> Result<ShareReported> {
     let row: Vec<Option<String>> = redis::cmd("HMGET")
         .arg(share_keys.task(task))
         .arg(&[
@@ -104,9 +212,11 @@ pub(super) async fn report_share<C: ConnectionLike + Send>(
     // a share halted as its home ordered is never counted (its unfinished shards would be lost
     // to the count); a home that lost the halt decides it again from it (`decide_pass`)
     let halted = row[9].is_some();
+    let mut share = None;
     let counted = match (p, home_inc, round, done, failed, shardctl_common::share::ended(state) && !halted) {
         (Some(partition), Some(home_inc), Some(round), Some(done), Some(failed), true) => {
             let at = |v: &Option<String>| v.as_deref().map(|v| shardctl_common::share::at_task_index(base, v));
+            share = Some(Share { home_inc: home_inc.clone(), partition, round });
             let r = ShareReport {
                 task: task.to_owned(),
                 home_inc,
@@ -139,11 +249,10 @@ pub(super) async fn report_share<C: ConnectionLike + Send>(
         // the share is gone (cleaned, expired) or runs again: nothing to count for this entry
         _ => false,
     };
-    scripts::ack(con, share_keys, task, ended).await?;
     if counted {
-        tracing::debug!(task, partition = p.unwrap_or(0), "share counted in the home");
+        tracing::debug!(task, partition = p.unwrap_or(0), ended, "share counted in the home");
     }
-    Ok(counted)
+    Ok(ShareReported { counted, share })
 }
 
 /// Creates share `p` of running task `id` again if it is missing and its dispatch is over: the

@@ -5,12 +5,12 @@ use shardctl_common::Home;
 
 use super::decide::{decide_pass, DECIDE_EVERY};
 use super::reconcile::reconcile_page;
-use super::report::report_pending;
+use super::report::{report_all, Confirm};
 
 /// How often every process serving the queue repeats the reports still pending.
 pub const REPORT_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
 
-/// [`report_pending`] runs per [`reconcile`](super::reconcile).
+/// [`report_pending`](super::report_pending) runs per [`reconcile`](super::reconcile).
 pub const RECONCILE_EVERY: u32 = 25;
 
 /// How often [`upkeep`] checks, on a Redis Cluster, that the partitions lie over as many masters
@@ -35,7 +35,7 @@ pub async fn upkeep(
     let mut current: Option<Layout> = None;
     let mut epoch = stop.child_token();
     let mut running: Vec<tokio::task::JoinHandle<()>> = Vec::new();
-    let on_cluster = matches!(con, shardctl_common::conn::Conn::Cluster(_));
+    let on_cluster = con.is_cluster();
     let mut placed: Option<std::time::Instant> = None;
     loop {
         // the slot map may have changed (masters added, slots moved): re-place when it spreads
@@ -84,13 +84,15 @@ pub async fn upkeep(
     }
 }
 
-/// Repeats [`report_pending`] every [`REPORT_EVERY`] until `stop`, a [`decide_pass`] every
+/// Repeats [`report_pending`](super::report_pending) every [`REPORT_EVERY`] until `stop` (the
+/// confirmations the queue's durability asks for made on a connection of their own), a [`decide_pass`] every
 /// [`DECIDE_EVERY`] of them (1 s),
 /// and one page of [`reconcile_page`] every [`RECONCILE_EVERY`] of them (5 s), the pages in turn.
 pub async fn run(mut con: shardctl_common::conn::Conn, layout: Layout, stop: tokio_util::sync::CancellationToken) {
     let (mut round, mut from) = (0u32, 0isize);
+    let (waiter, own) = (shardctl_common::durability::Waiter::new(layout.home.clone()), con.clone());
     loop {
-        if let Err(e) = report_pending(&mut con, &layout).await {
+        if let Err(e) = report_all(&mut con, &layout, &Confirm::Own(&waiter, &own)).await {
             tracing::warn!("reporting ended shares to the home: {e}");
         }
         round = round.wrapping_add(1);
