@@ -385,3 +385,20 @@ fn over_partitions_a_share_is_acknowledged_once_its_count_reached_a_replica() {
     executor.terminate();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The table's restart rows (docs/operations.md, "What survives a failure"): a Redis restarted
+/// without persistence keeps nothing, tasks and settings alike, whatever the durability mode
+/// (a restart with the AOF is `tests/runtime.rs::redis_restarted_under_running_executor`).
+#[test]
+fn a_restart_without_persistence_keeps_nothing() {
+    let mut cli = Cli::start("dur-restart");
+    cli.ok(&["config", "--events-maxlen", "500"]);
+    assert_eq!(cli.ok(&["dispatch", "--shards", "4", "--task-id", "kept"]).trim(), "kept");
+    assert_eq!(cli.json(&["status", "kept", "--json"], 0)["state"], "running");
+    cli.redis.restart();
+    let gone = cli.run(&["status", "kept", "--json"]);
+    assert_eq!(gone.code(), 1, "{gone:?}");
+    assert!(gone.stderr.contains("no task 'kept'"), "{gone:?}");
+    let cfg = cli.json(&["config", "--json"], 0);
+    assert_eq!(cfg["events_maxlen"], 10_000, "the settings are gone too: {cfg}");
+}

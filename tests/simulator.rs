@@ -34,6 +34,7 @@ use shardctl_testkit::TestRedis;
 pub const ROLLBACKS: bool = true;
 
 const CI_SEEDS: u64 = 20;
+const CI_DURABLE_SEEDS: u64 = 10;
 const CI_STEPS: u64 = 2_000;
 const LONG_STEPS: u64 = 1_000_000;
 
@@ -42,7 +43,7 @@ fn env_u64(name: &str) -> Option<u64> {
 }
 
 /// Runs `seeds`, `steps` each, on one private server; panics with the first failure.
-async fn simulate(seeds: impl Iterator<Item = u64>, steps: u64) {
+async fn simulate(seeds: impl Iterator<Item = u64>, steps: u64, durable: bool) {
     let redis = TestRedis::start();
     let con = open(&redis.url()).expect("redis client").manager().await.expect("connection manager");
     let keys = Home::new("shardctl", "sim").unwrap();
@@ -54,7 +55,7 @@ async fn simulate(seeds: impl Iterator<Item = u64>, steps: u64) {
     for seed in seeds {
         let mut c = con.clone();
         let () = redis::cmd("FLUSHALL").query_async(&mut c).await.expect("FLUSHALL");
-        match sim::run(con.clone(), keys.clone(), seed, steps).await {
+        match sim::run(con.clone(), keys.clone(), seed, steps, durable).await {
             Ok(t) => t.into_iter().for_each(|(k, v)| *tally.entry(k).or_insert(0) += v),
             Err(f) if survey => {
                 eprintln!("seed {seed}: step {}: {}", f.step, f.message);
@@ -70,16 +71,32 @@ async fn simulate(seeds: impl Iterator<Item = u64>, steps: u64) {
         }
     }
     assert!(failed.is_empty(), "seeds {failed:?} failed");
-    eprintln!("simulator: {n} seeds x {steps} steps (and drains) passed in {:.1?}", started.elapsed());
+    let mode = if durable { "replica" } else { "none" };
+    eprintln!(
+        "simulator ({mode} durability): {n} seeds x {steps} steps (and drains) passed in {:.1?}",
+        started.elapsed()
+    );
 }
 
 #[tokio::test]
 async fn seeded_protocol_simulation() {
     let steps = env_u64("SHARDCTL_SIM_STEPS");
     match (env_u64("SHARDCTL_SIM_SEED"), std::env::var("SHARDCTL_SIM_LONG").is_ok_and(|v| v == "1")) {
-        (seed, true) => simulate(std::iter::once(seed.unwrap_or(1)), steps.unwrap_or(LONG_STEPS)).await,
-        (Some(seed), false) => simulate(std::iter::once(seed), steps.unwrap_or(CI_STEPS)).await,
-        (None, false) => simulate(1..=CI_SEEDS, steps.unwrap_or(CI_STEPS)).await,
+        (seed, true) => simulate(std::iter::once(seed.unwrap_or(1)), steps.unwrap_or(LONG_STEPS), false).await,
+        (Some(seed), false) => simulate(std::iter::once(seed), steps.unwrap_or(CI_STEPS), false).await,
+        (None, false) => simulate(1..=CI_SEEDS, steps.unwrap_or(CI_STEPS), false).await,
+    }
+}
+
+/// The same simulation with the queue in `replica` durability (`sim/durable.rs`): a rollback
+/// never goes behind the last confirmation, and nothing confirmed is ever lost. CI: seeds 1 to
+/// [`CI_DURABLE_SEEDS`]; `SHARDCTL_SIM_SEED` replays one.
+#[tokio::test]
+async fn seeded_protocol_simulation_in_replica_durability() {
+    let steps = env_u64("SHARDCTL_SIM_STEPS").unwrap_or(CI_STEPS);
+    match env_u64("SHARDCTL_SIM_SEED") {
+        Some(seed) => simulate(std::iter::once(seed), steps, true).await,
+        None => simulate(1..=CI_DURABLE_SEEDS, steps, true).await,
     }
 }
 
@@ -89,5 +106,5 @@ async fn seeded_protocol_simulation() {
 #[ignore = "a million steps: run with --ignored"]
 async fn seeded_protocol_simulation_long() {
     let seed = env_u64("SHARDCTL_SIM_SEED").unwrap_or(1);
-    simulate(std::iter::once(seed), env_u64("SHARDCTL_SIM_STEPS").unwrap_or(LONG_STEPS)).await;
+    simulate(std::iter::once(seed), env_u64("SHARDCTL_SIM_STEPS").unwrap_or(LONG_STEPS), false).await;
 }

@@ -21,7 +21,11 @@
 //! - `rss`: an executor process's RSS idle and with 10,000 `sleep` shards in flight.
 //! - `cluster`: a private 3-master Redis Cluster started by the bench; N no-op shards through 2
 //!   executor processes on a queue of 1 partition, then of 3: throughput and each master's
-//!   Redis CPU per shard (only scenario that does not use the bench's own server).
+//!   Redis CPU per shard (like `durability`, it does not use the bench's own server).
+//! - `durability`: a private redis-server master and one replica of it (`--replicaof`), started
+//!   by the bench; the `e2e` workload on the master with the queue's durability `none`, then
+//!   `replica` (executors confirm each batch of completions with a pipeline ending in `WAIT 1`):
+//!   both throughputs, their ratio, and the `WAIT` calls per shard (`INFO commandstats`).
 //! - `bullmq`: `bench/bullmq/bench.js`, BullMQ's best case, on the same Redis.
 //! - `workers`: 2,000 shards sleeping 2 ms at concurrency 8 through the built-in `sleep`, a
 //!   Python `--exec` handler, Python and Node `--worker`s; 5,000 no-op shards through each.
@@ -38,13 +42,14 @@
 //!
 //! # Layout
 //! `args` ([`BenchArgs`], the command's flags); one file per scenario group (`queue`: e2e and dispatch; `holding`: idle and upkeep; `primes`,
-//! `small`, `rss`, `pickup`, `failover`, `cluster`, `bullmq`, `workers`, `fairness`, `failures`, `stragglers`), `process` (executor processes of
+//! `small`, `rss`, `pickup`, `failover`, `cluster`, `durability`, `bullmq`, `workers`, `fairness`, `failures`, `stragglers`), `process` (executor processes of
 //! [`Options::exe`]), `stats` (Redis `INFO` figures), `table` (medians against targets),
 //! [`redis_server`] (the private server of `shardctl bench` and `shardctl demo`).
 
 mod args;
 mod bullmq;
 mod cluster;
+mod durability;
 mod failover;
 mod failures;
 mod fairness;
@@ -234,6 +239,7 @@ async fn measure(opts: &Options, ctx: &mut Ctx, version: String, mut notes: Vec<
                 Scenario::Pickup => pickup::run(ctx).await,
                 Scenario::Failover => failover::run(ctx).await,
                 Scenario::Cluster => cluster::run(ctx).await,
+                Scenario::Durability => durability::run(ctx).await,
                 Scenario::Workers => workers::run(ctx).await,
                 Scenario::Fairness => fairness::run(ctx).await,
                 Scenario::Failures => failures::run(ctx).await,

@@ -18,6 +18,12 @@ const ROUTED_MEMBERS: usize = 8;
 /// line an operator would use, its own stalled sweep included), from dispatch to `completed`.
 /// The executor's CPU is that of its whole process, from /proc.
 pub(crate) async fn e2e(ctx: &mut Ctx) -> anyhow::Result<Figures> {
+    Ok(e2e_with_delta(ctx).await?.0)
+}
+
+/// [`e2e`], and what Redis did from just before the dispatch to the task's end (`INFO` before
+/// and after: the `durability` scenario counts its `WAIT`s there).
+pub(crate) async fn e2e_with_delta(ctx: &mut Ctx) -> anyhow::Result<(Figures, stats::Delta)> {
     let n = ctx.shards;
     let keys = ctx.keys.clone();
     let mut child = process::executor(ctx, "bench-e2e", &[])?;
@@ -82,7 +88,7 @@ pub(crate) async fn e2e(ctx: &mut Ctx) -> anyhow::Result<Figures> {
         shardctl_coordinator::failures::groups(&mut con, &keys, &t).await?;
         shardctl_coordinator::progress::nodes(&mut con, &keys).await?;
         f.insert("page_ms", start.elapsed().as_secs_f64() * 1e3);
-        Ok::<_, anyhow::Error>(f)
+        Ok::<_, anyhow::Error>((f, d))
     }
     .await;
     process::terminate(&mut child).await;

@@ -1,5 +1,6 @@
 //! A private redis-server for `shardctl bench` and `shardctl demo`: a free port, nothing on
-//! disk, killed on drop.
+//! disk, killed on drop; [`RedisServer::start_with`] adds flags (the `durability` scenario's
+//! replica: `--replicaof`).
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -12,6 +13,8 @@ pub struct RedisServer {
     child: Child,
     /// Its URL.
     pub url: String,
+    /// Its port on 127.0.0.1.
+    pub port: u16,
     dir: std::path::PathBuf,
 }
 
@@ -30,17 +33,24 @@ impl RedisServer {
 
     /// Starts one on a free loopback port, and waits until it answers (at most 10 s).
     pub fn start() -> anyhow::Result<Self> {
+        Self::start_with(&[])
+    }
+
+    /// [`RedisServer::start`] with `extra` flags after the defaults (a directory of its own
+    /// each, so that several can run at once).
+    pub fn start_with(extra: &[&str]) -> anyhow::Result<Self> {
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let dir = std::env::temp_dir().join(format!("shardctl-demo-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("shardctl-demo-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .args(["--dir", dir.to_str().context("temp dir path")?])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .context("cannot start redis-server: install it (apt-get install -y redis-server) or pass --redis URL")?;
-        let mut s = RedisServer { child, url: format!("redis://127.0.0.1:{port}"), dir };
+        let mut s = RedisServer { child, url: format!("redis://127.0.0.1:{port}"), port, dir };
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if let Ok(mut con) =

@@ -46,6 +46,8 @@ pub enum Scenario {
     Failover,
     /// A private 3-master cluster: 1 partition against 3.
     Cluster,
+    /// A private master and replica: durability `none` against `replica` (`WAIT 1`).
+    Durability,
     /// BullMQ's best case on the same Redis.
     Bullmq,
     /// Handlers in Python and Node: `--worker` and `--exec` against a built-in kind.
@@ -74,6 +76,7 @@ impl Scenario {
             Scenario::Pickup => "pickup",
             Scenario::Failover => "failover",
             Scenario::Cluster => "cluster",
+            Scenario::Durability => "durability",
             Scenario::Bullmq => "bullmq",
             Scenario::Workers => "workers",
             Scenario::Fairness => "fairness",

@@ -52,12 +52,20 @@ impl World {
             members: self.execs.iter().map(|e| e.member).collect(),
             rebalancing: self.rebalancing,
         };
-        self.rb.snapshot(&mut self.con, vec![saved]).await
+        self.rb.snapshot(&mut self.con, vec![saved]).await?;
+        if let Some(p) = &mut self.durable {
+            p.saved(self.rb.newest(0));
+        }
+        Ok(())
     }
 
     /// The queue's slot fails over to a replica `1..=DEPTH` steps behind.
     pub async fn rollback(&mut self) -> Outcome {
-        let n = self.rb.available(0);
+        let n = match &self.durable {
+            // a confirmation waited for a replica: the one promoted holds everything up to it
+            Some(p) => self.rb.available_since(0, p.oldest()),
+            None => self.rb.available(0),
+        };
         if n == 0 {
             self.note("no snapshot to roll back to".into());
             return Ok(());

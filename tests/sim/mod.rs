@@ -18,6 +18,7 @@ pub mod cache;
 mod check;
 pub mod clock;
 mod drain;
+mod durable;
 pub mod executor;
 mod failover;
 mod fairness;

@@ -119,6 +119,9 @@ impl World {
                 if cut {
                     let n = self.rng.range(0, shards);
                     self.route_part(&id, n).await?;
+                } else {
+                    // dispatch prints the id once its records are durable
+                    self.confirm_slot();
                 }
                 Ok(())
             }
@@ -167,6 +170,10 @@ impl World {
                 if tm.halted { (0..bound).filter(|&i| tm.terminal[i as usize].is_none()).count() as u64 } else { 0 };
             (tm.state, if failed + unfinished > 0 { failed + unfinished } else { u64::from(tm.state == State::Failed) })
         });
+        // an operator's retry may reopen an ended task: its end is no longer a promise
+        if let Some(p) = &mut self.durable {
+            p.reopened(id);
+        }
         let r = shardctl_common::retry::retry(&mut self.con, &self.keys, id).await;
         self.note(format!("retry {id} ({expected:?}): {r:?}"));
         match (expected, r) {

@@ -94,6 +94,19 @@ impl<T: Clone> Rollbacks<T> {
         self.rings[slot].len()
     }
 
+    /// The serial of `slot`'s newest snapshot (0: none yet).
+    #[allow(dead_code)] // the one-slot simulator's durability (tests/sim/durable.rs) only
+    pub fn newest(&self, slot: usize) -> u64 {
+        self.rings[slot].back().map_or(0, |(s, _)| *s)
+    }
+
+    /// How many snapshots of `slot` a rollback may go back to without going behind snapshot
+    /// `serial` (a state a replica acknowledged: `tests/sim/durable.rs`).
+    #[allow(dead_code)] // the one-slot simulator only
+    pub fn available_since(&self, slot: usize, serial: u64) -> usize {
+        self.rings[slot].iter().filter(|(s, _)| *s >= serial).count()
+    }
+
     /// Restores `slot` to its snapshot `back` steps ago (1 ..= `available`): only that slot's
     /// keys change. The snapshots after it are dropped (a future no replica has); it stays the
     /// newest. Returns its payload and (keys deleted, keys restored).

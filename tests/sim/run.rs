@@ -43,9 +43,16 @@ impl fmt::Debug for Failure {
     }
 }
 
-/// Runs seed `seed` for `steps` steps and drains; the steps taken, by kind.
-pub async fn run(con: Conn, home: Home, seed: u64, steps: u64) -> Result<BTreeMap<String, u64>, Failure> {
-    let mut w = World::new(con, home, seed).await;
+/// Runs seed `seed` for `steps` steps and drains; the steps taken, by kind. With `durable` the
+/// queue is in `replica` durability (`durable.rs`).
+pub async fn run(
+    con: Conn,
+    home: Home,
+    seed: u64,
+    steps: u64,
+    durable: bool,
+) -> Result<BTreeMap<String, u64>, Failure> {
+    let mut w = World::new(con, home, seed, durable).await;
     let fail = |w: &World, step: u64, message: String| Failure {
         seed,
         step,

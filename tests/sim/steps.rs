@@ -220,6 +220,10 @@ impl World {
         if out.lease_lapsed {
             self.execs[e].need_check = true;
         }
+        if out.shards.iter().any(|c| c.shard_ref.job == Job::Aggregate) {
+            // the aggregator starts only once its claim is durable
+            self.confirm_slot();
+        }
         for c in out.shards {
             let r = c.shard_ref.clone();
             let full = super::cache::full_id(&c.task_inc);
@@ -302,6 +306,17 @@ impl World {
         ensure!(got == expected, "{} {what} {r}{how}: code {got}, the model expects {expected}", claim.token);
         if !left {
             self.apply_report(&claim, delay.is_some(), got, class);
+        }
+        if let (Some(p), false, None, 1) = (&mut self.durable, lost, delay, got) {
+            // the executor forgets a completion (the task's result, for the aggregation) only
+            // once it is durable
+            match claim.shard_ref.job {
+                Job::Shard(i) => p.completed(&claim.shard_ref.task, spec.nonce, i),
+                Job::Aggregate => {
+                    let ended = self.model.tasks[&claim.shard_ref.task].state;
+                    p.result(&claim.shard_ref.task, spec.nonce, ended)
+                }
+            }
         }
         if lost {
             self.execs[e].held[j].reported = true;

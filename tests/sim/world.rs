@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, VecDeque};
 use shardctl_common::conn::Conn;
 use shardctl_common::Home;
 
+use super::durable::Promises;
 use super::executor::Executor;
 use super::failover::{rollbacks, Saved};
 use super::model::Model;
@@ -46,11 +47,13 @@ pub struct World {
     pub tally: BTreeMap<String, u64>,
     /// The slot's snapshots for the rollback fault (`failover.rs`).
     pub rb: Rollbacks<Saved>,
+    /// `replica` durability (`durable.rs`): what was confirmed, which bounds the rollbacks.
+    pub durable: Option<Promises>,
 }
 
 impl World {
     /// A world on an empty queue.
-    pub async fn new(con: Conn, home: Home, seed: u64) -> Self {
+    pub async fn new(con: Conn, home: Home, seed: u64, durable: bool) -> Self {
         let execs: Vec<Executor> = (0..EXECUTORS).map(Executor::new).collect();
         let keys_prefix = home.prefix().to_owned();
         let mut w = World {
@@ -69,6 +72,7 @@ impl World {
             log_len: log_len(),
             tally: Default::default(),
             rb: rollbacks(keys_prefix.as_str()),
+            durable: durable.then(Promises::default),
         };
         // a group with a cap throughout (fairness.rs)
         let cap = shardctl_common::control::GroupChange {
@@ -104,7 +108,18 @@ impl World {
     /// Reads Redis again and checks every invariant.
     pub async fn settle(&mut self) -> Outcome {
         self.refresh().await;
-        self.check()
+        self.check()?;
+        match &self.durable {
+            Some(p) => p.check(&self.model.tasks),
+            None => Ok(()),
+        }
+    }
+
+    /// In `replica` durability, a confirmation now (`durable.rs`): what the slot holds is durable.
+    pub fn confirm_slot(&mut self) {
+        if let Some(p) = &mut self.durable {
+            p.confirm();
+        }
     }
 
     /// An executor holding something, if any.
