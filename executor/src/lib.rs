@@ -35,6 +35,7 @@
 //!   (completions and a claim in one script call).
 //! - `report`: batched completion (an outcome waits up to 5 ms for others), failure (with
 //!   backoff) and release.
+//! - `confirmer`: every completion waiting for a replica confirmed in one pipeline.
 //! - `durable`: the confirmations of recorded completions and of an aggregation's claim, when the
 //!   queue's durability asks for them (docs/design/durability.md).
 //! - `aggregate`: reading every shard's outcome for the aggregator.
@@ -70,6 +71,7 @@ pub mod child;
 mod claim;
 pub mod commands;
 pub mod config;
+mod confirmer;
 mod durable;
 pub mod exit_codes;
 mod guard;

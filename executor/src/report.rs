@@ -7,8 +7,8 @@
 //! each); otherwise, and at shutdown, it is recorded at once.
 //!
 //! When the queue's durability asks (docs/design/durability.md), a batch's recorded completions
-//! are confirmed before they count: their shards stay held (their locks renewed) until a confirmation
-//! shows them durable, and are recorded again when a failover took them.
+//! go to the confirmer (`crate::confirmer`) and count only once confirmed: their shards stay
+//! held (their locks renewed) until then.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -16,6 +16,7 @@ use std::sync::Arc;
 use shardctl_common::failure::Failure;
 use shardctl_common::scripts::{self, Claimed, Finished, FinishedAs, GiveBack};
 use shardctl_common::ScriptCode;
+use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
 use crate::outcome::{Outcome, Report};
@@ -29,16 +30,13 @@ pub(crate) const MAX_BATCH: usize = 512;
 pub const FLUSH_AFTER: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// Records reports until `closing` is cancelled (every shard task has ended by then) and the
-/// outbox is empty.
-pub(crate) async fn run(shared: Arc<Shared>, closing: CancellationToken) {
+/// outbox is empty. Completions the queue's durability asks to confirm go to `confirm` (the
+/// confirmer, `crate::confirmer`), held until then; the reporter goes on recording meanwhile.
+pub(crate) async fn run(shared: Arc<Shared>, closing: CancellationToken, confirm: UnboundedSender<Vec<Report>>) {
     let outbox = &shared.outbox;
-    // the batches whose completions confirm: the reporter goes on recording meanwhile
-    let mut confirmations = tokio::task::JoinSet::new();
     loop {
-        while confirmations.try_join_next().is_some() {}
         if outbox.len() == 0 {
             if closing.is_cancelled() {
-                while confirmations.join_next().await.is_some() {}
                 return;
             }
             tokio::select! {
@@ -67,65 +65,17 @@ pub(crate) async fn run(shared: Arc<Shared>, closing: CancellationToken) {
         if batch.is_empty() {
             continue;
         }
-        let confirm = record(&shared, &batch, &closing).await;
-        let (held, done): (Vec<_>, Vec<_>) = batch.into_iter().zip(confirm).partition(|(_, s)| *s);
+        let held = record(&shared, &batch, &closing).await;
+        let (held, done): (Vec<_>, Vec<_>) = batch.into_iter().zip(held).partition(|(_, h)| *h);
         forget(&shared, done.into_iter().map(|(r, _)| r).collect());
         if !held.is_empty() {
             shared.confirming.fetch_add(held.len(), Ordering::SeqCst);
-            confirmations.spawn(confirm_batch(
-                shared.clone(),
-                held.into_iter().map(|(r, _)| r).collect(),
-                closing.clone(),
-            ));
+            if let Err(e) = confirm.send(held.into_iter().map(|(r, _)| r).collect()) {
+                // (the confirmer ends after the reporter: never, but not silently)
+                tracing::error!("the confirmer is gone: {} completions left held", e.0.len());
+            }
         }
     }
-}
-
-/// Confirms recorded completions (every report a completion its call counted), records them
-/// again when a failover took them, counts them once durable, then forgets their shards.
-async fn confirm_batch(shared: Arc<Shared>, mut held: Vec<Report>, closing: CancellationToken) {
-    let held_at_first = held.len();
-    let mut closing_since: Option<std::time::Instant> = None;
-    while !held.is_empty() {
-        let finished = completions(&held);
-        match crate::durable::completions(&shared, &finished).await {
-            crate::durable::Completions::Durable => {
-                count(&shared, &finished, &vec![Ok(1); finished.len()]);
-                break;
-            }
-            crate::durable::Completions::Lost => {
-                // what the call had recorded is gone: record it again (a completion it did keep
-                // is refused, then found recorded, as after a lost reply)
-                tracing::warn!("{} completions were lost (a failover): recording them again", held.len());
-                shared.metrics.durability_lost.increment(held.len() as u64);
-                drop(finished);
-                for r in &mut held {
-                    r.sent = true;
-                }
-                let again = record(&shared, &held, &closing).await;
-                let (still, done): (Vec<_>, Vec<_>) = held.into_iter().zip(again).partition(|(_, s)| *s);
-                forget(&shared, done.into_iter().map(|(r, _)| r).collect());
-                held = still.into_iter().map(|(r, _)| r).collect();
-                continue;
-            }
-            crate::durable::Completions::Pending => {}
-        }
-        if closing.is_cancelled() {
-            // at shutdown, give up after the grace time: the lease ends with this executor, and
-            // the sweep gives the shards to another, which runs them again
-            let since = *closing_since.get_or_insert_with(std::time::Instant::now);
-            if since.elapsed() > shared.cfg.grace {
-                tracing::error!(
-                    "giving up on confirming {} completions at shutdown: no replica in sync (they run again elsewhere)",
-                    held.len()
-                );
-                break;
-            }
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-    forget(&shared, held);
-    shared.confirming.fetch_sub(held_at_first, Ordering::SeqCst);
 }
 
 /// The reports' shards leave `held` (those still held by the reported claim: a later claim of
@@ -156,7 +106,7 @@ pub(crate) fn completions(batch: &[Report]) -> Vec<Finished<'_>> {
 /// Records a batch; returns, per report, whether it is a completion that counted and that the
 /// queue's durability asks to confirm before it is counted here and its shard forgotten (every
 /// other outcome is counted already).
-async fn record(shared: &Shared, batch: &[Report], closing: &CancellationToken) -> Vec<bool> {
+pub(crate) async fn record(shared: &Shared, batch: &[Report], closing: &CancellationToken) -> Vec<bool> {
     let reasons: Vec<String> = batch
         .iter()
         .map(|r| match &r.outcome {

@@ -161,7 +161,10 @@ impl Executor {
         let Executor { shared } = self;
         let tracker = shared.starts.tracker().clone();
         let closing = CancellationToken::new();
-        let reporter = tokio::spawn(crate::report::run(shared.clone(), closing.clone()));
+        // completions held for a replica's confirmation go from the reporter to the confirmer
+        let (to_confirm, arriving) = tokio::sync::mpsc::unbounded_channel();
+        let confirmer = tokio::spawn(crate::confirmer::run(shared.clone(), arriving, closing.clone()));
+        let reporter = tokio::spawn(crate::report::run(shared.clone(), closing.clone(), to_confirm));
         let beat_stop = CancellationToken::new();
         let heartbeat = tokio::spawn(crate::heartbeat::run(shared.clone(), beat_stop.clone()));
         // if this future is dropped half-way, stop everything it started: its locks must expire
@@ -200,6 +203,9 @@ impl Executor {
         closing.cancel();
         if reporter.await.is_err() {
             tracing::error!("reporter task panicked");
+        }
+        if confirmer.await.is_err() {
+            tracing::error!("confirmer task panicked");
         }
         // a claim reply lost just before shutdown: give its shards back now, not after the lease
         if let Err(e) = crate::heartbeat::reconcile(&shared).await {
