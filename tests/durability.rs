@@ -382,6 +382,15 @@ fn over_partitions_a_share_is_acknowledged_once_its_count_reached_a_replica() {
     }
     let w = cli.json(&["wait", "t", "--json", "--timeout", "120s"], 0);
     assert_eq!((w["state"].as_str(), w["done"].as_u64()), (Some("completed"), Some(30)), "{w}");
+    // with the home's replica away again, `wait` does not return an end no replica confirms,
+    // and its timeout says why
+    let frozen = cluster.cut_off_replicas(home_owner);
+    let out = cli.run(&["wait", "t", "--timeout", "3s"]);
+    for r in &frozen {
+        cluster.thaw(*r);
+    }
+    assert_ne!(out.code(), 0, "{out:?}");
+    assert!(out.stderr.contains("it ended (completed), and no replica has confirmed that yet"), "{out:?}");
     executor.terminate();
     let _ = std::fs::remove_dir_all(&dir);
 }

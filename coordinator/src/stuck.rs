@@ -70,6 +70,12 @@ pub enum Stuck {
         /// The window (ms).
         per_ms: u64,
     },
+    /// The task ended, and no replica has confirmed its end yet (durability `replica`,
+    /// docs/design/durability.md): `wait` returns it once one has.
+    Unconfirmed {
+        /// How it ended.
+        state: String,
+    },
 }
 
 impl fmt::Display for Stuck {
@@ -106,6 +112,11 @@ impl fmt::Display for Stuck {
             Stuck::RateLimited { max, per_ms } => {
                 write!(f, "the queue's rate limit ({max} per {per_ms} ms) lets no more shards start for now")
             }
+            Stuck::Unconfirmed { state } => write!(
+                f,
+                "it ended ({state}), and no replica has confirmed that yet (durability replica; shardctl status \
+                 says which slot has none in sync)"
+            ),
         }
     }
 }

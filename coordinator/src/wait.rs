@@ -65,7 +65,10 @@ pub async fn wait_explained<C: ConnectionLike + Send>(
                 };
                 last = Some((now, since));
                 // the reasons cost a few reads: once a second while stuck, not every poll
-                let why = if since.elapsed() < STUCK_AFTER {
+                let why = if t.state.is_finished() {
+                    // ended, not yet confirmed by a replica: said at once
+                    vec![Stuck::Unconfirmed { state: t.state.as_str().to_owned() }]
+                } else if since.elapsed() < STUCK_AFTER {
                     Vec::new()
                 } else if checked.is_some_and(|c: Instant| c.elapsed() < STUCK_RECHECK) {
                     said.clone()
