@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 use shardctl_common::conn::Conn;
-use shardctl_common::durability::{self, Durability, Waiter};
+use shardctl_common::durability::{self, Confirmed, Durability, Waiter};
 use shardctl_common::{Error, Home, Keys, Result};
 
 /// Pause between confirmations whose wait timed out (each waited the queue's timeout already).
@@ -18,17 +18,14 @@ const ERRORS_FOR: Duration = Duration::from_secs(60);
 
 /// One confirmation of `keys`' slot with `reads`, repeated while its wait times out, and while
 /// Redis fails with a retryable error for up to [`ERRORS_FOR`] (a failover: the cluster
-/// connection finds the new master); the confirmation once durable.
-async fn confirmed(
-    waiter: &Waiter,
-    con: &Conn,
-    keys: &Keys,
-    d: &Durability,
-    reads: &redis::Pipeline,
-) -> Result<durability::Confirmed> {
+/// connection finds the new master); the confirmation once durable. The queue's mode is read
+/// again before each: a change to `none` ends the wait (the reads are then made alone).
+async fn confirmed(waiter: &Waiter, con: &Conn, keys: &Keys, reads: &redis::Pipeline) -> Result<Confirmed> {
     let mut failing: Option<std::time::Instant> = None;
     loop {
-        match waiter.confirm(con, keys, d, reads).await {
+        // (a mode that cannot be read keeps the wait)
+        let d = waiter.now(con).await.unwrap_or(Durability { mode: durability::Mode::Replica, ..Default::default() });
+        match waiter.confirm(con, keys, &d, reads).await {
             Ok(s) if s.durable => return Ok(s),
             Ok(_) => failing = None,
             Err(e) if e.is_retryable() && failing.is_none_or(|t| t.elapsed() < ERRORS_FOR) => {
@@ -41,30 +38,49 @@ async fn confirmed(
     }
 }
 
-fn lost(id: &str, what: &str) -> Error {
-    Error::Lost(format!(
-        "task '{id}': {what} was lost before it reached a replica (a failover of its master): \
-         nothing was dispatched; dispatch it again"
-    ))
+/// What a dispatch's confirmation compares the record with, read just before the dispatch
+/// wrote it: the server's time, and the incarnation the id had then (a dispatch that resumes
+/// it keeps it). A record of another incarnation created before that time is one a failover
+/// restored.
+pub struct Since {
+    at: u64,
+    existing: Option<String>,
 }
 
-/// Returns once task `id`'s dispatch is durable: its home record, then each share, read
-/// showing this dispatch's incarnation. A record missing (lost in a failover between the write
-/// and now) is an error: the dispatch did not happen. The waits run on a connection of their
-/// own, never on `con`.
-pub async fn dispatch(con: &mut Conn, home: &Home, id: &str) -> Result<()> {
+/// [`Since`], read when the queue's durability waits (`None` with `none`).
+pub async fn before_dispatch(con: &mut Conn, home: &Home, id: &str) -> Result<Option<Since>> {
+    if !durability::read(con, home).await?.waits() {
+        return Ok(None);
+    }
+    let at = shardctl_common::time::server_now_ms(con, home.keys()).await?;
+    let existing = shardctl_common::share::home_inc_of(con, home, id).await?;
+    Ok(Some(Since { at, existing }))
+}
+
+/// Returns once task `id`'s dispatch is durable: a confirmation of its home record shows it
+/// made (or resumed) by this dispatch ([`Since`]). A record
+/// missing, or an older incarnation in its place (a failover between the write and now), is
+/// [`Error::Lost`]: the task this dispatch made does not exist. Each share is confirmed too; one
+/// missing is not an error (the home is durable, and the reconciliation creates a share its
+/// running task lacks), only said. The waits run on a connection of their own, never on `con`.
+pub async fn dispatch(con: &mut Conn, home: &Home, id: &str, since: Option<Since>) -> Result<()> {
     let d = durability::read(con, home).await?;
     if !d.waits() {
         return Ok(());
     }
     let waiter = Waiter::new(home.clone());
     let mut reads = redis::pipe();
-    reads.cmd("HMGET").arg(home.task(id)).arg(&["inc", "seq", "state"]);
-    let r = confirmed(&waiter, con, home.keys(), &d, &reads).await?;
-    let (inc, seq, state): (Option<String>, Option<u64>, Option<String>) = r.read(0)?;
+    reads.cmd("HMGET").arg(home.task(id)).arg(&["inc", "seq", "state", "created_ms"]);
+    let r = confirmed(&waiter, con, home.keys(), &reads).await?;
+    let (inc, seq, state, created): (Option<String>, Option<u64>, Option<String>, Option<u64>) = r.read(0)?;
     let Some(inc) = shardctl_common::incarnation::of_fields(inc.as_deref(), seq) else {
-        return Err(lost(id, "its record"));
+        return Err(lost(id, "its record was lost"));
     };
+    if let (Some(since), Some(created)) = (since, created) {
+        if since.existing.as_deref() != Some(inc.as_str()) && created < since.at {
+            return Err(lost(id, "its record was lost, and an earlier task under its id is back in its place"));
+        }
+    }
     // a share of a task that ended already may be gone with its results: nothing to lose
     if matches!(state.as_deref(), Some("completed" | "failed" | "cancelled")) {
         return Ok(());
@@ -73,13 +89,24 @@ pub async fn dispatch(con: &mut Conn, home: &Home, id: &str) -> Result<()> {
     for pk in &layout.partitions {
         let mut reads = redis::pipe();
         reads.cmd("HMGET").arg(pk.task(id)).arg(&["home_inc", "home_seq"]);
-        let r = confirmed(&waiter, con, pk, &d, &reads).await?;
+        let r = confirmed(&waiter, con, pk, &reads).await?;
         let (share_inc, share_seq): (Option<String>, Option<u64>) = r.read(0)?;
         if shardctl_common::incarnation::of_fields(share_inc.as_deref(), share_seq).as_deref() != Some(inc.as_str()) {
-            return Err(lost(id, &format!("its share in partition {}", pk.tag())));
+            tracing::warn!(
+                task = id,
+                partition = pk.tag(),
+                "a share of the task was lost before it reached a replica: the reconciliation creates it again"
+            );
         }
     }
     Ok(())
+}
+
+fn lost(id: &str, what: &str) -> Error {
+    Error::Lost(format!(
+        "task '{id}': {what} before it reached a replica (a failover of its master): the task \
+         this dispatch made does not exist (shards of it already handed out are dropped); dispatch it again"
+    ))
 }
 
 /// Whether task `id`'s end (`state`, seen by a read just before) is durable: a confirmation of its

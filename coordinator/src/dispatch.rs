@@ -55,9 +55,10 @@ pub async fn dispatch(
     spec: &TaskSpec,
     shard_keys: Option<&[String]>,
 ) -> Result<Dispatched> {
+    let since = crate::confirm::before_dispatch(con, home, &spec.id).await?;
     let d = create_and_place(con, home, spec, shard_keys).await?;
     // the id is given out once the records are durable (the queue's durability; at once with none)
-    crate::confirm::dispatch(con, home, &spec.id).await?;
+    crate::confirm::dispatch(con, home, &spec.id, since).await?;
     // the queue is listed for every dashboard of its prefix (docs/design/dashboard.md): once a
     // task of it exists (a refused dispatch writes nothing)
     shardctl_common::queues::register(con, home).await;

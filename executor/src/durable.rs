@@ -6,21 +6,20 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use shardctl_common::model::{Job, ShardRef};
-use shardctl_common::scripts::Finished;
 use tokio_util::sync::CancellationToken;
 
 use crate::handler::ShardError;
 use crate::shared::Shared;
 
-/// What a confirmation of recorded completions found.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Completions {
-    /// Every one is durable (or nothing is waited for).
+/// What a confirmation found of one recorded completion (or aggregation failure).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// It is durable (or nothing is waited for).
     Durable,
-    /// A write the confirmation read was lost (a failover): record them again.
+    /// A failover took it: record it again.
     Lost,
-    /// The wait timed out (or Redis failed): confirm again.
-    Pending,
+    /// Its task is gone, or is another incarnation now: nothing is left to confirm.
+    Gone,
 }
 
 /// Whether the queue's durability asks recorded completions to be confirmed: true while it is
@@ -29,66 +28,74 @@ pub(crate) async fn waits(shared: &Shared) -> bool {
     shared.durable.now(&shared.con).await.is_none_or(|d| d.waits())
 }
 
-/// Confirms recorded completions (`finished`, every one counted by its call): each must show its
-/// shard terminal in its task's incarnation; the aggregation job, its task ended.
-pub(crate) async fn completions(shared: &Shared, finished: &[Finished<'_>]) -> Completions {
-    let Some(d) = shared.durable.now(&shared.con).await else { return Completions::Pending };
-    if !d.waits() || finished.is_empty() {
-        return Completions::Durable;
+/// One outcome of a task in a confirmation: its place in the refs, and its shard's index (`None`:
+/// the aggregation job).
+type Item = (usize, Option<u64>);
+
+/// Confirms recorded outcomes (`refs`, every one counted by its call: completions, and
+/// aggregation jobs failed for good) in one pipeline: a shard must show its terminal bit in its
+/// task's incarnation; the aggregation job, its task ended. `None` while the wait times out (or
+/// Redis fails): confirm again.
+pub(crate) async fn completions(shared: &Shared, refs: &[&ShardRef]) -> Option<Vec<Verdict>> {
+    let d = shared.durable.now(&shared.con).await?;
+    if !d.waits() || refs.is_empty() {
+        return Some(vec![Verdict::Durable; refs.len()]);
     }
-    // per task and incarnation: its shards' indexes, and whether its aggregation job is among them
-    let mut tasks: BTreeMap<(&str, u64), (Vec<u64>, bool)> = BTreeMap::new();
-    for f in finished {
-        let r = &f.claim.shard_ref;
-        let entry = tasks.entry((r.task.as_str(), r.seq)).or_default();
-        match r.job {
-            Job::Shard(i) => entry.0.push(i),
-            Job::Aggregate => entry.1 = true,
-        }
+    // per task and incarnation: its shards' indexes (each with its place in `refs`)
+    let mut tasks: BTreeMap<(&str, u64), Vec<Item>> = BTreeMap::new();
+    for (n, r) in refs.iter().enumerate() {
+        let index = match r.job {
+            Job::Shard(i) => Some(i),
+            Job::Aggregate => None,
+        };
+        tasks.entry((r.task.as_str(), r.seq)).or_default().push((n, index));
     }
     let keys = &shared.keys;
     let mut reads = redis::pipe();
-    for ((task, _), (indexes, _)) in &tasks {
+    for ((task, _), items) in &tasks {
         reads.cmd("HMGET").arg(keys.task(task)).arg(&["seq", "state"]);
         let mut bits = redis::cmd("BITFIELD");
         bits.arg(keys.terminal(task));
-        for i in indexes {
-            bits.arg("GET").arg("u1").arg(*i);
+        for i in items.iter().filter_map(|(_, i)| *i) {
+            bits.arg("GET").arg("u1").arg(i);
         }
         // (a BITFIELD with no GET answers an empty array)
         reads.add_command(bits);
     }
-    let confirmed = shared.durable.confirm(&shared.con, keys, &d, &reads).await;
-    let confirmed = match confirmed {
-        Ok(s) if s.durable => {
-            shared.metrics.durability_confirmations.increment(1);
-            s
-        }
-        Ok(_) => {
-            shared.metrics.durability_confirmations.increment(1);
-            shared.metrics.durability_timeouts.increment(1);
-            return Completions::Pending;
-        }
+    let confirmed = match shared.durable.confirm(&shared.con, keys, &d, &reads).await {
+        Ok(s) => s,
         Err(e) => {
-            tracing::warn!("confirming {} completions: {e}", finished.len());
-            return Completions::Pending;
+            tracing::warn!("confirming {} completions: {e}", refs.len());
+            return None;
         }
     };
-    for (((_, seq), (indexes, agg)), pair) in tasks.iter().zip(confirmed.reads.chunks(2)) {
-        let (Some(fields), Some(bits)) = (pair.first(), pair.get(1)) else { return Completions::Lost };
+    shared.metrics.durability_confirmations.increment(1);
+    if !confirmed.durable {
+        shared.metrics.durability_timeouts.increment(1);
+        return None;
+    }
+    let mut out = vec![Verdict::Lost; refs.len()];
+    for (((_, seq), items), pair) in tasks.iter().zip(confirmed.reads.chunks(2)) {
         let (stored_seq, state): (Option<u64>, Option<String>) =
-            redis::from_redis_value(fields.clone()).unwrap_or((None, None));
-        let bits: Vec<u8> = redis::from_redis_value(bits.clone()).unwrap_or_default();
-        // a task gone (a failover back to before its dispatch, or removed since): recorded
-        // again, a completion finds it so (`TaskMissing`)
-        if stored_seq != Some(*seq) || bits.len() != indexes.len() || bits.iter().any(|b| *b != 1) {
-            return Completions::Lost;
-        }
-        if *agg && !matches!(state.as_deref(), Some("completed" | "failed")) {
-            return Completions::Lost;
+            pair.first().and_then(|v| redis::from_redis_value(v.clone()).ok()).unwrap_or((None, None));
+        let bits: Vec<u8> = pair.get(1).and_then(|v| redis::from_redis_value(v.clone()).ok()).unwrap_or_default();
+        let ended = matches!(state.as_deref(), Some("completed" | "failed"));
+        let mut bit = bits.iter();
+        for (n, index) in items {
+            out[*n] = match (stored_seq == Some(*seq), index) {
+                // removed since, or another incarnation under the id: a resend would be refused
+                (false, Some(_)) => {
+                    bit.next();
+                    Verdict::Gone
+                }
+                (false, None) => Verdict::Gone,
+                (true, Some(_)) if bit.next() == Some(&1) => Verdict::Durable,
+                (true, None) if ended => Verdict::Durable,
+                _ => Verdict::Lost,
+            };
         }
     }
-    Completions::Durable
+    Some(out)
 }
 
 /// Waits until the aggregation job's claim is durable: `Ok` when a confirmation shows `active`

@@ -71,8 +71,10 @@ pub(crate) async fn run(shared: Arc<Shared>, closing: CancellationToken, confirm
         if !held.is_empty() {
             shared.confirming.fetch_add(held.len(), Ordering::SeqCst);
             if let Err(e) = confirm.send(held.into_iter().map(|(r, _)| r).collect()) {
-                // (the confirmer ends after the reporter: never, but not silently)
-                tracing::error!("the confirmer is gone: {} completions left held", e.0.len());
+                // the confirmer ended (it panicked): forget them rather than stall the claims
+                tracing::error!("the confirmer is gone: {} completions forgotten unconfirmed", e.0.len());
+                shared.confirming.fetch_sub(e.0.len(), Ordering::SeqCst);
+                forget(&shared, e.0);
             }
         }
     }
@@ -88,6 +90,22 @@ pub(crate) fn forget(shared: &Shared, batch: Vec<Report>) {
         }
     }
     shared.publish_in_flight(held.len());
+}
+
+/// The completions and failures of `batch`, as the scripts take them, for counting (a failure's
+/// delay is not needed there: 0).
+pub(crate) fn outcomes(batch: &[Report]) -> Vec<Finished<'_>> {
+    batch
+        .iter()
+        .filter_map(|r| {
+            let outcome = match &r.outcome {
+                Outcome::Completed(result) => FinishedAs::Completed(result),
+                Outcome::Failed(e) => FinishedAs::Failed { delay_ms: 0, reason: &e.reason, failure: e.failure },
+                _ => return None,
+            };
+            Some(Finished { claim: &r.claim, outcome, ran_ms: r.ran_ms })
+        })
+        .collect()
 }
 
 /// The completions of `batch` (every report in it a completion), as the scripts take them.
@@ -166,11 +184,13 @@ pub(crate) async fn record(shared: &Shared, batch: &[Report], closing: &Cancella
             Ok((mut f, r)) => {
                 let sent: Vec<bool> = sent.iter().map(|s| *s || failures > 0).collect();
                 lost_replies(shared, &finished, &mut f, &sent).await;
-                // counted completions wait for their confirm when the queue's durability asks
+                // counted completions (and an aggregation failed for good: its handler must not
+                // run again) wait for their confirmation when the queue's durability asks
                 let waits = crate::durable::waits(shared).await;
                 let (mut now, mut now_codes) = (Vec::new(), Vec::new());
                 for ((fin, code), n) in finished.iter().zip(&f).zip(&at) {
-                    if waits && matches!(fin.outcome, FinishedAs::Completed(_)) && *code == Ok(1) {
+                    let held = matches!(fin.outcome, FinishedAs::Completed(_)) || fin.claim.shard_ref.is_aggregate();
+                    if waits && held && *code == Ok(1) {
                         confirm[*n] = true;
                     } else {
                         now.push(fin.clone());
@@ -247,15 +267,16 @@ pub(crate) async fn lost_replies(
             continue;
         }
         let shardctl_common::model::Job::Shard(i) = r.job else {
-            // the aggregation job's completion is its task's end, in the same incarnation
+            // the aggregation job's outcome (a result, or a failure for good) is its task's end, in
+            // the same incarnation: completed, or failed (shards failed, or the aggregation did)
             let read: redis::RedisResult<(Option<u64>, Option<String>)> = redis::pipe()
                 .hget(shared.keys.task(&r.task), "seq")
                 .hget(shared.keys.task(&r.task), "state")
                 .query_async(&mut con)
                 .await;
-            if matches!(f.outcome, FinishedAs::Completed(_))
-                && read.is_ok_and(|(seq, state)| seq == Some(r.seq) && state.as_deref() == Some("completed"))
-            {
+            if read.is_ok_and(|(seq, state)| {
+                seq == Some(r.seq) && matches!(state.as_deref(), Some("completed" | "failed"))
+            }) {
                 *c = Ok(1);
             }
             continue;
