@@ -22,7 +22,7 @@ use crate::shared::Shared;
 /// Pause after a confirmation whose wait timed out (it waited the queue's timeout already).
 const AGAIN: Duration = Duration::from_millis(100);
 
-/// Confirms what arrives on `held` until the reporter is gone (the channel closed) and nothing
+/// Confirms what arrives on `arriving` until the reporter is gone (the channel closed) and nothing
 /// waits. At shutdown (`closing`), it gives up after the grace time: the lease ends with the
 /// executor, and the sweep gives those shards to another, which runs them again.
 pub(crate) async fn run(shared: Arc<Shared>, mut arriving: UnboundedReceiver<Vec<Report>>, closing: CancellationToken) {
