@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
-use support::{eventually, Cli};
+use support::{eventually, lines, script, Cli};
 
 /// Wall clock in ms since the epoch (what `date +%s%N` / 10^6 reads too).
 fn now_ms() -> u64 {
@@ -24,20 +24,6 @@ fn dir(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
-}
-
-/// Writes an executable `#!/bin/sh` script.
-fn script(dir: &Path, name: &str, body: &str) -> String {
-    use std::os::unix::fs::PermissionsExt;
-    let p = dir.join(name);
-    std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-    p.display().to_string()
-}
-
-/// The lines of a record file (empty when it does not exist yet).
-fn lines(p: &Path) -> Vec<String> {
-    std::fs::read_to_string(p).unwrap_or_default().lines().map(str::to_owned).collect()
 }
 
 /// Starts `shardctl executor --node-id <node>` with the test defaults of `support` (concurrency

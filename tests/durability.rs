@@ -16,12 +16,12 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::Value;
 use shardctl_testkit::TestCluster;
-use support::Cli;
+use support::{lines, script, Cli};
 
 /// How long a state may take to show before the test calls it hung (a guard, not a timing).
 const GUARD: Duration = Duration::from_secs(90);
@@ -34,19 +34,6 @@ fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
 
 fn tag(q: &str) -> String {
     format!("{{shardctl:{q}}}")
-}
-
-/// Writes an executable `#!/bin/sh` script.
-fn script(dir: &Path, name: &str, body: &str) -> String {
-    use std::os::unix::fs::PermissionsExt;
-    let p = dir.join(name);
-    std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-    p.display().to_string()
-}
-
-fn lines(p: &Path) -> Vec<String> {
-    std::fs::read_to_string(p).unwrap_or_default().lines().map(str::to_owned).collect()
 }
 
 /// One queue per master, in start order: `<stem>-<n>` for the first n whose slot it owns.

@@ -40,6 +40,22 @@ impl std::fmt::Debug for Out {
     }
 }
 
+/// Writes an executable `#!/bin/sh` script named `name` in `dir`; its path.
+#[allow(dead_code)] // used by tests/control.rs and tests/durability.rs
+pub fn script(dir: &std::path::Path, name: &str, body: &str) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let p = dir.join(name);
+    std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    p.display().to_string()
+}
+
+/// The lines of a record file (empty when it does not exist yet).
+#[allow(dead_code)] // used by tests/control.rs and tests/durability.rs
+pub fn lines(p: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(p).unwrap_or_default().lines().map(str::to_owned).collect()
+}
+
 /// A command for the binary with no settings leaking in from the environment.
 pub fn command(args: &[&str]) -> Command {
     let mut c = Command::new(BIN);
