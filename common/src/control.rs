@@ -244,7 +244,7 @@ pub struct QueueSettings {
     pub paused: bool,
     /// The groups with a setting (docs/design/fairness.md), by name.
     pub groups: std::collections::BTreeMap<String, GroupSettings>,
-    /// What a settled write reached (docs/design/durability.md).
+    /// What a confirmed write reached (docs/design/durability.md).
     pub durability: crate::durability::Durability,
 }
 

@@ -13,7 +13,7 @@ use redis::{Pipeline, Value};
 use crate::error::{Error, Result};
 use crate::{Home, Keys};
 
-/// The wait of one confirm when none is set.
+/// The wait of one confirmation when none is set.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Shortest and longest wait a queue may set: a wait blocks its connection, whose response
 /// timeout ([`crate::conn::RESPONSE_TIMEOUT`]) it must stay well within.
@@ -68,7 +68,7 @@ impl Mode {
 pub struct Durability {
     /// What a confirmed write reached.
     pub mode: Mode,
-    /// How long one confirm waits before it reports a timeout (and is repeated).
+    /// How long one confirmation waits before it reports a timeout (and is repeated).
     pub timeout: Duration,
 }
 
@@ -159,8 +159,8 @@ static WARNED_MS: AtomicU64 = AtomicU64::new(0);
 /// A confirmation of `keys`' slot: `reads` (commands on keys of that slot only), then `HINCRBY
 /// durable n 1`, then the mode's wait, as one pipeline on one connection. When the wait reports
 /// the mode's acknowledgements, everything the reads showed is durable (see the module's
-/// design). A timeout is logged (at most once per 10 s), counted and marked in the slot's
-/// `durable` hash (`since`, the server's time of the first timeout in a row); the next confirm
+/// design). A timeout is logged (at most once per 10 s) and marked in the slot's `durable`
+/// hash (`since`, the server's time of the first timeout in a row); the next confirmation
 /// that succeeds and finds the mark deletes it. In mode `none` only the reads are sent.
 pub async fn confirm<C: ConnectionLike + Send>(
     con: &mut C,
@@ -224,7 +224,7 @@ async fn confirm_as<C: ConnectionLike + Send>(
     Ok(Confirmed { reads: all, durable, acks })
 }
 
-/// Checks that the server of `keys`' slot keeps `d` now: one confirm must succeed. The error
+/// Checks that the server of `keys`' slot keeps `d` now: one confirmation must succeed. The error
 /// says what is missing (no replica in sync) and how many replicas the master has.
 pub async fn check<C: ConnectionLike + Send>(con: &mut C, keys: &Keys, d: &Durability) -> Result<()> {
     if !d.waits() {

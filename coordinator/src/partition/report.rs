@@ -307,3 +307,38 @@ pub(super) async fn recreate_share<C: ConnectionLike + Send>(
     .await?;
     Ok(true)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{nothing_to_report, HomeRow, Share};
+
+    fn share() -> Share {
+        Share { home_inc: "3.ab".into(), partition: 2, round: 1 }
+    }
+
+    fn home(inc: &str, round: u64, state: &str) -> HomeRow {
+        (Some(inc.into()), Some("3".into()), Some(round), Some(state.into()), Some(3))
+    }
+
+    /// The mirror of lua/report.lua: an entry is acknowledged only when reporting it again would
+    /// count nothing; a count the home lost (same incarnation, round and a running home, no
+    /// `part:<p>`) would count again, and is not.
+    #[test]
+    fn an_entry_is_acknowledged_only_when_a_report_would_count_nothing() {
+        let s = share();
+        let counted = (Some("4/0".to_owned()), Some(1));
+        let none = (None, None);
+        assert!(nothing_to_report(&s, home("3.ab", 1, "running"), counted.clone()), "counted this round");
+        assert!(!nothing_to_report(&s, home("3.ab", 1, "running"), none.clone()), "the count lost: report again");
+        assert!(!nothing_to_report(&s, home("3.ab", 1, "delayed"), none.clone()), "a delayed home counts too");
+        assert!(!nothing_to_report(&s, home("3.ab", 0, "running"), counted.clone()), "the home a round behind");
+        assert!(!nothing_to_report(&s, home("3.ab", 1, "running"), (Some("4/0".into()), Some(0))), "an older count");
+        assert!(nothing_to_report(&s, (None, None, None, None, None), none.clone()), "the home gone");
+        assert!(nothing_to_report(&s, home("4.cd", 1, "running"), none.clone()), "another incarnation");
+        assert!(nothing_to_report(&s, home("3.ab", 1, "cancelled"), none.clone()), "cancelled");
+        assert!(nothing_to_report(&s, home("3.ab", 2, "running"), none.clone()), "an older round of the share");
+        assert!(nothing_to_report(&s, home("3.ab", 1, "completed"), none.clone()), "ended");
+        let (inc, seq, round, state, _) = home("3.ab", 1, "running");
+        assert!(nothing_to_report(&s, (inc, seq, round, state, None), none), "not over partitions");
+    }
+}
