@@ -63,11 +63,10 @@ pub async fn before_dispatch(con: &mut Conn, home: &Home, id: &str) -> Result<Op
 /// [`Error::Lost`]: the task this dispatch made does not exist. Each share is confirmed too; one
 /// missing is not an error (the home is durable, and the reconciliation creates a share its
 /// running task lacks), only said. The waits run on a connection of their own, never on `con`.
+/// `since` is what [`before_dispatch`] read: `None` in mode `none`, where nothing is waited for
+/// (the mode is read once per dispatch, there).
 pub async fn dispatch(con: &mut Conn, home: &Home, id: &str, since: Option<Since>) -> Result<()> {
-    let d = durability::read(con, home).await?;
-    if !d.waits() {
-        return Ok(());
-    }
+    let Some(since) = since else { return Ok(()) };
     let waiter = Waiter::new(home.clone());
     let mut reads = redis::pipe();
     reads.cmd("HMGET").arg(home.task(id)).arg(&["inc", "seq", "state", "created_ms"]);
@@ -76,7 +75,7 @@ pub async fn dispatch(con: &mut Conn, home: &Home, id: &str, since: Option<Since
     let Some(inc) = shardctl_common::incarnation::of_fields(inc.as_deref(), seq) else {
         return Err(lost(id, "its record was lost"));
     };
-    if let (Some(since), Some(created)) = (since, created) {
+    if let Some(created) = created {
         if since.existing.as_deref() != Some(inc.as_str()) && created < since.at {
             return Err(lost(id, "its record was lost, and an earlier task under its id is back in its place"));
         }
